@@ -1,0 +1,34 @@
+"""Command line: ``python -m kvlab fetch [ID ...]`` and ``python -m kvlab bench ...``."""
+
+from __future__ import annotations
+
+import sys
+
+USAGE = """usage: python -m kvlab COMMAND [ARGS]
+
+commands:
+  fetch [ID ...]   download models and corpora into the cache (no ID: the default set; --list, --all)
+  bench [...]      GPU benchmarks of kvlab's kernels (see `python -m kvlab bench --help`)
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0
+    command, rest = argv[0], argv[1:]
+    if command == "fetch":
+        from kvlab.assets import main as fetch_main
+
+        return fetch_main(rest) or 0
+    if command == "bench":
+        from kvlab.bench import main as bench_main
+
+        return bench_main(rest) or 0
+    print(f"unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

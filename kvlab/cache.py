@@ -1,0 +1,315 @@
+"""The policy-driven KV cache: what the model physically keeps, layer by layer.
+
+A transformers ``Cache`` holds, for every layer, the keys and values of the tokens seen so far. kvlab's
+:class:`KVCache` holds only the entries a :class:`~kvlab.policies.Policy` decided to keep, and beside each
+entry the facts a policy needs to decide: the token id, its original position in the stream, the position
+its key is currently rotated at (RoPE), and, when the policy asks for them, the attention the entry received.
+
+The life of one forward step (``model(input_ids, past_key_values=cache)``)::
+
+    begin_step(input_ids)   # forward pre-hook installed by kvlab.integration.attach
+    for each layer l:       # inside the model
+        keys, values = cache.update(k_new, v_new, l)   # append; re-rotate kept keys if positions shift
+        attention over (keys, values)                   # kvlab's attention function, maybe recording scores
+    end_step()              # forward post-hook: policy.keep(view of layer l) -> indices; physically compact
+
+Positions (SepLLM Table 8, StreamingLLM Sec. 3.2): with ``policy.positions == "original"`` every token keeps
+the position it had in the stream. With ``"cache"`` the model sees positions *within the cache*: the new
+query sits right after the kept entries and the kept keys are re-rotated so that entry ``i`` of a layer
+holding ``n`` entries sits at ``P - n + i``, where ``P`` is the query position. RoPE only depends on the
+distance between query and key, so this is exactly "positions 0..n-1, query at n" for every layer, also
+when layers keep different numbers of entries (LaCache).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+if TYPE_CHECKING:
+    from kvlab.policies import Policy
+
+__all__ = ["KVCache", "KVLayer", "LayerView"]
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """The RoPE pairing used by Llama, Qwen2 and Gemma3: (x1, x2) -> (-x2, x1) on the two halves."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def rerotate(keys: torch.Tensor, delta: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
+    """Move RoPE-rotated keys by ``delta`` positions.
+
+    keys: ``(batch, kv_heads, n, dim)``; delta: ``(batch, n)`` integer shift; inv_freq: ``(dim/2,)``.
+    RoPE is a rotation per frequency pair, so R(p + delta) k = R(delta) R(p) k: one more rotation by the
+    shift is enough, whatever scaling the model applied when it first rotated the key.
+    """
+    angles = delta.to(torch.float64)[..., None] * inv_freq.to(device=keys.device, dtype=torch.float64)
+    emb = torch.cat((angles, angles), dim=-1)[:, None]  # (batch, 1, n, dim)
+    cos, sin = emb.cos().to(keys.dtype), emb.sin().to(keys.dtype)
+    return keys * cos + rotate_half(keys) * sin
+
+
+@dataclass
+class LayerView:
+    """What a policy sees of one layer when it decides what to keep (after a forward step).
+
+    All tensors are ``(batch, n)`` over the ``n`` entries the layer holds now, oldest first.
+    """
+
+    layer_idx: int
+    num_layers: int
+    seen: int  # tokens of the stream processed so far (the current step included)
+    positions: torch.Tensor  # original position of each entry in the stream
+    token_ids: torch.Tensor  # token id of each entry (-1 when the model was fed embeddings)
+    scores: torch.Tensor | None  # attention received since the entry arrived, summed over heads and queries
+    last_scores: torch.Tensor | None  # attention from the newest query, averaged over heads
+    state: dict[str, Any]  # scratch space a stateful policy keeps for this layer
+
+    @property
+    def size(self) -> int:
+        return self.positions.shape[-1]
+
+
+class KVLayer(CacheLayerMixin):
+    """One layer of a :class:`KVCache`: keys/values ``(batch, kv_heads, n, dim)`` plus per-entry metadata."""
+
+    is_sliding = False
+    is_compileable = False
+    is_croppable = False
+
+    def __init__(self, cache: "KVCache", layer_idx: int, inv_freq: torch.Tensor | None, sliding_window: int | None):
+        super().__init__()
+        self.cache = cache
+        self.layer_idx = layer_idx
+        self.inv_freq = inv_freq
+        self.sliding_window = sliding_window
+        self.positions: torch.Tensor | None = None
+        self.token_ids: torch.Tensor | None = None
+        self.rot: torch.Tensor | None = None
+        self.scores: torch.Tensor | None = None
+        self.last_scores: torch.Tensor | None = None
+        self.state: dict[str, Any] = {}
+
+    # -- transformers' CacheLayerMixin interface -------------------------------------------------------
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.dtype, self.device = key_states.dtype, key_states.device
+        b, h, _, d = key_states.shape
+        self.keys = key_states.new_empty((b, h, 0, d))
+        self.values = value_states.new_empty((b, value_states.shape[1], 0, value_states.shape[-1]))
+        long = dict(dtype=torch.long, device=key_states.device)
+        self.positions = torch.empty((b, 0), **long)
+        self.token_ids = torch.empty((b, 0), **long)
+        self.rot = torch.empty((b, 0), **long)
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        step = self.cache._step
+        if step is None:
+            raise RuntimeError(
+                "KVCache.update was called outside a step: run the model through kvlab.integration.attach(model) "
+                "(kvlab.load_model does it) so the cache learns the token ids and positions of each step."
+            )
+        t = key_states.shape[2]
+        if t != step.new_positions.shape[-1]:
+            raise RuntimeError(f"layer {self.layer_idx}: got {t} new keys but the step announced "
+                               f"{step.new_positions.shape[-1]} tokens")
+        new_rot = step.rope_positions.to(self.device)
+        if self.cache.policy.positions == "cache" and self.keys.shape[2] > 0:
+            n = self.keys.shape[2]
+            want = new_rot[:, :1] - n + torch.arange(n, device=self.device)
+            if not torch.equal(want, self.rot):
+                self.keys = rerotate(self.keys, want - self.rot, self._inv_freq())
+                self.rot = want
+        self.keys = torch.cat([self.keys, key_states], dim=-2)
+        self.values = torch.cat([self.values, value_states], dim=-2)
+        self.positions = torch.cat([self.positions, step.new_positions.to(self.device)], dim=-1)
+        self.token_ids = torch.cat([self.token_ids, step.new_token_ids.to(self.device)], dim=-1)
+        self.rot = torch.cat([self.rot, new_rot], dim=-1)
+        if self.scores is not None:
+            self.scores = torch.cat([self.scores, self.scores.new_zeros((self.scores.shape[0], t))], dim=-1)
+        return self.keys, self.values
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.get_seq_length() + query_length, 0
+
+    def get_seq_length(self) -> int:
+        # transformers' generate() uses this to know how many tokens were processed, so it counts the stream,
+        # not the entries held (those are ``size``).
+        return self.cache.seen
+
+    def get_max_length(self) -> int:
+        return -1
+
+    def reset(self) -> None:
+        self.keys = self.values = None
+        self.positions = self.token_ids = self.rot = None
+        self.scores = self.last_scores = None
+        self.state = {}
+        self.is_initialized = False
+
+    # -- kvlab ----------------------------------------------------------------------------------------
+    @property
+    def size(self) -> int:
+        return 0 if self.keys is None else self.keys.shape[2]
+
+    def nbytes(self) -> int:
+        if self.keys is None:
+            return 0
+        return self.keys.numel() * self.keys.element_size() + self.values.numel() * self.values.element_size()
+
+    def _inv_freq(self) -> torch.Tensor:
+        if self.inv_freq is None:
+            raise NotImplementedError(
+                f"layer {self.layer_idx} has no rotary frequencies known to kvlab, so its keys cannot be moved; "
+                "use a policy with positions='original'."
+            )
+        return self.inv_freq
+
+    def observe(self, probs: torch.Tensor) -> None:
+        """Record attention probabilities ``(batch, heads, q, n)`` the layer's queries gave to its entries."""
+        received = probs.float().sum(dim=(1, 2))
+        self.scores = received if self.scores is None else self.scores + received
+        self.last_scores = probs[:, :, -1].float().mean(dim=1)
+
+    def select(self, index: torch.Tensor) -> None:
+        """Physically keep only the entries ``index`` (``(batch, m)`` or ``(m,)``, ascending)."""
+        b = self.keys.shape[0]
+        if index.dim() == 1:
+            index = index.expand(b, -1)
+        index = index.to(self.device)
+        gather_kv = index[:, None, :, None]
+        self.keys = self.keys.gather(2, gather_kv.expand(-1, self.keys.shape[1], -1, self.keys.shape[3]))
+        self.values = self.values.gather(2, gather_kv.expand(-1, self.values.shape[1], -1, self.values.shape[3]))
+        self.positions = self.positions.gather(1, index)
+        self.token_ids = self.token_ids.gather(1, index)
+        self.rot = self.rot.gather(1, index)
+        if self.scores is not None:
+            self.scores = self.scores.gather(1, index)
+        if self.last_scores is not None:
+            self.last_scores = self.last_scores.gather(1, index)
+
+    def view(self) -> LayerView:
+        return LayerView(
+            layer_idx=self.layer_idx,
+            num_layers=len(self.cache.layers),
+            seen=self.cache.seen,
+            positions=self.positions,
+            token_ids=self.token_ids,
+            scores=self.scores,
+            last_scores=self.last_scores,
+            state=self.state,
+        )
+
+
+@dataclass
+class _Step:
+    new_positions: torch.Tensor  # (batch, t) original positions of the tokens of this step
+    new_token_ids: torch.Tensor  # (batch, t)
+    rope_positions: torch.Tensor  # (batch, t) positions the model rotates the new queries/keys at
+
+
+@dataclass
+class _Trace:
+    per_layer: list[list[int]] = field(default_factory=list)  # entries held after each step, per layer
+    nbytes: list[int] = field(default_factory=list)  # bytes of K and V held after each step
+
+
+class KVCache(Cache):
+    """A transformers ``Cache`` whose layers keep only what ``policy`` decides, after every forward step.
+
+    >>> model, tok = kvlab.load_model()
+    >>> cache = KVCache(model, kvlab.policies.StreamingLLM(sink=4, window=252))
+    >>> out = model(input_ids, past_key_values=cache)   # or model.generate(..., past_key_values=cache)
+
+    ``cache.trace`` records after each step how many entries each layer holds (``kv_trace``) and the bytes
+    of keys and values held (the memory really drops: dropped entries are freed, not masked).
+    Batch: every row must have the same length (no padding); a policy must keep the same number of
+    entries in every row of a layer (true for Full, StreamingLLM and other count-based policies).
+    """
+
+    def __init__(self, model: torch.nn.Module, policy: "Policy"):
+        from kvlab.integration import model_state
+
+        state = model_state(model)
+        self.policy = policy
+        self.seen = 0
+        self._step: _Step | None = None
+        self.trace = _Trace()
+        layers = [
+            KVLayer(self, i, state.inv_freq[i], state.sliding_window[i]) for i in range(state.num_layers)
+        ]
+        super().__init__(layers=layers)
+        policy.check_model(state.num_layers)
+
+    # -- step protocol (called by kvlab.integration's hooks) -------------------------------------------
+    def held(self) -> list[int]:
+        return [layer.size for layer in self.layers]
+
+    def begin_step(self, input_ids: torch.Tensor | None, batch: int, length: int, device) -> torch.Tensor:
+        """Announce a step of ``length`` new tokens; returns the position ids the model must use."""
+        positions = (torch.arange(length, device=device) + self.seen).expand(batch, -1)
+        if input_ids is None:
+            ids = torch.full((batch, length), -1, dtype=torch.long, device=device)
+        else:
+            ids = input_ids.to(device)
+        if self.policy.positions == "cache":
+            start = max(self.held(), default=0)
+            rope = (torch.arange(length, device=device) + start).expand(batch, -1)
+        else:
+            rope = positions
+        self._step = _Step(positions, ids, rope)
+        return rope
+
+    def end_step(self) -> None:
+        """The forward step is over: count it, let the policy compact every layer, record the trace."""
+        step, self._step = self._step, None
+        if step is None:
+            return
+        self.seen += step.new_positions.shape[-1]
+        for layer in self.layers:
+            if not layer.is_initialized:
+                continue
+            index = self.policy.keep(layer.view())
+            if layer.sliding_window is not None:
+                index = _within_window(layer, index, self.seen)
+            if index is not None:
+                _check_index(index, layer.size, self.policy)
+                layer.select(index)
+        self.trace.per_layer.append(self.held())
+        self.trace.nbytes.append(sum(layer.nbytes() for layer in self.layers))
+
+    # -- transformers Cache interface -----------------------------------------------------------------
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.seen
+
+    def reset(self):
+        super().reset()
+        self.seen = 0
+        self.trace = _Trace()
+
+
+def _within_window(layer: KVLayer, index: torch.Tensor | None, seen: int) -> torch.Tensor | None:
+    """A sliding-window layer (Gemma3 local layers) never needs keys that the next query cannot see."""
+    positions = layer.positions if index is None else layer.positions.gather(
+        1, index if index.dim() == 2 else index.expand(layer.positions.shape[0], -1))
+    visible = positions[0] > seen - layer.sliding_window  # next query sits at position `seen`
+    if bool(visible.all()):
+        return index
+    base = torch.arange(layer.size, device=layer.positions.device) if index is None else index
+    return base[..., visible]
+
+
+def _check_index(index: torch.Tensor, size: int, policy) -> None:
+    if index.dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"{type(policy).__name__}.keep must return integer indices, got {index.dtype}")
+    if index.numel() and (int(index.min()) < 0 or int(index.max()) >= size):
+        raise IndexError(f"{type(policy).__name__}.keep returned an index outside 0..{size - 1}")
+    if index.shape[-1] > 1 and not bool((index[..., 1:] > index[..., :-1]).all()):
+        raise ValueError(f"{type(policy).__name__}.keep must return strictly increasing indices (oldest first)")

@@ -1,0 +1,14 @@
+"""Evaluation under KV policies: streaming perplexity and retrieval grids."""
+
+from kvlab.eval.retrieval import RetrievalResult, ask, needle_in_haystack, passkey
+from kvlab.eval.streaming import StreamingResult, parallel_nll, streaming_perplexity
+
+__all__ = [
+    "RetrievalResult",
+    "StreamingResult",
+    "ask",
+    "needle_in_haystack",
+    "parallel_nll",
+    "passkey",
+    "streaming_perplexity",
+]

@@ -1,0 +1,99 @@
+"""Prepare notebooks for nbval, and record the numbers their checked cells must print.
+
+    python scripts/notebooks.py prepare --out build/notebooks   # what scripts/test.sh runs
+    python scripts/notebooks.py record notebooks/01_attention_sinks.ipynb
+
+Notebooks are committed without outputs. ``prepare`` copies each ``notebooks/NN_name.ipynb`` to ``--out``
+with the small parameters of ``NN_name.ci.yaml`` injected (papermill, no execution) and, for every cell
+marked ``# NBVAL_CHECK_OUTPUT``, the output recorded in ``NN_name.checks.json``; nbval then executes the
+copy and compares those cells. ``record`` executes a notebook with its CI parameters and writes the
+checks file from what the marked cells printed (review the diff before committing it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import sys
+
+import nbformat
+import papermill
+import yaml
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+NOTEBOOKS = ROOT / "notebooks"
+MARK = "# NBVAL_CHECK_OUTPUT"
+
+
+def _sidecar(nb: pathlib.Path, suffix: str) -> pathlib.Path:
+    return nb.with_name(nb.stem + suffix)
+
+
+def _parameters(nb: pathlib.Path) -> dict:
+    path = _sidecar(nb, ".ci.yaml")
+    return yaml.safe_load(path.read_text()) or {} if path.exists() else {}
+
+
+def _checked(nb) -> list:
+    return [c for c in nb.cells if c.cell_type == "code" and c.source.lstrip().startswith(MARK)]
+
+
+def prepare(out: pathlib.Path, names: list[str]) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    for old in out.glob("*.ipynb"):
+        old.unlink()
+    for path in _selected(names):
+        target = out / path.name
+        papermill.execute_notebook(str(path), str(target), parameters=_parameters(path), prepare_only=True,
+                                   kernel_name="python3", cwd=str(NOTEBOOKS), progress_bar=False)
+        nb = nbformat.read(target, as_version=4)
+        checks_path = _sidecar(path, ".checks.json")
+        expected = json.loads(checks_path.read_text()) if checks_path.exists() else []
+        cells = _checked(nb)
+        if len(expected) != len(cells):
+            sys.exit(f"{path.name}: {len(cells)} cells marked {MARK} but {len(expected)} recorded outputs in "
+                     f"{checks_path.name}; run `python scripts/notebooks.py record {path}`")
+        for cell, text in zip(cells, expected):
+            cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text=text)]
+        nbformat.write(nb, target)
+        print(f"prepared {target.relative_to(ROOT)} ({len(cells)} checked cells)")
+
+
+def record(names: list[str]) -> None:
+    for path in _selected(names):
+        executed = ROOT / "build" / "recorded" / path.name
+        executed.parent.mkdir(parents=True, exist_ok=True)
+        papermill.execute_notebook(str(path), str(executed), parameters=_parameters(path), kernel_name="python3",
+                                   cwd=str(NOTEBOOKS))
+        nb = nbformat.read(executed, as_version=4)
+        texts = []
+        for cell in _checked(nb):
+            texts.append("".join(o.get("text", "") for o in cell.outputs if o.output_type == "stream"))
+        _sidecar(path, ".checks.json").write_text(json.dumps(texts, indent=1) + "\n")
+        print(f"recorded {len(texts)} checked outputs of {path.name}")
+
+
+def _selected(names: list[str]) -> list[pathlib.Path]:
+    if names:
+        return [pathlib.Path(n).resolve() for n in names]
+    return sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("prepare")
+    p.add_argument("--out", type=pathlib.Path, default=ROOT / "build" / "notebooks")
+    p.add_argument("names", nargs="*")
+    r = sub.add_parser("record")
+    r.add_argument("names", nargs="*")
+    args = parser.parse_args()
+    if args.command == "prepare":
+        prepare(args.out, args.names)
+    else:
+        record(args.names)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,51 @@
+"""Notebooks are committed clean and wired for CI (STYLE.md 7, 9, 11)."""
+
+from __future__ import annotations
+
+import ast
+import json
+import pathlib
+
+import pytest
+import yaml
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb")) + sorted((ROOT / "lessons").glob("**/*.ipynb"))
+MARK = "# NBVAL_CHECK_OUTPUT"
+
+
+def _load(path):
+    return json.loads(path.read_text())
+
+
+def _source(cell):
+    return "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_committed_without_outputs(path):
+    nb = _load(path)
+    assert nb["metadata"].get("kernelspec", {}).get("name") == "python3", "kernelspec must be python3"
+    dirty = [i for i, c in enumerate(nb["cells"]) if c["cell_type"] == "code"
+             and (c.get("outputs") or c.get("execution_count") is not None)]
+    assert not dirty, f"cells {dirty} carry outputs or execution counts: clear them before committing"
+
+
+@pytest.mark.parametrize("path", [p for p in NOTEBOOKS if p.parent.name == "notebooks"], ids=lambda p: p.name)
+def test_parameters_cell_and_ci_parameters(path):
+    nb = _load(path)
+    tagged = [c for c in nb["cells"] if "parameters" in c.get("metadata", {}).get("tags", [])]
+    assert len(tagged) == 1, "exactly one cell must be tagged 'parameters'"
+    tree = ast.parse(_source(tagged[0]))
+    names = {node.target.id for node in tree.body if isinstance(node, ast.AnnAssign)}
+    untyped = [n for n in tree.body if isinstance(n, ast.Assign)]
+    assert not untyped, "parameters must be typed (`name: type = value  # comment`) for papermill --help-notebook"
+    ci = path.with_name(path.stem + ".ci.yaml")
+    assert ci.exists(), f"{ci.name} (small parameters for the test run) is missing"
+    unknown = set(yaml.safe_load(ci.read_text()) or {}) - names
+    assert not unknown, f"{ci.name} sets parameters the notebook does not have: {sorted(unknown)}"
+    checked = sum(_source(c).lstrip().startswith(MARK) for c in nb["cells"] if c["cell_type"] == "code")
+    checks = path.with_name(path.stem + ".checks.json")
+    recorded = json.loads(checks.read_text()) if checks.exists() else []
+    assert len(recorded) == checked, (f"{checked} checked cells but {len(recorded)} recorded outputs: "
+                                      f"run `python scripts/notebooks.py record {path.relative_to(ROOT)}`")

@@ -3,13 +3,13 @@
 A transformers ``Cache`` holds, for every layer, the keys and values of the tokens seen so far. kvlab's
 :class:`KVCache` holds only the entries a :class:`~kvlab.policies.Policy` decided to keep, and beside each
 entry the facts a policy needs to decide: the token id, its original position in the stream, the position
-its key is currently rotated at (RoPE), and, when the policy asks for them, the attention the entry received.
+its key was rotated at when stored (RoPE), and, when the policy asks for them, the attention it received.
 
 The life of one forward step (``model(input_ids, past_key_values=cache)``)::
 
     begin_step(input_ids)   # forward pre-hook installed by kvlab.integration.attach
     for each layer l:       # inside the model
-        keys, values = cache.update(k_new, v_new, l)   # append; re-rotate kept keys if positions shift
+        keys, values = cache.update(k_new, v_new, l)   # append; hand out keys moved to in-cache positions
         attention over (keys, values)                   # kvlab's attention function, maybe recording scores
     end_step()              # forward post-hook: policy.keep(view of layer l) -> indices; physically compact
 
@@ -46,11 +46,14 @@ def rerotate(keys: torch.Tensor, delta: torch.Tensor, inv_freq: torch.Tensor) ->
 
     keys: ``(batch, kv_heads, n, dim)``; delta: ``(batch, n)`` integer shift; inv_freq: ``(dim/2,)``.
     RoPE is a rotation per frequency pair, so R(p + delta) k = R(delta) R(p) k: one more rotation by the
-    shift is enough, whatever scaling the model applied when it first rotated the key.
+    shift is enough, whatever scaling the model applied when it first rotated the key. The angles are
+    computed in float64 for the few distinct shifts only.
     """
-    angles = delta.to(torch.float64)[..., None] * inv_freq.to(device=keys.device, dtype=torch.float64)
-    emb = torch.cat((angles, angles), dim=-1)[:, None]  # (batch, 1, n, dim)
-    cos, sin = emb.cos().to(keys.dtype), emb.sin().to(keys.dtype)
+    shifts, where = torch.unique(delta, return_inverse=True)
+    angles = shifts.to(torch.float64)[:, None] * inv_freq.to(device=keys.device, dtype=torch.float64)
+    emb = torch.cat((angles, angles), dim=-1)  # (distinct shifts, dim)
+    cos = emb.cos().to(keys.dtype)[where][:, None]  # (batch, 1, n, dim)
+    sin = emb.sin().to(keys.dtype)[where][:, None]
     return keys * cos + rotate_half(keys) * sin
 
 
@@ -121,12 +124,6 @@ class KVLayer(CacheLayerMixin):
             raise RuntimeError(f"layer {self.layer_idx}: got {t} new keys but the step announced "
                                f"{step.new_positions.shape[-1]} tokens")
         new_rot = step.rope_positions.to(self.device)
-        if self.cache.policy.positions == "cache" and self.keys.shape[2] > 0:
-            n = self.keys.shape[2]
-            want = new_rot[:, :1] - n + torch.arange(n, device=self.device)
-            if not torch.equal(want, self.rot):
-                self.keys = rerotate(self.keys, want - self.rot, self._inv_freq())
-                self.rot = want
         self.keys = torch.cat([self.keys, key_states], dim=-2)
         self.values = torch.cat([self.values, value_states], dim=-2)
         self.positions = torch.cat([self.positions, step.new_positions.to(self.device)], dim=-1)
@@ -134,6 +131,13 @@ class KVLayer(CacheLayerMixin):
         self.rot = torch.cat([self.rot, new_rot], dim=-1)
         if self.scores is not None:
             self.scores = torch.cat([self.scores, self.scores.new_zeros((self.scores.shape[0], t))], dim=-1)
+        if self.cache.policy.positions == "cache":
+            # Keys stay stored as first rotated; attention gets them moved right behind the new queries.
+            # One rotation from the stored copy each step, so rounding errors never accumulate (bf16).
+            n = self.keys.shape[2] - t
+            want = new_rot[:, :1] - n + torch.arange(n + t, device=self.device)
+            if not torch.equal(want, self.rot):
+                return rerotate(self.keys, want - self.rot, self._inv_freq()), self.values
         return self.keys, self.values
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:

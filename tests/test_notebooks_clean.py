@@ -49,3 +49,17 @@ def test_parameters_cell_and_ci_parameters(path):
     recorded = json.loads(checks.read_text()) if checks.exists() else []
     assert len(recorded) == checked, (f"{checked} checked cells but {len(recorded)} recorded outputs: "
                                       f"run `python scripts/notebooks.py record {path.relative_to(ROOT)}`")
+
+
+@pytest.mark.parametrize("path", [p for p in NOTEBOOKS if p.parent.name == "notebooks"], ids=lambda p: p.name)
+def test_papermill_documents_every_parameter(path):
+    """`papermill --help-notebook` must see each parameter with its type and comment."""
+    import papermill
+
+    nb = _load(path)
+    cell = next(c for c in nb["cells"] if "parameters" in c.get("metadata", {}).get("tags", []))
+    names = {n.target.id for n in ast.parse(_source(cell)).body if isinstance(n, ast.AnnAssign)}
+    seen = papermill.inspect_notebook(str(path))
+    assert set(seen) == names, f"papermill cannot parse {sorted(names - set(seen))} (avoid '=' in comments)"
+    for name, info in seen.items():
+        assert info["inferred_type_name"] != "None" and info["help"], f"{name}: give it a type and a comment"

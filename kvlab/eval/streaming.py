@@ -65,7 +65,11 @@ def _tokens(tokenizer, text: str | torch.Tensor, max_tokens: int | None) -> torc
     if isinstance(text, torch.Tensor):
         ids = text.reshape(1, -1) if text.dim() == 1 else text
     else:
-        ids = tokenizer(text, return_tensors="pt").input_ids
+        # Tokenizing a whole book takes seconds; a prefix of ~8 characters per token is plenty.
+        prefix = text if max_tokens is None else text[: 8 * max_tokens]
+        ids = tokenizer(prefix, return_tensors="pt").input_ids
+        if max_tokens is not None and ids.shape[1] < max_tokens and len(prefix) < len(text):
+            ids = tokenizer(text, return_tensors="pt").input_ids
     if max_tokens is not None:
         ids = ids[:, :max_tokens]
     if ids.shape[1] < 2:

@@ -56,6 +56,7 @@ def prepare(out: pathlib.Path, names: list[str]) -> None:
                      f"{checks_path.name}; run `python scripts/notebooks.py record {path}`")
         for cell, text in zip(cells, expected):
             cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text=text)]
+            cell.execution_count = 1  # nbval only compares cells that look executed
         nbformat.write(nb, target)
         print(f"prepared {target.relative_to(ROOT)} ({len(cells)} checked cells)")
 

@@ -24,3 +24,5 @@ fi
 
 echo "kvlab: fetching the default model and corpora (cached under \${KVLAB_CACHE:-the user cache dir})"
 .venv/bin/python -m kvlab fetch
+# The first load converts the default model's GGUF into a safetensors copy (once, ~30 s).
+.venv/bin/python -c "import kvlab.models as m; m.converted_path('smollm2-135m').exists() or m.load_model(device='cpu')"

@@ -1,0 +1,585 @@
+"""SepLLM attention in Triton: forward and backward whose work follows the kept keys.
+
+Paper: SepLLM (Chen et al., ICML 2025, https://arxiv.org/abs/2412.12094), Sec. 3.1-3.2 (Eq. 1-2)
+and App. C (training acceleration). Specification: :mod:`kvlab.sepllm.reference`. Query ``q``
+sees key ``k`` when::
+
+    k <= q  and  (k < init  or  q - k < neighbors  or  is_sep[k])
+
+Why not a block mask
+--------------------
+The paper's kernel is FlexAttention with a block mask. Separators are scattered (about one token
+in ten in real text), so nearly every 128 x 128 tile of the causal triangle holds one: the block
+mask is as dense as causal and the kernel does causal's work while only ~10% of the entries count.
+
+What this kernel does instead
+-----------------------------
+Split the keys of one query tile ``[q0, q0 + BLOCK_M)`` into two disjoint sets:
+
+1. **The window region** ``[lo, q0 + BLOCK_M)`` with ``lo = floor(max(q0 - n + 1, 0) / BLOCK_N) *
+   BLOCK_N``: every key any query of the tile could see as a neighbour. Dense tiles, element mask
+   ``k <= q and (q - k < n or kept[k])``. About ``(BLOCK_M + n) / BLOCK_N + 1`` tiles.
+2. **The far keys** ``k < lo``: there ``q - k >= n`` for every query of the tile, so a far key is
+   visible exactly when it is kept (initial or separator), for *all* queries of the tile. Before
+   the kernel we compact the kept positions of each sequence into a sorted list ``idx`` and count
+   them, ``cnt[p] = #kept keys at positions < p``; the far keys of the tile are then
+   ``idx[0 : cnt[lo]]``, which the kernel gathers ``BLOCK_N`` rows at a time. No mask but the list
+   tail, and no wasted products.
+
+Both sets go through the same online softmax (FlashAttention's running max ``m``, running sum
+``l``, rescaled accumulator), computed in base 2: scores are multiplied by ``scale * log2(e)``
+so that ``exp2`` replaces ``exp``; the saved log-sum-exp ``lse`` is in the same base-2 units.
+
+Backward (FlashAttention-2 style, recomputing ``P`` from ``lse``; ``delta = rowsum(dO * O)``):
+
+* ``dQ``: one program per query tile walks the same two key sets as the forward pass.
+* ``dK, dV`` of the window: one program per key tile walks the query tiles whose window region
+  contains it (about ``(BLOCK_N + n) / BLOCK_M + 1`` of them), for every query head of its
+  key/value head (GQA), and stores fp32 results.
+* ``dK, dV`` of the far keys: one program per chunk of ``BLOCK_F`` compacted kept keys walks every
+  later query tile that sees the chunk as far keys (split over ``n_splits`` programs along the
+  queries), and adds into the fp32 results with atomics (gather, compute, scatter-add).
+
+Files and numbers: tests in ``tests/test_sep_attention.py`` (CPU with ``TRITON_INTERPRET=1``, GPU
+for large shapes), timings in ``benchmarks/`` and ``notebooks/13_kernels_sep_attention.ipynb``.
+"""
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+__all__ = ["compact_kept_keys", "compact_kept_keys_torch", "sep_attention_triton"]
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+# ---------------------------------------------------------------------------------------------
+# Step 0 (PyTorch, once per batch): kept flags, the compacted list of kept keys, prefix counts
+# ---------------------------------------------------------------------------------------------
+@triton.jit
+def _compact_kernel(SEP, KEPT, IDX, CNT, N, INIT, BLOCK: tl.constexpr):
+    # One program per sequence walks it in blocks: kept flags, running count, and each kept
+    # position written to its slot in the compact list (a stream compaction by prefix sum).
+    b = tl.program_id(0)
+    carry = 0
+    tl.store(CNT + b * (N + 1), carry)
+    for start in range(0, N, BLOCK):
+        pos = start + tl.arange(0, BLOCK)
+        ok = pos < N
+        sep = tl.load(SEP + b * N + pos, mask=ok, other=0)
+        kept = ((sep != 0) | (pos < INIT)) & ok
+        k32 = kept.to(tl.int32)
+        incl = tl.cumsum(k32, axis=0) + carry  # kept positions <= pos
+        tl.store(CNT + b * (N + 1) + pos + 1, incl, mask=ok)
+        tl.store(KEPT + b * N + pos, k32.to(tl.int8), mask=ok)
+        tl.store(IDX + b * N + incl - 1, pos, mask=kept)
+        carry += tl.sum(k32, axis=0)
+
+
+def compact_kept_keys(is_sep: torch.Tensor, init: int):
+    """Kept-key bookkeeping shared by all kernels (one small Triton launch, no host sync).
+
+    Args:
+        is_sep: ``(batch, seq)`` bool.
+        init: number of initial tokens (always kept).
+
+    Returns:
+        ``kept`` ``(batch, seq)`` int8 (1 for initial or separator), ``idx`` ``(batch, seq)``
+        int32 with the kept positions first, ascending (the rest is unspecified), and ``cnt``
+        ``(batch, seq + 1)`` int32 with ``cnt[:, p]`` = number of kept positions ``< p``.
+    """
+    b, n = is_sep.shape
+    sep = is_sep.contiguous().view(torch.uint8)
+    kept = torch.empty(b, n, dtype=torch.int8, device=is_sep.device)
+    idx = torch.empty(b, n, dtype=torch.int32, device=is_sep.device)
+    cnt = torch.empty(b, n + 1, dtype=torch.int32, device=is_sep.device)
+    _compact_kernel[(b,)](sep, kept, idx, cnt, n, init, BLOCK=256 if _interpreting() else 1024)
+    return kept, idx, cnt
+
+
+def compact_kept_keys_torch(is_sep: torch.Tensor, init: int):
+    """The same bookkeeping in plain PyTorch (the specification of :func:`compact_kept_keys`)."""
+    b, n = is_sep.shape
+    kept = is_sep.bool().clone()
+    kept[:, :init] = True
+    csum = torch.cumsum(kept, dim=1, dtype=torch.int32)
+    cnt = torch.zeros(b, n + 1, dtype=torch.int32, device=is_sep.device)
+    cnt[:, 1:] = csum
+    # Scatter position p to slot csum[p]-1 when kept; everything else lands in a spare column n.
+    slot = torch.where(kept, csum - 1, n).long()
+    pos = torch.arange(n, dtype=torch.int32, device=is_sep.device).expand(b, n).contiguous()
+    idx = torch.zeros(b, n + 1, dtype=torch.int32, device=is_sep.device)
+    idx.scatter_(1, slot, pos)
+    return kept.to(torch.int8).contiguous(), idx[:, :n].contiguous(), cnt
+
+
+# ---------------------------------------------------------------------------------------------
+# Small helpers used by every kernel
+# ---------------------------------------------------------------------------------------------
+@triton.jit
+def _dot(a, b, acc, FP32_DOT: tl.constexpr):
+    # FP32_DOT: float32 inputs get true fp32 products (not tf32), and the CPU interpreter (whose
+    # bf16 dot is wrong in triton 3.7) gets fp32 operands. bf16 x bf16 products are exact in fp32,
+    # so upcasting changes nothing but the order of the fp32 sums.
+    if FP32_DOT:
+        out = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    else:
+        out = tl.dot(a, b, acc)
+    return out
+
+
+@triton.jit
+def _window_start(q0, NEIGH, BLOCK_N: tl.constexpr):
+    # First key of the window region of the query tile starting at q0, aligned down to BLOCK_N.
+    lo = tl.maximum(q0 - NEIGH + 1, 0)
+    return (lo // BLOCK_N) * BLOCK_N
+
+
+@triton.jit
+def _online_softmax_step(s, v, m_i, l_i, acc, FP32_DOT: tl.constexpr):
+    # s: (BLOCK_M, BLOCK_N) base-2 scores, -inf where hidden. A row may be fully hidden in one tile
+    # (and in all tiles so far): then m stays -inf and we subtract 0 instead, so exp2 gives 0, not NaN.
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_sub)
+    p = tl.exp2(s - m_sub[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = _dot(p.to(v.dtype), v, acc * alpha[:, None], FP32_DOT)
+    return m_new, l_i, acc
+
+
+# ---------------------------------------------------------------------------------------------
+# Forward: one program per (query tile, batch x head)
+# ---------------------------------------------------------------------------------------------
+@triton.jit
+def _sep_fwd_kernel(
+    Q, K, V, O, LSE, KEPT, IDX, CNT,
+    stride_qb, stride_qh, stride_qn,
+    stride_kb, stride_kh, stride_kn,
+    stride_vb, stride_vh, stride_vn,
+    stride_ob, stride_oh, stride_on,
+    N, NEIGH, qk_scale,
+    H: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_F: tl.constexpr, FP32_DOT: tl.constexpr,
+):
+    # BLOCK_N: window tiles (masked, small to waste little); BLOCK_F: far tiles (unmasked, larger)
+    # -- which tile: late query tiles have the most far keys, so they start first
+    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // H
+    h = pid_bh % H
+    hk = h // GROUP  # GQA: the key/value head this query head reads
+    q0 = pid_m * BLOCK_M
+    offs_m = q0 + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    Kbh = K + b * stride_kb + hk * stride_kh
+    Vbh = V + b * stride_vb + hk * stride_vh
+    KEPTb = KEPT + b * N
+    IDXb = IDX + b * N
+    CNTb = CNT + b * (N + 1)
+
+    # -- load the query tile once
+    q = tl.load(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qn + offs_d[None, :],
+                mask=offs_m[:, None] < N, other=0.0)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+
+    # -- stage 1: far keys = kept keys before the window region, gathered from the compact list
+    lo = _window_start(q0, NEIGH, BLOCK_N)
+    n_far = tl.load(CNTb + lo)
+    for start in range(0, n_far, BLOCK_F):
+        offs_j = start + tl.arange(0, BLOCK_F)
+        live = offs_j < n_far
+        kpos = tl.load(IDXb + offs_j, mask=live, other=0)  # padding reads row 0: in bounds
+        k = tl.load(Kbh + kpos[:, None] * stride_kn + offs_d[None, :])
+        v = tl.load(Vbh + kpos[:, None] * stride_vn + offs_d[None, :])
+        s = _dot(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_F], dtype=tl.float32), FP32_DOT)
+        s = tl.where(live[None, :], s * qk_scale, float("-inf"))
+        m_i, l_i, acc = _online_softmax_step(s, v, m_i, l_i, acc, FP32_DOT)
+
+    # -- stage 2: the window region, dense tiles with the element mask
+    hi = tl.minimum(q0 + BLOCK_M, N)
+    for start in range(lo, hi, BLOCK_N):
+        kpos = start + tl.arange(0, BLOCK_N)
+        in_seq = kpos < N
+        k = tl.load(Kbh + kpos[:, None] * stride_kn + offs_d[None, :], mask=in_seq[:, None], other=0.0)
+        v = tl.load(Vbh + kpos[:, None] * stride_vn + offs_d[None, :], mask=in_seq[:, None], other=0.0)
+        kept = tl.load(KEPTb + kpos, mask=in_seq, other=0)
+        dist = offs_m[:, None] - kpos[None, :]
+        visible = (dist >= 0) & ((dist < NEIGH) | (kept[None, :] != 0))
+        s = _dot(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), FP32_DOT)
+        s = tl.where(visible, s * qk_scale, float("-inf"))
+        m_i, l_i, acc = _online_softmax_step(s, v, m_i, l_i, acc, FP32_DOT)
+
+    # -- epilogue: normalise, store the output and the base-2 log-sum-exp for the backward pass
+    acc = acc / l_i[:, None]
+    row_ok = offs_m < N
+    tl.store(LSE + pid_bh * N + offs_m, m_i + tl.log2(l_i), mask=row_ok)
+    tl.store(O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_on + offs_d[None, :],
+             acc.to(O.dtype.element_ty), mask=row_ok[:, None])
+
+
+# ---------------------------------------------------------------------------------------------
+# Backward 1/3: dQ, one program per (query tile, batch x head); same walk as the forward pass
+# ---------------------------------------------------------------------------------------------
+@triton.jit
+def _sep_bwd_dq_kernel(
+    Q, K, V, DO, DQ, LSE, DELTA, KEPT, IDX, CNT,
+    stride_qb, stride_qh, stride_qn,
+    stride_kb, stride_kh, stride_kn,
+    stride_vb, stride_vh, stride_vn,
+    N, NEIGH, qk_scale, sm_scale,
+    H: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_F: tl.constexpr, FP32_DOT: tl.constexpr,
+):
+    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // H
+    h = pid_bh % H
+    hk = h // GROUP
+    q0 = pid_m * BLOCK_M
+    offs_m = q0 + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    row_ok = offs_m < N
+    Kbh = K + b * stride_kb + hk * stride_kh
+    Vbh = V + b * stride_vb + hk * stride_vh
+    KEPTb = KEPT + b * N
+    IDXb = IDX + b * N
+    CNTb = CNT + b * (N + 1)
+    # dO, dQ share q's layout (the wrapper makes them so)
+    q_ptrs = b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qn + offs_d[None, :]
+
+    # -- load the query tile, its output gradient, lse (+inf on padding rows: P = 0) and delta
+    q = tl.load(Q + q_ptrs, mask=row_ok[:, None], other=0.0)
+    do = tl.load(DO + q_ptrs, mask=row_ok[:, None], other=0.0)
+    lse = tl.load(LSE + pid_bh * N + offs_m, mask=row_ok, other=float("inf"))
+    delta = tl.load(DELTA + pid_bh * N + offs_m, mask=row_ok, other=0.0)
+    dq = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+
+    # -- stage 1: far keys
+    lo = _window_start(q0, NEIGH, BLOCK_N)
+    n_far = tl.load(CNTb + lo)
+    for start in range(0, n_far, BLOCK_F):
+        offs_j = start + tl.arange(0, BLOCK_F)
+        live = offs_j < n_far
+        kpos = tl.load(IDXb + offs_j, mask=live, other=0)
+        k = tl.load(Kbh + kpos[:, None] * stride_kn + offs_d[None, :])
+        v = tl.load(Vbh + kpos[:, None] * stride_vn + offs_d[None, :])
+        s = _dot(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_F], dtype=tl.float32), FP32_DOT)
+        p = tl.where(live[None, :], tl.exp2(s * qk_scale - lse[:, None]), 0.0)
+        dp = _dot(do, tl.trans(v), tl.zeros([BLOCK_M, BLOCK_F], dtype=tl.float32), FP32_DOT)
+        ds = p * (dp - delta[:, None])
+        dq = _dot(ds.to(k.dtype), k, dq, FP32_DOT)
+
+    # -- stage 2: window region
+    hi = tl.minimum(q0 + BLOCK_M, N)
+    for start in range(lo, hi, BLOCK_N):
+        kpos = start + tl.arange(0, BLOCK_N)
+        in_seq = kpos < N
+        k = tl.load(Kbh + kpos[:, None] * stride_kn + offs_d[None, :], mask=in_seq[:, None], other=0.0)
+        v = tl.load(Vbh + kpos[:, None] * stride_vn + offs_d[None, :], mask=in_seq[:, None], other=0.0)
+        kept = tl.load(KEPTb + kpos, mask=in_seq, other=0)
+        dist = offs_m[:, None] - kpos[None, :]
+        visible = (dist >= 0) & ((dist < NEIGH) | (kept[None, :] != 0))
+        s = _dot(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), FP32_DOT)
+        p = tl.where(visible, tl.exp2(s * qk_scale - lse[:, None]), 0.0)
+        dp = _dot(do, tl.trans(v), tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), FP32_DOT)
+        ds = p * (dp - delta[:, None])
+        dq = _dot(ds.to(k.dtype), k, dq, FP32_DOT)
+
+    # -- epilogue: d(scores)/dq = sm_scale * k (the log2(e) factor lives only inside exp2)
+    tl.store(DQ + q_ptrs, (dq * sm_scale).to(DQ.dtype.element_ty), mask=row_ok[:, None])
+
+
+# ---------------------------------------------------------------------------------------------
+# Backward 2/3: dK, dV of the window region, one program per (key tile, batch x kv head)
+# ---------------------------------------------------------------------------------------------
+@triton.jit
+def _sep_bwd_dkdv_window_kernel(
+    Q, K, V, DO, DK, DV, LSE, DELTA, KEPT,
+    stride_qb, stride_qh, stride_qn,
+    stride_kb, stride_kh, stride_kn,
+    stride_vb, stride_vh, stride_vn,
+    N, NEIGH, qk_scale, sm_scale,
+    H: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_F: tl.constexpr, FP32_DOT: tl.constexpr,
+):
+    # BLOCK_F (far chunk size) is the far kernel's; it is accepted here so both share one config.
+    pid_n = tl.program_id(0)
+    pid_bk = tl.program_id(1)
+    HK: tl.constexpr = H // GROUP
+    b = pid_bk // HK
+    hk = pid_bk % HK
+    k0 = pid_n * BLOCK_N
+    kpos = k0 + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    in_seq = kpos < N
+
+    # -- load the key/value tile and its kept flags once
+    k = tl.load(K + b * stride_kb + hk * stride_kh + kpos[:, None] * stride_kn + offs_d[None, :],
+                mask=in_seq[:, None], other=0.0)
+    v = tl.load(V + b * stride_vb + hk * stride_vh + kpos[:, None] * stride_vn + offs_d[None, :],
+                mask=in_seq[:, None], other=0.0)
+    kept = tl.load(KEPT + b * N + kpos, mask=in_seq, other=0)
+    dk = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
+
+    # -- query tiles whose window region [lo(q0), q0 + BLOCK_M) holds this key tile:
+    #    q0 + BLOCK_M > k0  and  lo(q0) <= k0  <=>  q0 < k0 + BLOCK_N + NEIGH - 1
+    q_first = (k0 // BLOCK_M) * BLOCK_M
+    q_end = tl.minimum(k0 + BLOCK_N + NEIGH - 1, N)
+    for g in range(GROUP):
+        h = hk * GROUP + g
+        bh = b * H + h
+        for q0 in range(q_first, q_end, BLOCK_M):
+            offs_m = q0 + tl.arange(0, BLOCK_M)
+            row_ok = offs_m < N
+            q_ptrs = b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qn + offs_d[None, :]
+            q = tl.load(Q + q_ptrs, mask=row_ok[:, None], other=0.0)
+            do = tl.load(DO + q_ptrs, mask=row_ok[:, None], other=0.0)
+            lse = tl.load(LSE + bh * N + offs_m, mask=row_ok, other=float("inf"))
+            delta = tl.load(DELTA + bh * N + offs_m, mask=row_ok, other=0.0)
+            # transposed tile: rows are keys, columns are queries
+            sT = _dot(k, tl.trans(q), tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32), FP32_DOT)
+            dist = offs_m[None, :] - kpos[:, None]
+            visible = (dist >= 0) & ((dist < NEIGH) | (kept[:, None] != 0))
+            pT = tl.where(visible, tl.exp2(sT * qk_scale - lse[None, :]), 0.0)
+            dv = _dot(pT.to(do.dtype), do, dv, FP32_DOT)
+            dpT = _dot(v, tl.trans(do), tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32), FP32_DOT)
+            dsT = pT * (dpT - delta[None, :])
+            dk = _dot(dsT.to(q.dtype), q, dk, FP32_DOT)
+
+    # -- epilogue: plain fp32 stores (every key row gets written); far keys are added later
+    out = b * (HK * N * HEAD_DIM) + hk * (N * HEAD_DIM) + kpos[:, None] * HEAD_DIM + offs_d[None, :]
+    tl.store(DK + out, dk * sm_scale, mask=in_seq[:, None])
+    tl.store(DV + out, dv, mask=in_seq[:, None])
+
+
+# ---------------------------------------------------------------------------------------------
+# Backward 3/3: dK, dV of the far keys, one program per (chunk of compacted kept keys, query
+# split, batch x kv head); scatter-add with atomics into the fp32 results of step 2/3
+# ---------------------------------------------------------------------------------------------
+@triton.jit
+def _sep_bwd_dkdv_far_kernel(
+    Q, K, V, DO, DK, DV, LSE, DELTA, IDX, CNT,
+    stride_qb, stride_qh, stride_qn,
+    stride_kb, stride_kh, stride_kn,
+    stride_vb, stride_vh, stride_vn,
+    N, NEIGH, qk_scale, sm_scale,
+    H: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_F: tl.constexpr, N_SPLITS: tl.constexpr,
+    FP32_DOT: tl.constexpr,
+):
+    # BLOCK_M, BLOCK_N: the query tiling and window alignment of the window kernel (must match it);
+    # BLOCK_F: kept keys per chunk.
+    pid_c = tl.program_id(0)
+    split = tl.program_id(1)
+    pid_bk = tl.program_id(2)
+    HK: tl.constexpr = H // GROUP
+    b = pid_bk // HK
+    hk = pid_bk % HK
+    total = tl.load(CNT + b * (N + 1) + N)
+    c0 = pid_c * BLOCK_F
+    if c0 < total:  # the grid is sized for the worst case (every key kept): most chunks are empty
+        offs_j = c0 + tl.arange(0, BLOCK_F)
+        offs_d = tl.arange(0, HEAD_DIM)
+        live = offs_j < total
+        kpos = tl.load(IDX + b * N + offs_j, mask=live, other=0)
+        k = tl.load(K + b * stride_kb + hk * stride_kh + kpos[:, None] * stride_kn + offs_d[None, :])
+        v = tl.load(V + b * stride_vb + hk * stride_vh + kpos[:, None] * stride_vn + offs_d[None, :])
+        dk = tl.zeros([BLOCK_F, HEAD_DIM], dtype=tl.float32)
+        dv = tl.zeros([BLOCK_F, HEAD_DIM], dtype=tl.float32)
+
+        # -- first query tile that sees the chunk's first key as a far key: lo(q0) > p_first
+        p_first = tl.load(IDX + b * N + c0)
+        q_start = (p_first // BLOCK_N + 1) * BLOCK_N + NEIGH - 1
+        qb_first = (q_start + BLOCK_M - 1) // BLOCK_M
+        n_qb = (N + BLOCK_M - 1) // BLOCK_M
+        for g in range(GROUP):
+            h = hk * GROUP + g
+            bh = b * H + h
+            for qb in range(qb_first + split, n_qb, N_SPLITS):
+                q0 = qb * BLOCK_M
+                lo = _window_start(q0, NEIGH, BLOCK_N)
+                offs_m = q0 + tl.arange(0, BLOCK_M)
+                row_ok = offs_m < N
+                q_ptrs = b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qn + offs_d[None, :]
+                q = tl.load(Q + q_ptrs, mask=row_ok[:, None], other=0.0)
+                do = tl.load(DO + q_ptrs, mask=row_ok[:, None], other=0.0)
+                lse = tl.load(LSE + bh * N + offs_m, mask=row_ok, other=float("inf"))
+                delta = tl.load(DELTA + bh * N + offs_m, mask=row_ok, other=0.0)
+                sT = _dot(k, tl.trans(q), tl.zeros([BLOCK_F, BLOCK_M], dtype=tl.float32), FP32_DOT)
+                far = live & (kpos < lo)  # later keys of the chunk may still be in this tile's window
+                pT = tl.where(far[:, None], tl.exp2(sT * qk_scale - lse[None, :]), 0.0)
+                dv = _dot(pT.to(do.dtype), do, dv, FP32_DOT)
+                dpT = _dot(v, tl.trans(do), tl.zeros([BLOCK_F, BLOCK_M], dtype=tl.float32), FP32_DOT)
+                dsT = pT * (dpT - delta[None, :])
+                dk = _dot(dsT.to(q.dtype), q, dk, FP32_DOT)
+
+        out = b * (HK * N * HEAD_DIM) + hk * (N * HEAD_DIM) + kpos[:, None] * HEAD_DIM + offs_d[None, :]
+        tl.atomic_add(DK + out, dk * sm_scale, mask=live[:, None], sem="relaxed")
+        tl.atomic_add(DV + out, dv, mask=live[:, None], sem="relaxed")
+
+
+# ---------------------------------------------------------------------------------------------
+# Launch configuration
+# ---------------------------------------------------------------------------------------------
+def default_config(head_dim: int, dtype: torch.dtype, interpret: bool | None = None) -> dict:
+    """Tile sizes per kernel (``kvlab bench tune`` sweeps them); one small config on CPU.
+
+    Per kernel: ``BLOCK_M`` queries per tile, ``BLOCK_N`` keys per window tile (also the window
+    alignment), ``BLOCK_F`` far keys per gathered tile, warps and pipeline stages. The two dK/dV
+    kernels share ``BLOCK_M``, ``BLOCK_N`` (they must split the work the same way).
+    """
+    interpret = _interpreting() if interpret is None else interpret
+    if interpret:
+        small = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_F=16, num_warps=4, num_stages=1)
+        return {"fwd": small, "dq": dict(small), "dkdv": dict(small), "far_splits_per": 4}
+    # Chosen on an H200 at N = 32k, 32 heads, dim 128, bf16 (benchmarks/results/tune_*.log);
+    # the dim-64 and fp32 cases reuse them untuned.
+    return {
+        "fwd": dict(BLOCK_M=128, BLOCK_N=32, BLOCK_F=64, num_warps=4, num_stages=2),
+        "dq": dict(BLOCK_M=64, BLOCK_N=32, BLOCK_F=64, num_warps=4, num_stages=3),
+        "dkdv": dict(BLOCK_M=32, BLOCK_N=64, BLOCK_F=64, num_warps=4, num_stages=3),
+        # split the far dK/dV walk so that one program handles about this many query tiles
+        "far_splits_per": 128,
+    }
+
+
+def _check_config(cfg: dict) -> None:
+    for key in ("fwd", "dq", "dkdv"):
+        for blk in ("BLOCK_M", "BLOCK_N", "BLOCK_F"):
+            val = cfg[key][blk]
+            if val < 16 or val & (val - 1):
+                raise ValueError(f"config[{key!r}][{blk!r}] = {val}: use a power of two >= 16")
+
+
+# ---------------------------------------------------------------------------------------------
+# Host wrappers and autograd
+# ---------------------------------------------------------------------------------------------
+def _lastdim_contiguous(x: torch.Tensor) -> torch.Tensor:
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def _launch(kernel, grid, c, *args, **meta):
+    kernel[grid](*args, **meta, BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"], BLOCK_F=c["BLOCK_F"],
+                 num_warps=c["num_warps"], num_stages=c["num_stages"])
+
+
+def _forward(q, k, v, kept, idx, cnt, neighbors, scale, cfg, fp32_dot):
+    bsz, h, n, d = q.shape
+    group = h // k.shape[1]
+    o = torch.empty_like(q, memory_format=torch.contiguous_format)
+    lse = torch.empty(bsz, h, n, dtype=torch.float32, device=q.device)
+    c = cfg["fwd"]
+    _launch(_sep_fwd_kernel, (triton.cdiv(n, c["BLOCK_M"]), bsz * h), c,
+            q, k, v, o, lse, kept, idx, cnt,
+            q.stride(0), q.stride(1), q.stride(2),
+            k.stride(0), k.stride(1), k.stride(2),
+            v.stride(0), v.stride(1), v.stride(2),
+            o.stride(0), o.stride(1), o.stride(2),
+            n, neighbors, scale * 1.4426950408889634,
+            H=h, GROUP=group, HEAD_DIM=d, FP32_DOT=fp32_dot)
+    return o, lse
+
+
+def _backward(do, q, k, v, o, lse, kept, idx, cnt, neighbors, scale, cfg, fp32_dot,
+              parts=("dq", "window", "far")):
+    """Gradients of q, k, v. ``parts`` leaves kernels out, for timing them one by one."""
+    bsz, h, n, d = q.shape
+    hk = k.shape[1]
+    group = h // hk
+    # dO and dQ get q's (contiguous) layout so that the kernels share one set of strides
+    do = do.contiguous()
+    q = q.contiguous()
+    delta = (o.float() * do.float()).sum(-1)  # (batch, heads, seq): rowsum(dO * O)
+    dq = torch.empty_like(q)
+    alloc = torch.empty if "window" in parts else torch.zeros  # the window kernel writes every row
+    dk32 = alloc(bsz, hk, n, d, dtype=torch.float32, device=q.device)
+    dv32 = alloc(bsz, hk, n, d, dtype=torch.float32, device=q.device)
+    qk_scale = scale * 1.4426950408889634
+    strides = (q.stride(0), q.stride(1), q.stride(2),
+               k.stride(0), k.stride(1), k.stride(2),
+               v.stride(0), v.stride(1), v.stride(2))
+    meta = dict(H=h, GROUP=group, HEAD_DIM=d, FP32_DOT=fp32_dot)
+
+    if "dq" in parts:
+        c = cfg["dq"]
+        _launch(_sep_bwd_dq_kernel, (triton.cdiv(n, c["BLOCK_M"]), bsz * h), c,
+                q, k, v, do, dq, lse, delta, kept, idx, cnt, *strides, n, neighbors, qk_scale, scale, **meta)
+    c = cfg["dkdv"]
+    if "window" in parts:
+        _launch(_sep_bwd_dkdv_window_kernel, (triton.cdiv(n, c["BLOCK_N"]), bsz * hk), c,
+                q, k, v, do, dk32, dv32, lse, delta, kept, *strides, n, neighbors, qk_scale, scale, **meta)
+    if "far" in parts:
+        n_qb = triton.cdiv(n, c["BLOCK_M"])
+        splits = max(1, min(64, triton.cdiv(n_qb, cfg["far_splits_per"])))
+        _launch(_sep_bwd_dkdv_far_kernel, (triton.cdiv(n, c["BLOCK_F"]), splits, bsz * hk), c,
+                q, k, v, do, dk32, dv32, lse, delta, idx, cnt, *strides, n, neighbors, qk_scale, scale,
+                N_SPLITS=splits, **meta)
+    return dq, dk32.to(k.dtype), dv32.to(v.dtype)
+
+
+class _SepAttentionFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, is_sep, init, neighbors, scale, cfg):
+        fp32_dot = q.dtype == torch.float32 or _interpreting()
+        kept, idx, cnt = compact_kept_keys(is_sep, init)
+        o, lse = _forward(q, k, v, kept, idx, cnt, neighbors, scale, cfg, fp32_dot)
+        ctx.save_for_backward(q, k, v, o, lse, kept, idx, cnt)
+        ctx.args = (neighbors, scale, cfg, fp32_dot)
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, o, lse, kept, idx, cnt = ctx.saved_tensors
+        neighbors, scale, cfg, fp32_dot = ctx.args
+        dq, dk, dv = _backward(do, q, k, v, o, lse, kept, idx, cnt, neighbors, scale, cfg, fp32_dot)
+        return dq, dk, dv, None, None, None, None, None
+
+
+def sep_attention_triton(q, k, v, is_sep, init: int, neighbors: int, scale: float | None = None,
+                         config: dict | None = None) -> torch.Tensor:
+    """SepLLM attention with the Triton kernels (differentiable in q, k, v).
+
+    Shapes as in :func:`kvlab.sepllm.reference.sep_attention_reference`; inputs are assumed
+    valid (``kvlab.sepllm.sep_attention`` checks them). ``config`` overrides
+    :func:`default_config` (tile sizes, warps, stages) for tuning.
+    """
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    cfg = default_config(q.shape[-1], q.dtype) if config is None else config
+    _check_config(cfg)
+    q, k, v = (_lastdim_contiguous(x) for x in (q, k, v))
+    return _SepAttentionFn.apply(q, k, v, is_sep, int(init), int(neighbors), scale, cfg)
+
+
+# ---------------------------------------------------------------------------------------------
+# Benchmark: python -m kvlab.sepllm.triton (GPU). The full suite is `kvlab bench`.
+# ---------------------------------------------------------------------------------------------
+if __name__ == "__main__":
+    if not torch.cuda.is_available():
+        raise SystemExit("the benchmark needs a CUDA GPU; the tests run on CPU with TRITON_INTERPRET=1")
+    import torch.nn.functional as F
+
+    @triton.testing.perf_report(triton.testing.Benchmark(
+        x_names=["N"], x_vals=[4096, 8192, 16384, 32768], line_arg="provider",
+        line_vals=["sdpa", "triton"], line_names=["dense SDPA (causal)", "SepLLM Triton"],
+        ylabel="ms", plot_name="sep_attention_fwd", args={"H": 32, "D": 128}))
+    def bench(N, H, D, provider):
+        dev = torch.device("cuda")
+        q, k, v = (torch.randn(1, H, N, D, device=dev, dtype=torch.bfloat16) for _ in range(3))
+        is_sep = torch.rand(1, N, device=dev) < 0.08
+        if provider == "sdpa":
+            fn = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
+        else:
+            fn = lambda: sep_attention_triton(q, k, v, is_sep, 4, 256)  # noqa: E731
+        return triton.testing.do_bench(fn, return_mode="median")
+
+    bench.run(print_data=True)

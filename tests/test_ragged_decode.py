@@ -1,0 +1,119 @@
+"""Ragged decode attention: Triton and padded-SDPA backends against a float64 oracle.
+
+Without CUDA the Triton kernels run in Triton's interpreter: this module sets
+``TRITON_INTERPRET=1`` before anything imports Triton (``kvlab.decode`` imports its kernels
+lazily). Tolerance as in ``test_sep_attention.py``: the eager low-precision error plus
+``sqrt(len) * eps`` times the oracle's scale, and at most twice the eager relative L2 error.
+"""
+from __future__ import annotations
+
+import importlib.util
+import math
+import os
+import sys
+
+import pytest
+import torch
+
+# Triton reads TRITON_INTERPRET when it is imported: CI (scripts/test.sh) exports it before pytest;
+# run alone, this module sets it, which works only if nothing has imported triton yet.
+INTERPRET_OK = True
+if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+    INTERPRET_OK = "triton" not in sys.modules
+    os.environ["TRITON_INTERPRET"] = "1"
+
+from kvlab.decode import ragged_decode_attention  # noqa: E402
+from kvlab.decode.reference import ragged_decode_reference  # noqa: E402
+
+CUDA = torch.cuda.is_available()
+DEV = torch.device("cuda" if CUDA else "cpu")
+needs_triton = pytest.mark.skipif(
+    importlib.util.find_spec("triton") is None or (not CUDA and os.environ.get("TRITON_INTERPRET") != "1") or not INTERPRET_OK,
+    reason="needs triton, and CUDA or TRITON_INTERPRET=1 set before triton is imported")
+
+
+def _inputs(lens, h, hk, d, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    lens = torch.as_tensor(lens)
+    cu = torch.zeros(len(lens) + 1, dtype=torch.int32)
+    cu[1:] = torch.cumsum(lens, 0)
+    total = int(cu[-1])
+    q = torch.randn(len(lens), h, d, generator=g).to(dtype).to(DEV)
+    k = torch.randn(total, hk, d, generator=g).to(dtype).to(DEV)
+    v = torch.randn(total, hk, d, generator=g).to(dtype).to(DEV)
+    return q, k, v, cu.to(DEV)
+
+
+def _check(backend, q, k, v, cu):
+    eps = torch.finfo(q.dtype).eps
+    longest = int((cu[1:] - cu[:-1]).max())
+    oracle = ragged_decode_reference(q.double(), k.double(), v.double(), cu)
+    eager = ragged_decode_reference(q, k, v, cu)
+    out = ragged_decode_attention(q, k, v, cu, backend=backend)
+    assert out.shape == q.shape and out.dtype == q.dtype and torch.isfinite(out).all()
+    err = (out.double() - oracle).abs().max().item()
+    err_eager = (eager.double() - oracle).abs().max().item()
+    allow = math.sqrt(longest) * eps * oracle.abs().max().item()
+    assert err <= err_eager + allow, f"err {err:.3g} > eager {err_eager:.3g} + {allow:.3g}"
+    rel = ((out.double() - oracle).norm() / oracle.norm()).item()
+    rel_eager = ((eager.double() - oracle).norm() / oracle.norm()).item()
+    assert rel <= 2 * rel_eager + eps, f"rel err {rel:.3g} > 2 x eager {rel_eager:.3g} + eps"
+
+
+CASES = [  # (lengths, heads, kv_heads, dim, dtype)
+    ([5, 70, 33], 8, 2, 32, torch.bfloat16),      # ragged, GQA 4, one split and several
+    ([64, 1, 100, 17], 4, 4, 16, torch.float16),  # MHA, a one-entry cache
+    ([40, 90], 6, 3, 64, torch.float32),          # group of 2, fp32
+    ([0, 20, 45], 4, 1, 16, torch.float32),       # an empty cache gives zeros
+]
+
+
+@needs_triton
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{'-'.join(map(str, c[0]))}h{c[1]}/{c[2]}-{str(c[4])[6:]}")
+def test_triton_matches_oracle(case):
+    lens, h, hk, d, dtype = case
+    q, k, v, cu = _inputs(lens, h, hk, d, dtype)
+    _check("triton", q, k, v, cu)
+    if 0 in lens:
+        out = ragged_decode_attention(q, k, v, cu, backend="triton")
+        assert (out[lens.index(0)] == 0).all()
+
+
+def test_padded_sdpa_matches_oracle():
+    q, k, v, cu = _inputs([5, 70, 33], 8, 2, 32, torch.float32)
+    _check("sdpa", q, k, v, cu)
+
+
+@needs_triton
+def test_triton_split_size_does_not_change_the_result():
+    from kvlab.decode.triton import ragged_decode_triton
+
+    q, k, v, cu = _inputs([7, 130, 64], 4, 2, 16, torch.float32, seed=2)
+    ref = ragged_decode_triton(q, k, v, cu)
+    for split in (16, 64, 256):
+        cfg = dict(BLOCK_N=16, split=split, num_warps=4, num_stages=1)
+        torch.testing.assert_close(ragged_decode_triton(q, k, v, cu, config=cfg), ref, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(backend="cuda"), "backend="),
+    (dict(cu="short"), "cu_seqlens"),
+    (dict(kv_heads=3), "multiple"),
+])
+def test_api_rejects_bad_inputs(bad, match):
+    q, k, v, cu = _inputs([3, 4], 4, 2, 16, torch.float32)
+    if bad.pop("cu", None):
+        cu = cu[:-1]
+    if bad.pop("kv_heads", None):
+        k = v = torch.randn(7, 3, 16, device=DEV)
+    with pytest.raises(ValueError, match=match):
+        ragged_decode_attention(q, k, v, cu, **({"backend": "torch"} | bad))
+
+
+@pytest.mark.skipif(not CUDA, reason="large shapes run on the GPU only")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_triton_large_gpu(dtype):
+    g = torch.Generator().manual_seed(0)
+    lens = torch.randint(6144, 8193, (16,), generator=g).tolist()
+    q, k, v, cu = _inputs(lens, 32, 8, 128, dtype)
+    _check("triton", q, k, v, cu)

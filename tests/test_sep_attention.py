@@ -1,0 +1,235 @@
+"""SepLLM attention: reference properties, Triton and Flex backends against a float64 oracle.
+
+On a machine without CUDA the Triton kernels run in Triton's interpreter: this module sets
+``TRITON_INTERPRET=1`` before anything imports Triton (the kernels are imported lazily by
+``kvlab.sepllm.sep_attention``), so CI needs no flag. Shapes are tiny there. With CUDA the same
+tests run compiled, plus the ``large`` ones (long sequences, 32/8 GQA heads, dim 128).
+
+Tolerance (dtype-aware): inputs are drawn in the low-precision dtype and promoted to float64 for
+the oracle; a backend passes when its max error is at most the eager low-precision reference's
+error plus ``sqrt(seq) * eps(dtype)`` times the oracle's scale, and its relative L2 error is at most
+twice the eager one (plus eps).
+"""
+from __future__ import annotations
+
+import importlib.util
+import math
+import os
+import sys
+
+import pytest
+import torch
+
+# Triton reads TRITON_INTERPRET when it is imported: CI (scripts/test.sh) exports it before pytest;
+# run alone, this module sets it, which works only if nothing has imported triton yet.
+INTERPRET_OK = True
+if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+    INTERPRET_OK = "triton" not in sys.modules
+    os.environ["TRITON_INTERPRET"] = "1"
+
+from kvlab.sepllm import kept_fraction, sep_attention, sepllm_mask  # noqa: E402
+from kvlab.sepllm.reference import sep_attention_reference  # noqa: E402
+
+CUDA = torch.cuda.is_available()
+DEV = torch.device("cuda" if CUDA else "cpu")
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+needs_triton = pytest.mark.skipif(
+    not HAS_TRITON or (not CUDA and os.environ.get("TRITON_INTERPRET") != "1") or not INTERPRET_OK,
+    reason="needs triton, and CUDA or TRITON_INTERPRET=1 set before triton is imported")
+
+
+def _inputs(b, h, hk, n, d, dtype, p_sep=0.15, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, h, n, d, generator=g).to(dtype).to(DEV)
+    k = torch.randn(b, hk, n, d, generator=g).to(dtype).to(DEV)
+    v = torch.randn(b, hk, n, d, generator=g).to(dtype).to(DEV)
+    is_sep = (torch.rand(b, n, generator=g) < p_sep).to(DEV)
+    do = torch.randn(b, h, n, d, generator=g).to(dtype).to(DEV)
+    return q, k, v, is_sep, do
+
+
+def _run(fn, q, k, v, do, grad=True):
+    q, k, v = (x.detach().clone().requires_grad_(grad) for x in (q, k, v))
+    out = fn(q, k, v)
+    if not grad:
+        return [out.detach()]
+    return [out.detach(), *torch.autograd.grad(out, (q, k, v), do)]
+
+
+def _check_against_oracle(backend, q, k, v, is_sep, do, a, n, grad=True):
+    """Compare a backend's output (and grads) with the fp64 oracle, allowing the eager error."""
+    seq = q.shape[2]
+    eps = torch.finfo(q.dtype).eps
+    oracle = _run(lambda q_, k_, v_: sep_attention_reference(q_, k_, v_, is_sep, a, n),
+                  q.double(), k.double(), v.double(), do.double(), grad)
+    eager = _run(lambda q_, k_, v_: sep_attention_reference(q_, k_, v_, is_sep, a, n), q, k, v, do, grad)
+    fast = _run(lambda q_, k_, v_: sep_attention(q_, k_, v_, is_sep, a, n, backend=backend), q, k, v, do, grad)
+    for name, x, e, o in zip(["out", "dq", "dk", "dv"], fast, eager, oracle):
+        assert x.shape == o.shape and x.dtype == q.dtype, name
+        assert torch.isfinite(x).all(), f"{name}: non-finite values"
+        err = (x.double() - o).abs().max().item()
+        err_eager = (e.double() - o).abs().max().item()
+        allow = math.sqrt(seq) * eps * o.abs().max().item()
+        assert err <= err_eager + allow, f"{name}: err {err:.3g} > eager {err_eager:.3g} + {allow:.3g}"
+        # The max-error bound is loose in bf16; the relative L2 error pins the whole tensor
+        # (one missing key in a row moves it by ~20% here).
+        rel = ((x.double() - o).norm() / o.norm()).item()
+        rel_eager = ((e.double() - o).norm() / o.norm()).item()
+        assert rel <= 2 * rel_eager + eps, f"{name}: rel err {rel:.3g} > 2 x eager {rel_eager:.3g} + eps"
+
+
+# ------------------------------------------------------------------------------ reference
+def test_mask_matches_definition():
+    is_sep = torch.tensor([[0, 0, 1, 0, 0, 0, 1, 0, 0, 0]], dtype=torch.bool)
+    m = sepllm_mask(is_sep, init=1, neighbors=2)[0]
+    for qi in range(10):
+        for ki in range(10):
+            want = ki <= qi and (ki < 1 or qi - ki < 2 or bool(is_sep[0, ki]))
+            assert bool(m[qi, ki]) == want
+
+
+def test_kept_fraction_counts_mask():
+    g = torch.Generator().manual_seed(1)
+    is_sep = torch.rand(3, 97, generator=g) < 0.1
+    m = sepllm_mask(is_sep, 4, 16)
+    assert kept_fraction(is_sep, 4, 16) == pytest.approx(m.sum().item() / (3 * 97 * 98 / 2))
+
+
+def test_block_mask_touches_nearly_every_tile():
+    """The motivation of the Triton kernel: scattered separators fill the block mask."""
+    from kvlab.sepllm.reference import touched_block_fraction
+
+    g = torch.Generator().manual_seed(2)
+    is_sep = torch.rand(1, 512, generator=g) < 0.08
+    assert touched_block_fraction(is_sep, 4, 32, block=32) > 0.9
+    assert kept_fraction(is_sep, 4, 32) < 0.3
+    assert touched_block_fraction(torch.zeros_like(is_sep), 4, 32, block=32) < 0.4
+
+
+def test_reference_limits_are_causal_and_window():
+    q, k, v, is_sep, _ = _inputs(1, 2, 2, 40, 16, torch.float64)
+    causal = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    # every token a separator, or a window as long as the sequence: plain causal attention
+    all_sep = torch.ones_like(is_sep)
+    torch.testing.assert_close(sep_attention_reference(q, k, v, all_sep, 0, 1), causal)
+    torch.testing.assert_close(sep_attention_reference(q, k, v, is_sep, 0, 40), causal)
+
+
+# ------------------------------------------------------------------------------ triton
+CASES = [  # (batch, heads, kv_heads, seq, dim, init, neighbors, dtype, p_sep)
+    (2, 4, 2, 77, 32, 3, 9, torch.bfloat16, 0.15),   # odd length, GQA, per-sequence separators
+    (1, 2, 2, 50, 16, 4, 20, torch.float16, 0.2),
+    (2, 2, 1, 45, 32, 2, 7, torch.float32, 0.1),
+    (1, 3, 1, 64, 16, 0, 1, torch.bfloat16, 0.3),    # no initial tokens, window = the query only
+    (1, 2, 2, 40, 16, 4, 8, torch.bfloat16, 0.0),    # no separators: sink + window
+    (1, 2, 2, 40, 16, 4, 8, torch.bfloat16, 1.0),    # all separators: causal
+]
+
+
+@needs_triton
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"b{c[0]}h{c[1]}/{c[2]}n{c[3]}d{c[4]}a{c[5]}w{c[6]}"
+                         f"-{str(c[7])[6:]}-sep{c[8]}")
+def test_triton_matches_oracle(case):
+    b, h, hk, n, d, a, w, dtype, p = case
+    q, k, v, is_sep, do = _inputs(b, h, hk, n, d, dtype, p)
+    _check_against_oracle("triton", q, k, v, is_sep, do, a, w)
+
+
+@needs_triton
+def test_triton_tile_shapes_do_not_change_the_result():
+    """The window region is aligned to BLOCK_N; unequal tiles per kernel must give the same maths."""
+    from kvlab.sepllm.triton import sep_attention_triton
+
+    q, k, v, is_sep, do = _inputs(2, 2, 1, 70, 16, torch.float32, 0.15, seed=3)
+    base = _run(lambda *x: sep_attention_triton(*x, is_sep, 2, 5), q, k, v, do)
+    cfg = {"fwd": dict(BLOCK_M=32, BLOCK_N=16, BLOCK_F=32, num_warps=4, num_stages=1),
+           "dq": dict(BLOCK_M=16, BLOCK_N=32, BLOCK_F=16, num_warps=4, num_stages=1),
+           "dkdv": dict(BLOCK_M=32, BLOCK_N=16, BLOCK_F=32, num_warps=4, num_stages=1), "far_splits_per": 1}
+    other = _run(lambda *x: sep_attention_triton(*x, is_sep, 2, 5, config=cfg), q, k, v, do)
+    for x, y in zip(base, other):
+        torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-5)
+
+
+@needs_triton
+def test_compaction_kernel_matches_torch():
+    from kvlab.sepllm.triton import compact_kept_keys, compact_kept_keys_torch
+
+    g = torch.Generator().manual_seed(7)
+    is_sep = (torch.rand(3, 600, generator=g) < 0.2).to(DEV)
+    is_sep[1] = False
+    for init in (0, 4, 700):
+        kept, idx, cnt = compact_kept_keys(is_sep, init)
+        kept_t, idx_t, cnt_t = compact_kept_keys_torch(is_sep, init)
+        torch.testing.assert_close(kept, kept_t)
+        torch.testing.assert_close(cnt, cnt_t)
+        for b in range(3):  # only the first cnt[b, -1] slots of idx are specified
+            total = int(cnt_t[b, -1])
+            torch.testing.assert_close(idx[b, :total], idx_t[b, :total])
+
+
+@needs_triton
+def test_triton_batch_invariance():
+    q, k, v, is_sep, do = _inputs(3, 2, 2, 37, 16, torch.float32, 0.2, seed=5)
+    both = sep_attention(q, k, v, is_sep, 2, 6, backend="triton")
+    for i in range(3):
+        one = sep_attention(q[i:i + 1], k[i:i + 1], v[i:i + 1], is_sep[i:i + 1], 2, 6, backend="triton")
+        torch.testing.assert_close(one, both[i:i + 1], rtol=1e-5, atol=1e-5)
+
+
+# ------------------------------------------------------------------------------ flex
+def test_flex_matches_oracle():
+    """FlexAttention runs forward-only on CPU (eager); forward and backward on CUDA (compiled)."""
+    pytest.importorskip("torch.nn.attention.flex_attention")
+    q, k, v, is_sep, do = _inputs(2, 4, 2, 64, 16, torch.float32 if not CUDA else torch.bfloat16, 0.15)
+    _check_against_oracle("flex", q, k, v, is_sep, do, 3, 9, grad=CUDA)
+
+
+# ------------------------------------------------------------------------------ api
+@pytest.mark.parametrize("bad, match", [
+    (dict(backend="cuda"), "backend="),
+    (dict(neighbors=0), "neighbors"),
+    (dict(init=-1), "init"),
+    (dict(is_sep="float"), "is_sep"),
+    (dict(kv_heads=3), "multiple"),
+])
+def test_api_rejects_bad_inputs(bad, match):
+    q, k, v, is_sep, _ = _inputs(1, 4, 2, 8, 16, torch.float32)
+    if bad.pop("kv_heads", None):
+        k = v = torch.randn(1, 3, 8, 16, device=DEV)
+    if bad.pop("is_sep", None):
+        is_sep = is_sep.float()
+    kw = dict(init=1, neighbors=2, backend="torch") | bad
+    with pytest.raises(ValueError, match=match):
+        sep_attention(q, k, v, is_sep, **kw)
+
+
+def test_api_triton_rejects_odd_head_dim():
+    q, k, v, is_sep, _ = _inputs(1, 2, 2, 8, 24, torch.float32)
+    with pytest.raises(ValueError, match="power of two"):
+        sep_attention(q, k, v, is_sep, 1, 2, backend="triton")
+
+
+# ------------------------------------------------------------------------------ GPU, large
+LARGE = [  # (batch, heads, kv_heads, seq, dim, dtype, p_sep)
+    (1, 8, 2, 4097, 128, torch.bfloat16, 0.08),
+    (2, 4, 4, 3001, 64, torch.float16, 0.15),
+    (1, 8, 2, 2048, 128, torch.bfloat16, 0.0),
+    (1, 4, 1, 2048, 128, torch.bfloat16, 1.0),
+    (1, 4, 2, 1531, 128, torch.float32, 0.1),
+]
+
+
+@pytest.mark.skipif(not CUDA, reason="large shapes run on the GPU only")
+@pytest.mark.parametrize("case", LARGE, ids=lambda c: f"n{c[3]}d{c[4]}-{str(c[5])[6:]}-sep{c[6]}")
+def test_triton_large_gpu(case):
+    b, h, hk, n, d, dtype, p = case
+    q, k, v, is_sep, do = _inputs(b, h, hk, n, d, dtype, p, seed=n)
+    _check_against_oracle("triton", q, k, v, is_sep, do, 4, 256)
+
+
+def test_api_casts_under_autocast():
+    """Under autocast HF's RoPE leaves q, k in fp32 while v is bf16: the API casts them like SDPA."""
+    q, k, v, is_sep, _ = _inputs(1, 2, 2, 12, 16, torch.float32)
+    with torch.autocast(DEV.type, dtype=torch.bfloat16):
+        out = sep_attention(q, k, v.bfloat16(), is_sep, 1, 3, backend="torch")
+    assert out.dtype == torch.bfloat16

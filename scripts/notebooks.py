@@ -40,6 +40,7 @@ def _checked(nb) -> list:
 
 
 def prepare(out: pathlib.Path, names: list[str]) -> None:
+    out = out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     for old in out.glob("*.ipynb"):
         old.unlink()
@@ -58,7 +59,7 @@ def prepare(out: pathlib.Path, names: list[str]) -> None:
             cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text=text)]
             cell.execution_count = 1  # nbval only compares cells that look executed
         nbformat.write(nb, target)
-        print(f"prepared {target.relative_to(ROOT)} ({len(cells)} checked cells)")
+        print(f"prepared {target} ({len(cells)} checked cells)")
 
 
 def record(names: list[str]) -> None:

@@ -7,7 +7,8 @@ Subcommands (each writes ``<out>/<name>.json`` with the device name and versions
   saved work); forward and forward+backward; separators at random 8% of positions and from real
   text (``benchmarks/data/separators_*.npz``, SmolLM2 tokenizer). Also draws ``ops.png``.
 * ``decode``  one decode step over ragged packed caches (batch 16, 6k-8k entries each, GQA 32/8,
-  dim 128): Triton vs padding + SDPA, against the memory-bandwidth floor of the bytes read.
+  dim 128): Triton vs padding + SDPA, against the memory-bandwidth floor of the bytes read; eager
+  calls and CUDA-graph replays (GPU time alone), the fixed cost on 1-entry caches, a skewed batch.
 * ``prefill`` a Llama-3-8B-shaped model (random weights, bf16), 32k-token prefill, SDPA vs the Triton
   SepLLM kernel plugged in through ``kvlab.integration.use_pattern``.
 * ``train``   training-step time of a ~100M-parameter Llama-style model at 4k-8k context.
@@ -307,10 +308,28 @@ def run_decode(args, ceilings: dict) -> dict:
     kh = k.transpose(0, 1).contiguous().transpose(0, 1)
     vh = v.transpose(0, 1).contiguous().transpose(0, 1)
     res["triton_head_major"] = bench_ms(lambda: ragged_decode_triton(q, kh, vh, cu, max_seqlen=longest), 0.5)
-    for split in (1024, 2048, 8192):
-        cfg = dict(BLOCK_N=64, split=split, num_warps=4, num_stages=3)
-        res[f"triton_split{split}"] = bench_ms(
+    from kvlab.decode.triton import default_config as decode_config
+
+    for per_sm in (2, 4):  # the grid: programs per multiprocessor (the default is in the first row)
+        cfg = decode_config() | {"programs_per_sm": per_sm}
+        res[f"triton_{per_sm}_per_sm"] = bench_ms(
             lambda: ragged_decode_triton(q, k, v, cu, max_seqlen=longest, config=cfg), 0.5)  # noqa: B023
+    # GPU time alone: the call captured once in a CUDA graph and replayed (how serving engines run
+    # decode steps); the eager rows above also count the host's latency before the first launch
+    res["triton_cuda_graph"] = bench_ms(_graph_replay(lambda: ragged_decode_triton(q, k, v, cu, max_seqlen=longest)), 0.5)
+    # fixed cost: the same call over 1-entry caches (two launches, no bytes to speak of)
+    cu1 = torch.arange(bsz + 1, dtype=torch.int32, device="cuda")
+    tiny = lambda: ragged_decode_triton(q, k[:bsz], v[:bsz], cu1, max_seqlen=1)  # noqa: E731
+    res["triton_1_entry_caches"] = bench_ms(tiny, 0.5)
+    res["triton_1_entry_caches_cuda_graph"] = bench_ms(_graph_replay(tiny), 0.5)
+    for _ in range(20):
+        tiny()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(200):
+        tiny()
+    torch.cuda.synchronize()
+    host_ms = (time.perf_counter() - t0) / 200 * 1e3  # back-to-back calls: the host is the bottleneck
     # scale reference: dense batch x max_len cache, no mask, SDPA enable_gqa
     kd = torch.randn(bsz, hk, args.max_len, d, device="cuda", dtype=dtype)
     vd = torch.randn_like(kd)
@@ -318,14 +337,48 @@ def run_decode(args, ceilings: dict) -> dict:
     res["sdpa_dense_maxlen_gqa"] = bench_ms(lambda: F.scaled_dot_product_attention(qd, kd, vd, enable_gqa=True), 0.5)
     res["triton_repeat"] = bench_ms(lambda: ragged_decode_triton(q, k, v, cu, max_seqlen=longest), 0.5)  # spread
     dense_bytes = 2 * kd.numel() * 2
+    del kd, vd
     rows = []
     for name, r in res.items():
         rows.append({"method": name, "ms": r["ms"],
                      "GBps_packed_bytes": nbytes / r["ms"] / 1e6,
                      "x_floor": r["ms"] / floor_ms})
+    # skewed batch (one long cache, many short ones): every multiprocessor must still get equal work
+    skew = [8 * args.max_len] + [args.max_len // 8] * (bsz - 1)
+    cu_s = torch.zeros(bsz + 1, dtype=torch.int32, device="cuda")
+    cu_s[1:] = torch.cumsum(torch.tensor(skew, device="cuda"), 0)
+    k_s = torch.randn(int(cu_s[-1]), hk, d, device="cuda", dtype=dtype, generator=gen)
+    v_s = torch.randn_like(k_s)
+    bytes_s = 2 * k_s.numel() * 2 + 2 * q.numel() * 2
+    floor_s = bytes_s / (ceilings["copy_GBps"] * 1e6)
+    kp_s, vp_s, valid_s = pad_packed(k_s, v_s, cu_s, max(skew))
+    skew_res = {
+        "skewed_triton": bench_ms(lambda: ragged_decode_triton(q, k_s, v_s, cu_s, max_seqlen=max(skew)), 0.5),
+        "skewed_triton_cuda_graph": bench_ms(
+            _graph_replay(lambda: ragged_decode_triton(q, k_s, v_s, cu_s, max_seqlen=max(skew))), 0.5),
+        "skewed_sdpa_padded_gqa": bench_ms(lambda: ragged_decode_padded_sdpa(q, kp_s, vp_s, valid_s), 0.5),
+    }
+    for name, r in skew_res.items():
+        rows.append({"method": name, "ms": r["ms"], "GBps_packed_bytes": bytes_s / r["ms"] / 1e6,
+                     "x_floor": r["ms"] / floor_s})
     return {"batch": bsz, "heads": h, "kv_heads": hk, "dim": d, "lens": lens.tolist(), "total": total,
             "bytes_read": nbytes, "floor_ms_copy_bw": floor_ms, "floor_ms_read_bw": floor_read_ms,
-            "dense_bytes": dense_bytes, "ceilings": ceilings, "rows": rows}
+            "dense_bytes": dense_bytes, "ceilings": ceilings, "rows": rows,
+            "host_ms_per_call": host_ms, "skewed_lens": skew, "skewed_bytes": bytes_s, "skewed_floor_ms": floor_s}
+
+
+def _graph_replay(fn):
+    """Capture ``fn`` once in a CUDA graph (after a warm-up on a side stream) and return its replay."""
+    torch = _torch()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
 
 
 def print_decode(rec: dict) -> str:
@@ -333,6 +386,11 @@ def print_decode(rec: dict) -> str:
             f"{min(rec['lens'])}-{max(rec['lens'])} (total {rec['total']}); reads {rec['bytes_read'] / 1e6:.0f} MB; "
             f"floor {rec['floor_ms_copy_bw']:.3f} ms at copy bandwidth {rec['ceilings']['copy_GBps']:.0f} GB/s "
             f"({rec['floor_ms_read_bw']:.3f} ms at read bandwidth {rec['ceilings']['read_GBps']:.0f} GB/s)\n")
+    if "skewed_lens" in rec:
+        sk = rec["skewed_lens"]
+        head += (f"skewed_* rows: entries {sk[0]} + {len(sk) - 1} x {sk[1]}, reads {rec['skewed_bytes'] / 1e6:.0f} MB, "
+                 f"floor {rec['skewed_floor_ms']:.3f} ms; host time per eager call (1-entry caches, back to back) "
+                 f"{rec['host_ms_per_call'] * 1e3:.0f} us\n")
     cols = [("method", "method", ""), ("ms", "ms", "{:.4f}"), ("GBps_packed_bytes", "GB/s of packed bytes", "{:.0f}"),
             ("x_floor", "x floor", "{:.2f}")]
     return head + _fmt_table(rec["rows"], cols)
@@ -538,11 +596,10 @@ def run_tune(args) -> dict:
     qd = torch.randn(16, 32, 128, device="cuda", dtype=dtype)
     kd = torch.randn(int(cu[-1]), 8, 128, device="cuda", dtype=dtype)
     vd = torch.randn_like(kd)
-    for bn, split, nw, ns in [(64, 4096, 4, 3), (64, 2048, 4, 3), (64, 1024, 4, 3), (64, 4096, 4, 4),
-                              (64, 8192, 4, 3), (32, 4096, 4, 4), (64, 4096, 8, 3), (128, 4096, 8, 3),
-                              (64, 512, 4, 3), (32, 2048, 2, 4)]:
-        cfg = dict(BLOCK_N=bn, split=split, num_warps=nw, num_stages=ns)
-        record(f"decode {bn} split{split} w{nw} s{ns}",
+    for bn, per_sm, nw, ns in [(64, 3, 4, 3), (64, 2, 4, 3), (64, 4, 4, 2), (32, 4, 4, 4), (32, 6, 4, 3),
+                               (128, 1, 8, 3), (64, 3, 4, 4)]:
+        cfg = dict(BLOCK_N=bn, chunks=None, programs_per_sm=per_sm, num_warps=nw, num_stages=ns)
+        record(f"decode {bn} {per_sm}/SM w{nw} s{ns}",
                lambda: ragged_decode_triton(qd, kd, vd, cu, max_seqlen=8192, config=cfg))  # noqa: B023
     return {"seq": n, "heads": h, "kv_heads": hk, "dim": d, "rows": rows}
 

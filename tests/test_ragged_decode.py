@@ -85,14 +85,28 @@ def test_padded_sdpa_matches_oracle():
 
 
 @needs_triton
-def test_triton_split_size_does_not_change_the_result():
+def test_triton_chunking_does_not_change_the_result():
+    """The packed axis is cut into equal ranges that straddle sequence boundaries: one range per
+    kv head, ranges shorter than every sequence, and ranges longer than several give the same."""
     from kvlab.decode.triton import ragged_decode_triton
 
-    q, k, v, cu = _inputs([7, 130, 64], 4, 2, 16, torch.float32, seed=2)
-    ref = ragged_decode_triton(q, k, v, cu)
-    for split in (16, 64, 256):
-        cfg = dict(BLOCK_N=16, split=split, num_warps=4, num_stages=1)
-        torch.testing.assert_close(ragged_decode_triton(q, k, v, cu, config=cfg), ref, rtol=1e-5, atol=1e-6)
+    q, k, v, cu = _inputs([7, 130, 0, 64, 3], 4, 2, 16, torch.float32, seed=2)
+    ref = ragged_decode_reference(q, k, v, cu)
+    for chunks in (1, 2, 5, 17, 90):
+        cfg = dict(BLOCK_N=16, chunks=chunks, num_warps=4, num_stages=1)
+        for max_seqlen in (None, 130):
+            out = ragged_decode_triton(q, k, v, cu, max_seqlen=max_seqlen, config=cfg)
+            torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)
+
+
+@needs_triton
+def test_triton_unused_rows_after_the_last_sequence():
+    """cu_seqlens[-1] < total: the rows past the last sequence are never read."""
+    q, k, v, cu = _inputs([20, 9], 4, 4, 16, torch.float32, seed=4)
+    k_pad = torch.cat([k, torch.full_like(k[:11], float("nan"))])
+    v_pad = torch.cat([v, torch.full_like(v[:11], float("nan"))])
+    out = ragged_decode_attention(q, k_pad, v_pad, cu, backend="triton")
+    torch.testing.assert_close(out, ragged_decode_reference(q, k, v, cu), rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("bad, match", [

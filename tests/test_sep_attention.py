@@ -123,6 +123,7 @@ CASES = [  # (batch, heads, kv_heads, seq, dim, init, neighbors, dtype, p_sep)
     (1, 3, 1, 64, 16, 0, 1, torch.bfloat16, 0.3),    # no initial tokens, window = the query only
     (1, 2, 2, 40, 16, 4, 8, torch.bfloat16, 0.0),    # no separators: sink + window
     (1, 2, 2, 40, 16, 4, 8, torch.bfloat16, 1.0),    # all separators: causal
+    (1, 2, 1, 100, 16, 2, 40, torch.float32, 0.1),   # window > 2 tiles: fully visible inner window tiles
 ]
 
 
@@ -136,16 +137,18 @@ def test_triton_matches_oracle(case):
 
 
 @needs_triton
-def test_triton_tile_shapes_do_not_change_the_result():
-    """The window region is aligned to BLOCK_N; unequal tiles per kernel must give the same maths."""
+@pytest.mark.parametrize("neighbors", [5, 37])
+def test_triton_tile_shapes_do_not_change_the_result(neighbors):
+    """The window region is aligned to BLOCK_N; unequal tiles per kernel must give the same maths
+    (neighbors = 37 gives the forward pass fully visible window tiles in both configs)."""
     from kvlab.sepllm.triton import sep_attention_triton
 
     q, k, v, is_sep, do = _inputs(2, 2, 1, 70, 16, torch.float32, 0.15, seed=3)
-    base = _run(lambda *x: sep_attention_triton(*x, is_sep, 2, 5), q, k, v, do)
+    base = _run(lambda *x: sep_attention_triton(*x, is_sep, 2, neighbors), q, k, v, do)
     cfg = {"fwd": dict(BLOCK_M=32, BLOCK_N=16, BLOCK_F=32, num_warps=4, num_stages=1),
            "dq": dict(BLOCK_M=16, BLOCK_N=32, BLOCK_F=16, num_warps=4, num_stages=1),
            "dkdv": dict(BLOCK_M=32, BLOCK_N=16, BLOCK_F=32, num_warps=4, num_stages=1), "far_splits_per": 1}
-    other = _run(lambda *x: sep_attention_triton(*x, is_sep, 2, 5, config=cfg), q, k, v, do)
+    other = _run(lambda *x: sep_attention_triton(*x, is_sep, 2, neighbors, config=cfg), q, k, v, do)
     for x, y in zip(base, other):
         torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-5)
 

@@ -99,7 +99,10 @@ def compact_kept_keys(is_sep: torch.Tensor, init: int):
     kept = torch.empty(b, n, dtype=torch.int8, device=is_sep.device)
     idx = torch.empty(b, n, dtype=torch.int32, device=is_sep.device)
     cnt = torch.empty(b, n + 1, dtype=torch.int32, device=is_sep.device)
-    _compact_kernel[(b,)](sep, kept, idx, cnt, n, init, BLOCK=256 if _interpreting() else 1024)
+    # One program per sequence; 4096-wide blocks (8 serial steps at 32k) measured 0.045 ms against
+    # 0.060 ms for 1024 on an H200 (benchmarks/results/profile_h200_run7a.log).
+    interp = _interpreting()
+    _compact_kernel[(b,)](sep, kept, idx, cnt, n, init, BLOCK=256 if interp else 4096, num_warps=4 if interp else 8)
     return kept, idx, cnt
 
 
@@ -204,7 +207,11 @@ def _sep_fwd_kernel(
         s = tl.where(live[None, :], s * qk_scale, float("-inf"))
         m_i, l_i, acc = _online_softmax_step(s, v, m_i, l_i, acc, FP32_DOT)
 
-    # -- stage 2: the window region, dense tiles with the element mask
+    # -- stage 2: the window region, dense tiles with the element mask. One loop of small tiles is
+    #    the fastest form measured (H200, triton 3.6): splitting it into unmasked inner tiles and
+    #    masked edge tiles, wider tiles, or a cheaper mask expression all ran slower, as each extra
+    #    loop or live tensor costs pipeline fill or register spills at the 255-register limit
+    #    (benchmarks/README.md, "Issue 5").
     hi = tl.minimum(q0 + BLOCK_M, N)
     for start in range(lo, hi, BLOCK_N):
         kpos = start + tl.arange(0, BLOCK_N)

@@ -49,12 +49,16 @@ def rerotate(keys: torch.Tensor, delta: torch.Tensor, inv_freq: torch.Tensor) ->
     shift is enough, whatever scaling the model applied when it first rotated the key. The angles are
     computed in float64 for the few distinct shifts only.
     """
-    shifts, where = torch.unique(delta, return_inverse=True)
-    angles = shifts.to(torch.float64)[:, None] * inv_freq.to(device=keys.device, dtype=torch.float64)
-    emb = torch.cat((angles, angles), dim=-1)  # (distinct shifts, dim)
-    cos = emb.cos().to(keys.dtype)[where][:, None]  # (batch, 1, n, dim)
-    sin = emb.sin().to(keys.dtype)[where][:, None]
-    return keys * cos + rotate_half(keys) * sin
+    if keys.device.type == "cpu":
+        shifts, where = torch.unique(delta, return_inverse=True)  # few distinct shifts: little trigonometry
+    else:
+        shifts, where = delta, None  # on a GPU, trigonometry for every entry is cheaper than a host sync
+    angles = shifts.to(torch.float64)[..., None] * inv_freq.to(device=keys.device, dtype=torch.float64)
+    emb = torch.cat((angles, angles), dim=-1)
+    cos, sin = emb.cos().to(keys.dtype), emb.sin().to(keys.dtype)
+    if where is not None:
+        cos, sin = cos[where], sin[where]
+    return keys * cos[:, None] + rotate_half(keys) * sin[:, None]  # (batch, 1, n, dim) broadcast over heads
 
 
 @dataclass
@@ -136,7 +140,8 @@ class KVLayer(CacheLayerMixin):
             # One rotation from the stored copy each step, so rounding errors never accumulate (bf16).
             n = self.keys.shape[2] - t
             want = new_rot[:, :1] - n + torch.arange(n + t, device=self.device)
-            if not torch.equal(want, self.rot):
+            # On a GPU, rotating by zero (exact: cos 0 = 1, sin 0 = 0) beats asking the host whether to.
+            if self.device.type != "cpu" or not torch.equal(want, self.rot):
                 return rerotate(self.keys, want - self.rot, self._inv_freq()), self.values
         return self.keys, self.values
 
@@ -284,7 +289,8 @@ class KVCache(Cache):
             if layer.sliding_window is not None:
                 index = _within_window(layer, index, self.seen)
             if index is not None:
-                _check_index(index, layer.size, self.policy)
+                if index.device.type == "cpu" or self.seen <= step.new_positions.shape[-1]:
+                    _check_index(index, layer.size, self.policy)  # on a GPU only at the first step (host syncs)
                 layer.select(index)
         self.trace.per_layer.append(self.held())
         self.trace.nbytes.append(sum(layer.nbytes() for layer in self.layers))

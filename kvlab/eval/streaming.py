@@ -97,7 +97,7 @@ def streaming_perplexity(model, tokenizer, text: str | torch.Tensor, policy: Pol
     ids = _tokens(tokenizer, text, max_tokens).to(device)
     cache = KVCache(model, policy)
     n = ids.shape[1]
-    nll = torch.empty(n - 1, dtype=torch.float64)
+    nll = torch.empty(n - 1, dtype=torch.float64, device=device)  # filled on the device: no sync per step
     cuda = device.type == "cuda"
     if cuda:
         torch.cuda.synchronize(device)
@@ -105,13 +105,13 @@ def streaming_perplexity(model, tokenizer, text: str | torch.Tensor, policy: Pol
     start = time.perf_counter()
     for t in tqdm(range(n - 1), desc=f"stream {type(policy).__name__}", disable=not progress, mininterval=1.0):
         logits = model(input_ids=ids[:, t:t + 1], past_key_values=cache, use_cache=True).logits[:, -1]
-        nll[t] = torch.nn.functional.cross_entropy(logits.float(), ids[:, t + 1], reduction="sum").item()
+        nll[t] = torch.nn.functional.cross_entropy(logits.float(), ids[:, t + 1], reduction="sum")
     if cuda:
         torch.cuda.synchronize(device)
     seconds = time.perf_counter() - start
     return StreamingResult(
         policy=repr(policy),
-        nll=nll,
+        nll=nll.cpu(),
         kv_trace_per_layer=torch.tensor(cache.trace.per_layer[:n - 1]),
         seconds=seconds,
         peak_memory=max(cache.trace.nbytes, default=0),

@@ -6,29 +6,22 @@ import pytest
 import torch
 
 from kvlab.cache import KVCache, rerotate
+from kvlab.eval import decode_stepwise
 from kvlab.integration import MaskPattern, attach, capture_attention, use_pattern
 from kvlab.policies import Full, Policy, StreamingLLM
-
-
-def stream_logits(model, ids, policy):
-    cache = KVCache(model, policy)
-    with torch.no_grad():
-        out = [model(input_ids=ids[:, t:t + 1], past_key_values=cache, use_cache=True).logits
-               for t in range(ids.shape[1])]
-    return torch.cat(out, dim=1), cache
 
 
 def test_full_stream_equals_parallel(tiny_model, ids):
     with torch.no_grad():
         ref = tiny_model(input_ids=ids, use_cache=False).logits
-    got, cache = stream_logits(tiny_model, ids, Full())
+    got, cache = decode_stepwise(tiny_model, ids, Full())
     torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
     assert cache.seen == ids.shape[1]
 
 
 def test_wide_window_equals_full_exactly(tiny_model, ids):
-    full, _ = stream_logits(tiny_model, ids, Full())
-    wide, _ = stream_logits(tiny_model, ids, StreamingLLM(sink=4, window=ids.shape[1]))
+    full, _ = decode_stepwise(tiny_model, ids, Full())
+    wide, _ = decode_stepwise(tiny_model, ids, StreamingLLM(sink=4, window=ids.shape[1]))
     assert torch.equal(full, wide)
 
 
@@ -56,7 +49,7 @@ def test_sink_window_mask_prefill_equals_streaming_original_positions(tiny_llama
 
     with torch.no_grad(), use_pattern(tiny_llama, MaskPattern(mask)):
         ref = tiny_llama(input_ids=ids, use_cache=False).logits
-    got, _ = stream_logits(tiny_llama, ids, StreamingLLM(sink=sink, window=window, positions="original"))
+    got, _ = decode_stepwise(tiny_llama, ids, StreamingLLM(sink=sink, window=window, positions="original"))
     torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
 
 
@@ -67,7 +60,7 @@ def test_cache_positions_match_dynamic_cache_with_shifted_positions(tiny_llama, 
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
     policy = StreamingLLM(sink=2, window=6, positions="cache")
-    _, cache = stream_logits(tiny_llama, ids[:, :-1], policy)
+    _, cache = decode_stepwise(tiny_llama, ids[:, :-1], policy)
     n = cache.layers[0].size
     dyn = DynamicCache(config=tiny_llama.config)
     for i, layer in enumerate(cache.layers):
@@ -89,7 +82,7 @@ def test_cache_positions_match_dynamic_cache_with_shifted_positions(tiny_llama, 
 
 
 def test_sliding_window_layers_hold_only_the_window(tiny_gemma, ids):
-    _, cache = stream_logits(tiny_gemma, ids, Full())
+    _, cache = decode_stepwise(tiny_gemma, ids, Full())
     sizes = cache.held()
     assert sizes[2] == ids.shape[1]  # the full-attention layer
     assert all(sizes[i] == 7 for i in (0, 1, 3))  # window 8: the next query sees 7 old entries + itself
@@ -98,9 +91,9 @@ def test_sliding_window_layers_hold_only_the_window(tiny_gemma, ids):
 def test_batch_rows_match_single_rows(tiny_llama):
     torch.manual_seed(3)
     ids = torch.randint(0, 96, (2, 24))
-    both, _ = stream_logits(tiny_llama, ids, StreamingLLM(sink=2, window=5))
+    both, _ = decode_stepwise(tiny_llama, ids, StreamingLLM(sink=2, window=5))
     for row in range(2):
-        one, _ = stream_logits(tiny_llama, ids[row:row + 1], StreamingLLM(sink=2, window=5))
+        one, _ = decode_stepwise(tiny_llama, ids[row:row + 1], StreamingLLM(sink=2, window=5))
         torch.testing.assert_close(both[row:row + 1], one, rtol=1e-5, atol=1e-5)
 
 
@@ -138,7 +131,7 @@ class _Recorder(Policy):
 
 def test_scores_reach_policies(tiny_llama, ids):
     policy = _Recorder()
-    stream_logits(tiny_llama, ids[:, :10], policy)
+    decode_stepwise(tiny_llama, ids[:, :10], policy)
     heads = tiny_llama.config.num_attention_heads
     # every query spreads probability 1 per head over the entries; nothing was evicted
     assert policy.totals[-1] == pytest.approx(heads * 10, rel=1e-4)

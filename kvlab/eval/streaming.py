@@ -16,7 +16,7 @@ import torch
 from kvlab.cache import KVCache
 from kvlab.policies import Policy
 
-__all__ = ["StreamingResult", "streaming_perplexity", "parallel_nll"]
+__all__ = ["StreamingResult", "decode_stepwise", "streaming_perplexity", "parallel_nll"]
 
 
 @dataclass
@@ -126,3 +126,17 @@ def parallel_nll(model, tokenizer, text: str | torch.Tensor, max_tokens: int | N
     ids = _tokens(tokenizer, text, max_tokens).to(device)
     logits = model(input_ids=ids, use_cache=False).logits[0, :-1].float()
     return torch.nn.functional.cross_entropy(logits, ids[0, 1:], reduction="none").double().cpu()
+
+
+@torch.no_grad()
+def decode_stepwise(model, ids: torch.Tensor, policy: Policy) -> tuple[torch.Tensor, KVCache]:
+    """Feed ``ids`` ``(batch, T)`` one token at a time through ``policy``; returns the logits
+    ``(batch, T, vocab)`` of every step and the cache as it is after the last step.
+
+    The building block of the property tests: a policy decoded token by token against the prefill pattern
+    (or the plain forward pass) that should give the same logits.
+    """
+    cache = KVCache(model, policy)
+    steps = [model(input_ids=ids[:, t:t + 1], past_key_values=cache, use_cache=True).logits
+             for t in range(ids.shape[1])]
+    return torch.cat(steps, dim=1), cache

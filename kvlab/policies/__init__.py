@@ -4,5 +4,7 @@
 """
 
 from kvlab.policies.base import Full, Policy, StreamingLLM
+from kvlab.policies.h2o import H2O
+from kvlab.policies.lacache import LaCache
 
-__all__ = ["Policy", "Full", "StreamingLLM"]
+__all__ = ["Policy", "Full", "StreamingLLM", "H2O", "LaCache"]

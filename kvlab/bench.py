@@ -399,32 +399,6 @@ def print_decode(rec: dict) -> str:
 # ---------------------------------------------------------------------------------------------
 # model level: prefill of a Llama-3-8B-shaped model, training step of a ~100M model
 # ---------------------------------------------------------------------------------------------
-class SepLLMPattern:
-    """Prefill/training attention pattern for ``kvlab.integration.use_pattern``: SepLLM attention with
-    separators found from the key token ids."""
-
-    def __init__(self, separator_ids, init: int = 4, neighbors: int = 256, backend: str = "triton"):
-        self.separator_ids = separator_ids
-        self.init, self.neighbors, self.backend = init, neighbors, backend
-        self._memo = None
-
-    def __call__(self, query, key, value, call):
-        from kvlab.sepllm import sep_attention
-
-        if query.shape[2] != key.shape[2]:
-            raise NotImplementedError("SepLLMPattern is for prefill/training (queries == keys)")
-        torch = __import__("torch")
-        if torch.is_autocast_enabled(query.device.type):  # RoPE under autocast leaves q, k in fp32
-            dt = torch.get_autocast_dtype(query.device.type)
-            query, key, value = query.to(dt), key.to(dt), value.to(dt)
-        ids = call.k_token_ids
-        if self._memo is None or self._memo[0] is not ids:  # once per forward, not per layer
-            sep = self.separator_ids.to(ids.device)
-            self._memo = (ids, torch.isin(ids, sep))
-        return sep_attention(query, key, value, self._memo[1], self.init, self.neighbors,
-                             scale=call.scaling, backend=self.backend)
-
-
 def _real_text_ids(n: int, batch: int = 1):
     import numpy as np
     import torch
@@ -441,6 +415,7 @@ def run_prefill(args) -> dict:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from kvlab.integration import attach, use_pattern
+    from kvlab.sepllm.patterns import SepLLMPattern
     from kvlab.sepllm.reference import kept_fraction
 
     cfg = LlamaConfig(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
@@ -459,7 +434,7 @@ def run_prefill(args) -> dict:
     ids, sep_ids = _real_text_ids(args.seq)
     ids = ids.cuda()
     ids.clamp_(max=cfg.vocab_size - 1)
-    pattern = SepLLMPattern(sep_ids, args.init, args.neighbors, "triton")
+    pattern = SepLLMPattern(sep_ids, init=args.init, neighbors=args.neighbors, backend="triton")
     dens = kept_fraction(torch.isin(ids, sep_ids.cuda()), args.init, args.neighbors)
 
     @torch.no_grad()
@@ -482,6 +457,7 @@ def run_train(args) -> dict:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from kvlab.integration import attach, use_pattern
+    from kvlab.sepllm.patterns import SepLLMPattern
 
     cfg = LlamaConfig(vocab_size=49152, hidden_size=768, intermediate_size=2048, num_hidden_layers=12,
                       num_attention_heads=12, num_key_value_heads=12, max_position_embeddings=max(args.seqs),
@@ -497,7 +473,7 @@ def run_train(args) -> dict:
         batch = max(1, args.tokens // n)
         ids, sep_ids = _real_text_ids(n, batch)
         ids = ids.cuda()
-        pattern = SepLLMPattern(sep_ids, args.init, args.neighbors, "triton")
+        pattern = SepLLMPattern(sep_ids, init=args.init, neighbors=args.neighbors, backend="triton")
 
         def step():
             with torch.autocast("cuda", dtype=torch.bfloat16):

@@ -71,6 +71,7 @@ class AttentionCall:
     scaling: float
     sliding_window: int | None
     num_key_value_groups: int
+    fresh: bool = False  # keys are exactly positions 0..n-1 of this forward (a prefill from scratch)
 
     def causal_mask(self) -> torch.Tensor:
         """``(batch, 1, q, n)`` bool: key visible to query (causal by original position, sliding window)."""
@@ -113,6 +114,7 @@ class _StepInfo:
     input_ids: torch.Tensor | None
     position_ids: torch.Tensor  # (batch, q) positions the queries are rotated at
     cache: object | None
+    fresh: bool = False  # the step starts the sequence: positions 0..q-1, nothing cached before
 
 
 @dataclass
@@ -206,16 +208,18 @@ def _pre_hook(model, args, kwargs):
                 "kvlab policies do not support padded batches: pass sequences of equal length "
                 "(or batch size 1) without padding."
             )
+        fresh = cache.seen == 0
         positions = cache.begin_step(input_ids, batch, length, ref.device)
         kwargs = dict(kwargs)
         kwargs["position_ids"] = positions
-        state.step = _StepInfo(input_ids, positions, cache)
+        state.step = _StepInfo(input_ids, positions, cache, fresh)
         return args, kwargs
     positions = kwargs.get("position_ids")
+    past = cache.get_seq_length() if cache is not None else 0
+    fresh = positions is None and past == 0  # known without looking at (and waiting for) device tensors
     if positions is None:
-        past = cache.get_seq_length() if cache is not None else 0
         positions = (torch.arange(length, device=ref.device) + past).expand(batch, -1)
-    state.step = _StepInfo(input_ids, positions, None)
+    state.step = _StepInfo(input_ids, positions, None, fresh)
     return None
 
 
@@ -287,7 +291,7 @@ def _kvlab_attention(module, query, key, value, attention_mask, dropout=0.0, sca
         q_ids = k_ids = ids if ids is not None else torch.full_like(q_pos, -1)
     if pattern is not None:
         call = AttentionCall(layer, state.num_layers, q_pos, k_pos, q_ids, k_ids, scaling, sliding_window,
-                             query.shape[1] // key.shape[1])
+                             query.shape[1] // key.shape[1], fresh=step.fresh)
         out = pattern(query, key, value, call)
         probs = None
     else:

@@ -6,5 +6,6 @@
 from kvlab.policies.base import Full, Policy, StreamingLLM
 from kvlab.policies.h2o import H2O
 from kvlab.policies.lacache import LaCache
+from kvlab.policies.sepllm import FixLLM, SepLLM, SepLLMStreaming
 
-__all__ = ["Policy", "Full", "StreamingLLM", "H2O", "LaCache"]
+__all__ = ["Policy", "Full", "StreamingLLM", "H2O", "LaCache", "SepLLM", "SepLLMStreaming", "FixLLM"]

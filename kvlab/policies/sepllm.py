@@ -1,0 +1,189 @@
+"""SepLLM's decoding policies (Sec. 3.2-3.3) and the fixed-interval variant FixLLM (App. I).
+
+* :class:`SepLLM` — the fundamental design: after every step a layer keeps the ``init`` initial entries,
+  every separator, and the ``neighbors - 1`` newest entries, so the next query sees ``neighbors``
+  neighbours counting itself (the reading of :mod:`kvlab.sepllm.reference`: ``q - k < n``). With original
+  positions this is exactly :class:`kvlab.sepllm.SepLLMPattern` at decode time (tested).
+* :class:`FixLLM` — the same with "every ``interval``-th position" in place of "is a separator".
+* :class:`SepLLMStreaming` — the tailored streaming design: four blocks (initial ``a``, separators ``s``,
+  past window, local window ``w``), compression when the total would pass ``c``, separator FIFO, and
+  positions within the cache (StreamingLLM's shift) by default. Reference: :mod:`kvlab.sepllm.streaming`.
+
+SepLLM and SepLLMStreaming decide from the token ids, so rows of a batch would keep different counts:
+they take batch size 1. FixLLM only looks at positions and runs batched.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kvlab.cache import LayerView
+from kvlab.policies.base import Policy, _check_int
+from kvlab.sepllm.streaming import check_sizes
+
+__all__ = ["SepLLM", "SepLLMStreaming", "FixLLM"]
+
+
+def _separator_ids(separators) -> torch.Tensor:
+    if separators is None:
+        raise ValueError("pass separators= (token ids, or the tokenizer: kvlab.sepllm.separator_ids(tokenizer))")
+    if hasattr(separators, "batch_decode"):
+        from kvlab.sepllm.separators import separator_ids
+
+        separators = separator_ids(separators)
+    ids = sorted({int(i) for i in separators})
+    if ids and ids[0] < 0:
+        raise ValueError("separator ids must be >= 0")
+    return torch.tensor(ids, dtype=torch.long)
+
+
+class _SeparatorLookup:
+    """``token_ids -> is separator`` through a boolean table (one gather per call, no sorting)."""
+
+    def __init__(self, ids: torch.Tensor):
+        self.ids = ids
+        size = int(ids.max()) + 1 if ids.numel() else 1
+        self.table = torch.zeros(size, dtype=torch.bool)
+        self.table[ids] = True
+
+    def __call__(self, token_ids: torch.Tensor) -> torch.Tensor:
+        if self.table.device != token_ids.device:
+            self.table = self.table.to(token_ids.device)
+        inside = (token_ids >= 0) & (token_ids < self.table.numel())
+        return self.table[token_ids.clamp(0, self.table.numel() - 1)] & inside
+
+
+def _single_row(view: LayerView, name: str) -> None:
+    if view.positions.shape[0] != 1:
+        raise NotImplementedError(
+            f"{name} keeps a different number of entries per sequence (it reads the tokens), and kvlab's "
+            f"cache needs equal counts per row: run batch size 1")
+    if bool((view.token_ids < 0).any()):
+        raise ValueError(f"{name} needs token ids to find separators; the model was fed inputs_embeds")
+
+
+def _indices(keep: torch.Tensor) -> torch.Tensor | None:
+    """``(batch, n)`` bool -> ascending indices (``(m,)`` for one row), or None when all are kept."""
+    if bool(keep.all()):
+        return None
+    if keep.shape[0] == 1:
+        return keep[0].nonzero().squeeze(1)
+    counts = keep.sum(dim=1)
+    if not bool((counts == counts[0]).all()):  # pragma: no cover - positions are equal across rows
+        raise NotImplementedError("rows would keep different counts")
+    return keep.nonzero()[:, 1].view(keep.shape[0], -1)
+
+
+class SepLLM(Policy):
+    """SepLLM, fundamental design (Sec. 3.1-3.2, Fig. 3 right): keep initial, separator and neighbouring KV.
+
+    Args:
+        init: initial tokens ``a`` (3 in the paper's training-free tables).
+        neighbors: ``n``; the next query sees the ``n - 1`` newest cached entries plus itself.
+        separators: token ids, or a tokenizer (then :func:`kvlab.sepllm.separator_ids`).
+        positions: ``"original"`` (default: equals the prefill mask) or ``"cache"``.
+
+    Pseudocode (per layer, after each step; the next query sits at position ``seen``)::
+
+        keep entry k  iff  pos[k] < init  or  seen - pos[k] < neighbors  or  is_separator(token[k])
+
+    The cache grows with the separators seen (no bound): that is what :class:`SepLLMStreaming` fixes.
+    """
+
+    def __init__(self, init: int = 3, neighbors: int = 256, *, separators=None, positions: str = "original"):
+        super().__init__(positions)
+        self.init = _check_int("init", init, 0)
+        self.neighbors = _check_int("neighbors", neighbors, 1)
+        self._sep = _SeparatorLookup(_separator_ids(separators))
+
+    @property
+    def separators(self) -> torch.Tensor:
+        return self._sep.ids
+
+    def far(self, view: LayerView) -> torch.Tensor:
+        _single_row(view, type(self).__name__)
+        return self._sep(view.token_ids)
+
+    def keep(self, view: LayerView) -> torch.Tensor | None:
+        pos = view.positions
+        near = (pos < self.init) | (view.seen - pos < self.neighbors)
+        return _indices(near | self.far(view))
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(init={self.init}, neighbors={self.neighbors}, "
+                f"separators={self.separators.numel()}, positions={self.positions!r})")
+
+
+class FixLLM(SepLLM):
+    """FixLLM (App. I, Table 17): SepLLM with one entry every ``interval`` positions instead of separators.
+
+    Keeps ``pos < init``, ``seen - pos < neighbors`` and ``pos % interval == interval - 1``.
+    ``interval=1`` keeps everything; an interval longer than the stream is StreamingLLM.
+    """
+
+    def __init__(self, init: int = 3, neighbors: int = 256, interval: int = 8, *, positions: str = "original"):
+        super().__init__(init, neighbors, separators=(), positions=positions)
+        self.interval = _check_int("interval", interval, 1)
+
+    def far(self, view: LayerView) -> torch.Tensor:
+        return view.positions % self.interval == self.interval - 1
+
+    def __repr__(self) -> str:
+        return (f"FixLLM(init={self.init}, neighbors={self.neighbors}, interval={self.interval}, "
+                f"positions={self.positions!r})")
+
+
+class SepLLMStreaming(Policy):
+    """SepLLM's tailored streaming design (Sec. 3.3, Fig. 4): four blocks under a total capacity ``cache``.
+
+    Args:
+        init: ``a``, initial cache (0 for the "no initial tokens" ablation of Table 8).
+        sep: ``s``, separator cache (FIFO).
+        local: ``w``, local window cache.
+        cache: ``c``, total capacity; ``init + sep + local < cache`` is required.
+        separators: token ids or a tokenizer.
+        positions: ``"cache"`` (default, the paper's positional shift) or ``"original"`` (Table 8's ablation).
+
+    A layer's entries are ordered by position, so the blocks are ranges: ``[0, a)`` initial, then the
+    separator block (entries older than the past window), then the past window, then the newest ``w``
+    (local window). ``view.state["past_start"]`` remembers where the past window begins::
+
+        if held > cache:                                    # compression
+            seps = separator block + separators of the past window; keep the newest `sep` of them
+            keep initial + seps + local window;  past_start = first position of the local window
+    """
+
+    def __init__(self, init: int = 4, sep: int = 64, local: int = 256, cache: int = 800, *, separators=None,
+                 positions: str = "cache"):
+        super().__init__(positions)
+        check_sizes(init, sep, local, cache)
+        self.init, self.sep, self.local, self.cache = init, sep, local, cache
+        self._sep = _SeparatorLookup(_separator_ids(separators))
+
+    @property
+    def budget(self) -> int:
+        return self.cache
+
+    def keep(self, view: LayerView) -> torch.Tensor | None:
+        n = view.size
+        if n <= self.cache:
+            return None
+        _single_row(view, "SepLLMStreaming")
+        pos = view.positions[0]
+        past_start = view.state.get("past_start", self.init)
+        initial = pos < self.init
+        local = torch.zeros_like(initial)
+        local[max(n - self.local, 0):] = True
+        local &= ~initial
+        candidates = (pos >= self.init) & ~local & ((pos < past_start) | self._sep(view.token_ids[0]))
+        seps = candidates.nonzero().squeeze(1)
+        seps = seps[max(seps.numel() - self.sep, 0):] if self.sep > 0 else seps[:0]
+        keep = initial | local
+        keep[seps] = True
+        first_local = local.nonzero()
+        view.state["past_start"] = int(pos[first_local[0, 0]]) if first_local.numel() else view.seen
+        return keep.nonzero().squeeze(1)
+
+    def __repr__(self) -> str:
+        return (f"SepLLMStreaming(init={self.init}, sep={self.sep}, local={self.local}, cache={self.cache}, "
+                f"separators={self._sep.ids.numel()}, positions={self.positions!r})")

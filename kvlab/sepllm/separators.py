@@ -1,0 +1,123 @@
+"""Which token ids count as separators (SepLLM Sec. 4.1, App. G).
+
+The paper keeps the KV of nine separators, ``. , ? ! ; : <space> \\t \\n``. A tokenizer never has just
+nine ids for them: BPE merges punctuation with spaces and newlines (``" ."``, ``".\\n"``, ``",\\n\\n"``,
+``"\\n\\n\\n"``) and SentencePiece writes a leading space as ``"▁"``. So the set is derived per tokenizer:
+decode every id on its own and classify its text.
+
+Our reading (the paper lists characters, not ids):
+
+* **made of separators** (``match="exact"``): the text is non-empty, uses only separator characters
+  and whitespace, and either contains one of the chosen punctuation marks or consists only of the
+  chosen whitespace characters. ``" ."``, ``".\\n"``, ``"\\n\\n"``, ``"Ġ"`` (a lone space) qualify.
+* **ends in a separator** (``match="suffix"``, the default): additionally every token whose text, right
+  after dropping trailing whitespace, ends in a chosen punctuation mark: ``"etc."``, ``"...)"`` does
+  not, ``"):"`` does. Such a token closes its segment just as a lone ``"."`` would.
+
+Special tokens (BOS, EOS, chat markers) are never separators. Smaller sets for the ablation of Table 16
+are in :data:`SEPARATOR_SETS` ("9", "4", "2", "none").
+
+Pseudocode::
+
+    for id in vocabulary (minus special tokens):
+        t = decode([id]);  core = t.rstrip(whitespace)
+        if t only uses separator chars and whitespace and (core has a chosen mark or t only uses chosen whitespace):
+            separator
+        elif match == "suffix" and core and core[-1] in chosen marks:
+            separator
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import torch
+
+__all__ = ["SEPARATORS", "SEPARATOR_SETS", "separator_ids", "is_separator", "describe_separators"]
+
+#: The paper's nine separators (Sec. 4.1).
+SEPARATORS: tuple[str, ...] = (".", ",", "?", "!", ";", ":", " ", "\t", "\n")
+
+#: Separator choices of the ablation (App. G, Table 16): all nine, four common marks, "." and "?", none.
+SEPARATOR_SETS: dict[str, tuple[str, ...]] = {
+    "9": SEPARATORS,
+    "4": (".", ",", "?", ";"),
+    "2": (".", "?"),
+    "none": (),
+}
+
+_WHITESPACE = frozenset(" \t\n\r\u00a0")
+_ALL_SEPARATOR_CHARS = frozenset(SEPARATORS) | _WHITESPACE
+_CACHE: dict[tuple, tuple[int, ...]] = {}
+
+
+def _classify(text: str, marks: frozenset[str], spaces: frozenset[str], suffix: bool) -> bool:
+    if not text:
+        return False
+    core = text.rstrip("".join(_WHITESPACE))
+    if set(text) <= _ALL_SEPARATOR_CHARS:
+        if any(ch in marks for ch in text):
+            return True
+        if spaces and set(text) <= spaces | {"\r", "\u00a0"} and set(text) & spaces:
+            return True
+        return False
+    return suffix and bool(core) and core[-1] in marks
+
+
+def separator_ids(tokenizer, separators: Iterable[str] | str = SEPARATORS, match: str = "suffix") -> list[int]:
+    """Every id of ``tokenizer`` whose text is (or ends in) one of ``separators``; sorted.
+
+    Args:
+        tokenizer: a transformers tokenizer (anything with ``decode``, ``__len__`` and ``all_special_ids``).
+        separators: characters from :data:`SEPARATORS`, or a key of :data:`SEPARATOR_SETS` ("9", "4", ...).
+        match: ``"suffix"`` (default, also ids that end in a mark, like ``"etc."``) or ``"exact"`` (only ids
+            made of separator characters).
+
+    Results are cached per (tokenizer, separators, match): decoding a 262k vocabulary takes seconds.
+    """
+    if isinstance(separators, str) and separators in SEPARATOR_SETS:
+        chosen = SEPARATOR_SETS[separators]
+    elif isinstance(separators, str):
+        raise ValueError(f"separators={separators!r} is not a key of SEPARATOR_SETS {list(SEPARATOR_SETS)}; "
+                         "pass an iterable of characters to choose your own")
+    else:
+        chosen = tuple(separators)
+    unknown = [s for s in chosen if s not in SEPARATORS]
+    if unknown:
+        raise ValueError(f"{unknown} are not SepLLM separators; choose among {SEPARATORS}")
+    if match not in ("suffix", "exact"):
+        raise ValueError(f"match must be 'suffix' or 'exact', got {match!r}")
+    key = (getattr(tokenizer, "name_or_path", None), id(tokenizer) if not getattr(tokenizer, "name_or_path", None)
+           else None, len(tokenizer), tuple(sorted(chosen)), match)
+    if key in _CACHE:
+        return list(_CACHE[key])
+    marks = frozenset(c for c in chosen if c not in _WHITESPACE)
+    spaces = frozenset(c for c in chosen if c in _WHITESPACE)
+    special = set(getattr(tokenizer, "all_special_ids", []) or [])
+    vocab = len(tokenizer)
+    texts = tokenizer.batch_decode([[i] for i in range(vocab)]) if chosen else []
+    ids = [i for i, t in enumerate(texts) if i not in special and _classify(t, marks, spaces, match == "suffix")]
+    _CACHE[key] = tuple(ids)
+    return ids
+
+
+def is_separator(token_ids: torch.Tensor, separators: Iterable[int] | torch.Tensor) -> torch.Tensor:
+    """Bool tensor of ``token_ids``' shape: True where the id is one of ``separators``.
+
+    ``token_ids`` of -1 (the model was fed embeddings, not ids) are never separators.
+    """
+    sep = torch.as_tensor(list(separators) if not isinstance(separators, torch.Tensor) else separators,
+                          dtype=torch.long, device=token_ids.device)
+    if sep.numel() == 0:
+        return torch.zeros_like(token_ids, dtype=torch.bool)
+    return torch.isin(token_ids, sep) & (token_ids >= 0)
+
+
+def describe_separators(tokenizer, ids: Iterable[int]) -> list[tuple[int, str]]:
+    """``[(id, printable text)]`` with whitespace made visible (``\\n``, ``\\t``, ``␣`` for a space)."""
+    out = []
+    for i in ids:
+        text = tokenizer.decode([i])
+        shown = text.replace("\n", "\\n").replace("\t", "\\t").replace("\r", "\\r").replace(" ", "␣")
+        out.append((int(i), shown))
+    return out

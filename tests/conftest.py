@@ -55,3 +55,13 @@ class IdTokenizer:
 def ids():
     torch.manual_seed(1)
     return torch.randint(0, 96, (1, 48))
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny tensors gain nothing from threads, and a busy machine makes extra threads very slow.
+    Use with ``pytestmark = pytest.mark.usefixtures("one_thread")``."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

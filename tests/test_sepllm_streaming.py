@@ -13,13 +13,7 @@ from kvlab.sepllm.streaming import FourBlockCache, check_sizes, eq3_limit, eq4_l
 
 SEPS = list(range(0, 96, 7))
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny tensors gain nothing from threads, and a busy machine makes extra threads very slow."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 

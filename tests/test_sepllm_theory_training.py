@@ -12,13 +12,7 @@ from kvlab.sepllm.theory import (hop_distance, hop_distance_formula, keep_mask, 
                                  longest_gap, sliding_window_layers)
 from kvlab.sepllm.training import CompactVocab, TinyConfig, Variant, VARIANTS, evaluate_loss, step_flops, tiny_llama, train
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny tensors gain nothing from threads, and a busy machine makes extra threads very slow."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 

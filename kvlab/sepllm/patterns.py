@@ -33,6 +33,7 @@ from typing import Iterable
 import torch
 
 from kvlab.integration import AttentionCall, AttentionPattern, MaskPattern, use_pattern
+from kvlab.policies.base import _check_int
 from kvlab.sepllm.reference import kept_fraction, sepllm_mask
 from kvlab.sepllm.separators import is_separator, separator_ids
 
@@ -40,14 +41,6 @@ __all__ = ["SepLLMPattern", "FixLLMPattern", "HeadwisePattern", "StreamingPatter
            "pattern_nll"]
 
 _BACKENDS = ("mask", "torch", "flex", "triton")
-
-
-def _check_int(name: str, value, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return value
 
 
 def _separator_tensor(separators) -> torch.Tensor:

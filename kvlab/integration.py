@@ -140,10 +140,25 @@ def model_state(model: torch.nn.Module) -> _ModelState:
 
 def _register() -> None:
     from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_mask
 
+    # Two names, one function: the mask transformers prepares must suit the implementation kvlab falls back
+    # to when it has nothing to do (boolean for SDPA, additive for eager).
     AttentionInterface.register(_NAME, _kvlab_attention)
     AttentionMaskInterface.register(_NAME, sdpa_mask)
+    AttentionInterface.register(_NAME + "_eager", _kvlab_attention)
+    AttentionMaskInterface.register(_NAME + "_eager", eager_mask)
+
+
+def _base_function(state: "_ModelState", module):
+    """The model's own attention: SDPA through transformers' interface, eager from the model's source."""
+    if state.base_implementation == "eager":
+        import sys
+
+        return sys.modules[type(module).__module__].eager_attention_forward
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    return ALL_ATTENTION_FUNCTIONS[state.base_implementation]
 
 
 def attach(model: torch.nn.Module) -> torch.nn.Module:
@@ -161,9 +176,7 @@ def attach(model: torch.nn.Module) -> torch.nn.Module:
         )
     _register()
     base = config._attn_implementation or "sdpa"
-    if base == _NAME:
-        base = "sdpa"
-    if base not in ("sdpa", "eager"):
+    if base not in ("sdpa", "eager"):  # flash/flex kernels cannot take kvlab's masks: SDPA stands in
         base = "sdpa"
     num_layers = text_config.num_hidden_layers
     inner = model.get_decoder() if hasattr(model, "get_decoder") else model.model
@@ -183,7 +196,7 @@ def attach(model: torch.nn.Module) -> torch.nn.Module:
     for module in model.modules():
         if hasattr(module, "layer_idx") and hasattr(module, "num_key_value_groups"):
             module._kvlab_state = state
-    model.set_attn_implementation(_NAME)
+    model.set_attn_implementation(_NAME if base == "sdpa" else _NAME + "_eager")
     model.register_forward_pre_hook(_pre_hook, with_kwargs=True)
     model.register_forward_hook(_post_hook, always_call=True)
     return model
@@ -262,8 +275,6 @@ def _attend(query, key, value, mask, scaling, want_probs):
 
 def _kvlab_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
                      sliding_window=None, softcap=None, **kwargs):
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
     state: _ModelState | None = getattr(module, "_kvlab_state", None)
     layer = module.layer_idx
     step = state.step if state is not None else None
@@ -271,7 +282,12 @@ def _kvlab_attention(module, query, key, value, attention_mask, dropout=0.0, sca
     capture = state is not None and state.capture is not None
     cache = step.cache if step is not None else None
     if state is None or step is None or (cache is None and pattern is None and not capture):
-        base = ALL_ATTENTION_FUNCTIONS[state.base_implementation if state else "sdpa"]
+        if state is None:
+            from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+            base = ALL_ATTENTION_FUNCTIONS["sdpa"]
+        else:
+            base = _base_function(state, module)
         return base(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                     sliding_window=sliding_window, softcap=softcap, **kwargs)
     if softcap is not None:

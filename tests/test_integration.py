@@ -156,3 +156,21 @@ def test_use_pattern_rejects_missing_layer(tiny_llama):
     with pytest.raises(ValueError, match="layers 0..3"):
         with use_pattern(tiny_llama, MaskPattern(lambda c: c.causal_mask()), layers=[9]):
             pass
+
+
+def test_eager_models_keep_eager_attention_and_masks():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, attn_implementation="eager")
+    plain = LlamaForCausalLM(config).eval()
+    attached = LlamaForCausalLM(config).eval()
+    attached.load_state_dict(plain.state_dict())
+    attach(attached)
+    assert attached.config._attn_implementation == "kvlab_eager"
+    ids = torch.randint(0, 96, (1, 12))
+    with torch.no_grad():
+        torch.testing.assert_close(attached(input_ids=ids).logits, plain(input_ids=ids).logits)
+    got, _ = decode_stepwise(attached, ids, StreamingLLM(sink=2, window=64))
+    torch.testing.assert_close(got, plain(input_ids=ids).logits.detach(), rtol=1e-4, atol=1e-4)

@@ -2,8 +2,33 @@
 
 from __future__ import annotations
 
+import importlib.util
+import os
+import sys
+
 import pytest
 import torch
+
+# Triton reads TRITON_INTERPRET when it is imported. scripts/test.sh exports it before pytest; for a plain
+# `pytest` run without a GPU this sets it before any test module can import triton.
+_INTERPRET_IN_TIME = True
+if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+    _INTERPRET_IN_TIME = "triton" not in sys.modules
+    os.environ["TRITON_INTERPRET"] = "1"
+TRITON_READY = importlib.util.find_spec("triton") is not None and _INTERPRET_IN_TIME
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "triton: runs Triton kernels (on CUDA, or in the interpreter on CPU)")
+
+
+def pytest_collection_modifyitems(config, items):
+    if TRITON_READY:
+        return
+    skip = pytest.mark.skip(reason="needs triton, and CUDA or TRITON_INTERPRET=1 set before triton is imported")
+    for item in items:
+        if "triton" in item.keywords:
+            item.add_marker(skip)
 
 
 def _tiny(arch: str):

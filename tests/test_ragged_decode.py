@@ -1,35 +1,22 @@
 """Ragged decode attention: Triton and padded-SDPA backends against a float64 oracle.
 
-Without CUDA the Triton kernels run in Triton's interpreter: this module sets
-``TRITON_INTERPRET=1`` before anything imports Triton (``kvlab.decode`` imports its kernels
-lazily). Tolerance as in ``test_sep_attention.py``: the eager low-precision error plus
+Without CUDA the Triton kernels run in Triton's interpreter: ``tests/conftest.py`` sets
+``TRITON_INTERPRET=1`` before anything imports Triton. Tolerance as in ``test_sep_attention.py``: the eager low-precision error plus
 ``sqrt(len) * eps`` times the oracle's scale, and at most twice the eager relative L2 error.
 """
 from __future__ import annotations
 
-import importlib.util
 import math
-import os
-import sys
 
 import pytest
 import torch
 
-# Triton reads TRITON_INTERPRET when it is imported: CI (scripts/test.sh) exports it before pytest;
-# run alone, this module sets it, which works only if nothing has imported triton yet.
-INTERPRET_OK = True
-if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
-    INTERPRET_OK = "triton" not in sys.modules
-    os.environ["TRITON_INTERPRET"] = "1"
-
-from kvlab.decode import ragged_decode_attention  # noqa: E402
-from kvlab.decode.reference import ragged_decode_reference  # noqa: E402
+from kvlab.decode import ragged_decode_attention
+from kvlab.decode.reference import ragged_decode_reference
 
 CUDA = torch.cuda.is_available()
 DEV = torch.device("cuda" if CUDA else "cpu")
-needs_triton = pytest.mark.skipif(
-    importlib.util.find_spec("triton") is None or (not CUDA and os.environ.get("TRITON_INTERPRET") != "1") or not INTERPRET_OK,
-    reason="needs triton, and CUDA or TRITON_INTERPRET=1 set before triton is imported")
+needs_triton = pytest.mark.triton  # skipped by conftest.py where Triton cannot run
 
 
 def _inputs(lens, h, hk, d, dtype, seed=0):

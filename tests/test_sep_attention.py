@@ -1,8 +1,7 @@
 """SepLLM attention: reference properties, Triton and Flex backends against a float64 oracle.
 
-On a machine without CUDA the Triton kernels run in Triton's interpreter: this module sets
-``TRITON_INTERPRET=1`` before anything imports Triton (the kernels are imported lazily by
-``kvlab.sepllm.sep_attention``), so CI needs no flag. Shapes are tiny there. With CUDA the same
+On a machine without CUDA the Triton kernels run in Triton's interpreter: ``tests/conftest.py`` sets
+``TRITON_INTERPRET=1`` before anything imports Triton, so a plain ``pytest`` needs no flag. Shapes are tiny there. With CUDA the same
 tests run compiled, plus the ``large`` ones (long sequences, 32/8 GQA heads, dim 128).
 
 Tolerance (dtype-aware): inputs are drawn in the low-precision dtype and promoted to float64 for
@@ -12,30 +11,17 @@ twice the eager one (plus eps).
 """
 from __future__ import annotations
 
-import importlib.util
 import math
-import os
-import sys
 
 import pytest
 import torch
 
-# Triton reads TRITON_INTERPRET when it is imported: CI (scripts/test.sh) exports it before pytest;
-# run alone, this module sets it, which works only if nothing has imported triton yet.
-INTERPRET_OK = True
-if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
-    INTERPRET_OK = "triton" not in sys.modules
-    os.environ["TRITON_INTERPRET"] = "1"
-
-from kvlab.sepllm import kept_fraction, sep_attention, sepllm_mask  # noqa: E402
-from kvlab.sepllm.reference import sep_attention_reference  # noqa: E402
+from kvlab.sepllm import kept_fraction, sep_attention, sepllm_mask
+from kvlab.sepllm.reference import sep_attention_reference
 
 CUDA = torch.cuda.is_available()
 DEV = torch.device("cuda" if CUDA else "cpu")
-HAS_TRITON = importlib.util.find_spec("triton") is not None
-needs_triton = pytest.mark.skipif(
-    not HAS_TRITON or (not CUDA and os.environ.get("TRITON_INTERPRET") != "1") or not INTERPRET_OK,
-    reason="needs triton, and CUDA or TRITON_INTERPRET=1 set before triton is imported")
+needs_triton = pytest.mark.triton  # skipped by conftest.py where Triton cannot run
 
 
 def _inputs(b, h, hk, n, d, dtype, p_sep=0.15, seed=0):

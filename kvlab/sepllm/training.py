@@ -21,6 +21,7 @@ FLOPs (Table 3, Fig. 5b): matrix multiplications only, forward + backward = 3 x 
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections import Counter
@@ -188,7 +189,11 @@ def _loss(model, ids: torch.Tensor) -> torch.Tensor:
 def train(model, variant: Variant, data: torch.Tensor, separators, *, steps: int = 200, batch: int = 8,
           seq_len: int = 256, lr: float = 3e-3, warmup: int = 20, seed: int = 0, backend: str = "mask",
           progress: bool = False) -> TrainResult:
-    """Train ``model`` on windows of ``data`` (1-d ids) under ``variant``'s mask; AdamW, warmup + cosine."""
+    """Train ``model`` on windows of ``data`` (1-d ids) under ``variant``'s mask; AdamW, warmup + cosine.
+
+    On CUDA the forward and backward run under bfloat16 autocast (weights and optimiser stay float32),
+    the usual mixed-precision recipe; on the CPU everything is float32.
+    """
     from tqdm.auto import tqdm
 
     pattern = variant.pattern(separators, backend)
@@ -203,7 +208,8 @@ def train(model, variant: Variant, data: torch.Tensor, separators, *, steps: int
     device = next(model.parameters()).device
     for ids in tqdm(batches(data, batch, seq_len, steps, seed), total=steps, desc=variant.name, disable=not progress):
         ids = ids.to(device)
-        with use_pattern(model, pattern, layers) if pattern is not None else _null():
+        amp = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else contextlib.nullcontext()
+        with amp, use_pattern(model, pattern, layers) if pattern is not None else _null():
             loss = _loss(model, ids)
         opt.zero_grad(set_to_none=True)
         loss.backward()

@@ -1,0 +1,358 @@
+"""Full-size quality runs of the SepLLM and LaCache issues on the pretrained default model.
+
+Every job calls the same package functions as notebooks 02, 03 and 06 (``chunked_perplexity``,
+``needle_in_haystack``, ``passkey``, ``gsm8k_generate``, ``decode_throughput``), only with the sizes
+of the papers' tables: 64K-token streams, 16K/32K decoding lengths, 100 GSM8K problems. Jobs run in
+worker processes, one thread each, each with its own copy of the model (float32, like the CPU
+notebooks), on the CPU or on a GPU; each result is written atomically to ``OUT/<job>.json``, and a
+job whose result exists is skipped, so a run cut short goes on where it stopped.
+
+    python benchmarks/quality_runs.py list [--scale smoke]
+    python benchmarks/quality_runs.py run --out DIR [--only REGEX] [--cpu-workers N] [--gpu-workers M]
+                                          [--deadline SECONDS] [--scale full|smoke]
+
+``--scale smoke`` shrinks every job (a few hundred tokens, two problems) to check the whole pipeline
+in a minute. ``benchmarks/quality_report.py DIR`` turns the results into the tables of
+``benchmarks/results/*_fullsize.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import json
+import math
+import multiprocessing as mp
+import os
+import re
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+#: decoding lengths reported by every perplexity job (the papers' columns), where the run is long enough
+LENGTHS = [1024, 2048, 4096, 5000, 8192, 10000, 15000, 16384, 20000, 32768, 65536]
+
+
+@dataclass
+class Job:
+    name: str
+    kind: str  # "ppl", "niah", "passkey", "gsm8k", "throughput"
+    args: dict = field(default_factory=dict)
+    device: str = "cpu"  # "cpu" or "gpu" (a GPU worker when there is one, else a CPU worker)
+    cost: float = 1.0  # rough single-thread minutes, for longest-first ordering
+
+
+def jobs(scale: str = "full") -> list[Job]:
+    """The job list. Policies are Python expressions over ``kvlab.policies`` (``seps``: SmolLM2's separator ids)."""
+    smoke = scale == "smoke"
+
+    def tokens(n):
+        return min(n, 384) if smoke else n
+
+    out = []
+
+    def ppl(name, policy, n, *, corpus="wikitext", chunk=16, device="cpu"):
+        n = tokens(n)
+        out.append(Job(name, "ppl", dict(policy=policy, corpus=corpus, tokens=n, chunk=chunk), device,
+                       cost=n / (60 * (100 if chunk > 1 else 16))))
+
+    # --- LaCache (issue 4): Table 1 to 16K, Table 2 to 32K, token-by-token confirmation -------------
+    ppl("lacache-t1-full-16k", "Full()", 16384, chunk=1024)
+    for b in (256, 512):
+        ppl(f"lacache-t1-strm{b}-16k", f"StreamingLLM(sink=4, cache_size={b})", 16384)
+        ppl(f"lacache-t1-lacache{b}-16k", f"LaCache({b})", 16384)
+    ppl("lacache-t2-strm80-32k", "StreamingLLM(sink=4, cache_size=80)", 32768)
+    ppl("lacache-t2-lacache80-32k", "LaCache(80)", 32768)
+    ppl("lacache-tbt-strm256-4k", "StreamingLLM(sink=4, cache_size=256)", 4096, chunk=1)
+    ppl("lacache-tbt-lacache256-4k", "LaCache(256)", 4096, chunk=1)
+    # --- SepLLM streaming (issue 3): Table 5 (PG19 stand-in, 64K, c=800), Tables 6-8 (WikiText) ----------
+    ppl("sepllm-t5-full-64k", "Full()", 65536, corpus="austen", chunk=1024, device="gpu")
+    ppl("sepllm-t5-strm800-64k", "StreamingLLM(sink=4, cache_size=800)", 65536, corpus="austen", device="gpu")
+    ppl("sepllm-t5-sep800-64k", "SepLLMStreaming(4, 64, 256, 800, separators=seps)", 65536, corpus="austen",
+        device="gpu")
+    ppl("sepllm-t8-full-64k", "Full()", 65536, chunk=1024, device="gpu")
+    ppl("sepllm-t8-strm324-64k", "StreamingLLM(sink=4, cache_size=324)", 65536, device="gpu")
+    ppl("sepllm-t8-sep32-64k", "SepLLMStreaming(4, 32, 224, 324, separators=seps)", 65536, device="gpu")
+    ppl("sepllm-t6-sep64-64k", "SepLLMStreaming(4, 64, 224, 324, separators=seps)", 65536, device="gpu")
+    ppl("sepllm-t8-strm324-noshift-64k", "StreamingLLM(sink=4, cache_size=324, positions='original')", 65536,
+        device="gpu")
+    ppl("sepllm-t8-sep32-noshift-64k", "SepLLMStreaming(4, 32, 224, 324, separators=seps, positions='original')",
+        65536, device="gpu")
+    ppl("sepllm-t6-sep48-20k", "SepLLMStreaming(4, 48, 224, 324, separators=seps)", 20000)
+    for w, c in ((320, 516), (512, 800)):
+        ppl(f"sepllm-t7-strm{c}-20k", f"StreamingLLM(sink=4, cache_size={c})", 20000)
+        ppl(f"sepllm-t7-sep{c}-20k", f"SepLLMStreaming(4, 64, {w}, {c}, separators=seps)", 20000)
+    ppl("sepllm-t8-strm324-noinit-20k", "StreamingLLM(sink=0, cache_size=324)", 20000)
+    ppl("sepllm-t8-sep32-noinit-20k", "SepLLMStreaming(0, 32, 224, 324, separators=seps)", 20000)
+    ppl("sepllm-t8-strm324-noinit-noshift-20k", "StreamingLLM(sink=0, cache_size=324, positions='original')", 20000)
+    ppl("sepllm-t8-sep32-noinit-noshift-20k",
+        "SepLLMStreaming(0, 32, 224, 324, separators=seps, positions='original')", 20000)
+
+    # --- retrieval: LaCache Fig. 8-9 (50% / 25% budgets), SepLLM App. F (equal KV) --------------------
+    lengths = [384] if smoke else [1024, 2048, 4096]
+    depths = [0.5] if smoke else [0.1, 0.3, 0.5, 0.7, 0.9]
+    for task in ("niah", "passkey"):
+        for length in lengths:
+            grid = dict(length=length, depths=depths)
+            out.append(Job(f"lacache-{task}-full-{length}", task, dict(policy="Full()", **grid), cost=length / 800))
+            for frac in (0.5, 0.25):
+                b = int(frac * length)
+                pct = int(100 * frac)
+                out.append(Job(f"lacache-{task}-strm{pct}-{length}", task,
+                               dict(policy=f"StreamingLLM(sink=4, cache_size={b})", **grid), cost=length / 800))
+                out.append(Job(f"lacache-{task}-lacache{pct}-{length}", task,
+                               dict(policy=f"LaCache({b})", **grid), cost=length / 800))
+        for length in lengths:
+            grid = dict(length=length, depths=depths)
+            out.append(Job(f"sepllm-{task}-strm324-{length}", task,
+                           dict(policy="StreamingLLM(sink=4, cache_size=324)", **grid), cost=length / 800))
+            out.append(Job(f"sepllm-{task}-sep324-{length}", task,
+                           dict(policy="SepLLMStreaming(4, 32, 224, 324, separators=seps)", **grid),
+                           cost=length / 800))
+
+    # --- GSM8K 8-shot CoT generation (issue 3, Table 1 real benchmark) -------------------------------
+    problems, shard = (2, 2) if smoke else (100, 10)
+    for method in ("Vanilla", "StrmLLM (n=256)", "StrmLLM (n matched)", "SepLLM (n=256)", "FixLLM (Δ=5, n=256)"):
+        slug = re.sub(r"[^a-z0-9]+", "-", method.lower()).strip("-")
+        for start in range(0, problems, shard):
+            out.append(Job(f"sepllm-gsm8k-{slug}-{start:03d}", "gsm8k",
+                           dict(method=method, start=start, count=shard, max_new_tokens=16 if smoke else 256),
+                           cost=shard * 0.12))
+
+    # --- decode throughput with long caches (issue 4, Fig. 7 in spirit): needs the GPU to mean anything ---
+    for prefill in ((256,) if smoke else (4096, 16384)):
+        out.append(Job(f"lacache-throughput-{prefill}", "throughput",
+                       dict(prefill=prefill, budget=min(512, prefill // 2), steps=16 if smoke else 128, rounds=3),
+                       device="gpu", cost=2.0))
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------
+# worker side
+
+_STATE: dict = {}
+
+
+def _init_worker(device: str, dtype: str) -> None:
+    import torch
+
+    torch.set_num_threads(1)
+    import kvlab
+    from kvlab.sepllm.separators import separator_ids
+
+    model, tokenizer = kvlab.load_model("smollm2-135m", device=device, dtype=dtype)
+    _STATE.update(model=model, tokenizer=tokenizer, seps=separator_ids(tokenizer), device=device, texts={})
+
+
+def _policy(expr: str):
+    from kvlab import policies
+    from kvlab.policies.h2o import H2O
+    from kvlab.policies.lacache import LaCache
+    from kvlab.policies.sepllm import FixLLM, SepLLM, SepLLMStreaming
+
+    names = {"Full": policies.Full, "StreamingLLM": policies.StreamingLLM, "LaCache": LaCache, "H2O": H2O,
+             "SepLLM": SepLLM, "SepLLMStreaming": SepLLMStreaming, "FixLLM": FixLLM, "seps": _STATE["seps"]}
+    return eval(expr, {"__builtins__": {}}, names)  # expressions come from jobs() above, not from users
+
+
+def _ids(corpus: str, tokens: int):
+    key = (corpus, tokens)
+    if key not in _STATE["texts"]:
+        from kvlab.datasets import load_text
+
+        # the notebooks' recipe: about 4 characters a token, cut to the first `tokens` ids
+        text = load_text(corpus)[: 8 * tokens]
+        _STATE["texts"][key] = _STATE["tokenizer"](text, return_tensors="pt").input_ids[:, :tokens]
+    ids = _STATE["texts"][key]
+    if ids.shape[1] < tokens:
+        raise ValueError(f"corpus {corpus!r} has only {ids.shape[1]} tokens in its first {8 * tokens} characters")
+    return ids
+
+
+def _run_ppl(args):
+    from kvlab.lacache import chunked_perplexity, ppl_at_lengths
+
+    policy = _policy(args["policy"])
+    r = chunked_perplexity(_STATE["model"], _STATE["tokenizer"], _ids(args["corpus"], args["tokens"]), policy,
+                           max_tokens=None, chunk_size=args["chunk"])
+    kv = r.kv_trace_per_layer.float()
+    return dict(ppl=r.ppl, ppl_at=ppl_at_lengths(r, LENGTHS + [args["tokens"]]), mean_kv=float(kv.mean()),
+                max_kv=int(kv.max()), seconds=r.seconds, nll=[round(float(x), 4) for x in r.nll])
+
+
+def _run_retrieval(task, args):
+    from kvlab.eval import needle_in_haystack, passkey
+
+    fn = needle_in_haystack if task == "niah" else passkey
+    r = fn(_STATE["model"], _STATE["tokenizer"], _policy(args["policy"]), lengths=[args["length"]],
+           depths=args["depths"], progress=False)
+    return dict(accuracy=r.accuracy[0].tolist(), answer_nll=r.answer_nll[0].tolist(), answers=r.answers)
+
+
+def _gsm8k_method(method, tokenizer, exemplars, sample_ids):
+    from kvlab.policies import Full, StreamingLLM
+    from kvlab.policies.sepllm import FixLLM, SepLLM
+    from kvlab.sepllm.patterns import FixLLMPattern, SepLLMPattern, StreamingPattern, match_neighbors
+
+    seps, a, n = _STATE["seps"], 3, 256
+    if method == "Vanilla":
+        return None, Full(), None
+    if method == "StrmLLM (n=256)":
+        return StreamingPattern(a, n), StreamingLLM(sink=a, window=n - 1, positions="original"), n
+    if method == "StrmLLM (n matched)":  # window matched to SepLLM's r.KV on a GSM8K prompt, as notebook 02 does
+        m = match_neighbors(lambda k: StreamingPattern(a, k), SepLLMPattern(seps, a, n).kept_fraction(sample_ids),
+                            sample_ids)
+        return StreamingPattern(a, m), StreamingLLM(sink=a, window=m - 1, positions="original"), m
+    if method == "SepLLM (n=256)":
+        return SepLLMPattern(seps, a, n), SepLLM(a, n, separators=seps), n
+    if method == "FixLLM (Δ=5, n=256)":
+        return FixLLMPattern(a, n, 5), FixLLM(a, n, 5), n
+    raise ValueError(f"unknown GSM8K method {method!r}")
+
+
+def _run_gsm8k(args):
+    from kvlab.eval.gsm8k import cot_prompt, gsm8k_generate, load_gsm8k, reference_solution
+
+    tok = _STATE["tokenizer"]
+    problems, exemplars = load_gsm8k(args["count"], start=args["start"])
+    exemplars = exemplars[:8]
+    first, _ = load_gsm8k(1)
+    sample = tok(cot_prompt(first[0]["question"], exemplars) + reference_solution(first[0]["answer"]),
+                 return_tensors="pt").input_ids
+    pattern, policy, n = _gsm8k_method(args["method"], tok, exemplars, sample)
+    r = gsm8k_generate(_STATE["model"], tok, problems, exemplars, pattern=pattern, policy=policy,
+                       max_new_tokens=args["max_new_tokens"], name=args["method"], progress=False)
+    return dict(neighbors=n, flexible=r.flexible, strict=r.strict, kv_ratio=r.kv_ratio, generations=r.generations,
+                answers=[p["answer"].split("####")[-1].strip() for p in problems])
+
+
+def _run_throughput(args):
+    from kvlab.lacache import decode_throughput
+
+    b = args["budget"]
+    policies = {"Full": "Full()", "StreamingLLM": f"StreamingLLM(sink=4, cache_size={b})", "LaCache": f"LaCache({b})",
+                "H2O": f"H2O({b}, recent={b // 2})"}
+    ids = _ids("wikitext", args["prefill"] + args["steps"])
+    rounds = {name: [] for name in policies}
+    for _ in range(args["rounds"]):  # round robin: every policy sees the same machine state
+        for name, expr in policies.items():
+            rounds[name].append(decode_throughput(_STATE["model"], ids, _policy(expr), prefill=args["prefill"],
+                                                  steps=args["steps"]))
+    import torch
+
+    device = torch.cuda.get_device_name() if _STATE["device"] == "cuda" else "cpu (1 thread)"
+    return dict(tokens_per_s=rounds, device=device, attn=_STATE["model"].config._attn_implementation)
+
+
+def _run_job(job: Job, out_dir: str) -> tuple[str, float, str | None]:
+    begin = time.time()
+    try:
+        if job.kind == "ppl":
+            result = _run_ppl(job.args)
+        elif job.kind in ("niah", "passkey"):
+            result = _run_retrieval(job.kind, job.args)
+        elif job.kind == "gsm8k":
+            result = _run_gsm8k(job.args)
+        elif job.kind == "throughput":
+            result = _run_throughput(job.args)
+        else:
+            raise ValueError(f"unknown job kind {job.kind!r}")
+    except Exception as exc:  # reported by the parent; the job stays undone
+        import traceback
+
+        return job.name, time.time() - begin, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"
+    import torch
+
+    record = dict(job=job.name, kind=job.kind, args=job.args, worker=_STATE["device"], torch=torch.__version__,
+                  wall_seconds=time.time() - begin, result=result)
+    path = Path(out_dir) / f"{job.name}.json"
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(record, ensure_ascii=False))
+    os.replace(tmp, path)
+    return job.name, time.time() - begin, None
+
+
+# ----------------------------------------------------------------------------------------------------
+# parent side
+
+def _selected(args) -> list[Job]:
+    todo = [j for j in jobs(args.scale) if not args.only or re.search(args.only, j.name)]
+    return sorted(todo, key=lambda j: -j.cost)
+
+
+def run(args) -> int:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    todo = [j for j in _selected(args) if not (out / f"{j.name}.json").exists()]
+    import torch
+
+    gpu_workers = args.gpu_workers if torch.cuda.is_available() else 0
+    if gpu_workers == 0:
+        for j in todo:
+            j.device = "cpu"
+    print(f"{len(todo)} jobs to run ({sum(j.cost for j in todo):.0f} single-thread minutes, rough); "
+          f"{args.cpu_workers} CPU workers, {gpu_workers} GPU workers", flush=True)
+    ctx = mp.get_context("spawn")
+    pools = {}
+    if args.cpu_workers:
+        pools["cpu"] = cf.ProcessPoolExecutor(args.cpu_workers, ctx, initializer=_init_worker,
+                                              initargs=("cpu", "float32"))
+    if gpu_workers:
+        pools["gpu"] = cf.ProcessPoolExecutor(gpu_workers, ctx, initializer=_init_worker, initargs=("cuda", "float32"))
+    if not pools:
+        raise SystemExit("no workers: give --cpu-workers or --gpu-workers")
+    futures = {}
+    for j in todo:
+        pool = pools.get(j.device) or pools.get("cpu") or pools["gpu"]
+        futures[pool.submit(_run_job, j, str(out))] = j
+    deadline = time.time() + args.deadline
+    failed = 0
+    try:
+        for fut in cf.as_completed(futures, timeout=args.deadline):
+            name, seconds, error = fut.result()
+            left = deadline - time.time()
+            if error:
+                failed += 1
+                print(f"FAILED {name} after {seconds:.0f} s: {error}", flush=True)
+            else:
+                print(f"done {name} in {seconds:.0f} s ({left:.0f} s left)", flush=True)
+    except cf.TimeoutError:
+        undone = [j.name for f, j in futures.items() if not f.done()]
+        print(f"deadline: {len(undone)} jobs not finished (run again to go on): {', '.join(undone)}", flush=True)
+    for pool in pools.values():
+        procs = list((getattr(pool, "_processes", None) or {}).values())
+        pool.shutdown(wait=False, cancel_futures=True)
+        for proc in procs:
+            proc.terminate()
+    return 1 if failed else 0
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    ls = sub.add_parser("list", help="print the jobs")
+    ls.add_argument("--scale", choices=["full", "smoke"], default="full")
+    ls.add_argument("--only", default="")
+    r = sub.add_parser("run", help="run the jobs whose results are missing")
+    r.add_argument("--out", required=True)
+    r.add_argument("--only", default="", help="regular expression on job names")
+    r.add_argument("--scale", choices=["full", "smoke"], default="full")
+    r.add_argument("--cpu-workers", type=int, default=max((os.cpu_count() or 2) - 1, 1))
+    r.add_argument("--gpu-workers", type=int, default=4)
+    r.add_argument("--deadline", type=float, default=math.inf, help="seconds; unfinished jobs are left for a later run")
+    args = p.parse_args(argv)
+    if args.cmd == "list":
+        for j in _selected(args):
+            print(f"{j.cost:7.1f} min  {j.device:3s}  {j.name:42s} {j.args}")
+        return 0
+    if args.deadline == math.inf:
+        args.deadline = 1e9
+    return run(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -163,11 +163,44 @@ def sepllm(runs) -> str:
     return "\n".join(out)
 
 
+RANDOM = ("window+block", "scattered", "window+strided")
+
+
+def pareto(data: dict) -> str:
+    """The Fig. 3 table from notebook 05's ``results_path`` JSON (``lacache_pareto.json``)."""
+    pts = data["points"]
+    named = ["StreamingLLM", "LaCache (bands)", "LaCache (interleaved)", "LaCache, layers shuffled"]
+    out = [f"{data.get('contexts', 1)} context(s) of {data['context']} tokens, next {data['continuation']} scored. "
+           "Cells: perplexity (better random patterns of that size / all of that size; dominated: some random "
+           "pattern at most as large is better).", "",
+           "| size | best random | median random | " + " | ".join(named) + " |", "|---|---|---|" + "---|" * len(named)]
+    rnd = [(p["size"], p["ppl"]) for p in pts if p["family"] in RANDOM]
+    for size in sorted({p["size"] for p in pts if p["family"] in RANDOM}):
+        same = sorted(y for x, y in rnd if x == size)
+        cells = []
+        for fam in named:
+            # the named pattern that belongs to this random size: the first one after that size's random patterns
+            cand = [p for p in pts if p["family"] == fam and size * 0.85 <= p["size"] <= size]
+            if not cand:
+                cells.append("–")
+                continue
+            q = cand[0]
+            better = sum(1 for y in same if y < q["ppl"])
+            dominated = any(x <= q["size"] and y < q["ppl"] for x, y in rnd)
+            cells.append(f"{q['ppl']:.2f} ({better}/{len(same)}, {'dominated' if dominated else 'on the front'})")
+        out.append(f"| {size} | {same[0]:.2f} | {statistics.median(same):.2f} | " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("source", type=Path, help="results folder of quality_runs.py, or a summary JSON")
     ap.add_argument("--summary", type=Path, help="write the summary JSON here")
+    ap.add_argument("--pareto", action="store_true", help="SOURCE is notebook 05's lacache_pareto.json")
     args = ap.parse_args(argv)
+    if args.pareto:
+        print(pareto(json.loads(args.source.read_text())))
+        return 0
     runs = load(args.source)
     if not runs:
         sys.exit(f"no results in {args.source}")

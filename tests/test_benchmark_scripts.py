@@ -95,3 +95,13 @@ def test_run_plain_parameters_outputs_and_figures(tmp_path):
     assert done["cells"][2]["outputs"][0]["text"] == "xyxyxy\n"
     assert (out / "fig_01_1.png").stat().st_size > 0
     assert "xyxyxy" in (out / "demo.log").read_text()
+
+
+def test_pareto_table_counts_and_front(report):
+    pts = [{"family": "scattered", "size": 64, "ppl": p} for p in (10.0, 12.0, 14.0)]
+    pts += [{"family": "StreamingLLM", "size": 64, "ppl": 13.0}, {"family": "LaCache (bands)", "size": 60, "ppl": 9.0}]
+    text = report.pareto({"context": 1024, "continuation": 128, "points": pts})
+    row = next(line for line in text.splitlines() if line.startswith("| 64 |"))
+    assert "| 10.00 | 12.00 |" in row  # best and median random
+    assert "13.00 (2/3, dominated)" in row  # 10 and 12 are better, and no larger
+    assert "9.00 (0/3, on the front)" in row  # nothing at most 60 entries is better

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import concurrent.futures as cf
 import json
-import math
 import multiprocessing as mp
 import os
 import re
@@ -309,17 +308,17 @@ def run(args) -> int:
     for j in todo:
         pool = pools.get(j.device) or pools.get("cpu") or pools["gpu"]
         futures[pool.submit(_run_job, j, str(out))] = j
-    deadline = time.time() + args.deadline
+    deadline = time.time() + args.deadline if args.deadline else None
     failed = 0
     try:
         for fut in cf.as_completed(futures, timeout=args.deadline):
             name, seconds, error = fut.result()
-            left = deadline - time.time()
+            left = f" ({deadline - time.time():.0f} s left)" if deadline else ""
             if error:
                 failed += 1
                 print(f"FAILED {name} after {seconds:.0f} s: {error}", flush=True)
             else:
-                print(f"done {name} in {seconds:.0f} s ({left:.0f} s left)", flush=True)
+                print(f"done {name} in {seconds:.0f} s{left}", flush=True)
     except cf.TimeoutError:
         undone = [j.name for f, j in futures.items() if not f.done()]
         print(f"deadline: {len(undone)} jobs not finished (run again to go on): {', '.join(undone)}", flush=True)
@@ -343,14 +342,12 @@ def main(argv=None) -> int:
     r.add_argument("--scale", choices=["full", "smoke"], default="full")
     r.add_argument("--cpu-workers", type=int, default=max((os.cpu_count() or 2) - 1, 1))
     r.add_argument("--gpu-workers", type=int, default=4)
-    r.add_argument("--deadline", type=float, default=math.inf, help="seconds; unfinished jobs are left for a later run")
+    r.add_argument("--deadline", type=float, default=None, help="seconds; unfinished jobs are left for a later run")
     args = p.parse_args(argv)
     if args.cmd == "list":
         for j in _selected(args):
             print(f"{j.cost:7.1f} min  {j.device:3s}  {j.name:42s} {j.args}")
         return 0
-    if args.deadline == math.inf:
-        args.deadline = 1e9
     return run(args)
 
 

@@ -44,21 +44,13 @@ import torch
 import triton
 import triton.language as tl
 
+from kvlab.sepllm.triton import _dot  # fp32 inputs get ieee products, the CPU interpreter fp32 operands
+
 __all__ = ["ragged_decode_triton"]
 
 
 def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
-
-
-@triton.jit
-def _dot(a, b, acc, FP32_DOT: tl.constexpr):
-    # See kvlab.sepllm.triton._dot: fp32 inputs get ieee products, the CPU interpreter fp32 operands.
-    if FP32_DOT:
-        out = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
-    else:
-        out = tl.dot(a, b, acc)
-    return out
 
 
 # ---------------------------------------------------------------------------------------------

@@ -149,9 +149,9 @@ def _init_worker(device: str, dtype: str) -> None:
 
 def _policy(expr: str):
     from kvlab import policies
-    from kvlab.policies.h2o import H2O
-    from kvlab.policies.lacache import LaCache
-    from kvlab.policies.sepllm import FixLLM, SepLLM, SepLLMStreaming
+    from kvlab.baselines.h2o import H2O
+    from kvlab.lacache.policy import LaCache
+    from kvlab.sepllm.policy import FixLLM, SepLLM, SepLLMStreaming
 
     names = {"Full": policies.Full, "StreamingLLM": policies.StreamingLLM, "LaCache": LaCache, "H2O": H2O,
              "SepLLM": SepLLM, "SepLLMStreaming": SepLLMStreaming, "FixLLM": FixLLM, "seps": _STATE["seps"]}
@@ -173,7 +173,7 @@ def _ids(corpus: str, tokens: int):
 
 
 def _run_ppl(args):
-    from kvlab.lacache import chunked_perplexity, ppl_at_lengths
+    from kvlab.eval import chunked_perplexity, ppl_at_lengths
 
     policy = _policy(args["policy"])
     r = chunked_perplexity(_STATE["model"], _STATE["tokenizer"], _ids(args["corpus"], args["tokens"]), policy,
@@ -194,8 +194,8 @@ def _run_retrieval(task, args):
 
 def _gsm8k_method(method, tokenizer, exemplars, sample_ids):
     from kvlab.policies import Full, StreamingLLM
-    from kvlab.policies.sepllm import FixLLM, SepLLM
-    from kvlab.sepllm.patterns import FixLLMPattern, SepLLMPattern, StreamingPattern, match_neighbors
+    from kvlab.sepllm.policy import FixLLM, SepLLM
+    from kvlab.sepllm.pattern import FixLLMPattern, SepLLMPattern, StreamingPattern, match_neighbors
 
     seps, a, n = _STATE["seps"], 3, 256
     if method == "Vanilla":

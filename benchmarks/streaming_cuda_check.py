@@ -16,7 +16,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from kvlab.eval import parallel_nll, streaming_perplexity
-from kvlab.integration import attach
+from kvlab.core import attach
 from kvlab.policies import Full, StreamingLLM
 
 

@@ -8,29 +8,39 @@ The names a user meets::
     kvlab.datasets.load_text("wikitext")
     kvlab.viz.*                                          # pictures
 
+Layout: :mod:`kvlab.core` (the step protocol: cache, policies, patterns, routers), :mod:`kvlab.baselines`,
+one folder per paper (:mod:`kvlab.sepllm`, :mod:`kvlab.lacache`, ...), :mod:`kvlab.kernels` (shared kernels),
+:mod:`kvlab.eval` (method-agnostic evaluation), :mod:`kvlab.policies` (index of every policy).
 Submodules are imported lazily so that ``import kvlab`` stays light.
 """
 
 from __future__ import annotations
 
 import importlib
+import pkgutil
 
 __version__ = "0.1.0"
-__all__ = ["KVCache", "load_model", "assets", "datasets", "eval", "integration", "policies", "viz", "sepllm"]
-
-_SUBMODULES = {"assets", "datasets", "eval", "integration", "policies", "viz", "sepllm", "cache", "models",
-               "decode", "bench"}
+__all__ = ["KVCache", "load_model", "check_parameters", "analysis", "assets", "baselines", "core", "datasets",
+           "eval", "kernels", "lacache", "lessons", "memory", "models", "policies", "sepllm", "testing", "viz"]
 
 
 def __getattr__(name: str):
     if name == "KVCache":
-        from kvlab.cache import KVCache
+        from kvlab.core import KVCache
 
         return KVCache
     if name == "load_model":
         from kvlab.models import load_model
 
         return load_model
-    if name in _SUBMODULES:
+    if name == "check_parameters":
+        from kvlab.core.checks import check_parameters
+
+        return check_parameters
+    if name in {m.name for m in pkgutil.iter_modules(__path__)} and not name.startswith("_"):
         return importlib.import_module(f"kvlab.{name}")
     raise AttributeError(f"module 'kvlab' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__) | {m.name for m in pkgutil.iter_modules(__path__)})

@@ -8,7 +8,7 @@ USAGE = """usage: python -m kvlab COMMAND [ARGS]
 
 commands:
   fetch [ID ...]   download models and corpora into the cache (no ID: the default set; --list, --all)
-  bench [...]      GPU benchmarks of kvlab's kernels (see `python -m kvlab bench --help`)
+  bench METHOD WHAT  GPU benchmarks of a method (see `python -m kvlab bench --help`)
 """
 
 

@@ -1,4 +1,4 @@
-"""Small measurements on attention maps (from ``kvlab.integration.capture_attention``)."""
+"""Small measurements on attention maps (from ``kvlab.core.capture_attention``)."""
 
 from __future__ import annotations
 

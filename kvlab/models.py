@@ -41,11 +41,11 @@ def load_model(name: str = "smollm2-135m", dtype: Any = None, device: Any = None
         dtype: ``torch.dtype`` or its name; default float32 on CPU, bfloat16 on CUDA.
         device: default ``"cuda"`` when available, else ``"cpu"``.
 
-    ``kvlab.integration.attach(model)`` is called last, so KV-cache policies and attention
+    ``kvlab.core.attach(model)`` is called last, so KV-cache policies and attention
     patterns work on the returned model (Llama, Qwen2 and Gemma3 text architectures).
     """
     model, tokenizer = _load_raw(name, dtype=dtype, device=device)
-    from kvlab.integration import attach
+    from kvlab.core import attach
 
     return attach(model), tokenizer
 

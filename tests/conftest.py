@@ -35,7 +35,7 @@ def _tiny(arch: str):
     from transformers import (Gemma3TextConfig, Gemma3ForCausalLM, LlamaConfig, LlamaForCausalLM, Qwen2Config,
                               Qwen2ForCausalLM)
 
-    from kvlab.integration import attach
+    from kvlab.core import attach
 
     common = dict(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)

@@ -7,9 +7,9 @@ import torch
 
 from kvlab.eval import decode_stepwise
 
-from kvlab.cache import KVCache, LayerView
+from kvlab.core import KVCache, LayerView
 from kvlab.policies import Full
-from kvlab.policies.h2o import H2O
+from kvlab.baselines.h2o import H2O
 
 
 def view(scores: torch.Tensor) -> LayerView:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvlab.cache import KVCache, rerotate
+from kvlab.core import KVCache, rerotate
 from kvlab.eval import decode_stepwise
-from kvlab.integration import MaskPattern, attach, capture_attention, use_pattern
+from kvlab.core import MaskPattern, attach, capture_attention, use_pattern
 from kvlab.policies import Full, Policy, StreamingLLM
 
 

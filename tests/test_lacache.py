@@ -9,7 +9,7 @@ import torch
 
 from kvlab.eval import decode_stepwise
 
-from kvlab.cache import KVCache, rerotate
+from kvlab.core import KVCache, rerotate
 from kvlab.lacache import LaCache, compaction_snapshots, ladder_geometry, ladder_pattern
 from kvlab.lacache.coverage import (coverage, pattern_perplexity, random_patterns, reach, simulate,
                                     worst_case_coverage)
@@ -330,7 +330,7 @@ def test_every_geometry_of_a_small_model_is_valid_or_explained():
 
 def test_chunked_perplexity_chunk_one_is_token_by_token(tiny_llama, ids):
     from kvlab.eval import streaming_perplexity
-    from kvlab.lacache import chunked_perplexity, ppl_at_lengths
+    from kvlab.eval import chunked_perplexity, ppl_at_lengths
 
     from conftest import IdTokenizer
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from kvlab.analysis import attention_mass
-from kvlab.integration import capture_attention
+from kvlab.core import capture_attention
 from kvlab.memory import MODEL_SHAPES, kv_bytes_per_token, kv_cache_bytes, shape_of
 
 
@@ -19,7 +19,7 @@ def test_smollm2_bytes_per_token_fp32():
 
 
 def test_shape_of_config_matches_measured_cache(tiny_llama):
-    from kvlab.cache import KVCache
+    from kvlab.core import KVCache
     from kvlab.policies import Full
 
     cache = KVCache(tiny_llama, Full())

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvlab.cache import LayerView
+from kvlab.core import LayerView
 from kvlab.policies import Full, StreamingLLM
 
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvlab.cache import KVCache, LayerView
-from kvlab.integration import use_pattern
+from kvlab.core import KVCache, LayerView
+from kvlab.core import use_pattern
 from kvlab.policies import Full, StreamingLLM
-from kvlab.policies.sepllm import FixLLM, SepLLM, SepLLMStreaming
-from kvlab.sepllm.patterns import (FixLLMPattern, HeadwisePattern, SepLLMPattern, StreamingPattern, kv_ratio,
+from kvlab.sepllm.policy import FixLLM, SepLLM, SepLLMStreaming
+from kvlab.sepllm.pattern import (FixLLMPattern, HeadwisePattern, SepLLMPattern, StreamingPattern, kv_ratio,
                                    pattern_nll)
 from kvlab.sepllm.reference import sepllm_mask
 from kvlab.sepllm.separators import SEPARATOR_SETS, is_separator, separator_ids
@@ -112,7 +112,7 @@ def test_chunked_and_kernel_paths_agree(tiny_llama, ids):
 
 
 def test_position_general_mask_is_the_reference_mask(tiny_llama, ids):
-    from kvlab.integration import AttentionCall
+    from kvlab.core import AttentionCall
 
     pat = SepLLMPattern(SEPS, 3, 4)
     pos = torch.arange(ids.shape[1])[None]
@@ -212,7 +212,7 @@ def test_non_integer_sizes_rejected():
 
 
 def test_match_neighbors_equalises_runtime_kv(ids):
-    from kvlab.sepllm.patterns import match_neighbors
+    from kvlab.sepllm.pattern import match_neighbors
 
     target = SepLLMPattern(SEPS, 2, 5).kept_fraction(ids)
     n = match_neighbors(lambda k: StreamingPattern(2, k), target, ids)

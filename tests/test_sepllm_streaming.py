@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from kvlab.cache import KVCache
+from kvlab.core import KVCache
 from kvlab.policies import StreamingLLM
-from kvlab.policies.sepllm import SepLLMStreaming
+from kvlab.sepllm.policy import SepLLMStreaming
 from kvlab.sepllm.streaming import FourBlockCache, check_sizes, eq3_limit, eq4_limit, simulate
 
 SEPS = list(range(0, 96, 7))

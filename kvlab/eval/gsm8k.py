@@ -10,23 +10,21 @@
 
 A method is a prefill pattern (``kvlab.sepllm.SepLLMPattern`` ...) plus, for generation, the policy that
 physically keeps the same entries (``kvlab.policies.SepLLM`` ...). The prompt is prefilled with the pattern
-through a :class:`~kvlab.cache.KVCache` of that policy, then each new token attends to what the policy kept
+through a :class:`~kvlab.core.KVCache` of that policy, then each new token attends to what the policy kept
 (the paper's training-free pipeline, Sec. 3.2). ``r.KV`` is the mean, over generated tokens, of entries held
 over tokens seen, averaged over layers.
 """
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import re
 from dataclasses import dataclass, field
 
 import torch
 
-from kvlab.cache import KVCache
-from kvlab.integration import use_pattern
-from kvlab.policies import Full, Policy
+from kvlab.baselines import Full
+from kvlab.core import KVCache, Policy, kv_ratio, use_pattern
 
 __all__ = ["GSM8KResult", "cot_prompt", "reference_solution", "extract_answers", "gsm8k_generate",
            "gsm8k_answer_nll", "load_gsm8k"]
@@ -113,10 +111,6 @@ class GSM8KResult:
         return sum(self.answer_nll) / max(len(self.answer_nll), 1)
 
 
-def _pattern_ctx(model, pattern, layers):
-    return use_pattern(model, pattern, layers) if pattern is not None else contextlib.nullcontext()
-
-
 @torch.no_grad()
 def gsm8k_generate(model, tokenizer, problems: list[dict], exemplars: list[dict], *, pattern=None,
                    policy: Policy | None = None, layers=None, max_new_tokens: int = 256, name: str = "",
@@ -136,7 +130,7 @@ def gsm8k_generate(model, tokenizer, problems: list[dict], exemplars: list[dict]
     for problem in tqdm(problems, desc=f"gsm8k {out.method}", disable=not progress):
         ids = tokenizer(_question(problem), add_special_tokens=False, return_tensors="pt").input_ids.to(device)
         cache = copy.deepcopy(prefix)
-        with _pattern_ctx(model, pattern, layers):
+        with use_pattern(model, pattern, layers):
             logits = model(input_ids=ids, past_key_values=cache, use_cache=True).logits[:, -1]
         tokens, ratios = [], []
         for _ in range(max_new_tokens):
@@ -165,8 +159,6 @@ def gsm8k_answer_nll(model, tokenizer, problems: list[dict], exemplars: list[dic
     ``pattern`` (one forward pass per problem), and the pattern's kept share of the causal entries (r.KV)."""
     from tqdm.auto import tqdm
 
-    from kvlab.sepllm.patterns import kv_ratio
-
     device = next(model.parameters()).device
     out = GSM8KResult(name or repr(pattern))
     prefix = _prefix(model, tokenizer, exemplars, pattern, Full(), layers)
@@ -177,7 +169,7 @@ def gsm8k_answer_nll(model, tokenizer, problems: list[dict], exemplars: list[dic
                            return_tensors="pt").input_ids
         ids = torch.cat([question, answer], dim=1).to(device)
         cache = copy.deepcopy(prefix)
-        with _pattern_ctx(model, pattern, layers):
+        with use_pattern(model, pattern, layers):
             logits = model(input_ids=ids, past_key_values=cache, use_cache=True).logits[0].float()
         q = question.shape[1]
         out.answer_nll.append(float(torch.nn.functional.cross_entropy(logits[q - 1:-1], ids[0, q:])))
@@ -198,6 +190,6 @@ def _prefix(model, tokenizer, exemplars, pattern, policy, layers) -> KVCache:
     device = next(model.parameters()).device
     ids = tokenizer(cot_prompt("", exemplars).rsplit("Q: ", 1)[0], return_tensors="pt").input_ids.to(device)
     cache = KVCache(model, policy)
-    with _pattern_ctx(model, pattern, layers):
+    with use_pattern(model, pattern, layers):
         model(input_ids=ids, past_key_values=cache, use_cache=True)
     return cache

@@ -19,8 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kvlab.cache import KVCache
-from kvlab.policies import Policy
+from kvlab.core import KVCache, Policy
 
 __all__ = ["RetrievalResult", "needle_in_haystack", "passkey", "ask"]
 

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 
 import torch
 
-from kvlab.cache import KVCache
-from kvlab.policies import Policy
+from kvlab.core import KVCache, Policy, check_int, check_token_ids
 
-__all__ = ["StreamingResult", "decode_stepwise", "streaming_perplexity", "parallel_nll"]
+__all__ = ["StreamingResult", "chunked_perplexity", "decode_stepwise", "parallel_nll", "ppl_at_lengths",
+           "stream_ids", "streaming_perplexity"]
 
 
 @dataclass
@@ -61,15 +61,41 @@ class StreamingResult:
                 f"tokens={self.nll.numel() + 1}, seconds={self.seconds:.1f})")
 
 
-def _tokens(tokenizer, text: str | torch.Tensor, max_tokens: int | None) -> torch.Tensor:
+def _vocab_size(model) -> int | None:
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    return getattr(config, "vocab_size", None)
+
+
+def _check_policy(policy) -> None:
+    if not isinstance(policy, Policy):
+        raise TypeError(f"policy must be a kvlab Policy (e.g. kvlab.policies.Full() or StreamingLLM(4, 252)), "
+                        f"got {type(policy).__name__}")
+
+
+def stream_ids(model, tokenizer, text: str | torch.Tensor, max_tokens: int | None) -> torch.Tensor:
+    """The ``(1, T)`` token ids of one stream, checked: ``text`` is a string (tokenized) or token ids of shape
+    ``(T,)`` or ``(1, T)`` within the model's vocabulary; ``max_tokens`` is None (all) or an int >= 2.
+
+    The evaluators score one stream: for several texts, call them once per text (``(B, T)`` with ``B > 1``
+    raises instead of silently mixing rows).
+    """
+    if max_tokens is not None:
+        check_int("max_tokens", max_tokens, 2)
     if isinstance(text, torch.Tensor):
-        ids = text.reshape(1, -1) if text.dim() == 1 else text
-    else:
+        ids = check_token_ids("text", text, _vocab_size(model))
+        ids = ids.reshape(1, -1) if ids.dim() == 1 else ids
+        if ids.shape[0] != 1:
+            raise ValueError(f"text holds {ids.shape[0]} rows of token ids, but this evaluator scores one stream: "
+                             "call it once per row (e.g. [f(model, tok, row, ...) for row in ids])")
+    elif isinstance(text, str):
         # Tokenizing a whole book takes seconds; a prefix of ~8 characters per token is plenty.
         prefix = text if max_tokens is None else text[: 8 * max_tokens]
         ids = tokenizer(prefix, return_tensors="pt").input_ids
         if max_tokens is not None and ids.shape[1] < max_tokens and len(prefix) < len(text):
             ids = tokenizer(text, return_tensors="pt").input_ids
+    else:
+        raise TypeError(f"text must be a str or a tensor of token ids, got {type(text).__name__}; "
+                        "load a corpus with kvlab.datasets.load_text(...)")
     if max_tokens is not None:
         ids = ids[:, :max_tokens]
     if ids.shape[1] < 2:
@@ -93,8 +119,9 @@ def streaming_perplexity(model, tokenizer, text: str | torch.Tensor, policy: Pol
     """
     from tqdm.auto import tqdm
 
+    _check_policy(policy)
     device = next(model.parameters()).device
-    ids = _tokens(tokenizer, text, max_tokens).to(device)
+    ids = stream_ids(model, tokenizer, text, max_tokens).to(device)
     cache = KVCache(model, policy)
     n = ids.shape[1]
     nll = torch.empty(n - 1, dtype=torch.float64, device=device)  # filled on the device: no sync per step
@@ -123,7 +150,7 @@ def streaming_perplexity(model, tokenizer, text: str | torch.Tensor, policy: Pol
 def parallel_nll(model, tokenizer, text: str | torch.Tensor, max_tokens: int | None = 4096) -> torch.Tensor:
     """NLL of tokens ``1..T-1`` from one ordinary causal forward pass: the oracle for ``Full()``."""
     device = next(model.parameters()).device
-    ids = _tokens(tokenizer, text, max_tokens).to(device)
+    ids = stream_ids(model, tokenizer, text, max_tokens).to(device)
     logits = model(input_ids=ids, use_cache=False).logits[0, :-1].float()
     return torch.nn.functional.cross_entropy(logits, ids[0, 1:], reduction="none").double().cpu()
 
@@ -136,7 +163,64 @@ def decode_stepwise(model, ids: torch.Tensor, policy: Policy) -> tuple[torch.Ten
     The building block of the property tests: a policy decoded token by token against the prefill pattern
     (or the plain forward pass) that should give the same logits.
     """
+    _check_policy(policy)
+    ids = check_token_ids("ids", ids, _vocab_size(model))
+    ids = ids.reshape(1, -1) if ids.dim() == 1 else ids
     cache = KVCache(model, policy)
     steps = [model(input_ids=ids[:, t:t + 1], past_key_values=cache, use_cache=True).logits
              for t in range(ids.shape[1])]
     return torch.cat(steps, dim=1), cache
+
+
+@torch.no_grad()
+def chunked_perplexity(model, tokenizer, text, policy, max_tokens: int | None = 4096, *, chunk_size: int = 16,
+                       progress: bool = False):
+    """Streaming perplexity with ``chunk_size`` tokens per forward step; returns a
+    :class:`kvlab.eval.StreamingResult`.
+
+    Each token attends to what the policy kept after the previous chunk plus the earlier tokens of its own
+    chunk, so a bounded policy briefly holds up to ``budget + chunk_size - 1`` entries; the policy compacts
+    after every chunk. This is the paper's PG19 protocol (Sec. 4.2, windows of 256 tokens) and costs far
+    less on a CPU, where one step of a small model is bound by reading the weights, not by the tokens.
+    ``chunk_size=1`` is :func:`kvlab.eval.streaming_perplexity` (token by token, the paper's Wikitext-2
+    protocol). ``kv_trace_per_layer`` repeats each chunk's sizes for its tokens.
+
+    Pseudocode::
+
+        for each chunk c of tokens[0 : T-1]:
+            logits = model(c, past_key_values=cache)      # the policy compacts after the chunk
+            nll[c] = -log softmax(logits)[next tokens]
+    """
+    check_int("chunk_size", chunk_size, 1)
+    _check_policy(policy)
+    device = next(model.parameters()).device
+    ids = stream_ids(model, tokenizer, text, max_tokens).to(device)
+    n = ids.shape[1]
+    cache = KVCache(model, policy)
+    nll = torch.empty(n - 1, dtype=torch.float64)
+    trace = []
+    starts = range(0, n - 1, chunk_size)
+    if progress:
+        from tqdm.auto import tqdm
+
+        starts = tqdm(starts, desc=f"chunks {type(policy).__name__}", mininterval=5.0)
+    begin = time.perf_counter()
+    for start in starts:
+        end = min(start + chunk_size, n - 1)
+        logits = model(input_ids=ids[:, start:end], past_key_values=cache, use_cache=True).logits[0]
+        nll[start:end] = torch.nn.functional.cross_entropy(logits.float(), ids[0, start + 1:end + 1],
+                                                           reduction="none").double().cpu()
+        trace.extend([cache.trace.per_layer[-1]] * (end - start))
+    seconds = time.perf_counter() - begin
+    return StreamingResult(policy=repr(policy), nll=nll, kv_trace_per_layer=torch.tensor(trace), seconds=seconds,
+                           peak_memory=max(cache.trace.nbytes, default=0), peak_device_memory=None)
+
+
+def ppl_at_lengths(result, lengths) -> dict[int, float]:
+    """Perplexity over the first ``N`` tokens for each ``N`` in ``lengths`` (the paper's "decoding length",
+    Tables 1-2): ``exp(mean(nll[:N-1]))``; lengths beyond the run are left out."""
+    out = {}
+    for length in lengths:
+        if 2 <= length <= result.nll.numel() + 1:
+            out[int(length)] = math.exp(float(result.nll[:length - 1].mean()))
+    return out

@@ -3,23 +3,14 @@ layers with iterative compaction.
 
 Public names: :class:`LaCache` (the policy, also ``kvlab.policies.LaCache``), :func:`ladder_geometry`,
 :func:`ladder_pattern` (Fig. 2), :func:`compaction_snapshots` (Fig. 4); the theory helpers live in
-:mod:`kvlab.lacache.coverage` and the specification in :mod:`kvlab.lacache.reference`.
-
-Names are resolved lazily so that ``kvlab.policies`` can import the reference without a cycle.
+:mod:`kvlab.lacache.coverage` and the specification in :mod:`kvlab.lacache.reference`. The perplexity and
+throughput measurements of the paper's tables use :mod:`kvlab.eval` (``chunked_perplexity``,
+``ppl_at_lengths``, ``decode_throughput``).
 """
 
-from __future__ import annotations
+from kvlab.lacache import coverage, reference
+from kvlab.lacache.api import LAYOUTS, compaction_snapshots, ladder_geometry, ladder_pattern
+from kvlab.lacache.policy import LaCache
 
-import importlib
-
-__all__ = ["LaCache", "LAYOUTS", "ladder_geometry", "ladder_pattern", "compaction_snapshots", "chunked_perplexity",
-           "ppl_at_lengths", "decode_throughput", "coverage",
+__all__ = ["LaCache", "LAYOUTS", "ladder_geometry", "ladder_pattern", "compaction_snapshots", "coverage",
            "reference"]
-
-
-def __getattr__(name: str):
-    if name in ("coverage", "reference", "api"):
-        return importlib.import_module(f"kvlab.lacache.{name}")
-    if name in __all__:
-        return getattr(importlib.import_module("kvlab.lacache.api"), name)
-    raise AttributeError(f"module 'kvlab.lacache' has no attribute {name!r}")

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
-from kvlab.cache import KVCache, LayerView
+from kvlab.baselines import Full
+from kvlab.core import KVCache, LayerView
 
 __all__ = [
     "Simulation",
@@ -169,8 +170,6 @@ def pattern_perplexity(model, ids: torch.Tensor, context: int, patterns, *, posi
 
     Returns ``(len(patterns),)`` float64 perplexities over tokens ``context+1 .. T-1``.
     """
-    from kvlab.policies import Full
-
     if ids.dim() != 2 or ids.shape[0] != 1:
         raise ValueError(f"ids must be (1, T), got {tuple(ids.shape)}")
     if not 0 < context < ids.shape[1] - 1:

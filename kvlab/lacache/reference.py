@@ -5,7 +5,7 @@ Paper: LaCache, "Ladder-Shaped KV Caching for Efficient Long-Context Modeling of
 Sec. 3.3 (iterative compaction, Fig. 4).
 
 Everything here works on *indices*: which entries of a layer's cache survive. No model is needed, so the
-same functions drive the policy (:class:`kvlab.policies.lacache.LaCache`), the pictures and the coverage
+same functions drive the policy (:class:`kvlab.lacache.policy.LaCache`), the pictures and the coverage
 theory (:mod:`kvlab.lacache.coverage`).
 
 The ladder (Sec. 3.2)

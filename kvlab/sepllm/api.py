@@ -13,43 +13,41 @@ Backends are imported only when used, so ``import kvlab`` needs neither Triton n
 """
 from __future__ import annotations
 
-import os
-
 import torch
+
+from kvlab.core import check_choice, check_float, check_int, check_tensor
+from kvlab.kernels.triton_utils import check_triton_inputs
 
 __all__ = ["sep_attention", "BACKENDS"]
 
 BACKENDS = ("auto", "torch", "flex", "triton")
-_TRITON_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
-def _check(q, k, v, is_sep, init, neighbors, backend):
-    if backend not in BACKENDS:
-        raise ValueError(f"backend={backend!r} is not one of {BACKENDS}")
+def _check(q, k, v, is_sep, init, neighbors, scale, backend):
+    check_choice("backend", backend, BACKENDS)
     for name, x in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(x, torch.Tensor) or x.dim() != 4:
-            raise ValueError(f"{name} must be a 4-d tensor (batch, heads, seq, dim); got "
-                             f"{getattr(x, 'shape', type(x))}")
+        check_tensor(name, x, 4, shape_doc="(batch, heads, seq, dim)")
     if k.shape != v.shape:
         raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must have the same shape")
     bsz, h, n, d = q.shape
     if k.shape[0] != bsz or k.shape[2] != n or k.shape[3] != d:
         raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} must agree in batch, seq and "
                          "dim (this is prefill/training self-attention; decode over a cache is "
-                         "kvlab.decode.ragged_decode_attention)")
+                         "kvlab.kernels.decode.ragged_decode_attention)")
     if h % k.shape[1]:
         raise ValueError(f"query heads ({h}) must be a multiple of key/value heads ({k.shape[1]})")
     if not (q.dtype == k.dtype == v.dtype):
         raise ValueError(f"q, k, v dtypes differ ({q.dtype}, {k.dtype}, {v.dtype}): cast them to one")
-    if not (q.device == k.device == v.device == is_sep.device):
-        raise ValueError("q, k, v and is_sep must be on the same device")
     if not isinstance(is_sep, torch.Tensor) or is_sep.dtype != torch.bool or tuple(is_sep.shape) != (bsz, n):
         raise ValueError(f"is_sep must be a bool tensor of shape (batch, seq) = ({bsz}, {n}); got "
-                         f"{getattr(is_sep, 'dtype', type(is_sep))} {tuple(getattr(is_sep, 'shape', ()))}")
-    if int(init) < 0:
-        raise ValueError(f"init={init} must be >= 0")
-    if int(neighbors) < 1:
-        raise ValueError(f"neighbors={neighbors} must be >= 1 (the window counts the query itself)")
+                         f"{getattr(is_sep, 'dtype', type(is_sep).__name__)} {tuple(getattr(is_sep, 'shape', ()))}"
+                         " (kvlab.sepllm.is_separator(token_ids, separator_ids) makes one)")
+    if not (q.device == k.device == v.device == is_sep.device):
+        raise ValueError("q, k, v and is_sep must be on the same device")
+    check_int("init", init, 0)
+    check_int("neighbors", neighbors, 1)  # the window counts the query itself
+    if scale is not None:
+        check_float("scale", scale, 0.0, low_open=True)
 
 
 def _resolve(backend: str, q: torch.Tensor) -> str:
@@ -89,28 +87,20 @@ def sep_attention(
         # like SDPA under autocast: one low-precision dtype (HF's RoPE leaves q, k in fp32 there)
         dt = torch.get_autocast_dtype(q.device.type)
         q, k, v = q.to(dt), k.to(dt), v.to(dt)
-    _check(q, k, v, is_sep, init, neighbors, backend)
+    _check(q, k, v, is_sep, init, neighbors, scale, backend)
     backend = _resolve(backend, q)
     if backend == "torch":
         from .reference import sep_attention_reference
 
-        return sep_attention_reference(q, k, v, is_sep, int(init), int(neighbors), scale)
+        return sep_attention_reference(q, k, v, is_sep, init, neighbors, scale)
     if backend == "flex":
         if q.dtype == torch.float64 and q.is_cuda:
             raise ValueError("backend='flex' on CUDA takes bf16/fp16/fp32; use backend='torch' for fp64")
         from .flex import sep_attention_flex
 
-        return sep_attention_flex(q, k, v, is_sep, int(init), int(neighbors), scale)
+        return sep_attention_flex(q, k, v, is_sep, init, neighbors, scale)
     # backend == "triton"
-    if q.dtype not in _TRITON_DTYPES:
-        raise ValueError(f"backend='triton' takes {_TRITON_DTYPES}, got {q.dtype}; use backend='torch'")
-    d = q.shape[-1]
-    if d < 16 or d > 256 or d & (d - 1):
-        raise ValueError(f"backend='triton' needs a head dim that is a power of two in [16, 256], got "
-                         f"{d}; use backend='flex' or 'torch'")
-    if not q.is_cuda and os.environ.get("TRITON_INTERPRET", "0") != "1":
-        raise ValueError("backend='triton' needs CUDA tensors; on CPU set TRITON_INTERPRET=1 before "
-                         "importing triton (slow: small shapes only) or use backend='torch'")
+    check_triton_inputs(q, q.shape[-1], fallback="backend='flex' or 'torch'")
     from .triton import sep_attention_triton
 
-    return sep_attention_triton(q, k, v, is_sep, int(init), int(neighbors), scale)
+    return sep_attention_triton(q, k, v, is_sep, init, neighbors, scale)

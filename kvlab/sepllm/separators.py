@@ -33,7 +33,7 @@ from typing import Iterable
 
 import torch
 
-__all__ = ["SEPARATORS", "SEPARATOR_SETS", "separator_ids", "is_separator", "describe_separators"]
+__all__ = ["SEPARATORS", "SEPARATOR_SETS", "SeparatorSet", "separator_ids", "is_separator", "describe_separators"]
 
 #: The paper's nine separators (Sec. 4.1).
 SEPARATORS: tuple[str, ...] = (".", ",", "?", "!", ";", ":", " ", "\t", "\n")
@@ -73,7 +73,8 @@ def separator_ids(tokenizer, separators: Iterable[str] | str = SEPARATORS, match
         match: ``"suffix"`` (default, also ids that end in a mark, like ``"etc."``) or ``"exact"`` (only ids
             made of separator characters).
 
-    Results are cached per (tokenizer, separators, match): decoding a 262k vocabulary takes seconds.
+    Results are cached per (tokenizer name, vocabulary size, separators, match) when the tokenizer has a
+    name (decoding a 262k vocabulary takes seconds); a tokenizer without one is decoded every time.
     """
     if isinstance(separators, str) and separators in SEPARATOR_SETS:
         chosen = SEPARATOR_SETS[separators]
@@ -87,9 +88,9 @@ def separator_ids(tokenizer, separators: Iterable[str] | str = SEPARATORS, match
         raise ValueError(f"{unknown} are not SepLLM separators; choose among {SEPARATORS}")
     if match not in ("suffix", "exact"):
         raise ValueError(f"match must be 'suffix' or 'exact', got {match!r}")
-    key = (getattr(tokenizer, "name_or_path", None), id(tokenizer) if not getattr(tokenizer, "name_or_path", None)
-           else None, len(tokenizer), tuple(sorted(chosen)), match)
-    if key in _CACHE:
+    name = getattr(tokenizer, "name_or_path", None)
+    key = (name, len(tokenizer), tuple(sorted(chosen)), match) if name else None
+    if key is not None and key in _CACHE:
         return list(_CACHE[key])
     marks = frozenset(c for c in chosen if c not in _WHITESPACE)
     spaces = frozenset(c for c in chosen if c in _WHITESPACE)
@@ -97,7 +98,8 @@ def separator_ids(tokenizer, separators: Iterable[str] | str = SEPARATORS, match
     vocab = len(tokenizer)
     texts = tokenizer.batch_decode([[i] for i in range(vocab)]) if chosen else []
     ids = [i for i, t in enumerate(texts) if i not in special and _classify(t, marks, spaces, match == "suffix")]
-    _CACHE[key] = tuple(ids)
+    if key is not None:
+        _CACHE[key] = tuple(ids)
     return ids
 
 
@@ -121,3 +123,47 @@ def describe_separators(tokenizer, ids: Iterable[int]) -> list[tuple[int, str]]:
         shown = text.replace("\n", "\\n").replace("\t", "\\t").replace("\r", "\\r").replace(" ", "␣")
         out.append((int(i), shown))
     return out
+
+
+class SeparatorSet:
+    """The separator ids a SepLLM policy or pattern uses, checked once.
+
+    ``separators``: a tokenizer (then :func:`separator_ids` of it) or token ids (a tensor or an iterable of
+    ints). ``ids`` is the sorted ``(k,)`` long tensor; :meth:`flags` marks separators in token ids.
+    """
+
+    def __init__(self, separators):
+        if separators is None:
+            raise ValueError("separators is required: pass token ids or the tokenizer "
+                             "(kvlab.sepllm.separator_ids(tokenizer) lists them)")
+        if isinstance(separators, (str, bytes)):
+            raise TypeError(f"separators must be token ids or a tokenizer, got the string {separators!r}; to pick "
+                            "separator characters use kvlab.sepllm.separator_ids(tokenizer, separators="
+                            f"{separators!r})")
+        if hasattr(separators, "batch_decode"):
+            separators = separator_ids(separators)
+        values = separators.tolist() if isinstance(separators, torch.Tensor) else list(separators)
+        bad = [v for v in values if isinstance(v, bool) or not isinstance(v, int)]
+        if bad:
+            raise TypeError(f"separators must be integer token ids, got {bad[:3]!r}")
+        ids = sorted(set(values))
+        if ids and ids[0] < 0:
+            raise ValueError(f"separator ids must be >= 0, got {ids[0]}")
+        self.ids = torch.tensor(ids, dtype=torch.long)
+        self._on_device = {self.ids.device: self.ids}  # copies per device, made once (not one per layer call)
+
+    def __len__(self) -> int:
+        return self.ids.numel()
+
+    def check_vocab(self, vocab_size: int) -> None:
+        """Raise if an id lies outside a vocabulary of ``vocab_size`` tokens (it could never match)."""
+        if self.ids.numel() and int(self.ids[-1]) >= vocab_size:
+            raise ValueError(f"separator id {int(self.ids[-1])} is outside the model's vocabulary of {vocab_size} "
+                             "tokens: pass ids from this model's tokenizer (kvlab.sepllm.separator_ids(tokenizer))")
+
+    def flags(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """Bool tensor of ``token_ids``' shape: True at separators (never at -1, an embedding input)."""
+        ids = self._on_device.get(token_ids.device)
+        if ids is None:
+            ids = self._on_device[token_ids.device] = self.ids.to(token_ids.device)
+        return is_separator(token_ids, ids)

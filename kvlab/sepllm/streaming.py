@@ -33,16 +33,15 @@ from typing import Sequence
 
 import numpy as np
 
+from kvlab.core.checks import check_int
+
 __all__ = ["FourBlockCache", "StreamTrace", "simulate", "eq3_limit", "eq4_limit", "check_sizes"]
 
 
 def check_sizes(init: int, sep: int, local: int, cache: int) -> None:
     """Validate ``a, s, w, c`` (Sec. 3.3: ``a + s + w < c``); raise ``TypeError``/``ValueError``."""
     for name, value, minimum in (("init", init, 0), ("sep", sep, 0), ("local", local, 1), ("cache", cache, 2)):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-        if value < minimum:
-            raise ValueError(f"{name} must be >= {minimum}, got {value}")
+        check_int(name, value, minimum)
     if init + sep + local >= cache:
         raise ValueError(f"SepLLM's streaming cache needs init + sep + local < cache (a + s + w < c, Sec. 3.3); "
                          f"got {init} + {sep} + {local} = {init + sep + local} >= {cache}")

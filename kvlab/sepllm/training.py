@@ -1,7 +1,7 @@
 """Training with SepLLM's mask: a small Llama from scratch (Sec. 4.3, Fig. 5, Tables 2-3) and a short
 SepLLM-mask fine-tuning of a pretrained model (Sec. 4.4, Fig. 6).
 
-The mask is applied through :func:`kvlab.integration.use_pattern` with :class:`~kvlab.sepllm.SepLLMPattern`
+The mask is applied through :func:`kvlab.core.use_pattern` with :class:`~kvlab.sepllm.SepLLMPattern`
 (differentiable; ``backend="flex"`` or ``"triton"`` on a GPU), so the model code is transformers' own.
 Variants (:class:`Variant`) as in Table 2: vanilla, SepLLM ``n=64`` / ``n=128``, SepLLM with the first
 ("H") or first and last ("H/T") layers full, and StreamingLLM (SepLLM's mask without separators).
@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kvlab.integration import attach, use_pattern
-from kvlab.sepllm.patterns import SepLLMPattern
+from kvlab.core import attach, use_pattern
+from kvlab.sepllm.pattern import SepLLMPattern
 from kvlab.sepllm.reference import kept_fraction
 
 __all__ = ["CompactVocab", "Variant", "TinyConfig", "TrainResult", "VARIANTS", "tiny_llama", "batches",
@@ -209,7 +209,7 @@ def train(model, variant: Variant, data: torch.Tensor, separators, *, steps: int
     for ids in tqdm(batches(data, batch, seq_len, steps, seed), total=steps, desc=variant.name, disable=not progress):
         ids = ids.to(device)
         amp = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else contextlib.nullcontext()
-        with amp, use_pattern(model, pattern, layers) if pattern is not None else _null():
+        with amp, use_pattern(model, pattern, layers):
             loss = _loss(model, ids)
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -237,7 +237,7 @@ def evaluate_loss(model, data: torch.Tensor, *, pattern=None, layers=None, seq_l
     if n < 1:
         raise ValueError(f"need at least seq_len + 1 = {seq_len + 1} tokens, got {data.numel()}")
     ids = data[:n * seq_len].view(n, seq_len).to(device)
-    with use_pattern(model, pattern, layers) if pattern is not None else _null():
+    with use_pattern(model, pattern, layers):
         return float(_loss(model, ids))
 
 
@@ -260,11 +260,3 @@ def finetune(model, data: torch.Tensor, pattern, *, steps: int = 20, batch: int 
         losses.append(loss.item())
     model.eval()
     return losses
-
-
-class _null:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False

@@ -46,17 +46,15 @@ for large shapes), timings in ``benchmarks/`` and ``notebooks/13_kernels_sep_att
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 import triton
 import triton.language as tl
 
+from kvlab.kernels.triton_utils import dot as _dot
+from kvlab.kernels.triton_utils import interpreting as _interpreting
+
 __all__ = ["compact_kept_keys", "compact_kept_keys_torch", "sep_attention_triton"]
-
-
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -125,18 +123,6 @@ def compact_kept_keys_torch(is_sep: torch.Tensor, init: int):
 # ---------------------------------------------------------------------------------------------
 # Small helpers used by every kernel
 # ---------------------------------------------------------------------------------------------
-@triton.jit
-def _dot(a, b, acc, FP32_DOT: tl.constexpr):
-    # FP32_DOT: float32 inputs get true fp32 products (not tf32), and the CPU interpreter (whose
-    # bf16 dot is wrong in triton 3.7) gets fp32 operands. bf16 x bf16 products are exact in fp32,
-    # so upcasting changes nothing but the order of the fp32 sums.
-    if FP32_DOT:
-        out = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
-    else:
-        out = tl.dot(a, b, acc)
-    return out
-
-
 @triton.jit
 def _window_start(q0, NEIGH, BLOCK_N: tl.constexpr):
     # First key of the window region of the query tile starting at q0, aligned down to BLOCK_N.

@@ -1,13 +1,13 @@
 """The policy-driven KV cache: what the model physically keeps, layer by layer.
 
 A transformers ``Cache`` holds, for every layer, the keys and values of the tokens seen so far. kvlab's
-:class:`KVCache` holds only the entries a :class:`~kvlab.policies.Policy` decided to keep, and beside each
+:class:`KVCache` holds only the entries a :class:`~kvlab.core.Policy` decided to keep, and beside each
 entry the facts a policy needs to decide: the token id, its original position in the stream, the position
 its key was rotated at when stored (RoPE), and, when the policy asks for them, the attention it received.
 
 The life of one forward step (``model(input_ids, past_key_values=cache)``)::
 
-    begin_step(input_ids)   # forward pre-hook installed by kvlab.integration.attach
+    begin_step(input_ids)   # forward pre-hook installed by kvlab.core.attach
     for each layer l:       # inside the model
         keys, values = cache.update(k_new, v_new, l)   # append; hand out keys moved to in-cache positions
         attention over (keys, values)                   # kvlab's attention function, maybe recording scores
@@ -24,13 +24,13 @@ when layers keep different numbers of entries (LaCache).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-if TYPE_CHECKING:
-    from kvlab.policies import Policy
+from kvlab.core.policy import Policy
+from kvlab.core.state import model_state
 
 __all__ = ["KVCache", "KVLayer", "LayerView"]
 
@@ -120,7 +120,7 @@ class KVLayer(CacheLayerMixin):
         step = self.cache._step
         if step is None:
             raise RuntimeError(
-                "KVCache.update was called outside a step: run the model through kvlab.integration.attach(model) "
+                "KVCache.update was called outside a step: run the model through kvlab.core.attach(model) "
                 "(kvlab.load_model does it) so the cache learns the token ids and positions of each step."
             )
         t = key_states.shape[2]
@@ -222,6 +222,7 @@ class _Step:
     new_positions: torch.Tensor  # (batch, t) original positions of the tokens of this step
     new_token_ids: torch.Tensor  # (batch, t)
     rope_positions: torch.Tensor  # (batch, t) positions the model rotates the new queries/keys at
+    held_before: list[int]  # entries each layer held when the step began (for rollback)
 
 
 @dataclass
@@ -243,26 +244,45 @@ class KVCache(Cache):
     entries in every row of a layer (true for Full, StreamingLLM and other count-based policies).
     """
 
-    def __init__(self, model: torch.nn.Module, policy: "Policy"):
-        from kvlab.integration import model_state
-
+    def __init__(self, model: torch.nn.Module, policy: Policy):
         state = model_state(model)
         self.policy = policy
         self.seen = 0
+        self.batch: int | None = None  # rows of the streams this cache holds (fixed by the first step)
         self._step: _Step | None = None
         self.trace = _Trace()
         layers = [
             KVLayer(self, i, state.inv_freq[i], state.sliding_window[i]) for i in range(state.num_layers)
         ]
         super().__init__(layers=layers)
+        if not isinstance(policy, Policy):
+            raise TypeError(f"policy must be a kvlab Policy (e.g. kvlab.policies.Full()), got {type(policy).__name__}")
         policy.check_model(state.num_layers)
+        vocab = getattr(model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config,
+                        "vocab_size", None)
+        if vocab:
+            policy.check_vocab(int(vocab))
 
-    # -- step protocol (called by kvlab.integration's hooks) -------------------------------------------
+    # -- step protocol (called by kvlab.core.attention's hooks) -------------------------------------------
     def held(self) -> list[int]:
         return [layer.size for layer in self.layers]
 
     def begin_step(self, input_ids: torch.Tensor | None, batch: int, length: int, device) -> torch.Tensor:
-        """Announce a step of ``length`` new tokens; returns the position ids the model must use."""
+        """Announce a step of ``length`` new tokens; returns the position ids the model must use.
+
+        A step that never ended (the forward pass raised, or was interrupted) is rolled back first, so an
+        error never leaves half a step in the cache.
+        """
+        if self._step is not None:
+            self.rollback()
+        if self.batch is not None and batch != self.batch:
+            raise ValueError(f"this KVCache holds {self.batch} stream(s) but the step has batch size {batch}: a cache "
+                             "belongs to one batch of streams; create a new KVCache (or call cache.reset())")
+        if batch > 1 and getattr(self.policy, "batch_rows", "equal") == "one":
+            raise NotImplementedError(
+                f"{type(self.policy).__name__} keeps a different number of entries per sequence (it reads the "
+                "tokens), and kvlab's cache needs equal counts per row: run batch size 1")
+        self.batch = batch
         positions = (torch.arange(length, device=device) + self.seen).expand(batch, -1)
         if input_ids is None:
             ids = torch.full((batch, length), -1, dtype=torch.long, device=device)
@@ -273,8 +293,17 @@ class KVCache(Cache):
             rope = (torch.arange(length, device=device) + start).expand(batch, -1)
         else:
             rope = positions
-        self._step = _Step(positions, ids, rope)
+        self._step = _Step(positions, ids, rope, self.held())
         return rope
+
+    def rollback(self) -> None:
+        """Undo the step under way: every layer drops what it appended since ``begin_step``."""
+        step, self._step = self._step, None
+        if step is None:
+            return
+        for layer, before in zip(self.layers, step.held_before):
+            if layer.is_initialized and layer.size > before:
+                layer.select(torch.arange(before, device=layer.device))
 
     def end_step(self) -> None:
         """The forward step is over: count it, let the policy compact every layer, record the trace."""
@@ -302,6 +331,8 @@ class KVCache(Cache):
     def reset(self):
         super().reset()
         self.seen = 0
+        self.batch = None
+        self._step = None
         self.trace = _Trace()
 
 

@@ -1,6 +1,6 @@
 """Prefill/training attention patterns of SepLLM and its baselines (Sec. 3.1-3.2, Sec. 4.7, App. I).
 
-A pattern replaces attention in chosen layers (``kvlab.integration.use_pattern``). All patterns here keep,
+A pattern replaces attention in chosen layers (``kvlab.core.use_pattern``). All patterns here keep,
 for query ``q`` and key ``k <= q``::
 
     k < init                      # initial tokens (attention sinks)
@@ -9,7 +9,7 @@ for query ``q`` and key ``k <= q``::
                                   # position (FixLLM); none (StreamingLLM)
 
 which is Eq. 1-2 of the paper with ``M[q, k] = 1`` exactly there. ``far`` depends only on the key, so the
-same rule also says what a decoding cache must physically hold (:mod:`kvlab.policies.sepllm`): prefilling
+same rule also says what a decoding cache must physically hold (:mod:`kvlab.sepllm.policy`): prefilling
 with a pattern and decoding token by token with the matching policy give the same NLL (tested).
 
 * :class:`SepLLMPattern` — ``far = is separator``; backend ``"mask"`` builds the boolean mask
@@ -27,15 +27,13 @@ with a pattern and decoding token by token with the matching policy give the sam
 
 from __future__ import annotations
 
-import contextlib
 from typing import Iterable
 
 import torch
 
-from kvlab.integration import AttentionCall, AttentionPattern, MaskPattern, use_pattern
-from kvlab.policies.base import _check_int
+from kvlab.core import AttentionCall, AttentionPattern, MaskPattern, check_choice, check_int, kv_ratio, use_pattern
 from kvlab.sepllm.reference import kept_fraction, sepllm_mask
-from kvlab.sepllm.separators import is_separator, separator_ids
+from kvlab.sepllm.separators import SeparatorSet
 
 __all__ = ["SepLLMPattern", "FixLLMPattern", "HeadwisePattern", "StreamingPattern", "kv_ratio", "match_neighbors",
            "pattern_nll"]
@@ -43,24 +41,13 @@ __all__ = ["SepLLMPattern", "FixLLMPattern", "HeadwisePattern", "StreamingPatter
 _BACKENDS = ("mask", "torch", "flex", "triton")
 
 
-def _separator_tensor(separators) -> torch.Tensor:
-    if hasattr(separators, "batch_decode"):  # a tokenizer
-        separators = separator_ids(separators)
-    ids = torch.as_tensor(sorted({int(i) for i in separators}), dtype=torch.long)
-    if ids.numel() and int(ids.min()) < 0:
-        raise ValueError("separator ids must be >= 0")
-    return ids
-
-
 class _KeepPattern(MaskPattern):
     """Initial + neighbours + ``far`` keys. Subclasses define :meth:`far`."""
 
     def __init__(self, init: int, neighbors: int, backend: str):
-        self.init = _check_int("init", init, 0)
-        self.neighbors = _check_int("neighbors", neighbors, 1)
-        if backend not in _BACKENDS:
-            raise ValueError(f"backend must be one of {_BACKENDS}, got {backend!r}")
-        self.backend = backend
+        self.init = check_int("init", init, 0)
+        self.neighbors = check_int("neighbors", neighbors, 1)
+        self.backend = check_choice("backend", backend, _BACKENDS)
         super().__init__(self.mask, name=type(self).__name__)
 
     def far(self, positions: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:  # pragma: no cover
@@ -110,13 +97,16 @@ class SepLLMPattern(_KeepPattern):
     """
 
     def __init__(self, separators, init: int = 3, neighbors: int = 256, *, backend: str = "mask"):
-        self.separators = _separator_tensor(separators)
+        self._separators = SeparatorSet(separators)
         super().__init__(init, neighbors, backend)
 
+    @property
+    def separators(self) -> torch.Tensor:
+        """The separator ids, sorted ``(k,)``."""
+        return self._separators.ids
+
     def far(self, positions, token_ids):
-        if self.separators.device != token_ids.device:  # move once: a copy per layer would stall a GPU
-            self.separators = self.separators.to(token_ids.device)
-        return is_separator(token_ids, self.separators)
+        return self._separators.flags(token_ids)
 
     def __repr__(self) -> str:
         return f"SepLLMPattern(init={self.init}, neighbors={self.neighbors}, separators={self.separators.numel()})"
@@ -140,7 +130,7 @@ class FixLLMPattern(_KeepPattern):
     (``k % interval == interval - 1``) instead of separators. ``interval=1`` is full attention."""
 
     def __init__(self, init: int = 3, neighbors: int = 256, interval: int = 8, *, backend: str = "mask"):
-        self.interval = _check_int("interval", interval, 1)
+        self.interval = check_int("interval", interval, 1)
         super().__init__(init, neighbors, backend)
 
     def far(self, positions, token_ids):
@@ -159,12 +149,12 @@ class HeadwisePattern(AttentionPattern):
     """
 
     def __init__(self, window_heads: int, num_heads: int, neighbors: int = 256, init: int = 0):
-        self.num_heads = _check_int("num_heads", num_heads, 1)
-        self.window_heads = _check_int("window_heads", window_heads, 0)
+        self.num_heads = check_int("num_heads", num_heads, 1)
+        self.window_heads = check_int("window_heads", window_heads, 0)
         if window_heads > num_heads:
             raise ValueError(f"window_heads ({window_heads}) must be <= num_heads ({num_heads})")
-        self.neighbors = _check_int("neighbors", neighbors, 1)
-        self.init = _check_int("init", init, 0)
+        self.neighbors = check_int("neighbors", neighbors, 1)
+        self.init = check_int("init", init, 0)
 
     def mask(self, call: AttentionCall) -> torch.Tensor:
         """``(batch, heads, q, n)`` bool."""
@@ -193,38 +183,26 @@ class HeadwisePattern(AttentionPattern):
                 f"init={self.init})")
 
 
-def kv_ratio(pattern: AttentionPattern | None, token_ids: torch.Tensor) -> float:
-    """Kept share of the causal attention entries of ``token_ids`` under ``pattern`` (None: 1.0).
-
-    Summed over queries this is (mean runtime KV) / (vanilla's mean runtime KV): the paper's r.KV (%) / 100.
-    """
-    if pattern is None:
-        return 1.0
-    if not hasattr(pattern, "kept_fraction"):
-        raise TypeError(f"{pattern!r} cannot count its kept entries")
-    return pattern.kept_fraction(token_ids)
-
-
 @torch.no_grad()
 def pattern_nll(model, token_ids: torch.Tensor, pattern: AttentionPattern | None = None, *,
                 layers: Iterable[int] | None = None, chunk_size: int | None = None, policy=None) -> torch.Tensor:
     """Teacher-forced NLL (nats) of tokens ``1..T-1`` of ``token_ids`` ``(1, T)`` under ``pattern``.
 
     ``chunk_size=None``: one forward pass with the pattern (memory grows as ``T^2``).
-    ``chunk_size=k``: feed ``k`` tokens at a time through a :class:`~kvlab.cache.KVCache` whose ``policy``
+    ``chunk_size=k``: feed ``k`` tokens at a time through a :class:`~kvlab.core.KVCache` whose ``policy``
     drops what the pattern would never show again (e.g. ``SepLLM`` for ``SepLLMPattern``), the pattern
     masking each chunk against the kept entries: the same numbers at a cost linear in ``T``.
     """
-    from kvlab.cache import KVCache
+    from kvlab.core import KVCache
 
     ids = token_ids if token_ids.dim() == 2 else token_ids[None]
     device = next(model.parameters()).device
     ids = ids.to(device)
-    with use_pattern(model, pattern, layers) if pattern is not None else contextlib.nullcontext():
+    with use_pattern(model, pattern, layers):
         if chunk_size is None:
             logits = model(input_ids=ids, use_cache=False).logits
         else:
-            _check_int("chunk_size", chunk_size, 1)
+            check_int("chunk_size", chunk_size, 1)
             if policy is None:
                 raise ValueError("chunk_size needs the policy that physically drops what the pattern hides")
             cache = KVCache(model, policy)

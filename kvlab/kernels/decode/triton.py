@@ -3,7 +3,7 @@
 Context: after a KV-cache policy (SepLLM, LaCache, ...) compacts each sequence's cache, the
 batch's caches have different lengths. Padding them to the longest and calling SDPA reads (and
 first writes) the padding; this kernel reads each kept entry exactly once. Specification:
-:func:`kvlab.decode.reference.ragged_decode_reference`.
+:func:`kvlab.kernels.decode.reference.ragged_decode_reference`.
 
 Decode is memory-bound: per key/value head, ``group = heads / kv_heads`` queries meet each
 ``(dim,)`` key and value row, ``4 * group * dim`` flops against ``4 * dim`` bytes (bf16). The
@@ -38,19 +38,15 @@ Layout: ``q (batch, heads, dim)``, ``k_packed, v_packed (total, kv_heads, dim)``
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 import triton
 import triton.language as tl
 
-from kvlab.sepllm.triton import _dot  # fp32 inputs get ieee products, the CPU interpreter fp32 operands
+from kvlab.kernels.triton_utils import dot as _dot  # fp32 inputs get ieee products, the interpreter fp32 operands
+from kvlab.kernels.triton_utils import interpreting as _interpreting
 
 __all__ = ["ragged_decode_triton"]
-
-
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -187,7 +183,7 @@ def _sm_count(device: torch.device) -> int:
 
 def ragged_decode_triton(q, k_packed, v_packed, cu_seqlens, scale: float | None = None,
                          max_seqlen: int | None = None, config: dict | None = None) -> torch.Tensor:
-    """Triton backend of :func:`kvlab.decode.ragged_decode_attention` (inputs assumed valid)."""
+    """Triton backend of :func:`kvlab.kernels.decode.ragged_decode_attention` (inputs assumed valid)."""
     bsz, h, d = q.shape
     hk = k_packed.shape[1]
     group = h // hk

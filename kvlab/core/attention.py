@@ -5,14 +5,14 @@
 1. registers the attention function ``"kvlab"`` with ``AttentionInterface`` (and the matching mask
    function with ``AttentionMaskInterface``) and switches the model to it with
    ``model.set_attn_implementation("kvlab")``;
-2. adds a forward pre-hook on the model that tells a :class:`~kvlab.cache.KVCache` which tokens arrive
+2. adds a forward pre-hook on the model that tells a :class:`~kvlab.core.KVCache` which tokens arrive
    (token ids, original positions) and, for policies that use positions within the cache, rewrites
    ``position_ids``;
 3. adds a forward post-hook that lets the cache's policy compact every layer once the step is over.
 
 The attention function does what the model's own implementation (sdpa or eager) would do, unless
 
-* a :class:`~kvlab.cache.KVCache` is in use: the mask is then built from the *original positions* of
+* a :class:`~kvlab.core.KVCache` is in use: the mask is then built from the *original positions* of
   the entries the cache holds (causal order survives eviction; Gemma3's sliding window too), and when
   the policy asks for attention scores (H2O, TOVA) they are computed eagerly and handed to the cache;
 * a *prefill attention pattern* is active for the layer (``with use_pattern(model, pattern): ...``):
@@ -20,11 +20,8 @@ The attention function does what the model's own implementation (sdpa or eager) 
   that carries positions and token ids (SepLLM's mask, DHSA's chunk mask, a Triton kernel);
 * attention maps are being captured (``capture_attention``) for pictures.
 
-Layer-level routing (OrthoRank runs a layer on a subset of tokens; REFORM exits early and recomputes the
-cache of gathered tokens) is left to later modules, and the door is open in two places: decoder layers
-are plain modules in ``model.model.layers`` that a router can call itself (with the same ``KVCache``, whose
-``begin_step`` accepts any subset of positions), and a forward pre-hook on a decoder layer may rewrite its
-``hidden_states``/``position_ids`` the way the model-level hook here rewrites ``position_ids``.
+It also opens the door for layer routers (:mod:`kvlab.core.router`): every decoder layer first asks
+whether a router runs it (OrthoRank computes a subset of tokens, REFORM exits early).
 
 Supported architectures: Llama (SmolLM2), Qwen2 and Gemma3 (text). Batch size 1 works everywhere; batch
 > 1 works when all rows have the same length (no padding) and the policy keeps equally many entries per
@@ -33,109 +30,19 @@ row (Full, StreamingLLM, LaCache, H2O); padded batches raise.
 
 from __future__ import annotations
 
-import contextlib
-from dataclasses import dataclass, field
-from typing import Callable, Iterable, Iterator
+from typing import Iterable
 
 import torch
 
-__all__ = [
-    "SUPPORTED_ARCHITECTURES",
-    "AttentionCall",
-    "AttentionPattern",
-    "MaskPattern",
-    "attach",
-    "capture_attention",
-    "model_state",
-    "use_pattern",
-]
+from kvlab.core.cache import KVCache
+from kvlab.core.pattern import AttentionCall, attend, causal_mask
+from kvlab.core.router import install_router_door
+from kvlab.core.state import ModelState, StepInfo, model_state
+
+__all__ = ["SUPPORTED_ARCHITECTURES", "attach", "capture_attention"]
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "gemma3_text")
 _NAME = "kvlab"
-
-
-@dataclass
-class AttentionCall:
-    """Everything a prefill attention pattern may need besides the tensors.
-
-    Shapes: positions and token ids are ``(batch, q)`` for queries and ``(batch, n)`` for keys; query ``q``
-    is the newest part of the keys (``k_positions[:, -q:] == q_positions`` when no cache drops entries).
-    """
-
-    layer_idx: int
-    num_layers: int
-    q_positions: torch.Tensor
-    k_positions: torch.Tensor
-    q_token_ids: torch.Tensor
-    k_token_ids: torch.Tensor
-    scaling: float
-    sliding_window: int | None
-    num_key_value_groups: int
-    fresh: bool = False  # keys are exactly positions 0..n-1 of this forward (a prefill from scratch)
-
-    def causal_mask(self) -> torch.Tensor:
-        """``(batch, 1, q, n)`` bool: key visible to query (causal by original position, sliding window)."""
-        return _causal(self.q_positions, self.k_positions, self.sliding_window)
-
-
-class AttentionPattern:
-    """Replaces attention in chosen layers. Subclass and implement ``__call__``.
-
-    ``__call__(query, key, value, call) -> output``: query ``(batch, heads, q, dim)``, key/value
-    ``(batch, kv_heads, n, dim)`` (already RoPE-rotated, GQA not expanded), output ``(batch, heads, q, dim)``.
-    Differentiable patterns can be used for training.
-    """
-
-    def __call__(self, query, key, value, call: AttentionCall) -> torch.Tensor:  # pragma: no cover - abstract
-        raise NotImplementedError
-
-
-class MaskPattern(AttentionPattern):
-    """A pattern given as a boolean mask: ``mask_fn(call) -> (batch, 1 | heads, q, n)`` bool, True = visible.
-
-    The mask is intersected with the causal (and sliding-window) mask, then attention runs through SDPA.
-    """
-
-    def __init__(self, mask_fn: Callable[[AttentionCall], torch.Tensor], name: str | None = None):
-        self.mask_fn = mask_fn
-        self.name = name or getattr(mask_fn, "__name__", "mask")
-
-    def __call__(self, query, key, value, call: AttentionCall) -> torch.Tensor:
-        mask = self.mask_fn(call) & call.causal_mask()
-        out, _ = _attend(query, key, value, mask, call.scaling, want_probs=False)
-        return out
-
-    def __repr__(self) -> str:
-        return f"MaskPattern({self.name})"
-
-
-@dataclass
-class _StepInfo:
-    input_ids: torch.Tensor | None
-    position_ids: torch.Tensor  # (batch, q) positions the queries are rotated at
-    cache: object | None
-    fresh: bool = False  # the step starts the sequence: positions 0..q-1, nothing cached before
-
-
-@dataclass
-class _ModelState:
-    """kvlab's bookkeeping for one attached model (stored on the model and on its attention modules)."""
-
-    base_implementation: str
-    num_layers: int
-    inv_freq: list[torch.Tensor | None]
-    sliding_window: list[int | None]
-    patterns: dict[int, AttentionPattern] = field(default_factory=dict)
-    capture: dict[int, torch.Tensor] | None = None
-    step: _StepInfo | None = None
-
-
-def model_state(model: torch.nn.Module) -> _ModelState:
-    state = getattr(model, "_kvlab_state", None)
-    if state is None:
-        raise RuntimeError("this model is not attached to kvlab: call kvlab.integration.attach(model) "
-                           "(kvlab.load_model does it for you)")
-    return state
 
 
 def _register() -> None:
@@ -150,7 +57,7 @@ def _register() -> None:
     AttentionMaskInterface.register(_NAME + "_eager", eager_mask)
 
 
-def _base_function(state: "_ModelState", module):
+def _base_function(state: ModelState, module):
     """The model's own attention: SDPA through transformers' interface, eager from the model's source."""
     if state.base_implementation == "eager":
         import sys
@@ -191,7 +98,7 @@ def attach(model: torch.nn.Module) -> torch.nn.Module:
         inv_freq.append(None if freq is None else freq.detach().clone())
         sliding = kind == "sliding_attention" and getattr(text_config, "sliding_window", None)
         windows.append(int(text_config.sliding_window) if sliding else None)
-    state = _ModelState(base, num_layers, inv_freq, windows)
+    state = ModelState(base, num_layers, inv_freq, windows)
     model._kvlab_state = state
     for module in model.modules():
         if hasattr(module, "layer_idx") and hasattr(module, "num_key_value_groups"):
@@ -199,12 +106,11 @@ def attach(model: torch.nn.Module) -> torch.nn.Module:
     model.set_attn_implementation(_NAME if base == "sdpa" else _NAME + "_eager")
     model.register_forward_pre_hook(_pre_hook, with_kwargs=True)
     model.register_forward_hook(_post_hook, always_call=True)
+    install_router_door(model, state)
     return model
 
 
 def _pre_hook(model, args, kwargs):
-    from kvlab.cache import KVCache
-
     state = model._kvlab_state
     input_ids = kwargs.get("input_ids", args[0] if args else None)
     embeds = kwargs.get("inputs_embeds")
@@ -225,14 +131,14 @@ def _pre_hook(model, args, kwargs):
         positions = cache.begin_step(input_ids, batch, length, ref.device)
         kwargs = dict(kwargs)
         kwargs["position_ids"] = positions
-        state.step = _StepInfo(input_ids, positions, cache, fresh)
+        state.step = StepInfo(input_ids, positions, cache, fresh)
         return args, kwargs
     positions = kwargs.get("position_ids")
     past = cache.get_seq_length() if cache is not None else 0
     fresh = positions is None and past == 0  # known without looking at (and waiting for) device tensors
     if positions is None:
         positions = (torch.arange(length, device=ref.device) + past).expand(batch, -1)
-    state.step = _StepInfo(input_ids, positions, None, fresh)
+    state.step = StepInfo(input_ids, positions, None, fresh)
     return None
 
 
@@ -240,7 +146,10 @@ def _post_hook(model, args, output):
     state = model._kvlab_state
     step, state.step = state.step, None
     if step is not None and step.cache is not None:
-        step.cache.end_step()
+        if output is None:  # the forward pass raised (torch still calls always_call hooks): undo, never count
+            step.cache.rollback()
+        else:
+            step.cache.end_step()
     return None
 
 
@@ -248,34 +157,9 @@ def _post_hook(model, args, output):
 # the attention function
 
 
-def _causal(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None) -> torch.Tensor:
-    diff = q_pos[:, None, :, None] - k_pos[:, None, None, :]
-    mask = diff >= 0
-    if window is not None:
-        mask = mask & (diff < window)
-    return mask
-
-
-def _attend(query, key, value, mask, scaling, want_probs):
-    """Softmax attention with GQA. mask: bool ``(batch, 1|heads, q, n)`` or None (all visible)."""
-    groups = query.shape[1] // key.shape[1]
-    if want_probs:
-        k = key.repeat_interleave(groups, dim=1)
-        v = value.repeat_interleave(groups, dim=1)
-        scores = torch.matmul(query, k.transpose(-1, -2)).float() * scaling
-        if mask is not None:
-            scores = scores.masked_fill(~mask, float("-inf"))
-        probs = torch.softmax(scores, dim=-1)
-        return torch.matmul(probs.to(v.dtype), v), probs
-    out = torch.nn.functional.scaled_dot_product_attention(
-        query, key, value, attn_mask=mask, scale=scaling, enable_gqa=groups > 1
-    )
-    return out, None
-
-
 def _kvlab_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
                      sliding_window=None, softcap=None, **kwargs):
-    state: _ModelState | None = getattr(module, "_kvlab_state", None)
+    state: ModelState | None = getattr(module, "_kvlab_state", None)
     layer = module.layer_idx
     step = state.step if state is not None else None
     pattern = state.patterns.get(layer) if state is not None else None
@@ -312,8 +196,8 @@ def _kvlab_attention(module, query, key, value, attention_mask, dropout=0.0, sca
         probs = None
     else:
         want = capture or (cache is not None and cache.policy.needs_scores)
-        mask = None if (q_len == 1 and sliding_window is None) else _causal(q_pos, k_pos, sliding_window)
-        out, probs = _attend(query, key, value, mask, scaling, want_probs=want)
+        mask = None if (q_len == 1 and sliding_window is None) else causal_mask(q_pos, k_pos, sliding_window)
+        out, probs = attend(query, key, value, mask, scaling, want_probs=want)
         if probs is not None and cache is not None and cache.policy.needs_scores:
             cache.layers[layer].observe(probs)
     if capture and probs is not None and layer in state.capture:
@@ -323,32 +207,6 @@ def _kvlab_attention(module, query, key, value, attention_mask, dropout=0.0, sca
 
 # ---------------------------------------------------------------------------------------------------
 # user-facing helpers
-
-
-@contextlib.contextmanager
-def use_pattern(model: torch.nn.Module, pattern: AttentionPattern | None,
-                layers: Iterable[int] | None = None) -> Iterator[None]:
-    """Within the block, ``pattern`` computes attention in ``layers`` (default: all layers).
-
-    >>> with use_pattern(model, MaskPattern(lambda call: call.k_positions[:, None, None, :] < 4 ...)):
-    ...     logits = model(input_ids).logits
-    """
-    state = model_state(model)
-    chosen = range(state.num_layers) if layers is None else list(layers)
-    for i in chosen:
-        if not 0 <= i < state.num_layers:
-            raise ValueError(f"layer {i} does not exist: the model has layers 0..{state.num_layers - 1}")
-    saved = dict(state.patterns)
-    try:
-        for i in chosen:
-            if pattern is None:
-                state.patterns.pop(i, None)
-            else:
-                state.patterns[i] = pattern
-        yield
-    finally:
-        state.patterns.clear()
-        state.patterns.update(saved)
 
 
 @torch.no_grad()

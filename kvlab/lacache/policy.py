@@ -1,16 +1,15 @@
 """The LaCache policy: a ladder-shaped cache across layers, compacted again and again (Shi et al., ICML 2025).
 
 The maths (ladder geometry, layer offsets, one compaction step) is :mod:`kvlab.lacache.reference`; this
-class only applies it to every layer of a :class:`~kvlab.cache.KVCache` after every step.
+class only applies it to every layer of a :class:`~kvlab.core.KVCache` after every step.
 """
 
 from __future__ import annotations
 
 import torch
 
-from kvlab.cache import LayerView
+from kvlab.core import LayerView, Policy, check_choice, check_int
 from kvlab.lacache.reference import LAYOUTS, LadderGeometry, compaction_step, default_span_overlap, ladder_offsets
-from kvlab.policies.base import Policy, _check_int
 
 __all__ = ["LaCache"]
 
@@ -40,17 +39,15 @@ class LaCache(Policy):
     def __init__(self, budget: int, span: int | None = None, overlap: int | None = None, sink: int = 4, *,
                  recent: int | None = None, layout: str = "bands", positions: str = "cache"):
         super().__init__(positions)
-        self._budget = _check_int("budget", budget, 1)
-        self.span = None if span is None else _check_int("span", span, 1)
-        self.overlap = None if overlap is None else _check_int("overlap", overlap, 0)
+        self._budget = check_int("budget", budget, 1)
+        self.span = None if span is None else check_int("span", span, 1)
+        self.overlap = None if overlap is None else check_int("overlap", overlap, 0)
         if self.span is not None and self.overlap is not None and self.overlap >= self.span:
             raise ValueError(f"overlap ({self.overlap}) must be smaller than span ({self.span}): the bands of "
                              "neighbouring tokens share at most span - 1 layers")
-        self.sink = _check_int("sink", sink, 0)
-        self.recent = None if recent is None else _check_int("recent", recent, 0)
-        if layout not in LAYOUTS:
-            raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
-        self.layout = layout
+        self.sink = check_int("sink", sink, 0)
+        self.recent = None if recent is None else check_int("recent", recent, 0)
+        self.layout = check_choice("layout", layout, LAYOUTS)
         if self.sink + (self.recent or 0) >= budget:
             raise ValueError(f"sink + recent ({self.sink} + {self.recent or 0}) must be smaller than budget "
                              f"({budget}) to leave room for the ladder")

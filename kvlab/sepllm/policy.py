@@ -17,40 +17,11 @@ from __future__ import annotations
 
 import torch
 
-from kvlab.cache import LayerView
-from kvlab.policies.base import Policy, _check_int
+from kvlab.core import LayerView, Policy, check_int, indices_from_mask
+from kvlab.sepllm.separators import SeparatorSet
 from kvlab.sepllm.streaming import check_sizes
 
 __all__ = ["SepLLM", "SepLLMStreaming", "FixLLM"]
-
-
-def _separator_ids(separators) -> torch.Tensor:
-    if separators is None:
-        raise ValueError("pass separators= (token ids, or the tokenizer: kvlab.sepllm.separator_ids(tokenizer))")
-    if hasattr(separators, "batch_decode"):
-        from kvlab.sepllm.separators import separator_ids
-
-        separators = separator_ids(separators)
-    ids = sorted({int(i) for i in separators})
-    if ids and ids[0] < 0:
-        raise ValueError("separator ids must be >= 0")
-    return torch.tensor(ids, dtype=torch.long)
-
-
-class _SeparatorLookup:
-    """``token_ids -> is separator`` through a boolean table (one gather per call, no sorting)."""
-
-    def __init__(self, ids: torch.Tensor):
-        self.ids = ids
-        size = int(ids.max()) + 1 if ids.numel() else 1
-        self.table = torch.zeros(size, dtype=torch.bool)
-        self.table[ids] = True
-
-    def __call__(self, token_ids: torch.Tensor) -> torch.Tensor:
-        if self.table.device != token_ids.device:
-            self.table = self.table.to(token_ids.device)
-        inside = (token_ids >= 0) & (token_ids < self.table.numel())
-        return self.table[token_ids.clamp(0, self.table.numel() - 1)] & inside
 
 
 def _single_row(view: LayerView, name: str) -> None:
@@ -60,18 +31,6 @@ def _single_row(view: LayerView, name: str) -> None:
             f"cache needs equal counts per row: run batch size 1")
     if bool((view.token_ids < 0).any()):
         raise ValueError(f"{name} needs token ids to find separators; the model was fed inputs_embeds")
-
-
-def _indices(keep: torch.Tensor) -> torch.Tensor | None:
-    """``(batch, n)`` bool -> ascending indices (``(m,)`` for one row), or None when all are kept."""
-    if bool(keep.all()):
-        return None
-    if keep.shape[0] == 1:
-        return keep[0].nonzero().squeeze(1)
-    counts = keep.sum(dim=1)
-    if not bool((counts == counts[0]).all()):  # pragma: no cover - positions are equal across rows
-        raise NotImplementedError("rows would keep different counts")
-    return keep.nonzero()[:, 1].view(keep.shape[0], -1)
 
 
 class SepLLM(Policy):
@@ -90,24 +49,29 @@ class SepLLM(Policy):
     The cache grows with the separators seen (no bound): that is what :class:`SepLLMStreaming` fixes.
     """
 
+    batch_rows = "one"
+
     def __init__(self, init: int = 3, neighbors: int = 256, *, separators=None, positions: str = "original"):
         super().__init__(positions)
-        self.init = _check_int("init", init, 0)
-        self.neighbors = _check_int("neighbors", neighbors, 1)
-        self._sep = _SeparatorLookup(_separator_ids(separators))
+        self.init = check_int("init", init, 0)
+        self.neighbors = check_int("neighbors", neighbors, 1)
+        self._sep = SeparatorSet(separators)
 
     @property
     def separators(self) -> torch.Tensor:
         return self._sep.ids
 
+    def check_vocab(self, vocab_size: int) -> None:
+        self._sep.check_vocab(vocab_size)
+
     def far(self, view: LayerView) -> torch.Tensor:
         _single_row(view, type(self).__name__)
-        return self._sep(view.token_ids)
+        return self._sep.flags(view.token_ids)
 
     def keep(self, view: LayerView) -> torch.Tensor | None:
         pos = view.positions
         near = (pos < self.init) | (view.seen - pos < self.neighbors)
-        return _indices(near | self.far(view))
+        return indices_from_mask(near | self.far(view))
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(init={self.init}, neighbors={self.neighbors}, "
@@ -121,9 +85,11 @@ class FixLLM(SepLLM):
     ``interval=1`` keeps everything; an interval longer than the stream is StreamingLLM.
     """
 
+    batch_rows = "equal"
+
     def __init__(self, init: int = 3, neighbors: int = 256, interval: int = 8, *, positions: str = "original"):
         super().__init__(init, neighbors, separators=(), positions=positions)
-        self.interval = _check_int("interval", interval, 1)
+        self.interval = check_int("interval", interval, 1)
 
     def far(self, view: LayerView) -> torch.Tensor:
         return view.positions % self.interval == self.interval - 1
@@ -153,16 +119,21 @@ class SepLLMStreaming(Policy):
             keep initial + seps + local window;  past_start = first position of the local window
     """
 
+    batch_rows = "one"
+
     def __init__(self, init: int = 4, sep: int = 64, local: int = 256, cache: int = 800, *, separators=None,
                  positions: str = "cache"):
         super().__init__(positions)
         check_sizes(init, sep, local, cache)
         self.init, self.sep, self.local, self.cache = init, sep, local, cache
-        self._sep = _SeparatorLookup(_separator_ids(separators))
+        self._sep = SeparatorSet(separators)
 
     @property
     def budget(self) -> int:
         return self.cache
+
+    def check_vocab(self, vocab_size: int) -> None:
+        self._sep.check_vocab(vocab_size)
 
     def keep(self, view: LayerView) -> torch.Tensor | None:
         n = view.size
@@ -175,7 +146,7 @@ class SepLLMStreaming(Policy):
         local = torch.zeros_like(initial)
         local[max(n - self.local, 0):] = True
         local &= ~initial
-        candidates = (pos >= self.init) & ~local & ((pos < past_start) | self._sep(view.token_ids[0]))
+        candidates = (pos >= self.init) & ~local & ((pos < past_start) | self._sep.flags(view.token_ids[0]))
         seps = candidates.nonzero().squeeze(1)
         seps = seps[max(seps.numel() - self.sep, 0):] if self.sep > 0 else seps[:0]
         keep = initial | local
@@ -186,4 +157,4 @@ class SepLLMStreaming(Policy):
 
     def __repr__(self) -> str:
         return (f"SepLLMStreaming(init={self.init}, sep={self.sep}, local={self.local}, cache={self.cache}, "
-                f"separators={self._sep.ids.numel()}, positions={self.positions!r})")
+                f"separators={len(self._sep)}, positions={self.positions!r})")

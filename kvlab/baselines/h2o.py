@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from kvlab.cache import LayerView
-from kvlab.policies.base import Policy, _check_int
+from kvlab.core import LayerView, Policy, check_int
 
 __all__ = ["H2O"]
 
@@ -35,9 +34,9 @@ class H2O(Policy):
 
     def __init__(self, budget: int, recent: int | None = None, *, positions: str = "cache"):
         super().__init__(positions)
-        self._budget = _check_int("budget", budget, 1)
+        self._budget = check_int("budget", budget, 1)
         recent = budget // 2 if recent is None else recent
-        self.recent = _check_int("recent", recent, 0)
+        self.recent = check_int("recent", recent, 0)
         if self.recent > budget:
             raise ValueError(f"recent ({recent}) must be <= budget ({budget}): the recent window is part of it")
 

@@ -2,16 +2,16 @@
 
 Backends (imported only when used):
 
-* ``"torch"``: eager loop over the batch (:func:`kvlab.decode.reference.ragged_decode_reference`),
+* ``"torch"``: eager loop over the batch (:func:`kvlab.kernels.decode.reference.ragged_decode_reference`),
 * ``"sdpa"``: pad to the longest cache, SDPA with a key mask (the usual approach; baseline),
-* ``"triton"``: :mod:`kvlab.decode.triton`, split-KV kernel that reads only the packed entries,
+* ``"triton"``: :mod:`kvlab.kernels.decode.triton`, split-KV kernel that reads only the packed entries,
 * ``"auto"``: ``"triton"`` for CUDA tensors, ``"torch"`` otherwise.
 """
 from __future__ import annotations
 
-import os
-
 import torch
+
+from kvlab.kernels.triton_utils import check_triton_inputs
 
 __all__ = ["ragged_decode_attention", "BACKENDS"]
 
@@ -75,13 +75,7 @@ def ragged_decode_attention(
         kp, vp, valid = pad_packed(k_packed, v_packed, cu_seqlens, max_seqlen)
         return ragged_decode_padded_sdpa(q, kp, vp, valid, scale)
     # backend == "triton"
-    if q.dtype not in (torch.bfloat16, torch.float16, torch.float32):
-        raise ValueError(f"backend='triton' takes bf16/fp16/fp32, got {q.dtype}; use backend='torch'")
-    if d < 16 or d > 256 or d & (d - 1):
-        raise ValueError(f"backend='triton' needs a power-of-two head dim in [16, 256], got {d}")
-    if not q.is_cuda and os.environ.get("TRITON_INTERPRET", "0") != "1":
-        raise ValueError("backend='triton' needs CUDA tensors; on CPU set TRITON_INTERPRET=1 before "
-                         "importing triton (small shapes only) or use backend='torch'")
+    check_triton_inputs(q, d)
     from .triton import ragged_decode_triton
 
     return ragged_decode_triton(q, k_packed, v_packed, cu_seqlens, scale=scale, max_seqlen=max_seqlen)

@@ -11,7 +11,7 @@ per sequence to all of its kept entries (no mask: the policy already chose them)
 
 A sequence with no entries gets a zero output. The usual alternative pads every cache to the
 longest one and runs SDPA with a key mask (:func:`ragged_decode_padded_sdpa`); the Triton kernel
-(:mod:`kvlab.decode.triton`) reads only the packed bytes.
+(:mod:`kvlab.kernels.decode.triton`) reads only the packed bytes.
 """
 from __future__ import annotations
 

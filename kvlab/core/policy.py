@@ -1,0 +1,73 @@
+"""The KV-policy interface: after each forward step, which cached entries each layer keeps.
+
+A policy sees a :class:`~kvlab.core.LayerView` (token ids, original positions, attention scores when it
+sets ``needs_scores``) and returns the indices to keep, oldest first, or ``None`` to keep everything. The
+cache then physically drops the rest (:class:`~kvlab.core.KVCache`). Policies may differ per layer (LaCache)
+and may keep per-layer scratch state in ``view.state`` (SepLLM's four blocks).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from kvlab.core.checks import check_choice
+
+if TYPE_CHECKING:
+    from kvlab.core.cache import LayerView
+
+__all__ = ["Policy", "POSITION_MODES", "indices_from_mask"]
+
+POSITION_MODES = ("cache", "original")
+
+
+class Policy:
+    """Base class. Subclasses set ``needs_scores`` / ``positions`` and implement :meth:`keep`.
+
+    positions: ``"cache"`` — the model sees positions within the cache (kept keys re-rotated, as
+    StreamingLLM does); ``"original"`` — every token keeps its position in the stream.
+
+    Batch: ``batch_rows`` says what a policy supports: ``"equal"`` (every row keeps the same number of
+    entries: count-based policies), ``"one"`` (the kept set depends on the tokens, so rows would differ:
+    batch size 1 only).
+    """
+
+    needs_scores: bool = False
+    batch_rows: str = "equal"
+
+    def __init__(self, positions: str = "original"):
+        self.positions = check_choice("positions", positions, POSITION_MODES)
+
+    def keep(self, view: "LayerView") -> torch.Tensor | None:
+        """Indices ``(m,)`` or ``(batch, m)`` of the entries of ``view`` to keep, ascending; None keeps all."""
+        raise NotImplementedError
+
+    def check_model(self, num_layers: int) -> None:
+        """Raise if the policy cannot run on a model with ``num_layers`` layers (LaCache's span, ...)."""
+
+    def check_vocab(self, vocab_size: int) -> None:
+        """Raise if the policy's token ids cannot occur in a vocabulary of ``vocab_size`` (SepLLM's separators)."""
+
+    @property
+    def budget(self) -> int | None:
+        """Most entries a layer holds after a step (a maximum, per layer), or None when unbounded."""
+        return None
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{k}={v!r}" for k, v in vars(self).items() if not k.startswith("_"))
+        return f"{type(self).__name__}({fields})"
+
+
+def indices_from_mask(keep: torch.Tensor) -> torch.Tensor | None:
+    """``(batch, n)`` bool -> ascending indices (``(m,)`` for one row, ``(batch, m)`` otherwise), or None
+    when every entry is kept. Rows must keep equally many entries."""
+    if bool(keep.all()):
+        return None
+    if keep.shape[0] == 1:
+        return keep[0].nonzero().squeeze(1)
+    counts = keep.sum(dim=1)
+    if not bool((counts == counts[0]).all()):
+        raise NotImplementedError("the rows of the batch would keep different numbers of entries; "
+                                  "kvlab's cache needs equal counts per row: run batch size 1")
+    return keep.nonzero()[:, 1].view(keep.shape[0], -1)

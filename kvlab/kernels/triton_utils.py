@@ -1,0 +1,51 @@
+"""Triton helpers shared by every method's kernels: the dot product with the right precision, whether
+Triton runs in its CPU interpreter, and the eligibility checks every Triton backend makes before launching.
+
+Importing this module imports Triton; ``api.py`` modules call :func:`check_triton_inputs` (which does not
+need Triton) before they import a kernel.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+__all__ = ["TRITON_DTYPES", "check_triton_inputs", "dot", "interpreting"]
+
+TRITON_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def interpreting() -> bool:
+    """True when Triton runs kernels in its CPU interpreter (``TRITON_INTERPRET=1``, read at import)."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def check_triton_inputs(x: torch.Tensor, head_dim: int, *, fallback: str = "backend='torch'") -> None:
+    """Raise ValueError naming the fix when a Triton kernel cannot take ``x`` (dtype, head dim, device)."""
+    if x.dtype not in TRITON_DTYPES:
+        raise ValueError(f"backend='triton' takes {TRITON_DTYPES}, got {x.dtype}; use {fallback}")
+    if head_dim < 16 or head_dim > 256 or head_dim & (head_dim - 1):
+        raise ValueError(f"backend='triton' needs a head dim that is a power of two in [16, 256], got {head_dim}; "
+                         f"use {fallback}")
+    if not x.is_cuda and not interpreting():
+        raise ValueError("backend='triton' needs CUDA tensors; on CPU set TRITON_INTERPRET=1 before importing "
+                         f"triton (slow: small shapes only) or use {fallback}")
+
+
+try:  # the jit helper exists only where Triton is installed
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def dot(a, b, acc, FP32_DOT: tl.constexpr):
+        # FP32_DOT: float32 inputs get true fp32 products (not tf32), and the CPU interpreter (whose
+        # bf16 dot is wrong in triton 3.7) gets fp32 operands. bf16 x bf16 products are exact in fp32,
+        # so upcasting changes nothing but the order of the fp32 sums.
+        if FP32_DOT:
+            out = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+        else:
+            out = tl.dot(a, b, acc)
+        return out
+except ImportError:  # pragma: no cover - kvlab without the triton extra
+    dot = None

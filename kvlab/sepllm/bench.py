@@ -1,0 +1,425 @@
+"""``python -m kvlab bench sepllm WHAT``: GPU benchmarks of SepLLM's attention kernels, with a JSON record.
+
+Subcommands (each writes ``<out>/<name>.json`` with the device name and versions, prints a table):
+
+* ``ops``     SepLLM attention at N = 4k..64k: dense causal SDPA, FlexAttention with the SepLLM block
+  mask (the paper's kernel), the Triton kernel, and the kept-entry density (the physical limit on
+  saved work); forward and forward+backward; separators at random 8% of positions and from real
+  text (``kvlab/sepllm/data/separators_*.npz``, package data; SmolLM2 tokenizer). Also draws ``ops.png``.
+* ``prefill`` a Llama-3-8B-shaped model (random weights, bf16), 32k-token prefill, SDPA vs the Triton
+  SepLLM kernel plugged in through ``kvlab.core.use_pattern``.
+* ``train``   training-step time of a ~100M-parameter Llama-style model at 4k-8k context.
+* ``tune``    tile-size sweep of the Triton kernels (used to choose the defaults).
+
+Timing: CUDA events around each call, after a warm-up call (compilation), median of repeats sized to
+a time budget. Useful work of SepLLM attention = 4 * dim flops per kept (query, key) entry forward
+(QK^T and PV), 2.5 times that backward (FlashAttention's convention).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+from kvlab.kernels.benchmarking import (bench_ms, device_info, fmt_table, ints, require_cuda, spin,
+                                        write_outputs)
+
+DATA = Path(__file__).resolve().parent / "data"  # package data: works from a wheel too
+
+__all__ = ["main", "load_separators"]
+
+
+def load_separators(name: str, n: int, batch: int = 1, seed: int = 0):
+    """``(batch, n)`` bool separator flags: ``random<P>`` (P percent) or a text in ``kvlab/sepllm/data``."""
+    torch = require_cuda()
+    if name.startswith("random"):
+        p = float(name[len("random"):] or 8) / 100
+        g = torch.Generator(device="cuda").manual_seed(seed)
+        return torch.rand(batch, n, generator=g, device="cuda") < p
+    import numpy as np
+
+    path = DATA / f"separators_{name}.npz"
+    if not path.exists():
+        known = sorted(p.stem.removeprefix("separators_") for p in DATA.glob("separators_*.npz"))
+        raise ValueError(f"no separator data {name!r}: use randomP (e.g. random8) or one of {known}")
+    arr = np.load(path)["is_sep"]
+    if len(arr) < n:
+        raise ValueError(f"{name} has only {len(arr)} tokens < {n}")
+    rows = [arr[(i * 997) % max(1, len(arr) - n):][:n] for i in range(batch)]
+    return torch.as_tensor(np.stack(rows), device="cuda")
+
+
+
+
+# ---------------------------------------------------------------------------------------------
+# ops: SepLLM attention, SDPA vs Flex vs Triton
+# ---------------------------------------------------------------------------------------------
+def run_ops(args) -> dict:
+    torch = require_cuda()
+    import torch.nn.functional as F
+
+    from kvlab.sepllm.flex import sep_attention_flex, sepllm_block_mask
+    from kvlab.sepllm.reference import kept_fraction
+    from kvlab.sepllm.triton import sep_attention_triton
+
+    try:  # one compiled Flex graph per shape and mask; the default limit (8) is too low for a sweep
+        torch._dynamo.config.cache_size_limit = 64
+        torch._dynamo.config.recompile_limit = 64
+    except AttributeError:
+        pass
+    a, w, h, hk, d, dtype = args.init, args.neighbors, args.heads, args.kv_heads, args.dim, torch.bfloat16
+    rows = []
+    for n in args.seqs:
+        gen = torch.Generator(device="cuda").manual_seed(n)
+        q = torch.randn(1, h, n, d, device="cuda", dtype=dtype, generator=gen)
+        k = torch.randn(1, hk, n, d, device="cuda", dtype=dtype, generator=gen)
+        v = torch.randn(1, hk, n, d, device="cuda", dtype=dtype, generator=gen)
+        do = torch.randn_like(q)
+        qg, kg, vg = (x.detach().clone().requires_grad_() for x in (q, k, v))
+        causal_flops = 4 * d * h * n * (n + 1) / 2
+
+        def fwd_bwd(f):
+            def run():
+                out = f(qg, kg, vg)
+                torch.autograd.grad(out, (qg, kg, vg), do)
+            return run
+
+        budget = args.budget
+        sdpa = lambda q_, k_, v_: F.scaled_dot_product_attention(q_, k_, v_, is_causal=True,  # noqa: E731
+                                                                 enable_gqa=h != hk)
+        r_sdpa_f = bench_ms(lambda: sdpa(q, k, v), budget)
+        r_sdpa_b = bench_ms(fwd_bwd(sdpa), budget)
+        base = {"N": n, "heads": h, "kv_heads": hk, "dim": d}
+        rows.append(base | {"method": "sdpa_causal", "sep": "-", "density": 1.0, "fwd_ms": r_sdpa_f["ms"],
+                            "fwdbwd_ms": r_sdpa_b["ms"],
+                            "fwd_TFLOPs": causal_flops / r_sdpa_f["ms"] / 1e9,
+                            "fwdbwd_TFLOPs": 3.5 * causal_flops / r_sdpa_b["ms"] / 1e9})
+        print(f"N={n} sdpa fwd {r_sdpa_f['ms']:.3f} fwd+bwd {r_sdpa_b['ms']:.3f}", flush=True)
+        for src in args.seps:
+            is_sep = load_separators(src, n)
+            dens = kept_fraction(is_sep, a, w)
+            useful = causal_flops * dens
+            tri = lambda q_, k_, v_: sep_attention_triton(q_, k_, v_, is_sep, a, w)  # noqa: E731, B023
+            r_f = bench_ms(lambda: tri(q, k, v), budget)  # noqa: B023
+            r_b = bench_ms(fwd_bwd(tri), budget)
+            row = base | {"method": "triton", "sep": src, "sep_frac": is_sep.float().mean().item(),
+                          "density": dens, "fwd_ms": r_f["ms"], "fwdbwd_ms": r_b["ms"],
+                          "fwd_TFLOPs": useful / r_f["ms"] / 1e9,
+                          "fwdbwd_TFLOPs": 3.5 * useful / r_b["ms"] / 1e9,
+                          "ideal_fwd_ms": dens * r_sdpa_f["ms"], "ideal_fwdbwd_ms": dens * r_sdpa_b["ms"],
+                          "x_sdpa_fwd": r_sdpa_f["ms"] / r_f["ms"], "x_sdpa_fwdbwd": r_sdpa_b["ms"] / r_b["ms"]}
+            print(f"N={n} {src} density {dens:.3f} triton fwd {r_f['ms']:.3f} fwd+bwd {r_b['ms']:.3f}", flush=True)
+            if not args.no_flex and n <= args.flex_max_n:
+                t0 = time.perf_counter()
+                bm = sepllm_block_mask(is_sep, a, w)
+                torch.cuda.synchronize()
+                mask_s = time.perf_counter() - t0
+                fl = lambda q_, k_, v_: sep_attention_flex(q_, k_, v_, is_sep, a, w, block_mask=bm)  # noqa: E731, B023
+                f_f = bench_ms(lambda: fl(q, k, v), budget)  # noqa: B023
+                f_b = bench_ms(fwd_bwd(fl), budget)
+                sparsity = 1.0 - bm.kv_num_blocks.sum().item() / (bm.kv_num_blocks.shape[-1] * (bm.kv_num_blocks.shape[-1] + 1) / 2)
+                flex_row = base | {"method": "flex", "sep": src, "density": dens, "fwd_ms": f_f["ms"],
+                                   "fwdbwd_ms": f_b["ms"], "fwd_TFLOPs": useful / f_f["ms"] / 1e9,
+                                   "fwdbwd_TFLOPs": 3.5 * useful / f_b["ms"] / 1e9,
+                                   "block_mask_s": mask_s, "blocks_skipped_vs_causal": sparsity}
+                rows.append(flex_row)
+                row["x_flex_fwd"] = f_f["ms"] / r_f["ms"]
+                row["x_flex_fwdbwd"] = f_b["ms"] / r_b["ms"]
+                print(f"N={n} {src} flex fwd {f_f['ms']:.3f} fwd+bwd {f_b['ms']:.3f}", flush=True)
+            rows.append(row)
+        del q, k, v, do, qg, kg, vg
+        torch.cuda.empty_cache()
+    return {"init": a, "neighbors": w, "dtype": "bfloat16", "rows": rows}
+
+
+def print_ops(rec: dict) -> str:
+    cols = [("N", "N", ""), ("method", "method", ""), ("sep", "separators", ""), ("density", "kept", "{:.3f}"),
+            ("fwd_ms", "fwd ms", "{:.3f}"), ("fwd_TFLOPs", "fwd TFLOP/s", "{:.0f}"),
+            ("fwdbwd_ms", "fwd+bwd ms", "{:.3f}"), ("fwdbwd_TFLOPs", "fwd+bwd TFLOP/s", "{:.0f}"),
+            ("ideal_fwd_ms", "kept x SDPA fwd", "{:.3f}"),
+            ("x_sdpa_fwd", "SDPA/Triton fwd", "{:.2f}"), ("x_flex_fwd", "Flex/Triton fwd", "{:.2f}"),
+            ("x_sdpa_fwdbwd", "SDPA/Triton f+b", "{:.2f}"), ("x_flex_fwdbwd", "Flex/Triton f+b", "{:.2f}")]
+    return fmt_table(rec["rows"], cols)
+
+
+def plot_ops(rec: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = rec["rows"]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for ax, key, title in ((axes[0], "fwd_ms", "forward"), (axes[1], "fwdbwd_ms", "forward + backward")):
+        series = {}
+        for r in rows:
+            label = "dense SDPA (causal)" if r["method"] == "sdpa_causal" else f"{r['method']} ({r['sep']})"
+            series.setdefault(label, []).append((r["N"], r[key]))
+        for label, pts in sorted(series.items()):
+            pts.sort()
+            style = "-o" if "triton" in label else ("--s" if "flex" in label else "-k^")
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], style, label=label, ms=4)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("sequence length N")
+        ax.set_ylabel("ms")
+        ax.set_title(f"SepLLM attention, {title}")
+        ax.grid(alpha=0.3, which="both")
+    axes[0].legend(fontsize=7)
+    dev = rec.get("info", {}).get("device", "")
+    fig.suptitle(f"{dev}: bf16, {rows[0]['heads']} heads, dim {rows[0]['dim']}, a={rec['init']}, n={rec['neighbors']}",
+                 fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+# ---------------------------------------------------------------------------------------------
+# model level: prefill of a Llama-3-8B-shaped model, training step of a ~100M model
+# ---------------------------------------------------------------------------------------------
+def _real_text_ids(n: int, batch: int = 1):
+    import numpy as np
+    import torch
+
+    data = np.load(DATA / "separators_paradise_lost.npz")
+    ids = data["token_ids"]
+    reps = math.ceil(n * batch / len(ids))
+    ids = np.tile(ids, reps)[: n * batch].reshape(batch, n)
+    return torch.as_tensor(ids.astype(np.int64)), torch.as_tensor(data["separator_ids"].astype(np.int64))
+
+
+def run_prefill(args) -> dict:
+    torch = require_cuda()
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from kvlab.core import attach, use_pattern
+    from kvlab.sepllm.pattern import SepLLMPattern
+    from kvlab.sepllm.reference import kept_fraction
+
+    cfg = LlamaConfig(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                      num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=args.seq,
+                      rope_theta=500000.0)
+    cfg._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)  # build the 8B weights directly in bf16 on the GPU
+    try:
+        with torch.device("cuda"):
+            model = LlamaForCausalLM(cfg).eval()
+    finally:
+        torch.set_default_dtype(default)
+    attach(model)
+    ids, sep_ids = _real_text_ids(args.seq)
+    ids = ids.cuda()
+    ids.clamp_(max=cfg.vocab_size - 1)
+    pattern = SepLLMPattern(sep_ids, init=args.init, neighbors=args.neighbors, backend="triton")
+    dens = kept_fraction(torch.isin(ids, sep_ids.cuda()), args.init, args.neighbors)
+
+    @torch.no_grad()
+    def step():
+        return model(input_ids=ids, use_cache=False, logits_to_keep=1).logits
+
+    res = {"sdpa": bench_ms(step, budget_s=3.0, max_reps=5)}
+    with use_pattern(model, pattern):
+        res["sepllm_triton"] = bench_ms(step, budget_s=3.0, max_reps=5)
+    # attention alone per layer, same shapes (to split the end-to-end time)
+    n_params = sum(p.numel() for p in model.parameters())
+    return {"model": "Llama-3-8B shape, random weights, bf16", "params": n_params, "seq": args.seq,
+            "init": args.init, "neighbors": args.neighbors, "density": dens,
+            "rows": [{"method": k, "ms": v["ms"], "tokens_per_s": args.seq / v["ms"] * 1e3} for k, v in res.items()],
+            "speedup": res["sdpa"]["ms"] / res["sepllm_triton"]["ms"]}
+
+
+def run_train(args) -> dict:
+    torch = require_cuda()
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from kvlab.core import attach, use_pattern
+    from kvlab.sepllm.pattern import SepLLMPattern
+
+    cfg = LlamaConfig(vocab_size=49152, hidden_size=768, intermediate_size=2048, num_hidden_layers=12,
+                      num_attention_heads=12, num_key_value_heads=12, max_position_embeddings=max(args.seqs),
+                      tie_word_embeddings=True)
+    cfg._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(cfg).cuda().train()
+    attach(model)
+    n_params = sum(p.numel() for p in model.parameters())
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    rows = []
+    for n in args.seqs:
+        batch = max(1, args.tokens // n)
+        ids, sep_ids = _real_text_ids(n, batch)
+        ids = ids.cuda()
+        pattern = SepLLMPattern(sep_ids, init=args.init, neighbors=args.neighbors, backend="triton")
+
+        def step():
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = model(input_ids=ids, labels=ids, use_cache=False).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+        r_dense = bench_ms(step, budget_s=3.0, max_reps=10)
+        with use_pattern(model, pattern):
+            r_sep = bench_ms(step, budget_s=3.0, max_reps=10)
+        rows.append({"seq": n, "batch": batch, "sdpa_ms": r_dense["ms"], "sepllm_triton_ms": r_sep["ms"],
+                     "speedup": r_dense["ms"] / r_sep["ms"]})
+        print(rows[-1], flush=True)
+    return {"model": "Llama-style, random weights, bf16 autocast, AdamW", "params": n_params,
+            "config": {k: getattr(cfg, k) for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
+                                                    "num_attention_heads", "vocab_size")},
+            "init": args.init, "neighbors": args.neighbors, "rows": rows}
+
+
+# ---------------------------------------------------------------------------------------------
+# tune: tile-size sweep (used to pick kvlab.sepllm.triton.default_config)
+# ---------------------------------------------------------------------------------------------
+def run_tune(args) -> dict:
+    torch = require_cuda()
+    import torch.nn.functional as F
+
+    from kvlab.sepllm import triton as st
+
+    n, h, hk, d, a, w = args.seq, args.heads, args.kv_heads, args.dim, args.init, args.neighbors
+    dtype = torch.bfloat16
+    q = torch.randn(1, h, n, d, device="cuda", dtype=dtype)
+    k = torch.randn(1, hk, n, d, device="cuda", dtype=dtype)
+    v = torch.randn(1, hk, n, d, device="cuda", dtype=dtype)
+    do = torch.randn_like(q)
+    scale = d ** -0.5
+    base = st.default_config(d, dtype)
+    rows = []
+
+    def record(name, fn):
+        try:
+            rows.append({"variant": name, "ms": bench_ms(fn, 0.4)["ms"]})
+        except Exception as exc:  # noqa: BLE001 - out of shared memory, etc.
+            rows.append({"variant": name, "error": str(exc)[:160]})
+        print(rows[-1], flush=True)
+
+    def with_kind(kind, bm, bn, bf, nw, ns, **extra):
+        cfg = {key: dict(val) if isinstance(val, dict) else val for key, val in base.items()} | extra
+        cfg[kind] = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_F=bf, num_warps=nw, num_stages=ns)
+        return f"{kind} {bm}x{bn}/{bf} w{nw} s{ns}", cfg
+
+    qg, kg, vg = (x.detach().clone().requires_grad_() for x in (q, k, v))
+    record("sdpa causal fwd", lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=h != hk))
+
+    def sdpa_fb():
+        out = F.scaled_dot_product_attention(qg, kg, vg, is_causal=True, enable_gqa=h != hk)
+        torch.autograd.grad(out, (qg, kg, vg), do)
+
+    record("sdpa causal fwd+bwd", sdpa_fb)
+    for src in ("random8", "none"):
+        is_sep = load_separators("random8", n) if src == "random8" else torch.zeros(1, n, dtype=torch.bool, device="cuda")
+        kept, idx, cnt = st.compact_kept_keys(is_sep, a)
+        o, lse = st._forward(q, k, v, kept, idx, cnt, w, scale, base, False)
+        record(f"[{src}] compact_kept_keys", lambda: st.compact_kept_keys(is_sep, a))  # noqa: B023
+        for part in ("dq", "window", "far"):
+            record(f"[{src}] bwd part {part} (default)",
+                   lambda: st._backward(do, q, k, v, o, lse, kept, idx, cnt, w, scale, base, False, (part,)))  # noqa: B023
+        if src == "none":
+            record("[none] fwd default", lambda: st._forward(q, k, v, kept, idx, cnt, w, scale, base, False))  # noqa: B023
+            continue
+        for choice in [(128, 32, 64, 4, 2), (128, 32, 64, 4, 3), (128, 64, 64, 8, 3), (128, 64, 128, 8, 3),
+                       (128, 32, 64, 8, 2), (64, 32, 64, 4, 2), (64, 64, 64, 4, 3)]:
+            name, cfg = with_kind("fwd", *choice)
+            record(name, lambda: st._forward(q, k, v, kept, idx, cnt, w, scale, cfg, False))  # noqa: B023
+        for choice in [(64, 32, 64, 4, 3), (64, 32, 64, 4, 2), (64, 32, 128, 4, 3), (64, 32, 32, 4, 3),
+                       (64, 16, 64, 4, 3), (128, 32, 32, 8, 3), (128, 32, 64, 8, 2), (64, 32, 64, 8, 3)]:
+            name, cfg = with_kind("dq", *choice)
+            record("bwd " + name, lambda: st._backward(do, q, k, v, o, lse, kept, idx, cnt, w, scale, cfg, False, ("dq",)))  # noqa: B023
+        for choice in [(64, 128, 128, 8, 3), (32, 128, 128, 8, 3), (64, 64, 128, 4, 3), (64, 128, 64, 4, 3),
+                       (64, 64, 64, 4, 3), (32, 64, 128, 4, 3), (128, 64, 64, 8, 3), (64, 128, 128, 8, 2),
+                       (32, 128, 64, 4, 3), (64, 64, 128, 8, 3), (32, 64, 64, 4, 3)]:
+            name, cfg = with_kind("dkdv", *choice)
+            for part in ("window", "far"):
+                record(f"bwd {name} [{part}]", lambda: st._backward(do, q, k, v, o, lse, kept, idx, cnt, w, scale, cfg, False, (part,)))  # noqa: B023
+        for per in (32, 128, 256, 1024):
+            cfg = dict(base, far_splits_per=per)
+            record(f"bwd far_splits_per={per}",
+                   lambda: st._backward(do, q, k, v, o, lse, kept, idx, cnt, w, scale, cfg, False, ("far",)))  # noqa: B023
+    # decode kernel
+    from kvlab.kernels.decode.triton import ragged_decode_triton
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    lens = torch.randint(6144, 8193, (16,), device="cuda", generator=g)
+    cu = torch.zeros(17, dtype=torch.int32, device="cuda")
+    cu[1:] = torch.cumsum(lens, 0)
+    qd = torch.randn(16, 32, 128, device="cuda", dtype=dtype)
+    kd = torch.randn(int(cu[-1]), 8, 128, device="cuda", dtype=dtype)
+    vd = torch.randn_like(kd)
+    for bn, per_sm, nw, ns in [(64, 3, 4, 3), (64, 2, 4, 3), (64, 4, 4, 2), (32, 4, 4, 4), (32, 6, 4, 3),
+                               (128, 1, 8, 3), (64, 3, 4, 4)]:
+        cfg = dict(BLOCK_N=bn, chunks=None, programs_per_sm=per_sm, num_warps=nw, num_stages=ns)
+        record(f"decode {bn} {per_sm}/SM w{nw} s{ns}",
+               lambda: ragged_decode_triton(qd, kd, vd, cu, max_seqlen=8192, config=cfg))  # noqa: B023
+    return {"seq": n, "heads": h, "kv_heads": hk, "dim": d, "rows": rows}
+
+
+# ---------------------------------------------------------------------------------------------
+# CLI
+# ---------------------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="kvlab bench sepllm", description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("what", choices=["ops", "prefill", "train", "tune"])
+    ap.add_argument("--out", default="benchmarks/results", help="folder for JSON/PNG/table")
+    ap.add_argument("--tag", default="", help="suffix for output names (e.g. the device)")
+    ap.add_argument("--seqs", type=ints, default=None, help="comma-separated sequence lengths")
+    ap.add_argument("--seq", type=int, default=None)
+    ap.add_argument("--seps", default="random8,paradise_lost", help="separator sources: randomP or a data name")
+    ap.add_argument("--heads", type=int, default=32)
+    ap.add_argument("--kv-heads", type=int, default=None)
+    ap.add_argument("--dim", type=int, default=128)
+    ap.add_argument("--init", type=int, default=4)
+    ap.add_argument("--neighbors", type=int, default=256)
+    ap.add_argument("--budget", type=float, default=1.0, help="seconds of repeats per measurement")
+    ap.add_argument("--no-flex", action="store_true")
+    ap.add_argument("--flex-max-n", type=int, default=65536)
+    ap.add_argument("--tokens", type=int, default=16384, help="tokens per training step")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    args.seps = [s for s in args.seps.split(",") if s]
+    out = Path(args.out)
+    tag = f"_{args.tag}" if args.tag else ""
+    info = device_info()
+    print(json.dumps(info), flush=True)
+    for what in [args.what]:
+        if what == "ops":
+            args.kv_heads = args.kv_heads or args.heads
+            args.seqs = args.seqs or [4096, 16384, 32768, 65536]
+            rec = run_ops(args) | {"info": info}
+            table = print_ops(rec)
+            out.mkdir(parents=True, exist_ok=True)
+            plot_ops(rec, out / f"ops{tag}.png")
+        elif what == "prefill":
+            args.seq = args.seq or 32768
+            rec = run_prefill(args) | {"info": info}
+            table = fmt_table(rec["rows"], [("method", "method", ""), ("ms", "ms", "{:.1f}"),
+                                             ("tokens_per_s", "tokens/s", "{:.0f}")])
+            table += f"\nspeedup {rec['speedup']:.2f}x, kept density {rec['density']:.3f}"
+        elif what == "train":
+            args.seqs = args.seqs or [4096, 8192]
+            rec = run_train(args) | {"info": info}
+            table = (f"{rec['params'] / 1e6:.0f}M parameters\n" +
+                     fmt_table(rec["rows"], [("seq", "seq", ""), ("batch", "batch", ""), ("sdpa_ms", "SDPA ms", "{:.1f}"),
+                                              ("sepllm_triton_ms", "SepLLM Triton ms", "{:.1f}"),
+                                              ("speedup", "speedup", "{:.2f}")]))
+        else:  # tune
+            args.kv_heads = args.kv_heads or args.heads
+            args.seq = args.seq or 32768
+            rec = run_tune(args) | {"info": info}
+            table = "\n".join(f"{r['variant']}: {r.get('ms', r.get('error'))}" for r in rec["rows"])
+        write_outputs(out, what + tag, rec, table, info)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -20,8 +20,9 @@ def main(argv: list[str] | None = None) -> int:
     command, rest = argv[0], argv[1:]
     if command == "fetch":
         from kvlab.assets import main as fetch_main
+        from kvlab.models import verify_converted
 
-        return fetch_main(rest) or 0
+        return fetch_main(rest, verify_model=verify_converted) or 0
     if command == "bench":
         from kvlab.bench import main as bench_main
 

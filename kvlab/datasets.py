@@ -103,14 +103,29 @@ def _document_name(stem: str) -> str:
     return re.sub(r"_\(.*?\)", "", stem).removesuffix("_gut")
 
 
+def _read_text(path: Path, asset_id: str) -> str:
+    """A cached corpus file as text; a file that is not UTF-8 gets one error naming it and the fix.
+
+    (``assets.fetch`` has checked its size and sha256 already; this catches a file damaged in
+    place after that check, or a registry entry whose text is not UTF-8.)
+    """
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise assets.DamagedAssetError(
+            f"{path} is not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start}), so {asset_id!r} "
+            f"cannot be read. Fix: delete {path} and re-run `python -m kvlab fetch {asset_id}`; if the fresh copy "
+            f"fails the same way, the registry entry of {asset_id!r} is wrong") from exc
+
+
 @functools.lru_cache(maxsize=8)
 def _documents(corpus_id: str) -> tuple[tuple[str, str], ...]:
     layout = _TEXT_LAYOUT[corpus_id]
     path = assets.fetch(corpus_id, progress=True)
     if layout == "files":
         files = sorted(p for p in path.iterdir() if p.suffix == ".txt")
-        return tuple((_document_name(p.stem), _clean(p.read_text(encoding="utf-8"))) for p in files)
-    raw = path.read_text(encoding="utf-8")
+        return tuple((_document_name(p.stem), _clean(_read_text(p, corpus_id))) for p in files)
+    raw = _read_text(path, corpus_id)
     if layout == "single":
         return ((Path(path).stem, _clean(raw)),)
     if layout == "json-text":
@@ -167,7 +182,7 @@ def load_records(dataset_id: str) -> list[dict[str, Any]]:
     if dataset_id not in _RECORD_SETS:
         raise KeyError(f"unknown record set {dataset_id!r}; record sets: {', '.join(_RECORD_SETS)}")
     path = assets.fetch(dataset_id, progress=True)
-    text = path.read_text(encoding="utf-8")
+    text = _read_text(path, dataset_id)
     if dataset_id == "hotpotqa":
         return json.loads(text)
     if dataset_id == "squad":

@@ -1,7 +1,7 @@
 """kvlab.assets: registry, fetch (checksums, atomic writes, cache), the R decoder, the CLI.
 
 The offline tests build tiny archives here and replace the one network function,
-``assets._download_archive``; one test at the end downloads two small real corpora.
+``kvlab.assets.fetcher._download_archive``; one test at the end downloads two small real corpora.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from kvlab import assets
-from kvlab.assets import Asset, ChecksumError, Source
+from kvlab.assets import Asset, ChecksumError, Source, archives, fetcher, rdata
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -98,7 +98,7 @@ def offline(monkeypatch, tmp_path):
         target.write_bytes((shelf / source.filename).read_bytes())
         return target
 
-    monkeypatch.setattr(assets, "_download_archive", download)
+    monkeypatch.setattr(fetcher, "_download_archive", download)
     return shelf, calls
 
 
@@ -153,7 +153,7 @@ def test_split_file_is_concatenated_in_source_order(cache, offline, monkeypatch)
     assert list((cache / "downloads").iterdir()) == []
 
 
-def test_collection_is_a_verified_folder_with_a_manifest(cache, offline, monkeypatch):
+def test_collection_is_a_verified_folder_with_a_manifest(cache, offline, monkeypatch, capsys):
     shelf, _ = offline
     files = {"pkg-0.1/texts/a_gut.txt": b"Alpha.\n", "pkg-0.1/texts/b_gut.txt": b"Beta.\n",
              "pkg-0.1/texts/notes.txt": b"not wanted\n", "pkg-0.1/other/c_gut.txt": b"Gamma.\n"}
@@ -168,9 +168,12 @@ def test_collection_is_a_verified_folder_with_a_manifest(cache, offline, monkeyp
     assert (folder / "b_gut.txt").read_bytes() == b"Beta.\n"
     lines = (folder / "SHA256SUMS").read_text().splitlines()
     assert lines[0] == f"{sha(b'Alpha.' + bytes([10]))}  a_gut.txt"
-    # verify=True notices a file changed after the fetch and fetches it again
+    # a file changed after the fetch is noticed (issue 17: no longer served as is) and fetched again
     (folder / "a_gut.txt").write_bytes(b"tampered\n")
-    assert assets.fetch("fake-books", progress=False).joinpath("a_gut.txt").read_bytes() == b"tampered\n"
+    assert assets.fetch("fake-books", progress=False).joinpath("a_gut.txt").read_bytes() == b"Alpha.\n"
+    assert "a_gut.txt" in capsys.readouterr().err
+    # verify=True hashes again and fetches it again as well
+    (folder / "a_gut.txt").write_bytes(b"Alphb.\n")
     assert assets.fetch("fake-books", progress=False, verify=True).joinpath("a_gut.txt").read_bytes() == b"Alpha.\n"
     assert leftovers(cache) == []
 
@@ -239,11 +242,11 @@ def test_interrupt_before_the_rename_leaves_no_file(cache, offline, monkeypatch)
             raise KeyboardInterrupt
         return real_replace(src, dst)
 
-    monkeypatch.setattr(assets.os, "replace", interrupted)
+    monkeypatch.setattr(os, "replace", interrupted)
     with pytest.raises(KeyboardInterrupt):
         assets.fetch("fake-int", progress=False)
     assert list(final.parent.iterdir()) == []
-    monkeypatch.setattr(assets.os, "replace", real_replace)
+    monkeypatch.setattr(os, "replace", real_replace)
     assert assets.fetch("fake-int", progress=False).read_bytes() == b"data"
 
 
@@ -304,9 +307,9 @@ def test_deb_with_r_data_is_decoded_into_text_files(cache, offline, monkeypatch)
 
 def test_r_reader_refuses_unknown_formats():
     with pytest.raises(ValueError, match="XDR"):
-        assets._RReader(b"A\n" + bytes(20)).read()
+        rdata.RReader(b"A\n" + bytes(20)).read()
     with pytest.raises(ValueError, match="type 3"):  # a closure is not data
-        assets._RReader(_r_serialize(_r_int(3))).read()
+        rdata.RReader(_r_serialize(_r_int(3))).read()
 
 
 # --------------------------------------------------------------------------- the download code, on loopback
@@ -347,11 +350,11 @@ def test_sdist_comes_from_the_simple_index(local_server, tmp_path, monkeypatch):
         f'<a href="../../files/fake-pkg-0.0.tar.gz">fake-pkg-0.0.tar.gz</a></body></html>')
     monkeypatch.setenv("PIP_INDEX_URL", f"{url}/simple")
     source = Source("fake_pkg", "0.1", "sdist", "fake-pkg-0.1.tar.gz", digest, sdist.stat().st_size, ("a.txt",))
-    got = assets._download_archive(source, tmp_path, progress=False)
+    got = fetcher._download_archive(source, tmp_path, progress=False)
     assert got == tmp_path / "fake-pkg-0.1.tar.gz" and got.read_bytes() == sdist.read_bytes()
     missing = Source("fake_pkg", "0.2", "sdist", "fake-pkg-0.2.tar.gz", digest, 1, ("a.txt",))
     with pytest.raises(OSError, match="not listed"):
-        assets._download_archive(missing, tmp_path, progress=False)
+        fetcher._download_archive(missing, tmp_path, progress=False)
 
 
 def test_deb_comes_from_a_mirror_without_apt(local_server, tmp_path, monkeypatch):
@@ -359,13 +362,13 @@ def test_deb_comes_from_a_mirror_without_apt(local_server, tmp_path, monkeypatch
     pool = root / "debian" / "pool" / "main" / "f" / "fake"
     pool.mkdir(parents=True)
     deb = make_deb(pool / "fake_1.0-1_all.deb", {"usr/share/fake/a.txt": b"a"})
-    monkeypatch.setattr(assets, "_apt_get_download", lambda *args: False)
-    monkeypatch.setattr(assets, "_DEBIAN_MIRRORS", (f"{url}/nowhere", f"{url}/debian"))
+    monkeypatch.setattr(fetcher, "_apt_get_download", lambda *args: False)
+    monkeypatch.setattr(fetcher, "_DEBIAN_MIRRORS", (f"{url}/nowhere", f"{url}/debian"))
     source = Source("fake", "1.0-1", "deb", deb.name, sha(deb.read_bytes()), deb.stat().st_size,
                     ("usr/share/fake/a.txt",), pool_path="pool/main/f/fake/fake_1.0-1_all.deb")
-    got = assets._download_archive(source, tmp_path, progress=False)
+    got = fetcher._download_archive(source, tmp_path, progress=False)
     assert got.read_bytes() == deb.read_bytes()
-    with assets._Archive(got, "deb") as archive:
+    with archives.Archive(got, "deb") as archive:
         assert archive.open("usr/share/fake/a.txt").read() == b"a"
 
 

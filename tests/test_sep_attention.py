@@ -212,3 +212,16 @@ def test_api_casts_under_autocast():
     with torch.autocast(DEV.type, dtype=torch.bfloat16):
         out = sep_attention(q, k, v.bfloat16(), is_sep, 1, 3, backend="torch")
     assert out.dtype == torch.bfloat16
+
+
+@needs_triton
+def test_default_tiles_follow_head_dim_and_dtype():
+    """Rows twice as large (dim 256, or fp32) get tiles half as tall, so shared memory per tile is unchanged."""
+    from kvlab.sepllm.triton import default_config
+
+    tuned = default_config(128, torch.bfloat16, interpret=False)
+    for d, dt in ((256, torch.bfloat16), (128, torch.float32)):
+        cfg = default_config(d, dt, interpret=False)
+        assert cfg["fwd"]["BLOCK_M"] == tuned["fwd"]["BLOCK_M"] // 2
+        assert cfg["dkdv"]["BLOCK_M"] == cfg["dkdv"]["BLOCK_M"] and cfg["fwd"]["BLOCK_N"] == tuned["fwd"]["BLOCK_N"]
+    assert default_config(64, torch.bfloat16, interpret=False) == tuned

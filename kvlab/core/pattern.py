@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterable
 
 import torch
 
-from kvlab.core.state import model_state
+from kvlab.core.state import in_layers
 
 __all__ = ["AttentionCall", "AttentionPattern", "MaskPattern", "attend", "causal_mask", "kv_ratio", "use_pattern"]
 
@@ -106,44 +106,13 @@ class MaskPattern(AttentionPattern):
         return f"MaskPattern({self.name})"
 
 
-def chosen_layers(num_layers: int, layers: Iterable[int] | None) -> list[int]:
-    """``layers`` checked against the model (default: all of them)."""
-    chosen = list(range(num_layers)) if layers is None else list(layers)
-    for i in chosen:
-        if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < num_layers:
-            raise ValueError(f"layer {i!r} does not exist: the model has layers 0..{num_layers - 1}")
-    return chosen
-
-
-@contextlib.contextmanager
-def install(table: dict, chosen: list[int], item) -> Iterator[None]:
-    """Put ``item`` (None removes) at ``chosen`` keys of ``table`` for the block; restore afterwards."""
-    saved = dict(table)
-    try:
-        for i in chosen:
-            if item is None:
-                table.pop(i, None)
-            else:
-                table[i] = item
-        yield
-    finally:
-        table.clear()
-        table.update(saved)
-
-
 def use_pattern(model: torch.nn.Module, pattern: AttentionPattern | None,
                 layers: Iterable[int] | None = None) -> contextlib.AbstractContextManager:
     """Within the block, ``pattern`` computes attention in ``layers`` (default: all layers).
 
     ``pattern=None`` is allowed and changes nothing (handy in code that may or may not use one).
     """
-    state = model_state(model)
-    if pattern is not None and not callable(pattern):
-        raise TypeError(f"pattern must be an AttentionPattern (callable), got {type(pattern).__name__}")
-    chosen = chosen_layers(state.num_layers, layers)
-    if pattern is None:
-        return contextlib.nullcontext()
-    return install(state.patterns, chosen, pattern)
+    return in_layers(model, "patterns", pattern, layers, "pattern must be an AttentionPattern")
 
 
 def kv_ratio(pattern: AttentionPattern | None, token_ids: torch.Tensor) -> float:

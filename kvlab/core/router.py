@@ -24,15 +24,13 @@ Routers compose with KV policies: a layer a router skips writes nothing into the
 
 from __future__ import annotations
 
-import contextlib
 import functools
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 import torch
 
-from kvlab.core.pattern import chosen_layers, install
-from kvlab.core.state import ModelState, model_state
+from kvlab.core.state import ModelState, in_layers
 
 __all__ = ["LayerRouter", "RouteCall", "use_router"]
 
@@ -97,10 +95,4 @@ def _routed_forward(layer, idx: int, own, state: ModelState, hidden_states, *arg
 
 def use_router(model: torch.nn.Module, router: LayerRouter | None, layers: Iterable[int] | None = None):
     """Within the block, ``router`` runs the decoder ``layers`` (default: all). ``None`` changes nothing."""
-    state = model_state(model)
-    if router is not None and not callable(router):
-        raise TypeError(f"router must be a LayerRouter (callable), got {type(router).__name__}")
-    chosen = chosen_layers(state.num_layers, layers)
-    if router is None:
-        return contextlib.nullcontext()
-    return install(state.routers, chosen, router)
+    return in_layers(model, "routers", router, layers, "router must be a LayerRouter")

@@ -6,8 +6,9 @@ importing each other.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 import torch
 
@@ -15,7 +16,7 @@ if TYPE_CHECKING:
     from kvlab.core.pattern import AttentionPattern
     from kvlab.core.router import LayerRouter
 
-__all__ = ["ModelState", "StepInfo", "model_state"]
+__all__ = ["ModelState", "StepInfo", "in_layers", "model_state"]
 
 
 @dataclass
@@ -48,3 +49,35 @@ def model_state(model: torch.nn.Module) -> ModelState:
         raise RuntimeError("this model is not attached to kvlab: call kvlab.core.attach(model) "
                            "(kvlab.load_model does it for you)")
     return state
+
+
+def chosen_layers(num_layers: int, layers: Iterable[int] | None) -> list[int]:
+    """``layers`` checked against the model (default: all of them)."""
+    chosen = list(range(num_layers)) if layers is None else list(layers)
+    for i in chosen:
+        if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < num_layers:
+            raise ValueError(f"layer {i!r} does not exist: the model has layers 0..{num_layers - 1}")
+    return chosen
+
+
+@contextlib.contextmanager
+def _installed(table: dict, chosen: list[int], item) -> Iterator[None]:
+    saved = dict(table)
+    try:
+        table.update({i: item for i in chosen})
+        yield
+    finally:
+        table.clear()
+        table.update(saved)
+
+
+def in_layers(model: torch.nn.Module, table: str, item, layers: Iterable[int] | None, what: str):
+    """A context manager that puts ``item`` in ``layers`` of the model's ``table`` ("patterns", "routers") for
+    the block and restores the table afterwards; ``item=None`` changes nothing."""
+    state = model_state(model)
+    if item is not None and not callable(item):
+        raise TypeError(f"{what} (callable), got {type(item).__name__}")
+    chosen = chosen_layers(state.num_layers, layers)
+    if item is None:
+        return contextlib.nullcontext()
+    return _installed(getattr(state, table), chosen, item)

@@ -1,4 +1,5 @@
-"""Triton helpers shared by every method's kernels: the dot product with the right precision, whether
+"""Triton helpers shared by every method's kernels: the dot product with the right precision, one step of
+the online softmax (FlashAttention's running max and sum), whether
 Triton runs in its CPU interpreter, and the eligibility checks every Triton backend makes before launching.
 
 Importing this module imports Triton; ``api.py`` modules call :func:`check_triton_inputs` (which does not
@@ -11,7 +12,7 @@ import os
 
 import torch
 
-__all__ = ["TRITON_DTYPES", "check_triton_inputs", "dot", "interpreting"]
+__all__ = ["TRITON_DTYPES", "check_triton_inputs", "dot", "interpreting", "online_softmax_step"]
 
 TRITON_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -47,5 +48,17 @@ try:  # the jit helper exists only where Triton is installed
         else:
             out = tl.dot(a, b, acc)
         return out
+
+    @triton.jit
+    def online_softmax_step(s, v, m_i, l_i, acc, FP32_DOT: tl.constexpr):
+        # s: (BLOCK_M, BLOCK_N) base-2 scores, -inf where hidden. A row may be fully hidden in one tile
+        # (and in all tiles so far): then m stays -inf and we subtract 0 instead, so exp2 gives 0, not NaN.
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_sub)
+        p = tl.exp2(s - m_sub[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = dot(p.to(v.dtype), v, acc * alpha[:, None], FP32_DOT)
+        return m_new, l_i, acc
 except ImportError:  # pragma: no cover - kvlab without the triton extra
-    dot = None
+    dot = online_softmax_step = None

@@ -17,17 +17,19 @@ import torch
 
 __all__ = ["sepllm_block_mask", "sep_attention_flex"]
 
-_COMPILED = {}
+_COMPILED = {}  # device type -> compiled flex_attention (compiling once per process is the point)
 
 
-def _flex_fn():
+def _flex_fn(device: torch.device):
+    """FlexAttention for tensors on ``device``: compiled on CUDA, eager elsewhere (decided by the tensors,
+    not by whether the machine has a GPU: CPU tensors on a GPU machine take the eager path)."""
     from torch.nn.attention.flex_attention import flex_attention
 
-    if not torch.cuda.is_available():
+    if device.type != "cuda":
         return flex_attention
-    if "flex" not in _COMPILED:
-        _COMPILED["flex"] = torch.compile(flex_attention, dynamic=False)
-    return _COMPILED["flex"]
+    if device.type not in _COMPILED:
+        _COMPILED[device.type] = torch.compile(flex_attention, dynamic=False)
+    return _COMPILED[device.type]
 
 
 def sepllm_block_mask(is_sep: torch.Tensor, init: int, neighbors: int, block_size: int = 128):
@@ -60,4 +62,4 @@ def sep_attention_flex(q, k, v, is_sep, init: int, neighbors: int, scale: float 
     if block_mask is None:
         block_mask = sepllm_block_mask(is_sep, init, neighbors)
     gqa = q.shape[1] != k.shape[1]
-    return _flex_fn()(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=gqa)
+    return _flex_fn(q.device)(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=gqa)

@@ -53,6 +53,7 @@ import triton.language as tl
 
 from kvlab.kernels.triton_utils import dot as _dot
 from kvlab.kernels.triton_utils import interpreting as _interpreting
+from kvlab.kernels.triton_utils import online_softmax_step as _online_softmax_step
 
 __all__ = ["compact_kept_keys", "compact_kept_keys_torch", "sep_attention_triton"]
 
@@ -130,48 +131,88 @@ def _window_start(q0, NEIGH, BLOCK_N: tl.constexpr):
     return (lo // BLOCK_N) * BLOCK_N
 
 
-@triton.jit
-def _online_softmax_step(s, v, m_i, l_i, acc, FP32_DOT: tl.constexpr):
-    # s: (BLOCK_M, BLOCK_N) base-2 scores, -inf where hidden. A row may be fully hidden in one tile
-    # (and in all tiles so far): then m stays -inf and we subtract 0 instead, so exp2 gives 0, not NaN.
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
-    alpha = tl.exp2(m_i - m_sub)
-    p = tl.exp2(s - m_sub[:, None])
-    l_i = l_i * alpha + tl.sum(p, 1)
-    acc = _dot(p.to(v.dtype), v, acc * alpha[:, None], FP32_DOT)
-    return m_new, l_i, acc
-
-
 # ---------------------------------------------------------------------------------------------
 # Forward: one program per (query tile, batch x head)
 # ---------------------------------------------------------------------------------------------
 @triton.jit
-def _sep_fwd_kernel(
-    Q, K, V, O, LSE, KEPT, IDX, CNT,
-    stride_qb, stride_qh, stride_qn,
-    stride_kb, stride_kh, stride_kn,
-    stride_vb, stride_vh, stride_vn,
-    stride_ob, stride_oh, stride_on,
-    N, NEIGH, qk_scale,
-    H: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_F: tl.constexpr, FP32_DOT: tl.constexpr,
-):
-    # BLOCK_N: window tiles (masked, small to waste little); BLOCK_F: far tiles (unmasked, larger)
-    # -- which tile: late query tiles have the most far keys, so they start first
+def _query_tile_setup(K, V, KEPT, IDX, CNT, stride_kb, stride_kh, stride_vb, stride_vh, N, NEIGH, H: tl.constexpr,
+                      GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    # Which query tile this program owns (late tiles have the most far keys, so they start first), its
+    # batch row and head, the base pointers of the key/value head it reads (GQA) and of the row's kept
+    # flags and compacted kept positions, where its window region starts (lo) and how many kept keys lie
+    # before it (n_far: the far keys, stage 1).
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = pid_bh // H
     h = pid_bh % H
-    hk = h // GROUP  # GQA: the key/value head this query head reads
+    hk = h // GROUP
     q0 = pid_m * BLOCK_M
     offs_m = q0 + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, HEAD_DIM)
     Kbh = K + b * stride_kb + hk * stride_kh
     Vbh = V + b * stride_vb + hk * stride_vh
-    KEPTb = KEPT + b * N
-    IDXb = IDX + b * N
-    CNTb = CNT + b * (N + 1)
+    lo = _window_start(q0, NEIGH, BLOCK_N)
+    n_far = tl.load(CNT + b * (N + 1) + lo)
+    return pid_bh, b, h, q0, offs_m, Kbh, Vbh, KEPT + b * N, IDX + b * N, lo, n_far
+
+
+@triton.jit
+def _backward_rows(Q, DO, LSE, DELTA, b, h, bh, q0, offs_d, stride_qb, stride_qh, stride_qn, N,
+                   BLOCK_M: tl.constexpr):
+    # A query tile as every backward kernel needs it: its rows, the query and output-gradient tiles (dO, dQ
+    # share q's layout: the wrapper makes them so), the base-2 log-sum-exp (+inf on padding rows, so P = 0
+    # there) and delta = rowsum(dO * O).
+    offs_m = q0 + tl.arange(0, BLOCK_M)
+    row_ok = offs_m < N
+    q_ptrs = b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qn + offs_d[None, :]
+    q = tl.load(Q + q_ptrs, mask=row_ok[:, None], other=0.0)
+    do = tl.load(DO + q_ptrs, mask=row_ok[:, None], other=0.0)
+    lse = tl.load(LSE + bh * N + offs_m, mask=row_ok, other=float("inf"))
+    delta = tl.load(DELTA + bh * N + offs_m, mask=row_ok, other=0.0)
+    return offs_m, row_ok, q_ptrs, q, do, lse, delta
+
+
+@triton.jit
+def _far_tile(q, IDXb, Kbh, Vbh, start, n_far, stride_kn, stride_vn, offs_d, BLOCK_M: tl.constexpr,
+              BLOCK_F: tl.constexpr, FP32_DOT: tl.constexpr):
+    # Keys and values of far tile `start` (compacted kept positions), which of its slots are live, and the
+    # raw scores q k^T of the query tile against it.
+    offs_j = start + tl.arange(0, BLOCK_F)
+    live = offs_j < n_far
+    kpos = tl.load(IDXb + offs_j, mask=live, other=0)  # padding reads row 0: in bounds
+    k = tl.load(Kbh + kpos[:, None] * stride_kn + offs_d[None, :])
+    v = tl.load(Vbh + kpos[:, None] * stride_vn + offs_d[None, :])
+    s = _dot(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_F], dtype=tl.float32), FP32_DOT)
+    return k, v, s, live
+
+
+@triton.jit
+def _window_tile(q, Kbh, Vbh, KEPTb, start, N, NEIGH, offs_m, stride_kn, stride_vn, offs_d, BLOCK_M: tl.constexpr,
+                 BLOCK_N: tl.constexpr, FP32_DOT: tl.constexpr):
+    # Keys and values of window tile `start`, the element mask (causal, and a neighbour or kept key) and
+    # the raw scores q k^T of the query tile against it.
+    kpos = start + tl.arange(0, BLOCK_N)
+    in_seq = kpos < N
+    k = tl.load(Kbh + kpos[:, None] * stride_kn + offs_d[None, :], mask=in_seq[:, None], other=0.0)
+    v = tl.load(Vbh + kpos[:, None] * stride_vn + offs_d[None, :], mask=in_seq[:, None], other=0.0)
+    kept = tl.load(KEPTb + kpos, mask=in_seq, other=0)
+    dist = offs_m[:, None] - kpos[None, :]
+    visible = (dist >= 0) & ((dist < NEIGH) | (kept[None, :] != 0))
+    s = _dot(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), FP32_DOT)
+    return k, v, s, visible
+
+
+@triton.jit
+def _sep_fwd_kernel(
+    Q, K, V, O, LSE, KEPT, IDX, CNT,
+    stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
+    stride_ob, stride_oh, stride_on,
+    N, NEIGH, qk_scale, H: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_F: tl.constexpr, FP32_DOT: tl.constexpr,
+):
+    # BLOCK_N: window tiles (masked, small to waste little); BLOCK_F: far tiles (unmasked, larger)
+    pid_bh, b, h, q0, offs_m, Kbh, Vbh, KEPTb, IDXb, lo, n_far = _query_tile_setup(
+        K, V, KEPT, IDX, CNT, stride_kb, stride_kh, stride_vb, stride_vh, N, NEIGH, H, GROUP, BLOCK_M, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
 
     # -- load the query tile once
     q = tl.load(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qn + offs_d[None, :],
@@ -181,15 +222,9 @@ def _sep_fwd_kernel(
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
 
     # -- stage 1: far keys = kept keys before the window region, gathered from the compact list
-    lo = _window_start(q0, NEIGH, BLOCK_N)
-    n_far = tl.load(CNTb + lo)
     for start in range(0, n_far, BLOCK_F):
-        offs_j = start + tl.arange(0, BLOCK_F)
-        live = offs_j < n_far
-        kpos = tl.load(IDXb + offs_j, mask=live, other=0)  # padding reads row 0: in bounds
-        k = tl.load(Kbh + kpos[:, None] * stride_kn + offs_d[None, :])
-        v = tl.load(Vbh + kpos[:, None] * stride_vn + offs_d[None, :])
-        s = _dot(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_F], dtype=tl.float32), FP32_DOT)
+        k, v, s, live = _far_tile(q, IDXb, Kbh, Vbh, start, n_far, stride_kn, stride_vn, offs_d, BLOCK_M, BLOCK_F,
+                                  FP32_DOT)
         s = tl.where(live[None, :], s * qk_scale, float("-inf"))
         m_i, l_i, acc = _online_softmax_step(s, v, m_i, l_i, acc, FP32_DOT)
 
@@ -200,14 +235,8 @@ def _sep_fwd_kernel(
     #    (benchmarks/README.md, "Issue 5").
     hi = tl.minimum(q0 + BLOCK_M, N)
     for start in range(lo, hi, BLOCK_N):
-        kpos = start + tl.arange(0, BLOCK_N)
-        in_seq = kpos < N
-        k = tl.load(Kbh + kpos[:, None] * stride_kn + offs_d[None, :], mask=in_seq[:, None], other=0.0)
-        v = tl.load(Vbh + kpos[:, None] * stride_vn + offs_d[None, :], mask=in_seq[:, None], other=0.0)
-        kept = tl.load(KEPTb + kpos, mask=in_seq, other=0)
-        dist = offs_m[:, None] - kpos[None, :]
-        visible = (dist >= 0) & ((dist < NEIGH) | (kept[None, :] != 0))
-        s = _dot(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), FP32_DOT)
+        k, v, s, visible = _window_tile(q, Kbh, Vbh, KEPTb, start, N, NEIGH, offs_m, stride_kn, stride_vn, offs_d,
+                                        BLOCK_M, BLOCK_N, FP32_DOT)
         s = tl.where(visible, s * qk_scale, float("-inf"))
         m_i, l_i, acc = _online_softmax_step(s, v, m_i, l_i, acc, FP32_DOT)
 
@@ -225,47 +254,22 @@ def _sep_fwd_kernel(
 @triton.jit
 def _sep_bwd_dq_kernel(
     Q, K, V, DO, DQ, LSE, DELTA, KEPT, IDX, CNT,
-    stride_qb, stride_qh, stride_qn,
-    stride_kb, stride_kh, stride_kn,
-    stride_vb, stride_vh, stride_vn,
-    N, NEIGH, qk_scale, sm_scale,
-    H: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
+    stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
+    N, NEIGH, qk_scale, sm_scale, H: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_F: tl.constexpr, FP32_DOT: tl.constexpr,
 ):
-    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    b = pid_bh // H
-    h = pid_bh % H
-    hk = h // GROUP
-    q0 = pid_m * BLOCK_M
-    offs_m = q0 + tl.arange(0, BLOCK_M)
+    pid_bh, b, h, q0, offs_m, Kbh, Vbh, KEPTb, IDXb, lo, n_far = _query_tile_setup(
+        K, V, KEPT, IDX, CNT, stride_kb, stride_kh, stride_vb, stride_vh, N, NEIGH, H, GROUP, BLOCK_M, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
-    row_ok = offs_m < N
-    Kbh = K + b * stride_kb + hk * stride_kh
-    Vbh = V + b * stride_vb + hk * stride_vh
-    KEPTb = KEPT + b * N
-    IDXb = IDX + b * N
-    CNTb = CNT + b * (N + 1)
-    # dO, dQ share q's layout (the wrapper makes them so)
-    q_ptrs = b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qn + offs_d[None, :]
-
-    # -- load the query tile, its output gradient, lse (+inf on padding rows: P = 0) and delta
-    q = tl.load(Q + q_ptrs, mask=row_ok[:, None], other=0.0)
-    do = tl.load(DO + q_ptrs, mask=row_ok[:, None], other=0.0)
-    lse = tl.load(LSE + pid_bh * N + offs_m, mask=row_ok, other=float("inf"))
-    delta = tl.load(DELTA + pid_bh * N + offs_m, mask=row_ok, other=0.0)
+    # -- load the query tile, its output gradient, lse and delta
+    offs_m, row_ok, q_ptrs, q, do, lse, delta = _backward_rows(
+        Q, DO, LSE, DELTA, b, h, pid_bh, q0, offs_d, stride_qb, stride_qh, stride_qn, N, BLOCK_M)
     dq = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
 
     # -- stage 1: far keys
-    lo = _window_start(q0, NEIGH, BLOCK_N)
-    n_far = tl.load(CNTb + lo)
     for start in range(0, n_far, BLOCK_F):
-        offs_j = start + tl.arange(0, BLOCK_F)
-        live = offs_j < n_far
-        kpos = tl.load(IDXb + offs_j, mask=live, other=0)
-        k = tl.load(Kbh + kpos[:, None] * stride_kn + offs_d[None, :])
-        v = tl.load(Vbh + kpos[:, None] * stride_vn + offs_d[None, :])
-        s = _dot(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_F], dtype=tl.float32), FP32_DOT)
+        k, v, s, live = _far_tile(q, IDXb, Kbh, Vbh, start, n_far, stride_kn, stride_vn, offs_d, BLOCK_M, BLOCK_F,
+                                  FP32_DOT)
         p = tl.where(live[None, :], tl.exp2(s * qk_scale - lse[:, None]), 0.0)
         dp = _dot(do, tl.trans(v), tl.zeros([BLOCK_M, BLOCK_F], dtype=tl.float32), FP32_DOT)
         ds = p * (dp - delta[:, None])
@@ -274,14 +278,8 @@ def _sep_bwd_dq_kernel(
     # -- stage 2: window region
     hi = tl.minimum(q0 + BLOCK_M, N)
     for start in range(lo, hi, BLOCK_N):
-        kpos = start + tl.arange(0, BLOCK_N)
-        in_seq = kpos < N
-        k = tl.load(Kbh + kpos[:, None] * stride_kn + offs_d[None, :], mask=in_seq[:, None], other=0.0)
-        v = tl.load(Vbh + kpos[:, None] * stride_vn + offs_d[None, :], mask=in_seq[:, None], other=0.0)
-        kept = tl.load(KEPTb + kpos, mask=in_seq, other=0)
-        dist = offs_m[:, None] - kpos[None, :]
-        visible = (dist >= 0) & ((dist < NEIGH) | (kept[None, :] != 0))
-        s = _dot(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), FP32_DOT)
+        k, v, s, visible = _window_tile(q, Kbh, Vbh, KEPTb, start, N, NEIGH, offs_m, stride_kn, stride_vn, offs_d,
+                                        BLOCK_M, BLOCK_N, FP32_DOT)
         p = tl.where(visible, tl.exp2(s * qk_scale - lse[:, None]), 0.0)
         dp = _dot(do, tl.trans(v), tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), FP32_DOT)
         ds = p * (dp - delta[:, None])
@@ -297,11 +295,8 @@ def _sep_bwd_dq_kernel(
 @triton.jit
 def _sep_bwd_dkdv_window_kernel(
     Q, K, V, DO, DK, DV, LSE, DELTA, KEPT,
-    stride_qb, stride_qh, stride_qn,
-    stride_kb, stride_kh, stride_kn,
-    stride_vb, stride_vh, stride_vn,
-    N, NEIGH, qk_scale, sm_scale,
-    H: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
+    stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
+    N, NEIGH, qk_scale, sm_scale, H: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_F: tl.constexpr, FP32_DOT: tl.constexpr,
 ):
     # BLOCK_F (far chunk size) is the far kernel's; it is accepted here so both share one config.
@@ -332,13 +327,8 @@ def _sep_bwd_dkdv_window_kernel(
         h = hk * GROUP + g
         bh = b * H + h
         for q0 in range(q_first, q_end, BLOCK_M):
-            offs_m = q0 + tl.arange(0, BLOCK_M)
-            row_ok = offs_m < N
-            q_ptrs = b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qn + offs_d[None, :]
-            q = tl.load(Q + q_ptrs, mask=row_ok[:, None], other=0.0)
-            do = tl.load(DO + q_ptrs, mask=row_ok[:, None], other=0.0)
-            lse = tl.load(LSE + bh * N + offs_m, mask=row_ok, other=float("inf"))
-            delta = tl.load(DELTA + bh * N + offs_m, mask=row_ok, other=0.0)
+            offs_m, row_ok, q_ptrs, q, do, lse, delta = _backward_rows(
+                Q, DO, LSE, DELTA, b, h, bh, q0, offs_d, stride_qb, stride_qh, stride_qn, N, BLOCK_M)
             # transposed tile: rows are keys, columns are queries
             sT = _dot(k, tl.trans(q), tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32), FP32_DOT)
             dist = offs_m[None, :] - kpos[:, None]
@@ -362,13 +352,9 @@ def _sep_bwd_dkdv_window_kernel(
 @triton.jit
 def _sep_bwd_dkdv_far_kernel(
     Q, K, V, DO, DK, DV, LSE, DELTA, IDX, CNT,
-    stride_qb, stride_qh, stride_qn,
-    stride_kb, stride_kh, stride_kn,
-    stride_vb, stride_vh, stride_vn,
-    N, NEIGH, qk_scale, sm_scale,
-    H: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_F: tl.constexpr, N_SPLITS: tl.constexpr,
-    FP32_DOT: tl.constexpr,
+    stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
+    N, NEIGH, qk_scale, sm_scale, H: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_F: tl.constexpr, N_SPLITS: tl.constexpr, FP32_DOT: tl.constexpr,
 ):
     # BLOCK_M, BLOCK_N: the query tiling and window alignment of the window kernel (must match it);
     # BLOCK_F: kept keys per chunk.
@@ -401,13 +387,8 @@ def _sep_bwd_dkdv_far_kernel(
             for qb in range(qb_first + split, n_qb, N_SPLITS):
                 q0 = qb * BLOCK_M
                 lo = _window_start(q0, NEIGH, BLOCK_N)
-                offs_m = q0 + tl.arange(0, BLOCK_M)
-                row_ok = offs_m < N
-                q_ptrs = b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qn + offs_d[None, :]
-                q = tl.load(Q + q_ptrs, mask=row_ok[:, None], other=0.0)
-                do = tl.load(DO + q_ptrs, mask=row_ok[:, None], other=0.0)
-                lse = tl.load(LSE + bh * N + offs_m, mask=row_ok, other=float("inf"))
-                delta = tl.load(DELTA + bh * N + offs_m, mask=row_ok, other=0.0)
+                offs_m, row_ok, q_ptrs, q, do, lse, delta = _backward_rows(
+                    Q, DO, LSE, DELTA, b, h, bh, q0, offs_d, stride_qb, stride_qh, stride_qn, N, BLOCK_M)
                 sT = _dot(k, tl.trans(q), tl.zeros([BLOCK_F, BLOCK_M], dtype=tl.float32), FP32_DOT)
                 far = live & (kpos < lo)  # later keys of the chunk may still be in this tile's window
                 pT = tl.where(far[:, None], tl.exp2(sT * qk_scale - lse[None, :]), 0.0)
@@ -435,12 +416,17 @@ def default_config(head_dim: int, dtype: torch.dtype, interpret: bool | None = N
     if interpret:
         small = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_F=16, num_warps=4, num_stages=1)
         return {"fwd": small, "dq": dict(small), "dkdv": dict(small), "far_splits_per": 4}
-    # Chosen on an H200 at N = 32k, 32 heads, dim 128, bf16 (benchmarks/results/tune_*.log);
-    # the dim-64 and fp32 cases reuse them untuned.
+    # Chosen on an H200 at N = 32k, 32 heads, dim 128, bf16 (benchmarks/results/tune_*.log). Larger rows
+    # (dim 256, or 4-byte fp32 elements) are untuned: the query and far-key tiles shrink by the same factor
+    # so that a tile's bytes in shared memory stay those of the tuned case; smaller rows keep the tuned tiles.
+    grow = max(1, (head_dim * torch.finfo(dtype).bits // 8) // (128 * 2))
+    def tiles(m, n, f, stages):
+        return dict(BLOCK_M=max(16, m // grow), BLOCK_N=n, BLOCK_F=max(16, f // grow), num_warps=4,
+                    num_stages=stages)
     return {
-        "fwd": dict(BLOCK_M=128, BLOCK_N=32, BLOCK_F=64, num_warps=4, num_stages=2),
-        "dq": dict(BLOCK_M=64, BLOCK_N=32, BLOCK_F=64, num_warps=4, num_stages=3),
-        "dkdv": dict(BLOCK_M=32, BLOCK_N=64, BLOCK_F=64, num_warps=4, num_stages=3),
+        "fwd": tiles(128, 32, 64, 2),
+        "dq": tiles(64, 32, 64, 3),
+        "dkdv": tiles(32, 64, 64, 3),
         # split the far dK/dV walk so that one program handles about this many query tiles
         "far_splits_per": 128,
     }

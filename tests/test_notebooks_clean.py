@@ -63,3 +63,23 @@ def test_papermill_documents_every_parameter(path):
     assert set(seen) == names, f"papermill cannot parse {sorted(names - set(seen))} (avoid '=' in comments)"
     for name, info in seen.items():
         assert info["inferred_type_name"] != "None" and info["help"], f"{name}: give it a type and a comment"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_parameters_are_type_checked_right_after(path):
+    """The cell after the parameters calls kvlab.check_parameters(globals()), so `papermill -p max_tokens abc`
+    fails at once with the parameter's name instead of minutes later in some other cell."""
+    cells = _load(path)["cells"]
+    at = next(i for i, c in enumerate(cells) if "parameters" in c.get("metadata", {}).get("tags", []))
+    setup = next(c for c in cells[at + 1:] if c["cell_type"] == "code")
+    assert "kvlab.check_parameters(globals())" in _source(setup), "call kvlab.check_parameters(globals()) in setup"
+
+
+@pytest.mark.slow
+def test_wrong_parameter_type_fails_in_the_setup_cell(tmp_path):
+    """Run as papermill would: the injected string reaches check_parameters, which names it."""
+    papermill = pytest.importorskip("papermill")
+    path = ROOT / "lessons" / "01_your_first_policy.ipynb"
+    with pytest.raises(papermill.PapermillExecutionError, match="stream_tokens: expected int, got str"):
+        papermill.execute_notebook(str(path), str(tmp_path / "out.ipynb"), parameters={"stream_tokens": "abc"},
+                                   kernel_name="python3", progress_bar=False)

@@ -1,7 +1,7 @@
 """Tokenize a long book with the SmolLM2 tokenizer and save which tokens are separators.
 
 The GPU machine has no model or text assets, so the benchmark carries this small file instead:
-`benchmarks/data/separators_<name>.npz` with `is_sep` (bool, one per token), the token ids (for
+`kvlab/sepllm/data/separators_<name>.npz` (package data of the SepLLM benchmarks) with `is_sep` (bool, one per token), the token ids (for
 the model-level benchmark, which finds separators from ids) and the separator ids. Run on CPU, once:
 
     python benchmarks/prepare_separators.py --text PATH/plrabn12.txt \

@@ -40,7 +40,7 @@ def main(argv=None) -> None:
     ap.add_argument("--gguf", required=True, help="SmolLM2 GGUF file (tokenizer is read from it)")
     ap.add_argument("--name", required=True, help="short name used in the output file")
     ap.add_argument("--max-tokens", type=int, default=65536)
-    ap.add_argument("--out-dir", default=str(Path(__file__).parent / "data"))
+    ap.add_argument("--out-dir", default=str(Path(__file__).parent.parent / "kvlab" / "sepllm" / "data"))
     args = ap.parse_args(argv)
 
     from transformers import AutoTokenizer

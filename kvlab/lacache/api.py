@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from kvlab.core import check_choice, check_int
 from kvlab.lacache.reference import LAYOUTS, LadderGeometry, default_span_overlap, ladder_mask
 from kvlab.lacache.coverage import simulate
 from kvlab.lacache.policy import LaCache
@@ -20,8 +21,7 @@ __all__ = ["LaCache", "LAYOUTS", "ladder_geometry", "ladder_pattern", "compactio
 def ladder_geometry(num_layers: int, span: int | None = None, overlap: int | None = None) -> LadderGeometry:
     """The ladder's sizes (step ``D``, group ``G``, kept ``A``, freed ``R``) for a model with ``num_layers``
     layers. Defaults: the paper's language-modelling setting, ``S = L/4`` and ``O = S/2`` (Sec. 4.4)."""
-    if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 1:
-        raise ValueError(f"num_layers must be a positive int, got {num_layers!r}")
+    check_int("num_layers", num_layers, 1)
     span = default_span_overlap(num_layers)[0] if span is None else span
     overlap = span // 2 if overlap is None else overlap
     return LadderGeometry(num_layers, span, overlap)
@@ -34,10 +34,8 @@ def ladder_pattern(num_layers: int, length: int, span: int | None = None, overla
     The first ``sink`` tokens stay in every layer; the others are cut into ladders of ``G`` tokens, of which
     layer ``l`` keeps ``A`` from its offset; a trailing partial ladder stays whole.
     """
-    if layout not in LAYOUTS:
-        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
-    if isinstance(length, bool) or not isinstance(length, int) or length < 0:
-        raise ValueError(f"length must be an int >= 0, got {length!r}")
+    check_choice("layout", layout, LAYOUTS)
+    check_int("length", length, 0)
     return ladder_mask(ladder_geometry(num_layers, span, overlap), length, layout, sink)
 
 

@@ -65,6 +65,8 @@ from dataclasses import dataclass
 
 import torch
 
+from kvlab.core.checks import check_int
+
 __all__ = [
     "LAYOUTS",
     "LadderGeometry",
@@ -97,12 +99,9 @@ class LadderGeometry:
     overlap: int
 
     def __post_init__(self):
-        for name in ("num_layers", "span", "overlap"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-        if self.num_layers < 1:
-            raise ValueError(f"num_layers must be >= 1, got {self.num_layers}")
+        check_int("num_layers", self.num_layers, 1)
+        check_int("span", self.span)
+        check_int("overlap", self.overlap)
         if not 1 <= self.span <= self.num_layers:
             raise ValueError(f"span must be in 1..{self.num_layers} (the number of layers), got {self.span}")
         if not 0 <= self.overlap < self.span:

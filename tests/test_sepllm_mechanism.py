@@ -191,7 +191,7 @@ def test_sepllm_keep_rule_without_a_model():
 @pytest.mark.parametrize("make, message", [
     (lambda: SepLLM(init=-1, neighbors=4, separators=[1]), "init must be >= 0"),
     (lambda: SepLLM(init=1, neighbors=0, separators=[1]), "neighbors must be >= 1"),
-    (lambda: SepLLM(init=1, neighbors=4), "pass separators="),
+    (lambda: SepLLM(init=1, neighbors=4), "separators is required"),
     (lambda: SepLLM(init=1, neighbors=4, separators=[-3]), "must be >= 0"),
     (lambda: FixLLM(init=1, neighbors=4, interval=0), "interval must be >= 1"),
     (lambda: SepLLMPattern([1], 1, 4, backend="cuda"), "backend must be one of"),

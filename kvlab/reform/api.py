@@ -1,0 +1,305 @@
+"""Public entry point of REFORM (https://arxiv.org/abs/2506.01215): checks inputs, runs Algorithm 1, answers.
+
+    model, tok = kvlab.load_model("smollm2-135m")
+    out = reform_generate(model, tok, long_text, "What is the value corresponding to the id ...?",
+                          answer_prefix=" The value corresponding to the id ... is", max_new_tokens=24)
+    out.text, out.gathered, out.stats
+
+The mechanism is :mod:`kvlab.reform.reference` (the specification, which drives the decoder layers
+directly); there is one backend, so nothing to choose. This module resolves the defaults, the heads and
+the tokens, checks every argument, and recomputes: the gathered context plus the query go through
+``model.generate`` as a fresh prompt.
+
+reading: the defaults scale the paper's settings to the model's window ``W`` (``max_position_embeddings``): the paper
+runs a 128k-window model with chunks and compression budget of 32k (``W/4``) and a recompute budget of
+8k-16k (``W/16``-``W/8``); we take ``chunk_size = budget = W/4`` and ``recompute_budget = W/4`` (so that
+REFORM answers from as many entries as the baselines hold), ``n_initial = n_recent = n_final = 256`` or a
+quarter of the budget they live in, whichever is smaller.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+import torch
+
+from kvlab.core import check_int
+from kvlab.reform.reference import HEAD_KINDS, Head, _decoder, reform
+
+__all__ = ["ReformOutput", "reform_generate", "reform_answer_nll", "reform_gather", "load_heads", "parse_heads",
+           "heads_file", "model_signature"]
+
+HEADS_DIR = Path(__file__).parent / "heads"
+
+
+@dataclass
+class ReformOutput:
+    """What :func:`reform_generate` / :func:`reform_gather` return.
+
+    text: the generated continuation ("" for :func:`reform_gather`); gathered: ``(m,)`` context token
+    indices that were recomputed (ascending); scores: ``(n_context,)`` significance of every context token;
+    input_ids: ``(1, m + q)`` what the model recomputed; stats: sizes, bytes and seconds.
+    """
+
+    text: str
+    gathered: torch.Tensor
+    scores: torch.Tensor
+    input_ids: torch.Tensor
+    heads: list[Head]
+    settings: dict[str, Any]
+    stats: dict[str, Any] = field(default_factory=dict)
+    trace: Any = None  # kvlab.reform.reference.ReformTrace
+
+
+# --------------------------------------------------------------------------- heads
+
+
+def model_signature(model) -> dict[str, Any]:
+    """What a heads file must match: architecture and attention sizes."""
+    cfg = _decoder(model).config
+    return {"model_type": cfg.model_type, "num_layers": int(cfg.num_hidden_layers),
+            "num_heads": int(cfg.num_attention_heads), "num_kv_heads": int(cfg.num_key_value_heads),
+            "hidden_size": int(cfg.hidden_size)}
+
+
+def parse_heads(heads: Iterable[Any], model=None) -> list[Head]:
+    """Heads from :class:`Head`, ``("v", 12, 1)`` tuples or ``"v:12:1"`` strings; checked against ``model``."""
+    out = []
+    for h in heads:
+        if isinstance(h, Head):
+            item = h
+        elif isinstance(h, str):
+            parts = h.split(":")
+            if len(parts) != 3 or not parts[1].isdigit() or not parts[2].isdigit():
+                raise ValueError(f"heads: {h!r} must read 'kind:layer:head', e.g. 'v:12:1'")
+            item = Head(parts[0], int(parts[1]), int(parts[2]))
+        elif isinstance(h, (tuple, list)) and len(h) == 3:
+            item = Head(str(h[0]), int(h[1]), int(h[2]))
+        else:
+            raise TypeError(f"heads: each head must be a Head, a (kind, layer, head) tuple or 'kind:layer:head', "
+                            f"got {h!r}")
+        if item.kind not in HEAD_KINDS:
+            raise ValueError(f"heads: kind must be one of {HEAD_KINDS}, got {item.kind!r} in {h!r}")
+        out.append(item)
+    if not out:
+        raise ValueError("heads must name at least one head, e.g. ['v:12:1']")
+    if model is not None:
+        sig = model_signature(model)
+        for h in out:
+            count = sig["num_heads"] if h.kind == "q" else sig["num_kv_heads"]
+            if not 0 <= h.layer < sig["num_layers"]:
+                raise ValueError(f"heads: layer of {h} must be in [0, {sig['num_layers'] - 1}] (the model's layers)")
+            if not 0 <= h.head < count:
+                raise ValueError(f"heads: head of {h} must be in [0, {count - 1}] ({h.kind} heads per layer)")
+    return sorted(set(out))
+
+
+def heads_file(model) -> Path | None:
+    """The shipped heads file (``kvlab/reform/heads/*.json``) whose signature matches ``model``, if any."""
+    sig = model_signature(model)
+    for path in sorted(HEADS_DIR.glob("*.json")):
+        if json.loads(path.read_text()).get("signature") == sig:
+            return path
+    return None
+
+
+def load_heads(heads: Any, model) -> list[Head]:
+    """Resolve ``heads``: None (the shipped file for this model), a path to a heads JSON file (written by
+    ``python -m kvlab.reform.heads``), or a list of heads (see :func:`parse_heads`)."""
+    if heads is None:
+        path = heads_file(model)
+        if path is None:
+            raise ValueError(
+                "heads=None but kvlab ships no heads file for this model "
+                f"({model_signature(model)}); choose heads with `python -m kvlab.reform.heads --model MODEL "
+                "--out heads.json` and pass heads='heads.json', or pass a list like ['v:12:1']")
+        heads = path
+    if isinstance(heads, (str, Path)) and (str(heads).endswith(".json") or Path(heads).exists()):
+        path = Path(heads)
+        if not path.is_file():
+            raise ValueError(f"heads file {str(path)!r} does not exist; write one with `python -m kvlab.reform.heads "
+                             "--model MODEL --out heads.json` or pass a list of heads like ['v:12:1']")
+        try:
+            data = json.loads(path.read_text())
+            names = data["heads"]
+        except (json.JSONDecodeError, KeyError, TypeError) as exc:
+            raise ValueError(f"heads file {str(path)!r} is not a heads file (a JSON object with a 'heads' list, as "
+                             f"`python -m kvlab.reform.heads` writes): {exc}") from None
+        sig = data.get("signature")
+        if sig is not None and sig != model_signature(model):
+            raise ValueError(f"heads file {str(path)!r} was chosen for a different model ({sig}); this model is "
+                             f"{model_signature(model)}: choose heads for it with `python -m kvlab.reform.heads`")
+        return parse_heads(names, model)
+    if isinstance(heads, str):
+        raise ValueError(f"heads={heads!r}: a string must be a heads JSON file; pass a list for single heads")
+    return parse_heads(heads, model)
+
+
+# --------------------------------------------------------------------------- settings and checks
+
+
+def _ids(tokenizer, text: Any, name: str, special: bool) -> torch.Tensor:
+    if isinstance(text, torch.Tensor):
+        ids = text if text.dim() == 2 else text[None]
+        if ids.is_floating_point() or ids.shape[0] != 1:
+            raise ValueError(f"{name} must be a string or token ids of shape (seq,) or (1, seq), "
+                             f"got {tuple(text.shape)} {text.dtype}")
+        return ids.long()
+    if not isinstance(text, str):
+        raise TypeError(f"{name} must be a string or a tensor of token ids, got {type(text).__name__}")
+    return tokenizer(text, return_tensors="pt", add_special_tokens=special).input_ids
+
+
+def _settings(model, n_context: int, n_query: int, chunk_size, budget, early_exit_layer, heads, recompute_budget,
+              n_initial, n_recent, n_final, pool, score_window) -> tuple[dict[str, Any], list[Head]]:
+    cfg = _decoder(model).config
+    num_layers = int(cfg.num_hidden_layers)
+    window = int(getattr(cfg, "max_position_embeddings", 8192) or 8192)
+    heads = load_heads(heads, model)
+    if n_query < 1:
+        raise ValueError("query must hold at least one token")
+    if n_query >= n_context:
+        raise ValueError(f"query ({n_query} tokens) must be shorter than the input context ({n_context} tokens): "
+                         "REFORM gathers from a long context for a short query")
+    chunk_size = check_int("chunk_size", window // 4 if chunk_size is None else chunk_size, 1)
+    budget = check_int("budget", window // 4 if budget is None else budget, 1)
+    recompute_budget = check_int("recompute_budget", window // 4 if recompute_budget is None else recompute_budget, 1)
+    n_initial = check_int("n_initial", min(256, budget // 4) if n_initial is None else n_initial, 0)
+    n_recent = check_int("n_recent", min(256, budget // 4) if n_recent is None else n_recent, 0)
+    n_final = check_int("n_final", min(256, recompute_budget // 4) if n_final is None else n_final, 0)
+    pool = check_int("pool", pool, 1)
+    score_window = check_int("score_window", score_window, 1)
+    if pool % 2 == 0:
+        raise ValueError(f"pool must be odd (the token and pool // 2 neighbours on each side), got {pool}")
+    if budget <= n_initial + n_recent:
+        raise ValueError(f"budget ({budget}) must be larger than n_initial + n_recent ({n_initial} + {n_recent} = "
+                         f"{n_initial + n_recent}): the initial and recent tokens are part of it and heavy hitters "
+                         "need room; raise budget or lower n_initial/n_recent")
+    if recompute_budget < n_initial + n_final:
+        raise ValueError(f"recompute_budget ({recompute_budget}) must be >= n_initial + n_final ({n_initial} + "
+                         f"{n_final} = {n_initial + n_final}): the initial and final tokens are always recomputed; "
+                         "raise recompute_budget or lower n_initial/n_final")
+    top = max(h.layer for h in heads)
+    if early_exit_layer is None:
+        early_exit_layer = top + 1
+    early_exit_layer = check_int("early_exit_layer", early_exit_layer, 1)
+    if not top + 1 <= early_exit_layer <= num_layers:
+        raise ValueError(f"early_exit_layer ({early_exit_layer}) must be in [{top + 1}, {num_layers}]: above the "
+                         f"highest embedding layer ({top}) and at most the model's {num_layers} layers")
+    settings = dict(chunk_size=chunk_size, budget=budget, early_exit_layer=early_exit_layer,
+                    recompute_budget=recompute_budget, n_initial=n_initial, n_recent=n_recent, n_final=n_final,
+                    pool=pool, score_window=score_window)
+    return settings, heads
+
+
+def _progress(enabled: bool, n_chunks: int):
+    if not enabled or n_chunks < 3:
+        return None
+    from tqdm.auto import tqdm
+
+    return lambda chunks: tqdm(chunks, desc="REFORM chunked forwarding", unit="chunk", mininterval=2.0)
+
+
+def _kv_bytes_per_token(model, layers: int | None = None) -> int:
+    cfg = _decoder(model).config
+    dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    layers = cfg.num_hidden_layers if layers is None else layers
+    element = next(model.parameters()).element_size()
+    return 2 * layers * cfg.num_key_value_heads * dim * element
+
+
+# --------------------------------------------------------------------------- entry points
+
+
+@torch.no_grad()
+def reform_gather(model, tokenizer, context, query, *, answer_prefix: str = "", chunk_size: int | None = None,
+                  budget: int | None = None, early_exit_layer: int | None = None, heads: Any = None,
+                  recompute_budget: int | None = None, n_initial: int | None = None, n_recent: int | None = None,
+                  n_final: int | None = None, pool: int = 129, score_window: int = 128,
+                  progress: bool = True, profile: bool = False) -> ReformOutput:
+    """Compress and gather (Algorithm 1 up to ``GatherRelevant``): which context tokens REFORM recomputes.
+
+    context: text or token ids (``(seq,)``/``(1, seq)``), tokenised with the tokenizer's special tokens;
+    query: the question (its tokens drive the similarity search); answer_prefix: text the answer continues
+    (e.g. ``" The answer is"``): forwarded after the query but left out of the similarity (App. C.6).
+    ``profile``: time each step of chunked forwarding (``out.trace.timings``; synchronises the device).
+    Every other argument: see the module docstring and :func:`kvlab.reform.reference.reform`.
+    """
+    device = next(model.parameters()).device
+    context_ids = _ids(tokenizer, context, "context", True).to(device)
+    query_ids = _ids(tokenizer, query, "query", False).to(device)
+    prefix_ids = _ids(tokenizer, answer_prefix, "answer_prefix", False).to(device) if answer_prefix else \
+        query_ids[:, :0]
+    settings, heads = _settings(model, context_ids.shape[1], query_ids.shape[1] + prefix_ids.shape[1], chunk_size,
+                                budget, early_exit_layer, heads, recompute_budget, n_initial, n_recent, n_final,
+                                pool, score_window)
+    full_query = torch.cat([query_ids, prefix_ids], dim=1)
+    special = torch.tensor([int(t) in set(tokenizer.all_special_ids) for t in full_query[0]]) if hasattr(
+        tokenizer, "all_special_ids") else torch.zeros(full_query.shape[1], dtype=torch.bool)
+    query_mask = torch.zeros(full_query.shape[1], dtype=torch.bool)
+    query_mask[:query_ids.shape[1]] = True
+    query_mask &= ~special
+    if not bool(query_mask.any()):
+        raise ValueError("query has no token left for the similarity search once special tokens are removed")
+    n_chunks = -(-context_ids.shape[1] // settings["chunk_size"]) + 1
+    begin = time.perf_counter()
+    trace = reform(model, context_ids, full_query, heads=heads, query_mask=query_mask,
+                   progress=_progress(progress, n_chunks), profile=profile, **settings)
+    seconds = time.perf_counter() - begin
+    emb_bytes = trace.embeddings.shape[-1] * trace.embeddings.element_size()
+    stats = dict(context_tokens=int(context_ids.shape[1]), query_tokens=int(full_query.shape[1]),
+                 gathered_tokens=int(trace.gathered.numel()), chunks=trace.chunks,
+                 cache_peak_bytes=int(trace.cache_bytes_peak),
+                 layers_with_cache=int(sum(trace.cache.allocated())),
+                 full_depth_cache_bytes=int(trace.cache_bytes_peak * _decoder(model).config.num_hidden_layers
+                                            / settings["early_exit_layer"]),
+                 embedding_bytes_per_token=int(emb_bytes), kv_bytes_per_token=_kv_bytes_per_token(model),
+                 embedding_bytes=int(emb_bytes * trace.embeddings.shape[0]), seconds_gather=seconds)
+    return ReformOutput("", trace.gathered, trace.scores, trace.input_ids, heads, settings, stats, trace)
+
+
+@torch.no_grad()
+def reform_generate(model, tokenizer, context, query, *, answer_prefix: str = "", chunk_size: int | None = None,
+                    budget: int | None = None, early_exit_layer: int | None = None, heads: Any = None,
+                    recompute_budget: int | None = None, max_new_tokens: int = 32, n_initial: int | None = None,
+                    n_recent: int | None = None, n_final: int | None = None, pool: int = 129,
+                    score_window: int = 128, progress: bool = True) -> ReformOutput:
+    """REFORM end to end: compress, gather, recompute, then greedy generation (``out.text``).
+
+    Recompute is ``model.generate`` on the gathered context tokens followed by the query and answer prefix
+    (positions ``0..m+q-1``): the model's full-depth KV cache is rebuilt for those tokens only.
+    """
+    max_new_tokens = check_int("max_new_tokens", max_new_tokens, 1)
+    out = reform_gather(model, tokenizer, context, query, answer_prefix=answer_prefix, chunk_size=chunk_size,
+                        budget=budget, early_exit_layer=early_exit_layer, heads=heads,
+                        recompute_budget=recompute_budget, n_initial=n_initial, n_recent=n_recent, n_final=n_final,
+                        pool=pool, score_window=score_window, progress=progress)
+    begin = time.perf_counter()
+    pad = getattr(tokenizer, "pad_token_id", None)
+    pad = pad if pad is not None else getattr(tokenizer, "eos_token_id", None)
+    generated = model.generate(input_ids=out.input_ids, attention_mask=torch.ones_like(out.input_ids),
+                               max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=pad)
+    new = generated[0, out.input_ids.shape[1]:]
+    out.text = tokenizer.decode(new, skip_special_tokens=True)
+    out.stats["seconds_recompute_generate"] = time.perf_counter() - begin
+    out.stats["recomputed_kv_bytes"] = int(out.input_ids.shape[1] * _kv_bytes_per_token(model))
+    return out
+
+
+@torch.no_grad()
+def reform_answer_nll(model, tokenizer, context, query, answer: str, **kwargs) -> tuple[float, ReformOutput]:
+    """Teacher-forced mean NLL (nats/token) of ``answer`` after REFORM's recomputed prompt: the proxy that
+    still separates methods when a small model rarely answers exactly. ``kwargs``: as :func:`reform_gather`.
+    Returns ``(nll, output)``."""
+    if not isinstance(answer, str) or not answer:
+        raise ValueError("answer must be a non-empty string (the reference continuation, with its leading space)")
+    out = reform_gather(model, tokenizer, context, query, **kwargs)
+    target = tokenizer(answer, add_special_tokens=False, return_tensors="pt").input_ids.to(out.input_ids.device)
+    ids = torch.cat([out.input_ids, target], dim=1)
+    logits = model(input_ids=ids).logits[0, out.input_ids.shape[1] - 1:-1].float()
+    nll = float(torch.nn.functional.cross_entropy(logits, target[0]))
+    return nll, out

@@ -1,0 +1,332 @@
+"""Full-size REFORM runs (SmolLM2-135M, an 8k window): head choice, RULER-style comparison, efficiency.
+
+``python -m kvlab bench reform WHAT [options]``::
+
+    tasks       build every input once, here (needs the corpora): a gzipped JSON the GPU machine reads
+    heads       MNR of every head on the head-choice sets, the chosen heads (Fig. 2, Tables 2/7)
+    compare     every method at equal budget on the RULER-style key-value sets and multi-hop QA (Tables 1, 5,
+                6a ablations: pool 5, random heads, worst heads)
+    efficiency  seconds and peak GPU memory to answer 10 tokens after a long input (Table 6b), with the
+                REFORM time split into chunked forwarding, gather and recompute
+
+The GPU machine has no corpora and no network: ``tasks`` writes the inputs (text) and a stretch of WikiText for
+the efficiency inputs into one file that travels with the command; the model is a ``.gguf`` path there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = ["COMMANDS", "main"]
+
+
+def _load(args):
+    from kvlab.models import load_model
+
+    model, tok = load_model(args.model, device=args.device, dtype=args.dtype)
+    if args.round_bf16:  # the local copy of a kvlab model id is stored in bf16: same weights as a CPU run
+        with torch.no_grad():
+            for p in model.parameters():
+                p.copy_(p.to(torch.bfloat16).to(p.dtype))
+    return model, tok
+
+
+def _read_tasks(path):
+    from kvlab.reform.tasks import LongTask
+
+    data = json.loads(gzip.open(path, "rt").read())
+    out = {}
+    for k, v in data.items():
+        if k == "filler":
+            out[k] = v
+        elif isinstance(v, dict):
+            out[k] = {n: [LongTask.from_dict(t) for t in ts] for n, ts in v.items()}
+        else:
+            out[k] = [LongTask.from_dict(t) for t in v]
+    return out
+
+
+def _write(path, data) -> None:
+    Path(path).write_text(json.dumps(data, indent=1))
+    print(f"-> {path}")
+
+
+# --------------------------------------------------------------------------- tasks (here, CPU)
+
+
+def run_tasks(args) -> int:
+    from kvlab.models import load_tokenizer
+    from kvlab.reform.tasks import filler_text, kv_task, multihop_task
+
+    tok = load_tokenizer(args.model)
+    data: dict[str, Any] = {
+        "heads_kv": [kv_task(tok, args.head_tokens, seed=1000 + i).to_dict() for i in range(args.head_samples)],
+        "heads_qa": [multihop_task(tok, args.head_tokens, seed=1000 + i).to_dict() for i in range(args.head_samples)],
+        "ruler": {str(n): [kv_task(tok, n, seed=i).to_dict() for i in range(args.samples)] for n in args.lengths},
+        "qa": {str(n): [multihop_task(tok, n, seed=i).to_dict() for i in range(args.samples)]
+               for n in args.qa_lengths},
+        "filler": filler_text("wikitext"),
+    }
+    with gzip.open(args.out, "wt") as f:
+        json.dump(data, f)
+    print(f"-> {args.out}")
+    return 0
+
+
+# --------------------------------------------------------------------------- heads
+
+
+def run_heads(args) -> int:
+    from kvlab.reform.heads import choose_heads_for_model
+
+    model, tok = _load(args)
+    tasks = _read_tasks(args.tasks)
+    kv, qa = tasks["heads_kv"][:args.samples], tasks["heads_qa"][:args.samples]
+    data = choose_heads_for_model(model, tok, tasks=(kv, qa), tokens=args.head_tokens, chunk_size=args.chunk_size,
+                                  budget=args.budget, progress=True)
+    data = {"model": "smollm2-135m", **data, "command": "python -m kvlab bench reform " + " ".join(args.argv)}
+    _write(args.out, data)
+    for task, table in data["table"].items():
+        print(f"Best-3 MNR, {task}: " + "; ".join(f"{k} {v}" for k, v in table.items()))
+    print("heads", data["heads"])
+    return 0
+
+
+# --------------------------------------------------------------------------- compare
+
+
+def _variants(heads_data, seed: int = 0) -> dict[str, dict[str, Any]]:
+    """REFORM ablations (Table 6a): kernel 5, four random heads below 70% depth, the four worst heads."""
+    from kvlab.reform.heads import worst_heads
+    from kvlab.reform.reference import Head
+
+    sig = heads_data["signature"]
+    rng = random.Random(seed)
+    top = int(0.7 * sig["num_layers"])
+    pool = [Head(k, layer, h) for k in "qkv" for layer in range(top)
+            for h in range(sig["num_heads"] if k == "q" else sig["num_kv_heads"])]
+    return {"reform_pool5": {"pool": 5},
+            "reform_random_heads": {"heads": sorted(rng.sample(pool, 4))},
+            "reform_worst_heads": {"heads": worst_heads(heads_data)}}
+
+
+def _single_needle(tok, filler: str, n: int, samples: int) -> list:
+    """Key-value retrieval with one pair (RULER's single needle), built from the carried filler: about ``n``
+    tokens (WikiText sentences run about 27 SmolLM2 tokens), example ``i`` reading the filler from character
+    ``50000 * i``."""
+    from kvlab.reform.tasks import kv_task
+
+    return [kv_task(tok, None, n_filler=int(n / 27), text=filler[i * 50000:], seed=100 + i, n_pairs=1)
+            for i in range(samples)]
+
+
+def run_compare(args) -> int:
+    from kvlab.reform.api import load_heads
+    from kvlab.reform.compare import METHODS, as_dicts, run_method, summarise
+
+    model, tok = _load(args)
+    tasks = _read_tasks(args.tasks)
+    heads_data = json.loads(Path(args.heads).read_text())
+    heads = load_heads(args.heads, model)
+    variants = _variants(heads_data)
+    settings = dict(budget=args.budget, chunk_size=args.chunk_size, n_initial=args.n_initial, n_recent=args.n_recent,
+                    n_final=args.n_final, max_new_tokens=args.max_new_tokens)
+    sets = [("single", n, _single_needle(tok, tasks["filler"], n, args.single_samples)) for n in args.single_lengths]
+    sets += [("ruler", n, ts[:args.samples]) for n, ts in tasks["ruler"].items()]
+    sets += [("qa", n, ts[:args.samples]) for n, ts in tasks["qa"].items()]
+    report: dict[str, Any] = {"settings": settings, "heads": [str(h) for h in heads], "device": _device(model),
+                              "command": "python -m kvlab bench reform " + " ".join(args.argv), "sets": {}}
+    begin = time.perf_counter()
+    for name, n, ts in sets:
+        if not ts:
+            continue
+        methods = list(args.methods) + (list(variants) if name == "ruler" and args.ablations else [])
+        results = []
+        for task in ts:
+            for m in methods:
+                extra = dict(variants.get(m, {}))
+                extra.setdefault("heads", heads)
+                r = run_method("reform" if m in variants else m, model, tok, task, **settings, **extra)
+                r.method = m
+                results.append(r)
+        table = summarise(results)
+        report["sets"][f"{name}-{n}"] = {"summary": table, "results": as_dicts(results)}
+        print(f"{name} {n} tokens ({len(ts)} examples, {time.perf_counter() - begin:.0f} s):")
+        for m, row in table.items():
+            print(f"  {m:22s} acc {row['accuracy']:6.1f}  nll {row['answer_nll']:.3f}  {row['seconds']:.2f} s")
+        _write(args.out, report)
+    assert set(args.methods) <= set(METHODS)
+    return 0
+
+
+# --------------------------------------------------------------------------- efficiency
+
+
+def _device(model) -> str:
+    return torch.cuda.get_device_name() if next(model.parameters()).is_cuda else "cpu"
+
+
+def _sync(model) -> None:
+    if next(model.parameters()).is_cuda:
+        torch.cuda.synchronize()
+
+
+def _peak_reset(model) -> None:
+    if next(model.parameters()).is_cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+
+
+def _peak(model) -> float:
+    return torch.cuda.max_memory_allocated() / 2**30 if next(model.parameters()).is_cuda else float("nan")
+
+
+@torch.no_grad()
+def _efficiency_one(method, model, tok, task, args, heads) -> dict[str, Any]:
+    from kvlab.core import KVCache
+    from kvlab.reform import compare as C
+    from kvlab.reform.api import reform_gather
+
+    device = next(model.parameters()).device
+    context_ids = tok(task.context, return_tensors="pt").input_ids.to(device)
+    query_ids = tok(task.query + task.answer_prefix, return_tensors="pt", add_special_tokens=False).input_ids.to(device)
+    n = int(context_ids.shape[1])
+    _peak_reset(model)
+    base = torch.cuda.memory_allocated() / 2**30 if device.type == "cuda" else float("nan")
+    begin = time.perf_counter()
+    phases: dict[str, float] = {}
+    if method == "reform":
+        out = reform_gather(model, tok, context_ids, task.query, answer_prefix=task.answer_prefix,
+                            chunk_size=args.chunk_size, budget=args.budget, heads=heads,
+                            recompute_budget=args.budget, n_initial=args.n_initial, n_recent=args.n_recent,
+                            n_final=args.n_final, progress=False, profile=args.profile)
+        _sync(model)
+        phases.update(out.trace.timings)
+        t1 = time.perf_counter()
+        ids = out.input_ids
+        o = model(input_ids=ids, use_cache=True)
+        text = C._greedy(tok, o.logits[:, -1], lambda t: model(input_ids=t, past_key_values=o.past_key_values,
+                                                              use_cache=True).logits[:, -1], args.new_tokens)
+        _sync(model)
+        phases["recompute_and_generate"] = time.perf_counter() - t1
+        extra = {"cache_peak_bytes": out.stats["cache_peak_bytes"], "embedding_bytes": out.stats["embedding_bytes"]}
+    elif method == "compress_only":
+        target = tok(task.answer, return_tensors="pt", add_special_tokens=False).input_ids.to(device)[:, :1]
+        text, _, held = C._answer_compressed(model, tok, context_ids, query_ids, target, chunk_size=args.chunk_size,
+                                             budget=args.budget, n_initial=args.n_initial, n_recent=args.n_recent,
+                                             max_new_tokens=args.new_tokens)
+        extra = {"held": held}
+    else:
+        from kvlab.baselines import H2O, StreamingLLM
+
+        policy = (StreamingLLM(sink=args.n_initial, window=args.budget - args.n_initial) if method == "streamingllm"
+                  else H2O(args.budget, recent=args.n_recent))
+        cache = KVCache(model, policy)
+        ids = torch.cat([context_ids, query_ids], dim=1)
+        logits = None
+        for s in range(0, ids.shape[1], args.chunk_size):
+            logits = model(input_ids=ids[:, s:s + args.chunk_size], past_key_values=cache, use_cache=True).logits[:, -1]
+        text = C._greedy(tok, logits, lambda t: model(input_ids=t, past_key_values=cache, use_cache=True).logits[:, -1],
+                         args.new_tokens)
+        extra = {}
+    _sync(model)
+    seconds = time.perf_counter() - begin
+    return {"method": method, "tokens": n, "seconds": round(seconds, 2), "peak_gib": round(_peak(model), 3),
+            "before_gib": round(base, 3), "text": text, "answer": task.answer,
+            "correct": task.answer.strip()[:12] in text, "phases": {k: round(v, 2) for k, v in phases.items()},
+            **extra}
+
+
+def run_efficiency(args) -> int:
+    from kvlab.reform.api import load_heads
+    from kvlab.reform.tasks import kv_task
+
+    model, tok = _load(args)
+    heads = load_heads(args.heads, model)
+    filler = _read_tasks(args.tasks)["filler"]
+    per_sentence = 27.0  # WikiText sentences average about 27 SmolLM2 tokens (measured on the first 2k sentences)
+    report: dict[str, Any] = {"device": _device(model), "rows": [],
+                              "command": "python -m kvlab bench reform " + " ".join(args.argv),
+                              "kv_cache_gib_32k_window": round(_kv_gib(model, 32768), 3)}
+    for n in args.lengths:
+        task = kv_task(tok, None, n_filler=int(n / per_sentence), text=filler, seed=7, n_pairs=16, depth=0.4)
+        for method in args.methods:
+            if method != "reform" and n > args.baseline_max:
+                continue
+            row = _efficiency_one(method, model, tok, task, args, heads)
+            report["rows"].append(row)
+            print(row)
+            _write(args.out, report)
+    return 0
+
+
+def _kv_gib(model, tokens: int) -> float:
+    cfg = model.config
+    dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    element = next(model.parameters()).element_size()
+    return 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * dim * element * tokens / 2**30
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m kvlab bench reform", description=__doc__.split("\n\n")[0])
+    p.add_argument("what", choices=sorted(_RUNNERS))
+    p.add_argument("--model", default="smollm2-135m", help="kvlab model id, model folder or .gguf file")
+    p.add_argument("--device", default=None)
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--round-bf16", action="store_true", help="round the weights through bf16 (as kvlab's local copy)")
+    p.add_argument("--tasks", default="reform_tasks.json.gz", help="file written by `tasks`")
+    p.add_argument("--heads", default=None, help="heads file (for compare/efficiency)")
+    p.add_argument("--out", required=True)
+    p.add_argument("--head-samples", type=int, default=100)
+    p.add_argument("--head-tokens", type=int, default=4096)
+    p.add_argument("--samples", type=int, default=16)
+    p.add_argument("--lengths", type=int, nargs="+", default=[16384, 32768])
+    p.add_argument("--qa-lengths", type=int, nargs="*", default=[16384])
+    p.add_argument("--single-lengths", type=int, nargs="*", default=[],
+                   help="compare: also key-value retrieval with a single pair at these lengths")
+    p.add_argument("--single-samples", type=int, default=12)
+    p.add_argument("--methods", nargs="+", default=["reform", "truncation", "streamingllm", "h2o", "compress_only",
+                                                   "rag"])
+    p.add_argument("--ablations", action="store_true", help="add REFORM's Table 6a variants on the key-value sets")
+    p.add_argument("--chunk-size", type=int, default=None)
+    p.add_argument("--budget", type=int, default=None)
+    p.add_argument("--n-initial", type=int, default=256)
+    p.add_argument("--n-recent", type=int, default=256)
+    p.add_argument("--n-final", type=int, default=256)
+    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--new-tokens", type=int, default=10)
+    p.add_argument("--profile", action="store_true", help="efficiency: time each step of chunked forwarding")
+    p.add_argument("--baseline-max", type=int, default=262144, help="longest input the baselines run on")
+    return p
+
+
+_RUNNERS = {"tasks": run_tasks, "heads": run_heads, "compare": run_compare, "efficiency": run_efficiency}
+#: ``python -m kvlab bench reform WHAT ...``: each entry takes the options after WHAT.
+COMMANDS = {what: (lambda argv, what=what: main([what, *argv])) for what in _RUNNERS}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = _parser().parse_args(argv)
+    args.argv = argv
+    defaults = {"heads": (1024, 256), "compare": (2048, 2048), "efficiency": (2048, 2048), "tasks": (0, 0)}
+    chunk, budget = defaults[args.what]
+    args.chunk_size = chunk if args.chunk_size is None else args.chunk_size
+    args.budget = budget if args.budget is None else args.budget
+    return _RUNNERS[args.what](args) or 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

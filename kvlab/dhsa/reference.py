@@ -1,0 +1,871 @@
+"""DHSA in plain PyTorch: the specification and the oracle of the fast backends.
+
+Paper: Xiong et al., "Long-Context Modeling with Dynamic Hierarchical Sparse Attention for On-Device
+LLMs" (2025, arXiv:2508.02124; authors' code github.com/xiongsiheng/DHSA). Sec. 2.1-2.3 (Eq. 1-4),
+App. A (prefill/decode workflow), App. B (labels Eq. 5-8, focal loss Eq. 9, inference with NMS).
+The extracted text lost its equations; ``../shared/papers/NOTES.md`` has our reading. Every reading
+this module relies on is marked "reading:" and says whether it follows the text or the authors'
+legacy code (``legacy/utils/helper.py``, ``legacy/boundary_predictor/*.py``).
+
+The mechanism, for one sequence of ``N`` tokens and one head::
+
+    boundaries b = [0 = b_0 < b_1 < ... < b_C = N]          # chunk c = tokens [b_c, b_{c+1})
+    q_C = sqrt(|C|) * mean(q_i, i in C),  k_C likewise      # Eq. 4 (chunk_representation)
+    S = Q_chunks @ K_chunks^T                               # (C, C) chunk similarity (Sec. 2.3)
+    S_tok[i, j] = S[c(i), c(j)]                             # upsampling (Sec. 2.1 step 2)
+    M[i, :] = TopK_j<=i (S_tok[i, :], N_b)                  # per-query budget, causal (dhsa_mask)
+    O = softmax(Q K^T * scale, masked by M) @ V
+
+Boundaries come from fixed-size chunking (the block-sparse baseline), from the labelling rule on a
+model's own attention (oracle, Eq. 5-8), or from the learned boundary predictor (Eq. 1-3).
+
+Readings, in one place (each is repeated where it is used):
+
+* text: Eq. 4 with the true length; the same chunks on the query and key side (the authors' legacy
+  code chunks queries into fixed blocks); per-query TopK with budget ``N_b``, causal;
+* ours, as parameters: ``initial`` first tokens and the diagonal chunk always kept, inside the
+  budget (the code keeps 128 initial and 128 recent tokens); ties go to the earlier position;
+  ``share_heads`` (the code averages heads; the text is silent); selection arithmetic in float32;
+* code: labels (Eq. 5-7): queries ``j >= t + w`` sum their attention on the past and the future
+  window, ratio ``max / min``; positions ``2w - 1 <= t < n - 2w`` only; soft label values
+  ``alpha = 2``, ``beta = -2 ln 2`` (Eq. 8); focal ``gamma = 2``, ``pos_weight = 1.3`` (Eq. 9);
+  oracle threshold 1.1 on the ratio, NMS window 8, ``N_c = 8 x`` the number of fixed blocks;
+* text over code: the predictor's two windows are encoded separately (the code encodes the ``2w``
+  tokens jointly: ``encoder="joint"``); soft labels are trained on (the code binarises them);
+* NOTES.md's alternative reading of Eq. 5-7 is ``label_ratios(..., rule="notes")``.
+
+Conventions: tensors are ``(batch, heads, seq, dim)``; keys/values may have fewer heads (GQA: query
+head ``h`` reads key head ``h // (heads // kv_heads)``). A chunking is a 1-d LongTensor of *offsets*
+``[0, b_1, ..., N]`` (strictly increasing), shared by the batch, or a list with one per sequence.
+Everything here materialises ``(seq, seq)`` tensors: tests, notebooks and the ``"torch"`` backend.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = [
+    # chunkings
+    "fixed_boundaries", "check_boundaries", "chunk_index", "chunk_lengths", "split_long_chunks",
+    "decode_boundaries",
+    # Eq. 4, similarity, upsampling, selection, attention
+    "AGGREGATIONS", "chunk_representation", "chunk_similarity", "upsample", "dhsa_mask",
+    "dhsa_attention_reference", "dhsa_decode_reference", "kept_per_row", "max_forced",
+    # chunk form of the kept set (what the kernels consume)
+    "ChunkPlan", "chunk_plan", "plan_mask",
+    # labels, boundary selection, predictor, loss (App. B)
+    "label_ratios", "label_valid", "soft_labels", "select_boundaries", "oracle_boundaries",
+    "key_features", "BoundaryPredictor", "focal_bce_loss", "predict_boundaries",
+    # what a mask keeps of dense attention
+    "attention_recall", "best_recall",
+]
+
+AGGREGATIONS = ("eq4", "mean", "padded_mean", "sum")
+
+
+# ================================================================================================
+# Chunkings
+# ================================================================================================
+def fixed_boundaries(n: int, chunk_size: int, device=None) -> torch.Tensor:
+    """Offsets of fixed-size chunks ``[0, s, 2s, ..., n]`` (the last chunk may be shorter).
+
+    This is the block-sparse baseline's chunking (the paper's "static chunking", Fig. 5 left).
+    """
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    b = list(range(0, n, chunk_size)) + [n]
+    return torch.tensor(b, dtype=torch.long, device=device)
+
+
+def check_boundaries(boundaries: torch.Tensor, n: int, name: str = "boundaries") -> torch.Tensor:
+    """``boundaries`` as a LongTensor of offsets ``[0, ..., n]``, strictly increasing; else ValueError."""
+    if not isinstance(boundaries, torch.Tensor):
+        boundaries = torch.as_tensor(boundaries)
+    if boundaries.dim() != 1 or boundaries.numel() < 2:
+        raise ValueError(f"{name} must be a 1-d tensor of chunk offsets [0, ..., seq] with at least two "
+                         f"entries, got shape {tuple(boundaries.shape)}")
+    if boundaries.is_floating_point() or boundaries.dtype == torch.bool:
+        raise ValueError(f"{name} must hold integer offsets, got dtype {boundaries.dtype}")
+    boundaries = boundaries.long()
+    if int(boundaries[0]) != 0 or int(boundaries[-1]) != n:
+        raise ValueError(f"{name} must start at 0 and end at seq={n} (offsets of the chunks), got "
+                         f"first={int(boundaries[0])}, last={int(boundaries[-1])}")
+    if bool((boundaries[1:] <= boundaries[:-1]).any()):
+        raise ValueError(f"{name} must be strictly increasing (no empty chunks)")
+    return boundaries
+
+
+def _per_batch(boundaries, bsz: int, n: int) -> list[torch.Tensor]:
+    """One checked offsets tensor per sequence of the batch."""
+    if isinstance(boundaries, torch.Tensor) and boundaries.dim() == 1:
+        b = check_boundaries(boundaries, n)
+        return [b] * bsz
+    if isinstance(boundaries, torch.Tensor) and boundaries.dim() == 2:
+        boundaries = list(boundaries)
+    if not isinstance(boundaries, (list, tuple)) or len(boundaries) != bsz:
+        raise ValueError(f"boundaries must be one 1-d offsets tensor or a list of {bsz} (one per sequence)")
+    return [check_boundaries(b, n, f"boundaries[{i}]") for i, b in enumerate(boundaries)]
+
+
+def chunk_lengths(boundaries: torch.Tensor) -> torch.Tensor:
+    """``(C,)`` number of tokens of each chunk."""
+    return boundaries[1:] - boundaries[:-1]
+
+
+def chunk_index(boundaries: torch.Tensor, n: int | None = None) -> torch.Tensor:
+    """``(n,)`` index of the chunk each token belongs to (``c(i)`` in the module docstring)."""
+    n = int(boundaries[-1]) if n is None else n
+    pos = torch.arange(n, device=boundaries.device)
+    return torch.searchsorted(boundaries, pos, right=True) - 1
+
+
+def split_long_chunks(boundaries: torch.Tensor, max_len: int) -> torch.Tensor:
+    """Cut every chunk longer than ``max_len`` into pieces of at most ``max_len`` tokens.
+
+    Ours, not the paper's: NMS with a cap on the number of chunks can leave a long stretch without a
+    boundary; the diagonal chunk is always kept, so its length must fit the budget (``dhsa_mask``).
+    """
+    if max_len < 1:
+        raise ValueError(f"max_len must be >= 1, got {max_len}")
+    out = [0]
+    for s, e in zip(boundaries[:-1].tolist(), boundaries[1:].tolist()):
+        out.extend(range(s + max_len, e, max_len))
+        out.append(e)
+    return torch.tensor(out, dtype=torch.long, device=boundaries.device)
+
+
+def decode_boundaries(prompt_boundaries: torch.Tensor, total: int) -> torch.Tensor:
+    """Chunking at a decode step (App. A): the prompt's chunks, then all tokens generated before
+    the current one as one chunk, then the current token as its own chunk.
+
+    Args:
+        prompt_boundaries: offsets ``[0, ..., n0]`` of the prompt (``n0`` prompt tokens).
+        total: sequence length at this step, prompt + generated, the current token included.
+
+    Reading (text, App. A): "the chunk ``C_{m+1}`` contains all previously generated tokens in the
+    current decoding session; ``C_{m+2}`` contains only the current query token". At the first
+    generated token there are no previous generated tokens and that chunk is left out (no empty chunks).
+    """
+    n0 = int(prompt_boundaries[-1])
+    if total <= n0:
+        raise ValueError(f"total={total} must exceed the prompt length {n0} (the current token is new)")
+    extra = ([total - 1] if total - 1 > n0 else []) + [total]
+    return torch.cat([prompt_boundaries.long(), torch.tensor(extra, dtype=torch.long,
+                                                             device=prompt_boundaries.device)])
+
+
+# ================================================================================================
+# Eq. 4: chunk representation, chunk similarity, upsampling
+# ================================================================================================
+def chunk_representation(x: torch.Tensor, boundaries: torch.Tensor, aggregation: str = "eq4") -> torch.Tensor:
+    """One vector per chunk from the token vectors in it.
+
+    Args:
+        x: ``(batch, heads, seq, dim)`` queries or keys.
+        boundaries: offsets ``[0, ..., seq]``.
+        aggregation: how a chunk ``C`` with sum ``s_C`` and true length ``|C|`` becomes a vector
+            (``L = max |C|`` is the padded length):
+
+            * ``"eq4"``: ``s_C / |C| * sqrt(|C|)`` (Eq. 4: the mean over the *unpadded* length, scaled
+              by the square root of the length),
+            * ``"mean"``: ``s_C / |C|`` (plain average pooling, the block-sparse baseline),
+            * ``"padded_mean"``: ``s_C / L`` (average after zero padding every chunk to ``L``: the
+              first pitfall of Sec. 2.3),
+            * ``"sum"``: ``s_C``.
+
+    Returns:
+        ``(batch, heads, C, dim)`` in ``x.dtype``.
+
+    Reading (text, Sec. 2.3; NOTES.md): ``q_C = sqrt(|C|) * mean(q_i)``. The authors' code
+    (``avgpool_norm``) does the same for keys.
+    """
+    if aggregation not in AGGREGATIONS:
+        raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {aggregation!r}")
+    n = x.shape[-2]
+    idx = chunk_index(boundaries, n).to(x.device)
+    lengths = chunk_lengths(boundaries).to(x.device, x.dtype)  # (C,)
+    sums = torch.zeros(*x.shape[:-2], lengths.numel(), x.shape[-1], dtype=x.dtype, device=x.device)
+    sums.index_add_(-2, idx, x)
+    if aggregation == "sum":
+        return sums
+    if aggregation == "padded_mean":
+        return sums / lengths.max()
+    mean = sums / lengths[:, None]
+    if aggregation == "mean":
+        return mean
+    return mean * lengths.sqrt()[:, None]
+
+
+def chunk_similarity(q: torch.Tensor, k: torch.Tensor, boundaries: torch.Tensor, aggregation: str = "eq4",
+                     share_heads: bool = False, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Chunk-level similarity ``S = Q_chunks @ K_chunks^T`` (Sec. 2.3).
+
+    Args:
+        q: ``(batch, heads, seq, dim)``; k: ``(batch, kv_heads, seq, dim)``.
+        boundaries: offsets shared by queries and keys (the same chunking on both sides).
+        share_heads: average queries over heads and keys over key heads first, giving one ``S``
+            for all heads (the authors' code does this; the text does not say).
+        dtype: arithmetic dtype of the selection (float32 by default, as the authors' code, which
+            disables autocast for it; the same for every backend so that they keep the same keys).
+
+    Returns:
+        ``(batch, heads | 1, C, C)``.
+
+    Reading (text): chunks are the same on the query and key side ("between chunks i and j"). The
+    authors' legacy code chunks the queries into fixed blocks of ``block_size`` instead.
+    """
+    q = q.to(dtype)
+    k = k.to(dtype)
+    if share_heads:
+        q = q.mean(dim=1, keepdim=True)
+        k = k.mean(dim=1, keepdim=True)
+    qc = chunk_representation(q, boundaries, aggregation)
+    kc = chunk_representation(k, boundaries, aggregation)
+    kc = kc.repeat_interleave(qc.shape[1] // kc.shape[1], dim=1)
+    return qc @ kc.transpose(-1, -2)
+
+
+def upsample(s: torch.Tensor, boundaries: torch.Tensor, n: int | None = None,
+             q_boundaries: torch.Tensor | None = None) -> torch.Tensor:
+    """Token-level scores: every token pair inherits its chunk pair's score (Sec. 2.1, step 2).
+
+    ``s``: ``(..., Cq, Ck)``; returns ``(..., nq, nk)`` with ``out[..., i, j] = s[..., c(i), c(j)]``.
+    ``q_boundaries`` (default ``boundaries``) chunks the rows.
+    """
+    qb = boundaries if q_boundaries is None else q_boundaries
+    ki = chunk_index(boundaries, n).to(s.device)
+    qi = chunk_index(qb, None if q_boundaries is not None else n).to(s.device)
+    return s[..., qi, :][..., :, ki]
+
+
+# ================================================================================================
+# Selection: per-query TopK under the budget N_b, causal, initial + diagonal kept
+# ================================================================================================
+def _select_rows(token_scores: torch.Tensor, q_pos: torch.Tensor, diag_start: torch.Tensor,
+                 budget: int | None, initial: int) -> torch.Tensor:
+    """Keep mask of query rows from their token-level scores.
+
+    Args:
+        token_scores: ``(batch, heads, rows, n)``.
+        q_pos: ``(rows,)`` position of each query row among the ``n`` keys.
+        diag_start: ``(rows,)`` first key of the row's always-kept local range ``[diag_start, q_pos]``
+            (its chunk's start when the diagonal chunk is kept, ``q_pos + 1`` when not).
+        budget: keys per query, the forced ones included; None keeps every causal key.
+        initial: the first ``initial`` keys are always kept (causally).
+
+    Rule: forced = ``{j < initial} U [diag_start, q_pos]`` (causal); the remaining
+    ``budget - |forced|`` keys are the causal non-forced keys with the highest scores, ties broken
+    by lower position first (so a partly kept chunk keeps its first tokens).
+    """
+    n = token_scores.shape[-1]
+    j = torch.arange(n, device=token_scores.device)
+    causal = j[None, :] <= q_pos[:, None]  # (rows, n)
+    if budget is None:
+        return causal.expand(token_scores.shape).clone()
+    forced = causal & ((j[None, :] < initial) | (j[None, :] >= diag_start[:, None]))
+    n_forced = forced.sum(-1)  # (rows,)
+    if int(n_forced.max()) > budget:
+        worst = int(n_forced.argmax())
+        raise ValueError(
+            f"budget={budget} is smaller than the always-kept keys of query {int(q_pos[worst])} "
+            f"({int(n_forced.max())} = initial tokens + its diagonal chunk so far): the budget must be "
+            "at least initial + the longest chunk; raise budget or use shorter chunks")
+    cand = causal & ~forced
+    scores = token_scores.masked_fill(~cand, float("-inf"))
+    order = torch.sort(scores, dim=-1, descending=True, stable=True).indices  # ties: lower j first
+    rank = torch.empty_like(order)
+    rank.scatter_(-1, order, torch.arange(n, device=order.device).expand_as(order))
+    room = (budget - n_forced)[:, None]  # (rows, 1)
+    return forced | (cand & (rank < room))
+
+
+def dhsa_mask(q: torch.Tensor, k: torch.Tensor, boundaries, budget: int | None, *, initial: int = 0,
+              keep_diagonal: bool = True, aggregation: str = "eq4", share_heads: bool = False,
+              score_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The token-level sparsity mask ``M`` of DHSA prefill (Sec. 2.1, App. A "prefill stage").
+
+    Args:
+        q: ``(batch, heads, seq, dim)``; k: ``(batch, kv_heads, seq, dim)``.
+        boundaries: offsets (one shared, or a list with one per sequence).
+        budget: ``N_b``, keys kept per query *including* the initial and diagonal ones; ``None``
+            (or ``>= seq``) keeps every causal key.
+        initial: first tokens always kept (attention sinks).
+        keep_diagonal: always keep the query's own chunk up to the query (the local, causal part).
+        aggregation, share_heads, score_dtype: see :func:`chunk_similarity`.
+
+    Returns:
+        ``(batch, heads | 1, seq, seq)`` bool, True = kept. Each row keeps exactly
+        ``min(budget, row + 1)`` keys, all at positions ``<= row``.
+
+    Reading (text, Sec. 2.1): "TopK selection with a per-query token budget N_b" over the upsampled
+    scores, causal. The text does not say that initial tokens or the local chunk are always kept;
+    the authors' code always keeps 128 initial ("global") and the 128 most recent ("local") tokens
+    and splices them into the budget. Here both are parameters (``initial``, ``keep_diagonal``)
+    and count against the budget, as in the code. Ties (whole chunks share a score) go to the
+    earlier position.
+    """
+    bsz, _, n, _ = q.shape
+    per = _per_batch(boundaries, bsz, n)
+    if budget is not None and budget >= n:
+        budget = None
+    out = []
+    for b in range(bsz):
+        bd = per[b].to(q.device)
+        s = chunk_similarity(q[b:b + 1], k[b:b + 1], bd, aggregation, share_heads, score_dtype)
+        tok = upsample(s, bd, n)
+        pos = torch.arange(n, device=q.device)
+        cidx = chunk_index(bd, n).to(q.device)
+        diag = bd[cidx] if keep_diagonal else pos + 1
+        out.append(_select_rows(tok, pos, diag, budget, initial))
+    return torch.cat(out, dim=0)
+
+
+def max_forced(boundaries: torch.Tensor, initial: int, keep_diagonal: bool = True) -> int:
+    """The most always-kept keys of any query: ``max_c (b_{c+1} - max(b_c - initial, 0))`` with the
+    diagonal chunk (the last row of each chunk), ``min(initial, seq)`` without. A budget below this
+    cannot be met."""
+    n = int(boundaries[-1])
+    if not keep_diagonal:
+        return min(initial, n)
+    st, en = boundaries[:-1], boundaries[1:]
+    return int((en - (st - initial).clamp(min=0)).max())
+
+
+def kept_per_row(mask: torch.Tensor) -> torch.Tensor:
+    """``(batch, heads, seq)`` number of kept keys of each query row."""
+    return mask.sum(-1)
+
+
+def _masked_attention(q, k, v, mask, scale):
+    group = q.shape[1] // k.shape[1]
+    k = k.repeat_interleave(group, dim=1)
+    v = v.repeat_interleave(group, dim=1)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    scores = (q @ k.transpose(-1, -2)) * scale
+    scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.softmax(scores, dim=-1) @ v
+
+
+def dhsa_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, boundaries, budget: int | None,
+                             *, initial: int = 0, keep_diagonal: bool = True, aggregation: str = "eq4",
+                             share_heads: bool = False, scale: float | None = None,
+                             score_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """DHSA prefill attention, eager and materialised (any dtype; pass float64 for the oracle).
+
+    ``O = softmax(Q K^T * scale, masked by dhsa_mask(...)) @ V``; arguments as in :func:`dhsa_mask`.
+    The selection is computed in ``score_dtype`` from the inputs' values, so float64 copies of
+    bf16 inputs select exactly the keys the bf16 run selects.
+
+    Returns:
+        ``(batch, heads, seq, dim)`` in ``q.dtype``.
+    """
+    mask = dhsa_mask(q, k, boundaries, budget, initial=initial, keep_diagonal=keep_diagonal,
+                     aggregation=aggregation, share_heads=share_heads, score_dtype=score_dtype)
+    return _masked_attention(q, k, v, mask, scale)
+
+
+def dhsa_decode_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prompt_boundaries: torch.Tensor,
+                          budget: int | None, *, initial: int = 0, keep_diagonal: bool = True,
+                          aggregation: str = "eq4", share_heads: bool = False, scale: float | None = None,
+                          score_dtype: torch.dtype = torch.float32, return_mask: bool = False):
+    """One decode step of DHSA (App. A, "decode stage").
+
+    Args:
+        q: ``(batch, heads, 1, dim)``, the current token's query.
+        k, v: ``(batch, kv_heads, total, dim)``: the whole cache, the current token last.
+        prompt_boundaries: offsets of the prompt's chunks (shared by the batch).
+        budget, initial, keep_diagonal, aggregation, share_heads, scale, score_dtype: as in prefill.
+
+    Only the last row of ``S`` is computed: the current token's chunk (itself, ``q_C = q``)
+    against every chunk of :func:`decode_boundaries`; it is upsampled and TopK-ed like a prefill row.
+    The result equals the last row of :func:`dhsa_attention_reference` run on the whole sequence
+    with those boundaries (a test pins this). The cache is kept whole; only attention is sparse.
+
+    Returns:
+        ``(batch, heads, 1, dim)`` (and the ``(batch, heads | 1, 1, total)`` mask if ``return_mask``).
+    """
+    total = k.shape[-2]
+    bd = decode_boundaries(prompt_boundaries.to(q.device), total)
+    qs, ks = q.to(score_dtype), k.to(score_dtype)
+    if share_heads:
+        qs, ks = qs.mean(1, keepdim=True), ks.mean(1, keepdim=True)
+    kc = chunk_representation(ks, bd, aggregation)
+    kc = kc.repeat_interleave(qs.shape[1] // kc.shape[1], dim=1)
+    qc = chunk_representation(qs, torch.tensor([0, 1], device=q.device), aggregation)  # a 1-token chunk
+    row = (qc @ kc.transpose(-1, -2))  # (batch, heads|1, 1, C)
+    tok = row[..., chunk_index(bd, total).to(q.device)]
+    pos = torch.tensor([total - 1], device=q.device)
+    diag = pos if keep_diagonal else pos + 1
+    if budget is not None and budget >= total:
+        budget = None
+    mask = _select_rows(tok, pos, diag, budget, initial)
+    out = _masked_attention(q, k, v, mask, scale)
+    return (out, mask) if return_mask else out
+
+
+# ================================================================================================
+# Chunk form of the kept set: what the Triton and Flex backends consume
+# ================================================================================================
+class ChunkPlan:
+    """The kept set of :func:`dhsa_mask` in chunk form, for ``keep_diagonal=True``.
+
+    For one sequence, query chunk ``c`` and head ``h``: ``order[h, c]`` lists the candidate key
+    chunks (every earlier chunk with a token at ``>= initial``) by decreasing score (ties: lower
+    index first), ``tokens[h, c]`` their candidate tokens in that order (each chunk's tokens at
+    ``>= initial``, ascending), truncated to the longest any row of ``c`` can use. Row ``i`` of
+    chunk ``c`` keeps::
+
+        [0, min(initial, i + 1))  U  [max(b_c, initial), i]  U  tokens[h, c, :room_i]
+        room_i = budget - |forced_i|,   |forced_i| = i + 1 - max(b_c - initial, 0)
+
+    which is exactly :func:`dhsa_mask`'s rule (the list is ranked, so a row's top ``room_i`` keys are
+    a prefix of it). Tensors (per sequence ``b``):
+
+    * ``starts[b]`` ``(C,)`` chunk offsets ``b_c`` (long), ``ends[b]``,
+    * ``tokens[b]`` ``(heads | 1, C, L)`` int32 key positions, ``-1`` padding,
+    * ``n_tokens[b]`` ``(heads | 1, C)`` int32 valid entries of ``tokens`` (``min(L, candidates)``).
+    """
+
+    def __init__(self, starts, ends, tokens, n_tokens, budget, initial, n):
+        self.starts, self.ends, self.tokens, self.n_tokens = starts, ends, tokens, n_tokens
+        self.budget, self.initial, self.n = budget, initial, n
+
+
+def chunk_plan(q: torch.Tensor, k: torch.Tensor, boundaries, budget: int | None, *, initial: int = 0,
+               aggregation: str = "eq4", share_heads: bool = False,
+               score_dtype: torch.dtype = torch.float32) -> ChunkPlan:
+    """Rank the candidate chunks of every query chunk and list their tokens (:class:`ChunkPlan`).
+
+    Same similarity and tie rule as :func:`dhsa_mask` (with ``keep_diagonal=True``); the list of a
+    query chunk is cut at the room of its first row, the largest of the chunk. ``budget=None`` keeps
+    every causal key (the list holds all earlier tokens). Memory: ``heads x C x L`` int32 per
+    sequence with ``L <= budget``.
+    """
+    bsz, _, n, _ = q.shape
+    per = _per_batch(boundaries, bsz, n)
+    if budget is None or budget >= n:
+        budget = n  # every causal key: no row has more than n
+    starts, ends, toks, counts = [], [], [], []
+    for b in range(bsz):
+        bd = per[b].to(q.device)
+        st, en = bd[:-1], bd[1:]
+        C = st.numel()
+        s = chunk_similarity(q[b:b + 1], k[b:b + 1], bd, aggregation, share_heads, score_dtype)[0]  # (H, C, C)
+        cstart = st.clamp(min=initial)
+        clen = (en - cstart).clamp(min=0)  # candidate tokens of each key chunk
+        ci = torch.arange(C, device=q.device)
+        is_cand = (ci[None, :] < ci[:, None]) & (clen[None, :] > 0)  # (C query, C key)
+        forced_first = torch.minimum(st, torch.full_like(st, initial)) + 1  # |forced| of row b_c
+        need = max_forced(bd, initial)
+        if need > budget:
+            raise ValueError(f"budget={budget} is smaller than the always-kept keys of some query ({need} = "
+                             "initial tokens + its diagonal chunk): the budget must be at least initial + the "
+                             "longest chunk; raise budget or use shorter chunks")
+        room = budget - forced_first
+        scores = s.masked_fill(~is_cand[None], float("-inf"))
+        order = torch.sort(scores, dim=-1, descending=True, stable=True).indices  # (H, C, C)
+        olen = torch.where(torch.gather(is_cand[None].expand_as(order), -1, order), clen[order], 0)
+        cum_after = olen.cumsum(-1)  # tokens listed up to and including rank m
+        total = cum_after[..., -1]  # (H, C)
+        n_tok = torch.minimum(total, room[None, :])
+        L = max(int(n_tok.max()), 1)
+        slot = torch.arange(L, device=q.device)
+        m = torch.searchsorted(cum_after.contiguous(), slot.expand(*cum_after.shape[:-1], L).contiguous(),
+                               right=True)  # rank whose range holds the slot
+        m = m.clamp(max=C - 1)
+        before = torch.gather(cum_after, -1, m) - torch.gather(olen, -1, m)
+        chunk = torch.gather(order, -1, m)
+        tok = cstart[chunk] + (slot - before)
+        tok = torch.where(slot < n_tok[..., None], tok, torch.full_like(tok, -1))
+        starts.append(st)
+        ends.append(en)
+        toks.append(tok.to(torch.int32))
+        counts.append(n_tok.to(torch.int32))
+    return ChunkPlan(starts, ends, toks, counts, budget, initial, n)
+
+
+def plan_mask(plan: ChunkPlan) -> torch.Tensor:
+    """The ``(batch, heads | 1, seq, seq)`` bool mask a :class:`ChunkPlan` keeps (to test it)."""
+    n, initial, budget = plan.n, plan.initial, plan.budget
+    out = []
+    for st, en, tok, cnt in zip(plan.starts, plan.ends, plan.tokens, plan.n_tokens):
+        h = tok.shape[0]
+        dev = tok.device
+        mask = torch.zeros(h, n, n, dtype=torch.bool, device=dev)
+        j = torch.arange(n, device=dev)
+        for c in range(st.numel()):
+            s0, e0 = int(st[c]), int(en[c])
+            for i in range(s0, e0):
+                forced = (j <= i) & ((j < initial) | (j >= max(s0, initial)))
+                room = budget - int(forced.sum())
+                mask[:, i] = forced
+                for hh in range(h):
+                    r = max(0, min(room, int(cnt[hh, c])))
+                    sel = tok[hh, c, :r].long()
+                    mask[hh, i, sel] = True
+        out.append(mask)
+    return torch.stack(out)
+
+
+# ================================================================================================
+# App. B: labels from attention (Eq. 5-8), boundary selection with NMS
+# ================================================================================================
+def label_valid(n: int, window: int, device=None) -> torch.Tensor:
+    """``(n,)`` bool: positions that get a label and a prediction.
+
+    Reading (authors' code, ``smooth_ends``): positions ``2w - 1 <= t < n - 2w``, so both windows
+    are inside the sequence and later queries exist; the text does not say how ends are handled.
+    """
+    t = torch.arange(n, device=device)
+    return (t >= 2 * window - 1) & (t < n - 2 * window)
+
+
+def label_ratios(attn: torch.Tensor, window: int, *, rule: str = "code", horizon: int | None = None,
+                 eps: float = 1e-6) -> torch.Tensor:
+    """Attention ratio ``r_t`` of every position ``t`` (App. B, Eq. 5-7), in float64.
+
+    Args:
+        attn: ``(..., n, n)`` attention probabilities (rows = queries); average heads first (the
+            authors' code averages the heads of a layer).
+        window: ``w``, the size of the past window ``[t-w+1, t]`` and of the future window ``[t+1, t+w]``.
+        rule: which reading of Eq. 5-7:
+
+            * ``"code"`` (default; the authors' ``_compute_cumulative_attention_mass_ratio``): the
+              queries ``j`` that see the whole future window (``t + w <= j < t + w + horizon``) sum their
+              attention on the past window (Eq. 5, ``a_past``) and on the future window (Eq. 6,
+              ``a_fut``); ``r_t = (max + eps) / (min + eps)`` (Eq. 7): large when later tokens treat
+              the two sides of ``t`` differently. Matches the text: "the outer sum index iterates over
+              future tokens (beyond t), the inner sum over the tokens in the corresponding window".
+            * ``"notes"`` (NOTES.md's reading): the queries ``j in (t, t+w]`` sum their attention on
+              ``(t, j]`` (right) and on ``[t-w+1, t]`` (left); ``r_t = right / (left + eps)``: large
+              where the text after ``t`` stops looking back.
+        horizon: ``"code"`` only: how many queries from ``t + w`` on count (the code uses the
+            sliding window for local layers and all later queries for global ones; None = all).
+
+    Returns:
+        ``(..., n)`` float64 ratios; positions outside :func:`label_valid` get 1 (no evidence).
+    """
+    if window < 1:
+        raise ValueError(f"window must be >= 1, got {window}")
+    if rule not in ("code", "notes"):
+        raise ValueError(f"rule must be 'code' or 'notes', got {rule!r}")
+    a = attn.to(torch.float64)
+    n = a.shape[-1]
+    w = window
+    t = torch.arange(n, device=a.device)
+    valid = label_valid(n, w, a.device)
+    if rule == "code":
+        # integral image I[r, c] = sum of a[:r, :c]; rect(r1, r2, c1, c2) sums rows [r1, r2), cols [c1, c2)
+        integ = F.pad(a.cumsum(-2).cumsum(-1), (1, 0, 1, 0))
+
+        def rect(r1, r2, c1, c2):
+            def at(r, c):
+                return integ[..., r, c]
+            return at(r2, c2) - at(r1, c2) - at(r2, c1) + at(r1, c1)
+
+        tc = t.clamp(min=w - 1, max=max(n - w - 1, w - 1))  # keep indices in range; invalid t are reset below
+        r1 = (tc + w).clamp(max=n)  # first query that sees the whole future window (itself included)
+        r2 = torch.full_like(r1, n) if horizon is None else (tc + w + horizon).clamp(max=n)
+        past = rect(r1, r2, tc - w + 1, tc + 1)  # Eq. 5
+        fut = rect(r1, r2, tc + 1, (tc + w + 1).clamp(max=n))  # Eq. 6
+        ratio = (torch.maximum(past, fut) + eps) / (torch.minimum(past, fut) + eps)  # Eq. 7
+    else:
+        ratio = torch.ones(*a.shape[:-2], n, dtype=torch.float64, device=a.device)
+        right = torch.zeros_like(ratio)
+        left = torch.zeros_like(ratio)
+        rowc = F.pad(a.cumsum(-1), (1, 0))  # rowc[..., j, c] = sum of a[j, :c]
+        for d in range(1, w + 1):  # query j = t + d
+            j = (t + d).clamp(max=n - 1)
+            rj = rowc[..., j, :]  # (..., n(t), n+1)
+            ok = (t + d < n).to(a.dtype)
+            take = lambda c: torch.gather(rj, -1, c.expand(*rj.shape[:-1])[..., None])[..., 0]  # noqa: E731
+            right = right + ok * (take((j + 1).clamp(max=n)) - take((t + 1).clamp(max=n)))
+            left = left + ok * (take((t + 1).clamp(max=n)) - take((t - w + 1).clamp(min=0)))
+        ratio = right / (left + eps)
+    return torch.where(valid, ratio, torch.ones_like(ratio))
+
+
+def soft_labels(ratios: torch.Tensor, alpha: float = 2.0, beta: float = -2.0 * math.log(2.0),
+                base: float = math.e, eps: float = 1e-6) -> torch.Tensor:
+    """Soft boundary label ``y_t = sigmoid(alpha * log_base(r_t + eps) + beta)`` (App. B, Eq. 8).
+
+    Reading: the symbols (slope ``alpha``, offset ``beta``, base ``b``) are the text's; the values
+    are the authors' training script's (``alpha = 2``, ``beta = ln 2`` subtracted inside the
+    product: ``sigmoid(2 (ln r - ln 2))``, i.e. ``y = 0.5`` at ``r = 2``). The script then binarises
+    ``y >= 0.5``; the text trains on the soft ``y`` ("in line with knowledge distillation"), so do we
+    (:func:`kvlab.dhsa.training` has ``hard_labels`` for the script's variant).
+    """
+    return torch.sigmoid(alpha * torch.log(ratios + eps) / math.log(base) + beta)
+
+
+def select_boundaries(scores: torch.Tensor, *, max_chunks: int, threshold: float | None,
+                      nms_window: int = 8, valid: torch.Tensor | None = None,
+                      sure: torch.Tensor | None = None) -> torch.Tensor:
+    """Offsets from per-position boundary scores: threshold, sort, NMS, at most ``max_chunks`` chunks.
+
+    Args:
+        scores: ``(n,)`` score of "position ``t`` ends a chunk" (a ratio or a probability).
+        max_chunks: ``N_c``: at most ``N_c - 1`` interior boundaries (the end of the sequence is always one).
+        threshold: keep positions with score ``> threshold`` (None: no threshold).
+        nms_window: a selected position suppresses every other candidate within this distance
+            (``|t - s| <= nms_window``); 0 disables NMS.
+        valid: ``(n,)`` bool, positions that may be boundaries (default :func:`label_valid`-like: all
+            but the last).
+        sure: ``(n,)`` bool, positions that are boundaries whatever their score (e.g. a newline);
+            they count against ``max_chunks`` first and suppress their neighbours.
+
+    Returns:
+        offsets ``[0, t_1 + 1, ..., n]`` (a boundary at ``t`` means chunk ends at ``t``; App. B).
+
+    Reading (text, App. B "Inference"): threshold -> sort descending -> greedy NMS -> top ``N_c``;
+    positions 0 and ``n`` are always boundaries (App. B labelling paragraph).
+    """
+    n = scores.numel()
+    if max_chunks < 1:
+        raise ValueError(f"max_chunks must be >= 1, got {max_chunks}")
+    if nms_window < 0:
+        raise ValueError(f"nms_window must be >= 0, got {nms_window}")
+    ok = torch.ones(n, dtype=torch.bool, device=scores.device) if valid is None else valid.clone().bool()
+    ok[n - 1] = False  # the sequence end is a boundary anyway
+    sc = scores.detach().to(torch.float64).cpu()
+    ok = ok.cpu()
+    order: list[int] = []
+    if sure is not None:
+        order += [int(t) for t in torch.nonzero(sure.cpu() & ok).flatten()]
+    cand = ok.clone()
+    if threshold is not None:
+        cand &= sc > threshold
+    idx = torch.nonzero(cand).flatten()
+    idx = idx[torch.sort(sc[idx], descending=True, stable=True).indices]
+    order += idx.tolist()
+    blocked = torch.zeros(n, dtype=torch.bool)
+    chosen: list[int] = []
+    for t in order:
+        if len(chosen) >= max_chunks - 1:
+            break
+        if blocked[t]:
+            continue
+        chosen.append(t)
+        if nms_window:
+            blocked[max(0, t - nms_window): t + nms_window + 1] = True
+        else:
+            blocked[t] = True
+    ends = sorted(t + 1 for t in chosen)
+    return torch.tensor([0] + ends + [n], dtype=torch.long, device=scores.device)
+
+
+def oracle_boundaries(attn: torch.Tensor, *, window: int = 4, max_chunks: int, threshold: float | None = 1.1,
+                      nms_window: int = 8, rule: str = "code", horizon: int | None = None) -> torch.Tensor:
+    """Boundaries from a layer's own attention (``(n, n)`` or ``(heads, n, n)``, heads averaged):
+    :func:`label_ratios` then :func:`select_boundaries` on the ratios (the hard labels of App. B).
+
+    Reading (authors' code): ratio threshold ``theta = 1.1``, NMS window 8.
+    """
+    if attn.dim() == 3:
+        attn = attn.mean(0)
+    r = label_ratios(attn, window, rule=rule, horizon=horizon)
+    return select_boundaries(r, max_chunks=max_chunks, threshold=threshold, nms_window=nms_window,
+                             valid=label_valid(attn.shape[-1], window, attn.device))
+
+
+# ================================================================================================
+# Eq. 1-3: the boundary predictor; Eq. 9: focal BCE
+# ================================================================================================
+def key_features(k: torch.Tensor) -> torch.Tensor:
+    """``(batch, kv_heads, seq, dim)`` keys -> ``(batch, seq, kv_heads * dim)`` predictor input
+    (the key heads side by side, as the authors' code does)."""
+    b, h, n, d = k.shape
+    return k.transpose(1, 2).reshape(b, n, h * d)
+
+
+class BoundaryPredictor(nn.Module):
+    """``P(position t ends a chunk)`` from the keys around ``t`` (Sec. 2.2, Eq. 1-3; App. B).
+
+    Eq. 1 (encoder): windows ``K_left = k[t-w+1 .. t]``, ``K_right = k[t+1 .. t+w]`` (zero padded at
+    the ends), each through multi-head self-attention, mean pooling, the output projection and a
+    LayerNorm -> ``l``, ``r``.
+    Eq. 2 (fusion): ``f = [l, r, |l - r|, l * r, cos(l, r)]`` (``4C + 1`` features).
+    Eq. 3 (MLP): ``p = sigmoid(W2 relu(W1 f + b1) + b2)``; :meth:`forward` returns the logit.
+
+    Every token belongs to ``2w`` windows, so its query/key/value projections are computed once and
+    the windows gathered from them; pooling before the (linear) output projection is the same as
+    after it. The LayerNorm comes after pooling (ours; the authors' code normalises each token's
+    output, then pools): this makes the encoder ``2w`` times cheaper, which is what lets training
+    run on a CPU.
+
+    Args:
+        channels: feature size ``C`` (``kv_heads * head_dim`` of the model; one predictor is shared
+            by all layers, as in the paper: "a single model shared across layers and datasets").
+        window: ``w`` (paper: 4, "8 tokens per position").
+        heads: attention heads of the encoder (paper: 8); must divide ``channels``.
+        hidden: hidden size of the MLP (paper: 256).
+        encoder: ``"separate"`` attends within each window (reading of the text: "each window is
+            processed by a MHA module with pooling"); ``"joint"`` attends over the ``2w`` tokens
+            together and pools each half (the authors' ``BoundarySimilarityAttn``).
+        input_norm: LayerNorm (no affine) on the keys first. Ours: keys of different layers differ
+            in scale by orders of magnitude and one predictor serves all of them; the authors feed
+            raw keys.
+    """
+
+    def __init__(self, channels: int, window: int = 4, heads: int = 8, hidden: int = 256,
+                 encoder: str = "separate", input_norm: bool = True):
+        super().__init__()
+        for name, val in (("channels", channels), ("window", window), ("heads", heads), ("hidden", hidden)):
+            if isinstance(val, bool) or not isinstance(val, int) or val < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {val!r}")
+        if channels % heads:
+            raise ValueError(f"heads={heads} must divide channels={channels} (multi-head attention)")
+        if encoder not in ("separate", "joint"):
+            raise ValueError(f"encoder must be 'separate' or 'joint', got {encoder!r}")
+        self.channels, self.window, self.heads, self.hidden = channels, window, heads, hidden
+        self.encoder, self.input_norm = encoder, input_norm
+        self.norm_in = nn.LayerNorm(channels, elementwise_affine=False) if input_norm else nn.Identity()
+        self.qkv = nn.Linear(channels, 3 * channels)
+        self.proj = nn.Linear(channels, channels)
+        self.norm = nn.LayerNorm(channels)
+        self.mlp = nn.Sequential(nn.Linear(4 * channels + 1, hidden), nn.ReLU(), nn.Linear(hidden, 1))
+
+    def config(self) -> dict:
+        return dict(channels=self.channels, window=self.window, heads=self.heads, hidden=self.hidden,
+                    encoder=self.encoder, input_norm=self.input_norm)
+
+    def _pooled_attention(self, q, k, v, first: int, size: int) -> torch.Tensor:
+        """Self-attention inside the window of ``size`` tokens starting ``first`` tokens after each
+        block start, mean-pooled over its tokens: ``(b, n, h, dh)``.
+
+        ``q, k, v``: ``(b, n + 2w - 1, h, dh)`` projections of the padded sequence; block ``t`` is
+        padded tokens ``t .. t + 2w - 1``. Mean pooling of ``att @ v`` over the window's queries is
+        ``sum_j abar_j v_j`` with ``abar_j`` the column means of the attention matrix, so the
+        ``(window x dim)`` outputs are never formed.
+        """
+        n = q.shape[1] - 2 * self.window + 1
+        dh = q.shape[-1]
+        rows = []
+        for i in range(size):  # scores[..., i, j] = q[t + first + i] . k[t + first + j]
+            qi = q[:, first + i: first + i + n]
+            rows.append(torch.stack([(qi * k[:, first + j: first + j + n]).sum(-1) for j in range(size)], -1))
+        att = (torch.stack(rows, -2) / math.sqrt(dh)).softmax(-1)  # (b, n, h, size, size)
+        abar = att.mean(-2)  # (b, n, h, size)
+        return sum(abar[..., j, None] * v[:, first + j: first + j + n] for j in range(size))
+
+    def encode(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(batch, seq, C)`` key features -> ``l, r``, each ``(batch, seq, C)`` (Eq. 1)."""
+        x = self.norm_in(x.float())
+        b, n, c = x.shape
+        w, h = self.window, self.heads
+        xp = F.pad(x, (0, 0, w - 1, w))  # zero padding at both ends, as the authors' unfold
+        q, k, v = self.qkv(xp).view(b, n + 2 * w - 1, 3, h, c // h).unbind(2)  # projections, once per token
+        if self.encoder == "separate":  # each window on its own
+            l = self._pooled_attention(q, k, v, 0, w)
+            r = self._pooled_attention(q, k, v, w, w)
+        else:  # the 2w tokens together, pooled per half
+            size = 2 * w
+            rows = []
+            for i in range(size):
+                qi = q[:, i: i + n]
+                rows.append(torch.stack([(qi * k[:, j: j + n]).sum(-1) for j in range(size)], -1))
+            att = (torch.stack(rows, -2) / math.sqrt(c // h)).softmax(-1)  # (b, n, h, 2w, 2w)
+            out_l = att[..., :w, :].mean(-2)
+            out_r = att[..., w:, :].mean(-2)
+            l = sum(out_l[..., j, None] * v[:, j: j + n] for j in range(size))
+            r = sum(out_r[..., j, None] * v[:, j: j + n] for j in range(size))
+        enc = self.norm(self.proj(torch.stack([l, r], 2).reshape(b, n, 2, c)))
+        return enc[:, :, 0], enc[:, :, 1]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x``: ``(batch, seq, C)`` key features (:func:`key_features`) -> ``(batch, seq)`` logits."""
+        if x.dim() != 3 or x.shape[-1] != self.channels:
+            raise ValueError(f"x must be (batch, seq, {self.channels}) key features, got {tuple(x.shape)}")
+        l, r = self.encode(x)
+        cos = F.cosine_similarity(l, r, dim=-1, eps=1e-6)[..., None]
+        f = torch.cat([l, r, (l - r).abs(), l * r, cos], dim=-1)  # Eq. 2
+        return self.mlp(f).squeeze(-1)  # Eq. 3 (the logit; sigmoid gives p_t)
+
+
+def focal_bce_loss(logits: torch.Tensor, targets: torch.Tensor, *, pos_weight: float = 1.3, gamma: float = 2.0,
+                   mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Focal binary cross-entropy with a positive-class weight (App. B, Eq. 9), mean over ``mask``::
+
+        p = sigmoid(z),  p_t = y p + (1 - y)(1 - p)
+        L = mean_t (1 - p_t)^gamma * -[w_pos y log p + (1 - y) log(1 - p)]
+
+    Reading: the text's symbols (``w_pos`` "fixed positive-class weight", ``gamma`` "focal
+    parameter", soft ``y``); the values and the form of ``p_t`` for soft labels are the authors'
+    (``pos_weight = 1.3``, ``gamma = 2``, ``legacy/boundary_predictor/loss.py``).
+    """
+    targets = targets.to(logits.dtype)
+    bce = F.binary_cross_entropy_with_logits(
+        logits, targets, pos_weight=torch.tensor(pos_weight, dtype=logits.dtype, device=logits.device),
+        reduction="none")
+    p = torch.sigmoid(logits)
+    p_t = p * targets + (1 - p) * (1 - targets)
+    loss = (1 - p_t).pow(gamma) * bce
+    if mask is None:
+        return loss.mean()
+    m = mask.to(loss.dtype)
+    return (loss * m).sum() / m.sum().clamp(min=1.0)
+
+
+@torch.no_grad()
+def predict_boundaries(predictor: BoundaryPredictor, k: torch.Tensor, *, max_chunks: int, threshold: float = 0.5,
+                       nms_window: int = 8, max_len: int | None = None) -> list[torch.Tensor]:
+    """Chunkings of a batch from its keys: predictor probabilities, then :func:`select_boundaries`.
+
+    Args:
+        k: ``(batch, kv_heads, seq, dim)`` keys of the layer (RoPE applied, as the authors' code).
+        max_chunks: ``N_c``. threshold: on the probability (the authors' code thresholds the logit
+            at 1.1, i.e. ``p > 0.75``). nms_window: App. B ("e.g. 8 or 64").
+        max_len: cut chunks longer than this (:func:`split_long_chunks`; ours).
+
+    Returns:
+        one offsets tensor per sequence.
+    """
+    x = key_features(k)
+    p = torch.sigmoid(predictor(x))
+    n = x.shape[1]
+    valid = label_valid(n, predictor.window, x.device)
+    out = []
+    for b in range(x.shape[0]):
+        bd = select_boundaries(p[b], max_chunks=max_chunks, threshold=threshold, nms_window=nms_window, valid=valid)
+        out.append(split_long_chunks(bd, max_len) if max_len else bd)
+    return out
+
+
+# ================================================================================================
+# Recall: how much dense attention mass a mask keeps
+# ================================================================================================
+def _dense_probs(q, k, scale):
+    group = q.shape[1] // k.shape[1]
+    k = k.repeat_interleave(group, dim=1).to(torch.float64)
+    q = q.to(torch.float64)
+    n = q.shape[-2]
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    s = (q @ k.transpose(-1, -2)) * scale
+    causal = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
+    return torch.softmax(s.masked_fill(~causal, float("-inf")), dim=-1)
+
+
+def attention_recall(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, scale: float | None = None) -> torch.Tensor:
+    """Share of dense causal attention mass the mask keeps, per head: ``mean_i sum_{j kept} P[i, j]``.
+
+    Args:
+        q ``(batch, heads, seq, dim)``, k ``(batch, kv_heads, seq, dim)``, mask ``(batch, heads | 1, seq, seq)``.
+
+    Returns:
+        ``(batch, heads)`` float64 in ``[0, 1]``; 1 when the mask keeps every causal key.
+    """
+    p = _dense_probs(q, k, scale)
+    return (p * mask).sum(-1).mean(-1)
+
+
+def best_recall(q: torch.Tensor, k: torch.Tensor, budget: int, scale: float | None = None) -> torch.Tensor:
+    """The most any mask with ``budget`` keys per query can keep: each row's top-``budget`` dense
+    probabilities (token-level TopK on the true attention). ``(batch, heads)``."""
+    p = _dense_probs(q, k, scale)
+    kk = min(budget, p.shape[-1])
+    return p.topk(kk, dim=-1).values.sum(-1).mean(-1)

@@ -1,0 +1,113 @@
+"""Why DHSA normalises chunk representations by ``sqrt(length)`` (Eq. 4), and how much of dense
+attention a chunking keeps at a given budget.
+
+Paper: DHSA (arXiv:2508.02124), Sec. 2.3: "average pooling after padding is problematic, as zero
+embeddings from padding dilute the average, and average pooling is sensitive to chunk length".
+
+A worked model (ours; the paper gives no analysis). Keys ``k_i`` i.i.d. with mean 0 and covariance
+``sigma^2 I``, a query ``q``. A chunk of ``n`` keys scores ``q . agg(k)``; with the sum ``s = sum k_i``:
+
+=================  ====================  ==============================  =========================
+aggregation        vector                null score std (no relevant key)  one relevant key ``q . k* = mu``
+=================  ====================  ==============================  =========================
+sum                ``s``                 ``sigma |q| sqrt(n)``            ``mu``
+mean               ``s / n``             ``sigma |q| / sqrt(n)``          ``mu / n``
+padded mean (L)    ``s / L``             ``sigma |q| sqrt(n) / L``        ``mu / L``
+Eq. 4              ``s / sqrt(n)``       ``sigma |q|``                    ``mu / sqrt(n)``
+=================  ====================  ==============================  =========================
+
+Only Eq. 4 gives every length the same null distribution, so a TopK over chunks of mixed lengths is
+not tilted towards short chunks (mean: their scores spread wider, so they win the extremes) or long
+ones (sum, padded mean). Its signal-to-noise for one relevant key, ``mu / (sigma |q| sqrt(n))``, is
+the sum's: a long chunk still needs a stronger match, as it should, since selecting it costs more of
+the budget. :func:`null_score_std`, :func:`selection_rates` and :func:`needle_win_rates` check the
+table by sampling.
+
+Note on the query side: per-query TopK ranks the chunks of one query row, and ``sqrt(|C_q|)`` is one
+positive factor on that row, so Eq. 4 on queries does not change the selection; only the keys' does.
+"""
+from __future__ import annotations
+
+import torch
+
+from .reference import AGGREGATIONS, attention_recall, best_recall, chunk_representation, dhsa_mask
+
+__all__ = ["null_score_std", "selection_rates", "needle_win_rates", "recall_by_chunking"]
+
+
+def _chunk_scores(q: torch.Tensor, keys: list[torch.Tensor], aggregation: str) -> torch.Tensor:
+    """Scores ``(trials, chunks)`` of chunks (each ``(trials, n_c, dim)``) for queries ``(trials, dim)``."""
+    lengths = [k.shape[1] for k in keys]
+    x = torch.cat(keys, dim=1)[:, None]  # (trials, 1, sum n, dim): one "head"
+    b = torch.tensor([0] + lengths).cumsum(0)
+    rep = chunk_representation(x, b, aggregation)[:, 0]  # (trials, chunks, dim)
+    return (rep * q[:, None]).sum(-1)
+
+
+def null_score_std(lengths, dim: int = 64, trials: int = 4000, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Standard deviation of a chunk's score over random keys and queries, per length and aggregation.
+
+    ``lengths``: chunk lengths to compare (they are scored together, so ``padded_mean`` pads to the
+    longest). Returns ``{aggregation: (len(lengths),) float64}``; Eq. 4 is flat, mean falls as
+    ``1/sqrt(n)``, sum rises as ``sqrt(n)``.
+    """
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(trials, dim, generator=g, dtype=torch.float64) / dim ** 0.5
+    keys = [torch.randn(trials, n, dim, generator=g, dtype=torch.float64) for n in lengths]
+    return {a: _chunk_scores(q, keys, a).std(0) for a in AGGREGATIONS}
+
+
+def selection_rates(lengths, dim: int = 64, trials: int = 4000, seed: int = 0) -> dict[str, torch.Tensor]:
+    """How often the chunk of each length scores highest among one chunk of every length (random keys,
+    no relevant key). Unbiased = ``1 / len(lengths)`` for every length. ``{aggregation: (len(lengths),)}``."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(trials, dim, generator=g, dtype=torch.float64) / dim ** 0.5
+    keys = [torch.randn(trials, n, dim, generator=g, dtype=torch.float64) for n in lengths]
+    out = {}
+    for a in AGGREGATIONS:
+        win = _chunk_scores(q, keys, a).argmax(-1)
+        out[a] = torch.bincount(win, minlength=len(lengths)).double() / trials
+    return out
+
+
+def needle_win_rates(lengths, strength: float = 1.0, dim: int = 64, trials: int = 4000,
+                     seed: int = 0) -> dict[str, torch.Tensor]:
+    """How often a chunk holding one relevant key ranks first against one random chunk of every length.
+
+    For each ``n`` in ``lengths``: a chunk of ``n`` keys, one of them with ``q . k* = strength`` (``q``
+    unit norm, other keys ``N(0, I/dim)``, so a random key scores with std ``dim ** -0.5``), competes
+    with random chunks of every length in ``lengths``. Returns ``{aggregation: (len(lengths),)}`` win
+    rates. With the mean, short random chunks out-shout a long chunk holding the key; with the sum
+    (or padded mean), long random chunks do; Eq. 4 gives each competitor the same noise.
+    """
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(trials, dim, generator=g, dtype=torch.float64)
+    q = q / q.norm(dim=-1, keepdim=True)
+    rivals = [torch.randn(trials, n, dim, generator=g, dtype=torch.float64) / dim ** 0.5 for n in lengths]
+    out = {a: torch.zeros(len(lengths), dtype=torch.float64) for a in AGGREGATIONS}
+    for i, n in enumerate(lengths):
+        k = torch.randn(trials, n, dim, generator=g, dtype=torch.float64) / dim ** 0.5
+        k[:, 0] = k[:, 0] - (k[:, 0] * q).sum(-1, keepdim=True) * q + strength * q  # q . k_0 = strength
+        for a in AGGREGATIONS:
+            s = _chunk_scores(q, [k] + rivals, a)
+            out[a][i] = (s.argmax(-1) == 0).double().mean()
+    return out
+
+
+def recall_by_chunking(q: torch.Tensor, k: torch.Tensor, budget: int, chunkings: dict, *, initial: int = 0,
+                       scale: float | None = None) -> dict[str, float]:
+    """Share of dense attention mass kept by each chunking at the same budget, averaged over heads.
+
+    Args:
+        q ``(batch, heads, seq, dim)``, k ``(batch, kv_heads, seq, dim)`` (a layer's, RoPE applied).
+        chunkings: ``{name: (offsets or list of offsets, aggregation)}``.
+    Returns:
+        ``{name: recall}`` plus ``"best"``: each row's top-``budget`` dense probabilities (no mask with
+        that budget keeps more).
+    """
+    out = {}
+    for name, (bd, agg) in chunkings.items():
+        m = dhsa_mask(q, k, bd, budget, initial=initial, aggregation=agg)
+        out[name] = float(attention_recall(q, k, m, scale).mean())
+    out["best"] = float(best_recall(q, k, budget, scale).mean())
+    return out

@@ -1,0 +1,343 @@
+"""Training the DHSA boundary predictor (App. B): labels from the model's attention, focal loss on keys.
+
+Paper: DHSA (arXiv:2508.02124), App. B "Training of the boundary predictor". Two steps:
+
+1. **Labels** (:func:`make_labels`): one forward pass per text sample; a recording pattern in every
+   chosen layer computes that layer's attention, turns it into the ratios ``r_t`` of Eq. 5-7
+   (:func:`kvlab.dhsa.reference.label_ratios`) and keeps *only those* (``n`` floats per layer:
+   "storing only boundary labels", App. B). A :class:`LabelSet` is a small file.
+2. **Training** (:func:`train_predictor`): for each sample, one forward pass records the keys of
+   *all* chosen layers ("training all layers simultaneously": one pass, not one per layer); one
+   predictor shared by the layers gets the focal loss (Eq. 9) of every layer against the soft
+   labels (Eq. 8); one optimiser step per sample.
+
+Command line (documented with ``--help``)::
+
+    python -m kvlab.dhsa.training --model smollm2-135m --corpus wikitext --samples 48 --seq-len 512 \\
+        --epochs 2 --out predictor.pt
+
+runs on a CPU in a few minutes and writes the predictor (about 1.4 MB for SmolLM2-135M) with its
+configuration, training command and metrics; :func:`load_predictor` reads it back.
+
+Readings (App. B; values from the authors' ``legacy/boundary_predictor/train.py`` unless said):
+window ``w = 4``, 8 heads, hidden 256; soft label ``sigmoid(2 (ln r - ln 2))``; focal ``gamma = 2``,
+``pos_weight = 1.3``; Adam. The authors' learning rate is ``1e-4`` over 2 epochs of 30k samples;
+ours (``1e-3``) is for tens of samples. They binarise the soft labels (``hard_labels=True`` here);
+the text trains on the soft ones (our default).
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import random
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from kvlab.core import AttentionCall, AttentionPattern, attend, use_pattern
+
+from .reference import (BoundaryPredictor, focal_bce_loss, key_features, label_ratios, label_valid,
+                        soft_labels)
+
+__all__ = ["LabelRecorder", "LabelSet", "TrainResult", "text_samples", "make_labels", "record_keys",
+           "train_predictor", "evaluate_predictor", "save_predictor", "load_predictor", "default_predictor_path",
+           "main"]
+
+
+class LabelRecorder(AttentionPattern):
+    """Dense attention that also records, per layer, the label ratios (Eq. 5-7) and/or the keys.
+
+    ``ratios[layer]``: ``(batch, seq)`` float32 on the CPU; ``keys[layer]``: ``(batch, kv_heads, seq, dim)``
+    as the layer's attention sees them (RoPE applied), detached. Sliding-window layers get the code's
+    ``horizon`` (only queries inside the window count).
+    """
+
+    def __init__(self, window: int = 4, rule: str = "code", labels: bool = True, keys: bool = False):
+        self.window, self.rule, self.labels, self.keep_keys = window, rule, labels, keys
+        self.ratios: dict[int, torch.Tensor] = {}
+        self.keys: dict[int, torch.Tensor] = {}
+
+    def __call__(self, query, key, value, call: AttentionCall) -> torch.Tensor:
+        mask = call.causal_mask()
+        out, probs = attend(query, key, value, mask, call.scaling, want_probs=self.labels)
+        if self.labels:
+            attn = probs.mean(1)  # (batch, q, n): heads averaged, as the authors' code
+            horizon = call.sliding_window
+            self.ratios[call.layer_idx] = label_ratios(attn, self.window, rule=self.rule,
+                                                       horizon=horizon).float().cpu()
+        if self.keep_keys:
+            self.keys[call.layer_idx] = key.detach()
+        return out
+
+
+def text_samples(tokenizer, text: str, seq_len: int, count: int, *, offset: int = 0) -> list[torch.Tensor]:
+    """``count`` windows of ``seq_len`` token ids cut one after another from ``text`` (1-d LongTensors)."""
+    need = offset + seq_len * count
+    chars = 8 * need  # English runs about 4-5 characters a token: tokenize a generous prefix, not a whole corpus
+    while True:
+        ids = tokenizer(text[:chars], return_tensors="pt", add_special_tokens=False).input_ids[0]
+        if ids.numel() >= need or chars >= len(text):
+            break
+        chars *= 2
+    ids = ids[offset:]
+    have = ids.numel() // seq_len
+    if have < count:
+        raise ValueError(f"the text gives {have} windows of {seq_len} tokens after offset {offset}, asked for {count}")
+    return [ids[i * seq_len:(i + 1) * seq_len].clone() for i in range(count)]
+
+
+@dataclass
+class LabelSet:
+    """Token ids of each sample and the label ratios of each chosen layer: all that App. B stores."""
+
+    ids: list[torch.Tensor]
+    ratios: list[dict[int, torch.Tensor]]  # one {layer: (seq,) float32} per sample
+    layers: list[int]
+    window: int
+    rule: str
+
+    def save(self, path) -> None:
+        torch.save(dict(ids=self.ids, ratios=self.ratios, layers=self.layers, window=self.window, rule=self.rule),
+                   path)
+
+    @classmethod
+    def load(cls, path) -> "LabelSet":
+        d = torch.load(path, weights_only=True)
+        return cls(d["ids"], d["ratios"], d["layers"], d["window"], d["rule"])
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.ids) + sum(
+            r.numel() * r.element_size() for s in self.ratios for r in s.values())
+
+
+@torch.no_grad()
+def make_labels(model, samples: list[torch.Tensor], layers: list[int], *, window: int = 4,
+                rule: str = "code") -> LabelSet:
+    """Labels of every chosen layer from one forward pass per sample (App. B)."""
+    if window < 1:
+        raise ValueError(f"window must be >= 1, got {window}")
+    dev = model.device
+    ratios = []
+    for ids in samples:
+        rec = LabelRecorder(window, rule, labels=True, keys=False)
+        with use_pattern(model, rec, layers):
+            model(input_ids=ids[None].to(dev), use_cache=False, logits_to_keep=1)  # no logits needed
+        ratios.append({layer: rec.ratios[layer][0] for layer in layers})
+    return LabelSet([s.cpu() for s in samples], ratios, list(layers), window, rule)
+
+
+@torch.no_grad()
+def record_keys(model, ids: torch.Tensor, layers: list[int]) -> dict[int, torch.Tensor]:
+    """Keys of every chosen layer from one forward pass (``(1, kv_heads, seq, dim)`` each)."""
+    rec = LabelRecorder(labels=False, keys=True)
+    with use_pattern(model, rec, layers):
+        model(input_ids=ids[None].to(model.device), use_cache=False, logits_to_keep=1)  # no logits needed
+    return rec.keys
+
+
+def _targets(ratios: torch.Tensor, alpha: float, beta: float, hard: bool) -> torch.Tensor:
+    y = soft_labels(ratios.double(), alpha=alpha, beta=beta).float()
+    return (y >= 0.5).float() if hard else y
+
+
+@dataclass
+class TrainResult:
+    predictor: BoundaryPredictor
+    losses: list[float] = field(default_factory=list)  # mean loss over layers, per step
+    seconds: float = 0.0
+    config: dict = field(default_factory=dict)
+
+
+def train_predictor(model, labels: LabelSet, *, predictor: BoundaryPredictor | None = None, epochs: int = 1,
+                    lr: float = 1e-3, heads: int = 8, hidden: int = 256, encoder: str = "separate",
+                    alpha: float = 2.0, beta: float = -2.0 * math.log(2.0), gamma: float = 2.0,
+                    pos_weight: float = 1.3, hard_labels: bool = False, seed: int = 0,
+                    log_every: int = 0) -> TrainResult:
+    """Train one predictor for all ``labels.layers`` (App. B), one optimiser step per sample.
+
+    Each step: one forward pass of the frozen model records the keys of every layer; the focal loss
+    (Eq. 9) of each layer against the soft labels (Eq. 8) is averaged over layers and positions
+    (:func:`kvlab.dhsa.reference.label_valid`). Keys are recomputed at every step: only labels are stored.
+    """
+    if epochs < 1:
+        raise ValueError(f"epochs must be >= 1, got {epochs}")
+    torch.manual_seed(seed)
+    dev = model.device
+    probe = record_keys(model, labels.ids[0][:16], labels.layers[:1])
+    channels = key_features(next(iter(probe.values()))).shape[-1]
+    if predictor is None:
+        predictor = BoundaryPredictor(channels, window=labels.window, heads=heads, hidden=hidden, encoder=encoder)
+    elif predictor.channels != channels:
+        raise ValueError(f"predictor has {predictor.channels} channels, the model's keys {channels}")
+    predictor = predictor.to(dev).train()
+    opt = torch.optim.Adam(predictor.parameters(), lr=lr)
+    result = TrainResult(predictor, config=dict(epochs=epochs, lr=lr, alpha=alpha, beta=beta, gamma=gamma,
+                                                pos_weight=pos_weight, hard_labels=hard_labels, seed=seed))
+    order = list(range(len(labels.ids)))
+    rng = random.Random(seed)
+    t0 = time.perf_counter()
+    step = 0
+    for _ in range(epochs):
+        rng.shuffle(order)
+        for i in order:
+            keys = record_keys(model, labels.ids[i], labels.layers)
+            loss = 0.0
+            for layer in labels.layers:
+                x = key_features(keys[layer]).float()
+                n = x.shape[1]
+                y = _targets(labels.ratios[i][layer], alpha, beta, hard_labels).to(dev)[None]
+                logits = predictor(x)
+                loss = loss + focal_bce_loss(logits, y, pos_weight=pos_weight, gamma=gamma,
+                                             mask=label_valid(n, predictor.window, dev)[None])
+            loss = loss / len(labels.layers)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            result.losses.append(float(loss.detach()))
+            step += 1
+            if log_every and step % log_every == 0:
+                print(f"step {step}: loss {float(loss):.4f}", flush=True)
+    result.seconds = time.perf_counter() - t0
+    predictor.eval()
+    return result
+
+
+@torch.no_grad()
+def evaluate_predictor(model, predictor: BoundaryPredictor, labels: LabelSet, *, alpha: float = 2.0,
+                       beta: float = -2.0 * math.log(2.0), gamma: float = 2.0, pos_weight: float = 1.3) -> dict:
+    """Validation metrics of App. B over samples and layers: focal loss, precision / recall / F1 of
+    ``p >= 0.5`` against the hard labels (``y >= 0.5``), and top-k overlap (``k`` = number of hard
+    positives: the share of the ``k`` highest-ratio positions among the ``k`` highest predictions)."""
+    predictor.eval()
+    dev = model.device
+    tp = fp = fn = 0
+    overlaps, losses = [], []
+    for i, ids in enumerate(labels.ids):
+        keys = record_keys(model, ids, labels.layers)
+        for layer in labels.layers:
+            x = key_features(keys[layer]).float()
+            n = x.shape[1]
+            valid = label_valid(n, predictor.window, dev)
+            r = labels.ratios[i][layer].to(dev)
+            y = _targets(r, alpha, beta, False)
+            logits = predictor(x)[0]
+            losses.append(float(focal_bce_loss(logits[None], y[None], pos_weight=pos_weight, gamma=gamma,
+                                               mask=valid[None])))
+            pred, hard = (logits >= 0)[valid], (y >= 0.5)[valid]
+            tp += int((pred & hard).sum())
+            fp += int((pred & ~hard).sum())
+            fn += int((~pred & hard).sum())
+            k = int(hard.sum())
+            if k:
+                top_r = set(torch.topk(r[valid], k).indices.tolist())
+                top_p = set(torch.topk(logits[valid], k).indices.tolist())
+                overlaps.append(len(top_r & top_p) / k)
+    precision = tp / max(tp + fp, 1)
+    recall = tp / max(tp + fn, 1)
+    f1 = 2 * precision * recall / max(precision + recall, 1e-12)
+    return dict(loss=sum(losses) / len(losses), precision=precision, recall=recall, f1=f1,
+                topk_overlap=sum(overlaps) / max(len(overlaps), 1), positives=(tp + fn))
+
+
+def save_predictor(predictor: BoundaryPredictor, path, meta: dict | None = None) -> str:
+    """Write the predictor (configuration, weights, ``meta``) to ``path``; returns its sha256."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().cpu() for k, v in predictor.state_dict().items()}
+    torch.save(dict(config=predictor.config(), state_dict=state, meta=meta or {}), path)
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def load_predictor(path, device=None) -> tuple[BoundaryPredictor, dict]:
+    """Read a predictor written by :func:`save_predictor`: ``(predictor in eval mode, meta)``."""
+    d = torch.load(path, map_location="cpu", weights_only=True)
+    p = BoundaryPredictor(**d["config"])
+    p.load_state_dict(d["state_dict"])
+    return p.to(device or "cpu").eval(), d.get("meta", {})
+
+
+def default_predictor_path(model_name: str) -> Path:
+    """Where the command line writes a model's predictor by default: ``<kvlab cache>/dhsa/predictor-<model>.pt``."""
+    from kvlab.assets import cache_dir
+
+    return cache_dir() / "dhsa" / f"predictor-{model_name}.pt"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m kvlab.dhsa.training",
+        description="Train the DHSA boundary predictor of a model on a corpus (App. B): labels from one forward "
+                    "pass per sample, then one predictor for all global layers. Writes the predictor file and "
+                    "prints its sha256 and validation metrics.")
+    ap.add_argument("--model", default="smollm2-135m", help="kvlab model id (python -m kvlab fetch --list)")
+    ap.add_argument("--corpus", default="wikitext", help="training corpus id")
+    ap.add_argument("--val-corpus", default="paul-graham", help="validation corpus id")
+    ap.add_argument("--samples", type=int, default=48, help="training windows")
+    ap.add_argument("--val-samples", type=int, default=8, help="validation windows")
+    ap.add_argument("--seq-len", type=int, default=512, help="tokens per window")
+    ap.add_argument("--epochs", type=int, default=2)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--window", type=int, default=4, help="w: predictor windows and labelling rule")
+    ap.add_argument("--heads", type=int, default=8)
+    ap.add_argument("--hidden", type=int, default=256)
+    ap.add_argument("--encoder", choices=("separate", "joint"), default="separate")
+    ap.add_argument("--rule", choices=("code", "notes"), default="code", help="reading of Eq. 5-7")
+    ap.add_argument("--hard-labels", action="store_true", help="binarise the soft labels (the authors' script)")
+    ap.add_argument("--layers", default="global", help="'global' (no sliding window), 'all', or e.g. 0,5,11")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: leave as is)")
+    ap.add_argument("--device", default=None)
+    ap.add_argument("--out", default=None, help="output file (default: <kvlab cache>/dhsa/predictor-<model>.pt)")
+    args = ap.parse_args(argv)
+    for name in ("samples", "val_samples", "seq_len", "epochs", "window", "heads", "hidden"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be >= 1")
+    if args.seq_len < 4 * args.window + 2:
+        ap.error(f"--seq-len must be >= 4 * window + 2 = {4 * args.window + 2} (labels need both windows)")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    from kvlab.datasets import load_text
+    from kvlab.models import load_model
+
+    from .pattern import dhsa_layers
+
+    torch.manual_seed(args.seed)
+    model, tok = load_model(args.model, dtype=torch.float32, device=args.device)
+    n_layers = model.config.num_hidden_layers
+    if args.layers == "global":
+        layers = dhsa_layers(model)
+    elif args.layers == "all":
+        layers = list(range(n_layers))
+    else:
+        layers = [int(x) for x in args.layers.split(",")]
+    train_ids = text_samples(tok, load_text(args.corpus), args.seq_len, args.samples)
+    val_ids = text_samples(tok, load_text(args.val_corpus), args.seq_len, args.val_samples)
+    t0 = time.perf_counter()
+    train_labels = make_labels(model, train_ids, layers, window=args.window, rule=args.rule)
+    val_labels = make_labels(model, val_ids, layers, window=args.window, rule=args.rule)
+    t_labels = time.perf_counter() - t0
+    print(f"labels: {len(train_ids)} + {len(val_ids)} samples x {len(layers)} layers in {t_labels:.0f} s "
+          f"({train_labels.nbytes() / 1e6:.2f} MB stored)", flush=True)
+    res = train_predictor(model, train_labels, epochs=args.epochs, lr=args.lr, heads=args.heads, hidden=args.hidden,
+                          encoder=args.encoder, hard_labels=args.hard_labels, seed=args.seed,
+                          log_every=max(1, len(train_ids) // 4))
+    metrics = evaluate_predictor(model, res.predictor, val_labels)
+    print(f"trained {len(res.losses)} steps in {res.seconds:.0f} s; loss {res.losses[0]:.4f} -> {res.losses[-1]:.4f}")
+    print("validation:", json.dumps({k: round(v, 4) for k, v in metrics.items()}))
+    out = Path(args.out) if args.out else default_predictor_path(args.model)
+    meta = dict(model=args.model, layers=layers, command="python -m kvlab.dhsa.training " + " ".join(
+        sys.argv[1:] if argv is None else argv), train=res.config, validation=metrics,
+        first_loss=res.losses[0], last_loss=res.losses[-1])
+    sha = save_predictor(res.predictor, out, meta)
+    print(f"wrote {out} ({out.stat().st_size / 1e6:.2f} MB) sha256 {sha}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,222 @@
+"""``python -m kvlab bench orthorank WHAT``: GPU benchmarks of OrthoRank, with a JSON record.
+
+Subcommands (each writes ``<out>/orthorank_<what>[_tag].json`` and ``.md`` with the device named):
+
+* ``throughput``  prefill throughput, batch x 2048 tokens (the paper's setting: batch 32, Sec. 4.1), for a
+  1B-class (Llama-3.2-1B shape) and an 8B-class (Llama-3-8B shape) model with random bf16 weights: dense,
+  SLEB (layers removed) and OrthoRank (layers routed at ``token_ratio``) at 10% and 20% sparsity, with the
+  paper's accounting (``kvlab.orthorank.layers_for_sparsity``). Ratios are measured side by side in one run.
+* ``layer``       one decoder layer of each shape: dense forward, OrthoRank's routed forward, and the routed
+  forward's bookkeeping alone (scores, top-k, gathers, mask, scatter), to see what the PyTorch path costs.
+
+Readings: throughput counts prompt tokens per second of a full forward pass without a cache whose logits are
+only computed for the last position (``logits_to_keep=1``; the paper does not say what it times); which
+layers are removed or routed does not change the time, so they are spread evenly over the second half of the
+network (their choice needs a trained model: :func:`kvlab.orthorank.search_layers`).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from kvlab.kernels.benchmarking import bench_ms, device_info, fmt_table, ints, require_cuda, spin, write_outputs
+
+__all__ = ["COMMANDS", "SHAPES", "main", "spread_layers"]
+
+SHAPES = {
+    # Llama-3.2-1B and Llama-3-8B (vocabulary 128256, GQA 8 KV heads)
+    "1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
+               num_key_value_heads=8, head_dim=64, tie_word_embeddings=True),
+    "8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+               num_key_value_heads=8, head_dim=128, tie_word_embeddings=False),
+}
+
+
+def spread_layers(num_layers: int, n: int) -> list[int]:
+    """``n`` layers spread evenly over the second half of ``num_layers`` (the last layer excluded)."""
+    if n == 0:
+        return []
+    lo, hi = num_layers // 2, num_layers - 2
+    if n > hi - lo + 1:
+        lo = max(1, hi - n + 1)
+    return sorted({lo + round(i * (hi - lo) / max(1, n - 1)) for i in range(n)})[:n]
+
+
+def _model(shape: str, seq: int):
+    torch = require_cuda()
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from kvlab.core import attach
+
+    cfg = LlamaConfig(vocab_size=128256, max_position_embeddings=max(seq, 8192), rope_theta=500000.0,
+                      **SHAPES[shape])
+    cfg._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with torch.device("cuda"):
+            model = LlamaForCausalLM(cfg).eval()
+    finally:
+        torch.set_default_dtype(default)
+    return attach(model), cfg
+
+
+def run_throughput(args) -> dict:
+    torch = require_cuda()
+    from kvlab.orthorank import layers_for_sparsity, nominal_sparsity, orthorank, skip_layers
+
+    rows = []
+    for shape in args.shapes:
+        model, cfg = _model(shape, args.seq)
+        L = cfg.num_hidden_layers
+        ids = torch.randint(0, cfg.vocab_size, (args.batch, args.seq), device="cuda",
+                            generator=torch.Generator(device="cuda").manual_seed(1))
+
+        @torch.no_grad()
+        def step():
+            return model(input_ids=ids, use_cache=False, logits_to_keep=1).logits
+
+        spin(2.0)
+        dense = bench_ms(step, budget_s=args.budget, max_reps=20)
+        rows.append({"shape": shape, "method": "dense", "sparsity": 0.0, "nominal": 0.0, "layers": [], **dense})
+        for s in args.sparsities:
+            removed = spread_layers(L, layers_for_sparsity(L, s))
+            with skip_layers(model, removed):
+                res = bench_ms(step, budget_s=args.budget, max_reps=20)
+            rows.append({"shape": shape, "method": "SLEB", "sparsity": s, "layers": removed,
+                         "nominal": nominal_sparsity(L, removed=len(removed)), **res})
+            routed = spread_layers(L, layers_for_sparsity(L, s, args.token_ratio))
+            with orthorank(model, layers=routed, token_ratio=args.token_ratio):
+                res = bench_ms(step, budget_s=args.budget, max_reps=20)
+            rows.append({"shape": shape, "method": "OrthoRank", "sparsity": s, "layers": routed,
+                         "nominal": nominal_sparsity(L, routed=len(routed), token_ratio=args.token_ratio), **res})
+        for r in rows:
+            if r["shape"] == shape:
+                r["tokens_per_s"] = args.batch * args.seq / r["ms"] * 1e3
+                r["x_dense"] = dense["ms"] / r["ms"]
+        del model
+        torch.cuda.empty_cache()
+    for r in rows:
+        if r["method"] == "OrthoRank":
+            sleb = next(x for x in rows if x["shape"] == r["shape"] and x["method"] == "SLEB"
+                        and x["sparsity"] == r["sparsity"])
+            r["x_sleb"] = sleb["ms"] / r["ms"]
+            # removed layers of one shape all save the same time: SLEB's time at OrthoRank's own sparsity
+            dense_ms = next(x["ms"] for x in rows if x["shape"] == r["shape"] and x["method"] == "dense")
+            at_same = dense_ms + (sleb["ms"] - dense_ms) * r["nominal"] / sleb["nominal"]
+            r["x_sleb_same_sparsity"] = at_same / r["ms"]
+    return {"batch": args.batch, "seq": args.seq, "token_ratio": args.token_ratio, "rows": rows}
+
+
+def run_layer(args) -> dict:
+    torch = require_cuda()
+    from kvlab.orthorank.reference import alignment, routed_layer, select_topk, tokens_for_ratio
+
+    rows = []
+    for shape in args.shapes:
+        model, cfg = _model(shape, args.seq)
+        layer = model.model.layers[cfg.num_hidden_layers // 2]
+        gen = torch.Generator(device="cuda").manual_seed(2)
+        h = torch.randn(args.batch, args.seq, cfg.hidden_size, device="cuda", dtype=torch.bfloat16, generator=gen)
+        pos = torch.arange(args.seq, device="cuda")[None]
+        pe = model.model.rotary_emb(h, pos)
+        k = tokens_for_ratio(args.token_ratio, args.seq)
+
+        @torch.no_grad()
+        def dense():
+            return layer(h, position_embeddings=pe, attention_mask=None, position_ids=pos)
+
+        @torch.no_grad()
+        def select():
+            return select_topk(alignment(layer.input_layernorm(h)), k)
+
+        @torch.no_grad()
+        def routed():  # what OrthoRankRouter does: score the normalised states, reuse them for K and V
+            normed = layer.input_layernorm(h)
+            selected = select_topk(alignment(normed), k)
+            return routed_layer(layer, h, selected, position_embeddings=pe, positions=pos, normed=normed)
+
+        @torch.no_grad()
+        def bookkeeping():  # everything of the routed path but the projections, attention and MLP
+            sel = select()
+            idx = sel[..., None].expand(-1, -1, cfg.hidden_size)
+            rows_ = h.gather(1, idx)
+            q_pos = pos.expand(args.batch, -1).gather(1, sel)
+            mask = (q_pos[:, :, None] - pos[:, None, :]) >= 0
+            return h.scatter(1, idx, rows_), mask
+
+        spin(1.0)
+        res = {name: bench_ms(fn, budget_s=args.budget)["ms"] for name, fn in
+               [("dense", dense), ("routed", routed), ("bookkeeping", bookkeeping), ("selection", select)]}
+        rows.append({"shape": shape, "tokens": args.batch * args.seq, "k": k, **{f"{n}_ms": v for n, v in res.items()},
+                     "routed_x_dense": res["routed"] / res["dense"],
+                     "bookkeeping_share": res["bookkeeping"] / res["routed"]})
+        del model
+        torch.cuda.empty_cache()
+    return {"batch": args.batch, "seq": args.seq, "token_ratio": args.token_ratio, "rows": rows}
+
+
+def _parser(what: str) -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog=f"kvlab bench orthorank {what}", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default="benchmarks/results", help="folder for the JSON and Markdown record")
+    ap.add_argument("--tag", default="", help="suffix for output names (e.g. the device)")
+    ap.add_argument("--shapes", default="1b,8b", help=f"comma-separated model shapes: {', '.join(SHAPES)}")
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--seq", type=int, default=2048)
+    ap.add_argument("--token-ratio", type=float, default=0.33)
+    ap.add_argument("--sparsities", default="10,20", help="comma-separated target sparsities in percent")
+    ap.add_argument("--budget", type=float, default=2.0, help="seconds of repeats per measurement")
+    return ap
+
+
+def _args(what: str, argv: list[str]):
+    args = _parser(what).parse_args(argv)
+    args.shapes = [s for s in args.shapes.split(",") if s]
+    unknown = [s for s in args.shapes if s not in SHAPES]
+    if unknown:
+        raise SystemExit(f"--shapes: unknown {unknown}; choose from {list(SHAPES)}")
+    args.sparsities = [p / 100 for p in ints(args.sparsities)]
+    return args
+
+
+def throughput(argv: list[str]) -> int:
+    args = _args("throughput", argv)
+    info = device_info()
+    rec = run_throughput(args) | {"info": info}
+    table = fmt_table(rec["rows"], [("shape", "shape", ""), ("method", "method", ""),
+                                    ("sparsity", "target", "{:.0%}"), ("nominal", "sparsity", "{:.1%}"),
+                                    ("ms", "ms", "{:.1f}"), ("tokens_per_s", "tokens/s", "{:.0f}"),
+                                    ("x_dense", "x dense", "{:.3f}"), ("x_sleb", "x SLEB", "{:.3f}"),
+                                    ("x_sleb_same_sparsity", "x SLEB at equal sparsity", "{:.3f}")])
+    table += ("\n'x SLEB at equal sparsity': SLEB's time interpolated linearly in the number of removed layers "
+              "to OrthoRank's nominal sparsity")
+    table += f"\nbatch {args.batch} x {args.seq} tokens, token ratio {args.token_ratio}, bf16, random weights"
+    write_outputs(Path(args.out), "orthorank_throughput" + (f"_{args.tag}" if args.tag else ""), rec, table, info)
+    return 0
+
+
+def layer(argv: list[str]) -> int:
+    args = _args("layer", argv)
+    info = device_info()
+    rec = run_layer(args) | {"info": info}
+    table = fmt_table(rec["rows"], [("shape", "shape", ""), ("tokens", "tokens", ""), ("k", "k/seq", ""),
+                                    ("dense_ms", "dense ms", "{:.2f}"), ("routed_ms", "routed ms", "{:.2f}"),
+                                    ("bookkeeping_ms", "bookkeeping ms", "{:.2f}"),
+                                    ("selection_ms", "selection ms", "{:.2f}"),
+                                    ("routed_x_dense", "routed / dense", "{:.3f}"),
+                                    ("bookkeeping_share", "bookkeeping / routed", "{:.1%}")])
+    write_outputs(Path(args.out), "orthorank_layer" + (f"_{args.tag}" if args.tag else ""), rec, table, info)
+    return 0
+
+
+COMMANDS = {"throughput": throughput, "layer": layer}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
+        print(f"usage: python -m kvlab bench orthorank {{{','.join(COMMANDS)}}} [options]\n\n{__doc__}")
+        return 0 if not argv or argv[0] in ("-h", "--help") else 2
+    return COMMANDS[argv[0]](argv[1:]) or 0

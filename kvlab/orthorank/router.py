@@ -1,0 +1,202 @@
+"""OrthoRank's routers, through kvlab.core's layer-router door: which tokens a decoder layer computes.
+
+:class:`OrthoRankRouter` runs a chosen layer for the ``int(token_ratio * seq)`` tokens most orthogonal to the
+sink token (Algorithm 1) and lets the others pass by the residual; every token still gives its key and
+value (Table 3). Its options are the paper's ablations (Table 3):
+
+* ``criterion``: ``"orthogonal"`` (the method: smallest ``|h_bar_0 . h_bar_i|``), ``"least_orthogonal"``
+  (Orthogonal-down, row 2: the largest), ``"random"`` (row 1);
+* ``stage``: ``"normalized"`` (the layer's input RMSNorm, row 5) or ``"raw"`` (the residual stream, row 3);
+* ``kv``: ``"all"`` (row 5) or ``"selected"`` (row 4, no K/V for the unselected tokens; prefill only);
+* ``score``: ``"dot"`` (Eq. 4), ``"cos"`` (Eq. 3) or ``"grad"`` (Eq. 1 exactly);
+* ``sink``: ``"skip"`` (Algorithm 1: the sink's score is +inf, it is never selected) or ``"select"``.
+
+Generation (our reading; the paper measures prefill throughput, perplexity and log-likelihood scoring only)
+---------------------------------------------------------------------------------------------------------
+A forward pass that starts the sequence (position 0 present) is selected exactly as Algorithm 1 says. A
+later pass (decoding, or a prompt fed in chunks) no longer contains the sink token, and ``int(ratio * 1)``
+is 0 for a single token, so Algorithm 1 would never compute a generated token. ``decode`` says what then:
+
+* ``"threshold"`` (default): the router keeps, per layer and sequence, the sink's normalised state and the
+  largest score it selected in the first pass; a later token is computed when its score (against the kept
+  sink state) is at most that threshold. Same criterion, and in expectation the same share of tokens while
+  the scores keep their distribution; ``router.computed_ratio()`` reports the share actually computed.
+* ``"dense"``: later tokens run every layer (the dense model's decoding; savings in prefill only).
+* ``"topk"``: Algorithm 1 applied within each later pass (``int(ratio * chunk)`` tokens; 0 for one token,
+  i.e. generated tokens only give their K and V in the selected layers).
+
+With ``criterion="random"`` a later token is computed with probability ``token_ratio``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kvlab.core import LayerRouter, RouteCall, check_choice, check_float, check_int
+from kvlab.orthorank.reference import (SCORES, SINK_RULES, STAGES, alignment, normalized_states, routed_layer,
+                                       select_topk, tokens_for_ratio)
+
+__all__ = ["CRITERIA", "DECODE_MODES", "KV_MODES", "OrthoRankRouter", "SkipLayer", "RecordInputs"]
+
+CRITERIA = ("orthogonal", "least_orthogonal", "random")
+DECODE_MODES = ("threshold", "dense", "topk")
+KV_MODES = ("all", "selected")
+
+
+class OrthoRankRouter(LayerRouter):
+    """Runs a decoder layer for the tokens most orthogonal to the sink (see the module docstring).
+
+    Args:
+        token_ratio: share of the tokens a routed layer computes, in [0, 1] (paper: 0.33).
+        criterion, stage, score, kv, sink, decode: see the module docstring.
+        seed: seed of ``criterion="random"``.
+
+    ``router.computed_ratio()`` is the share of (token, layer) pairs computed so far in the routed layers
+    (``part="prompt"``: in passes that start the sequence; ``"decode"``: in later passes);
+    ``router.last_selected[layer]`` the ``(batch, seq)`` bool mask of the last pass (for pictures).
+    """
+
+    def __init__(self, token_ratio: float = 0.33, *, criterion: str = "orthogonal", stage: str = "normalized",
+                 score: str = "dot", kv: str = "all", sink: str = "skip", decode: str = "threshold", seed: int = 0):
+        self.token_ratio = check_float("token_ratio", token_ratio, 0.0, 1.0)
+        self.criterion = check_choice("criterion", criterion, CRITERIA)
+        self.stage = check_choice("stage", stage, STAGES)
+        self.score = check_choice("score", score, SCORES)
+        self.kv = check_choice("kv", kv, KV_MODES)
+        self.sink = check_choice("sink", sink, SINK_RULES)
+        self.decode = check_choice("decode", decode, DECODE_MODES)
+        self.seed = check_int("seed", seed, 0)
+        self.generator = torch.Generator().manual_seed(self.seed)
+        self.memory: dict[int, dict[str, torch.Tensor]] = {}  # layer -> sink state, threshold (first pass)
+        self.last_selected: dict[int, torch.Tensor] = {}
+        self.counts = {"prompt": [0, 0], "decode": [0, 0]}  # computed, offered (token x layer)
+
+    def __repr__(self) -> str:
+        return (f"OrthoRankRouter(token_ratio={self.token_ratio}, criterion={self.criterion!r}, stage={self.stage!r}, "
+                f"score={self.score!r}, kv={self.kv!r}, sink={self.sink!r}, decode={self.decode!r})")
+
+    def computed_ratio(self, part: str | None = None) -> float:
+        """Share of the tokens the routed layers computed so far (1.0 before any pass); ``part``: None (all),
+        ``"prompt"`` (passes that start the sequence) or ``"decode"`` (later passes)."""
+        parts = ("prompt", "decode") if part is None else (check_choice("part", part, ("prompt", "decode")),)
+        done = sum(float(self.counts[p][0]) for p in parts)
+        offered = sum(self.counts[p][1] for p in parts)
+        return done / offered if offered else 1.0
+
+    def reset(self) -> None:
+        self.memory.clear()
+        self.last_selected.clear()
+        self.counts = {"prompt": [0, 0], "decode": [0, 0]}
+        self.generator.manual_seed(self.seed)
+
+    # -- scores: smaller = computed first --------------------------------------------------------------
+    def _scores(self, states: torch.Tensor, sink_state: torch.Tensor | None) -> torch.Tensor:
+        if self.criterion == "random":
+            return torch.rand(states.shape[:2], generator=self.generator).to(states.device)
+        s = alignment(states, self.score, sink_state)
+        return s if self.criterion == "orthogonal" else -s
+
+    def __call__(self, call: RouteCall) -> torch.Tensor:
+        h = call.hidden_states
+        batch, seq, _ = h.shape
+        if call.position_ids is None:
+            raise RuntimeError("OrthoRankRouter needs the position ids of the pass (call the model with input_ids)")
+        positions = call.position_ids.expand(batch, seq)
+        first = _starts_sequence(call, positions)
+        memory = self.memory.get(call.layer_idx)
+        if not first and memory is None:
+            raise RuntimeError(f"layer {call.layer_idx}: a pass that does not start at position 0 came before any "
+                               "pass that did; the router needs the sink token (position 0) first")
+        states = normalized_states(call.layer, h) if self.stage == "normalized" else h
+        if first:
+            scores = self._scores(states, None)
+            k = tokens_for_ratio(self.token_ratio, seq)
+            selected = select_topk(scores, k, self.sink)
+            valid = None
+            picked = scores.gather(1, selected)
+            if self.sink == "select" and k > 0:
+                picked = picked[:, 1:]  # the sink's forced score is not a threshold
+            threshold = picked.max(dim=1).values if picked.shape[1] else scores.new_full((batch,), float("-inf"))
+            self.memory[call.layer_idx] = {"sink": states[:, 0].detach(), "threshold": threshold.detach()}
+        elif self.decode == "dense":
+            selected, valid = torch.arange(seq, device=h.device).expand(batch, seq), None
+        else:
+            if self.criterion == "random" and self.decode == "threshold":
+                chosen = torch.rand((batch, seq), generator=self.generator).to(h.device) < self.token_ratio
+            else:
+                scores = self._scores(states, memory["sink"])
+                if self.decode == "threshold":
+                    chosen = scores <= memory["threshold"][:, None]
+                else:
+                    k = tokens_for_ratio(self.token_ratio, seq)
+                    order = torch.sort(scores, dim=-1, stable=True).indices[:, :k]
+                    chosen = torch.zeros_like(scores, dtype=torch.bool).scatter_(1, order, True)
+            selected, valid = _mask_to_indices(chosen)
+        mask = torch.zeros(batch, seq, dtype=torch.bool, device=h.device)
+        mask.scatter_(1, selected, True if valid is None else valid)
+        self.last_selected[call.layer_idx] = mask
+        part = self.counts["prompt" if first else "decode"]
+        part[0] = part[0] + mask.sum()  # a device tensor: no host sync in the forward pass
+        part[1] += batch * seq
+        if selected.shape[1] == seq and (valid is None or bool(valid.all())):
+            return call.run()  # every token computed: the layer's own forward, exactly the dense model
+        kwargs = call.kwargs
+        return routed_layer(call.layer, h, selected, position_embeddings=kwargs["position_embeddings"],
+                            positions=_original_positions(call, positions),
+                            past_key_values=kwargs.get("past_key_values"), kv=self.kv, valid=valid,
+                            normed=states if self.stage == "normalized" else None)
+
+
+def _starts_sequence(call: RouteCall, positions: torch.Tensor) -> bool:
+    """Does this pass contain position 0? kvlab's step knows without reading the device tensor (no sync)."""
+    state = getattr(call.layer.self_attn, "_kvlab_state", None)
+    step = getattr(state, "step", None)
+    if step is not None and step.fresh:
+        return True
+    return bool((positions[:, 0] == 0).all())
+
+
+def _mask_to_indices(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Sorted indices ``(batch, k_max)`` of the True entries of ``mask (batch, seq)``, padded (valid mask)."""
+    k_max = int(mask.sum(dim=1).max())
+    # True entries first, in order (stable sort of the negated mask), then the False ones as padding
+    order = torch.sort((~mask).to(torch.int8), dim=1, stable=True).indices[:, :k_max]
+    order = torch.sort(order, dim=1).values
+    valid = mask.gather(1, order)
+    return order, (None if bool(valid.all()) else valid)
+
+
+def _original_positions(call: RouteCall, positions: torch.Tensor) -> torch.Tensor:
+    """Stream positions for the causal rule: a kvlab KVCache that shifts positions ("cache" mode) hands the
+    model rotated positions; the original ones are on its step."""
+    cache = call.kwargs.get("past_key_values")
+    step = getattr(cache, "_step", None)
+    new = getattr(step, "new_positions", None)
+    if isinstance(new, torch.Tensor) and new.shape[-1] == positions.shape[-1]:
+        return new.to(positions.device).expand_as(positions)
+    return positions
+
+
+class SkipLayer(LayerRouter):
+    """Layer removal (SLEB, Shortened LLaMA): the layer returns its input and caches nothing."""
+
+    def __call__(self, call: RouteCall) -> torch.Tensor:
+        return call.hidden_states
+
+    def __repr__(self) -> str:
+        return "SkipLayer()"
+
+
+class RecordInputs(LayerRouter):
+    """Runs every layer unchanged and records its input ``(batch, seq, hidden)`` (and the last output)."""
+
+    def __init__(self, num_layers: int):
+        self.inputs: list[torch.Tensor | None] = [None] * num_layers
+        self.output: torch.Tensor | None = None
+
+    def __call__(self, call: RouteCall) -> torch.Tensor:
+        self.inputs[call.layer_idx] = call.hidden_states.detach()
+        out = call.run()
+        if call.layer_idx == call.num_layers - 1:
+            self.output = out.detach()
+        return out

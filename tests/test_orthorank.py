@@ -1,0 +1,524 @@
+"""OrthoRank: Eq. 1-4, Algorithm 1's selection, the routed layer against the dense layer, KV for the
+unselected tokens, decoding, the layer searches (OrthoRank, SLEB, Shortened LLaMA) and input checks."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+from kvlab.core import KVCache, LayerRouter, use_router
+from kvlab.orthorank import (Plan, after_sink, flop_sparsity, layers_for_sparsity, nominal_sparsity, orthorank,
+                             perplexity, search_layers, skip_layers, taylor_importance)
+from kvlab.orthorank import layers as layers_module
+from kvlab.orthorank.reference import (alignment, cos_gradient, routed_layer, select_topk, selection_mask,
+                                       sink_curves, tokens_for_ratio)
+from kvlab.orthorank.router import OrthoRankRouter, RecordInputs, SkipLayer
+from kvlab.policies import Full
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def logits(model, ids, **kw):
+    with torch.no_grad():
+        return model(input_ids=ids, use_cache=False, **kw).logits
+
+
+class Routed(LayerRouter):
+    """Test router: the reference routed layer with a fixed selection mask per layer (batch, seq)."""
+
+    def __init__(self, masks: dict[int, torch.Tensor], kv: str = "all"):
+        self.masks, self.kv = masks, kv
+
+    def __call__(self, call):
+        mask = self.masks[call.layer_idx]
+        n = call.hidden_states.shape[1]
+        mask = mask[:, -n:]  # a decoding pass sees the newest columns
+        k = int(mask.sum(1).max())
+        order = torch.sort((~mask).to(torch.int8), dim=1, stable=True).indices[:, :k]
+        order = torch.sort(order, dim=1).values
+        valid = mask.gather(1, order)
+        return routed_layer(call.layer, call.hidden_states, order,
+                            position_embeddings=call.kwargs["position_embeddings"], positions=call.position_ids,
+                            past_key_values=call.kwargs.get("past_key_values"), kv=self.kv,
+                            valid=None if bool(valid.all()) else valid)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Eq. 1-4 and Algorithm 1
+
+
+def test_eq2_closed_form_is_the_gradient_and_eq3_its_norm():
+    torch.manual_seed(0)
+    h0 = torch.randn(5, 32, dtype=torch.float64)
+    hi = torch.randn(5, 32, dtype=torch.float64, requires_grad=True)
+    cos = torch.nn.functional.cosine_similarity(h0, hi, dim=-1)
+    (grad,) = torch.autograd.grad(cos.sum(), hi)
+    torch.testing.assert_close(cos_gradient(h0, hi.detach()), grad)
+    # Eq. 3 before dropping the norm: ||grad||^2 = (1 - cos^2) / ||h_i||^2
+    torch.testing.assert_close(grad.norm(dim=-1) ** 2, (1 - cos.detach() ** 2) / hi.detach().norm(dim=-1) ** 2)
+
+
+def test_alignment_scores_and_their_orientation():
+    torch.manual_seed(0)
+    states = torch.randn(2, 9, 16, dtype=torch.float64)
+    h0 = states[:, 0]
+    dot = alignment(states, "dot")
+    torch.testing.assert_close(dot, (states @ h0[..., None]).squeeze(-1).abs())  # Eq. 4
+    cos = torch.nn.functional.cosine_similarity(h0[:, None], states, dim=-1)
+    torch.testing.assert_close(alignment(states, "cos"), cos.abs())
+    grad = torch.stack([cos_gradient(h0[:, None].expand_as(states)[b], states[b]).norm(dim=-1) for b in range(2)])
+    torch.testing.assert_close(alignment(states, "grad"), -grad)  # Eq. 1 exactly; smaller = more orthogonal
+    # equal norms (Eq. 3's assumption): all three rank the tokens alike
+    unit = torch.nn.functional.normalize(states, dim=-1) * 3.0
+    ranks = [alignment(unit, s).argsort(dim=-1) for s in ("dot", "cos", "grad")]
+    assert torch.equal(ranks[0], ranks[1]) and torch.equal(ranks[0], ranks[2])
+    # a kept sink state stands in for the first token
+    torch.testing.assert_close(alignment(states[:, 3:], "dot", sink_state=h0), dot[:, 3:])
+
+
+def test_topk_keeps_order_and_picks_the_smallest():
+    torch.manual_seed(0)
+    scores = torch.rand(3, 50)
+    for k in (0, 1, 7, 49, 50):
+        for sink in ("skip", "select"):
+            sel = select_topk(scores, k, sink)
+            assert sel.shape == (3, k)
+            assert torch.all(sel[:, 1:] > sel[:, :-1])  # sorted, no repeats: original order kept
+            for b in range(3):
+                s = scores[b].clone()
+                s[0] = float("inf") if sink == "skip" else float("-inf")
+                assert set(sel[b].tolist()) == set(s.argsort()[:k].tolist())
+
+
+def test_sink_rule():
+    torch.manual_seed(0)
+    scores = torch.rand(4, 20)
+    scores[:, 0] = 0.0  # the most "orthogonal" of all: skip must still leave it out
+    for k in range(1, 20):
+        assert torch.all((select_topk(scores, k, "select") == 0).any(dim=1))  # sink always selected
+        assert not torch.any(select_topk(scores, k, "skip") == 0)  # Algorithm 1: never, unless all are
+    assert torch.equal(select_topk(scores, 20, "skip"), torch.arange(20).expand(4, 20))
+    assert select_topk(scores, 0, "select").shape == (4, 0)
+
+
+def test_ties_go_to_the_earlier_token():
+    scores = torch.zeros(1, 10)
+    assert select_topk(scores, 3, "skip").tolist() == [[1, 2, 3]]
+
+
+def test_tokens_for_ratio_is_algorithm_1s_floor():
+    assert tokens_for_ratio(0.33, 2048) == int(0.33 * 2048) == 675
+    assert tokens_for_ratio(0.3, 10) == 3  # 0.3 * 10 = 2.9999999999999996 in floating point
+    assert tokens_for_ratio(0.0, 7) == 0 and tokens_for_ratio(1.0, 7) == 7
+
+
+def test_selection_mask_roundtrip():
+    sel = torch.tensor([[0, 3, 4], [1, 2, 5]])
+    mask = selection_mask(sel, 6)
+    assert mask.tolist() == [[True, False, False, True, True, False], [False, True, True, False, False, True]]
+
+
+# ---------------------------------------------------------------------------------------------------
+# the routed layer inside the model
+
+
+def test_selecting_all_tokens_is_the_dense_model_exactly(tiny_model, ids):
+    dense = logits(tiny_model, ids)
+    layers = list(range(tiny_model.config.num_hidden_layers))
+    with orthorank(tiny_model, layers=layers, token_ratio=1.0):
+        assert torch.equal(logits(tiny_model, ids), dense)
+    # the reference path itself, every token selected, float64: the same numbers
+    model = tiny_model.double()
+    try:
+        dense64 = logits(model, ids)
+        every = {i: torch.ones_like(ids, dtype=torch.bool) for i in layers}
+        with use_router(model, Routed(every)):
+            torch.testing.assert_close(logits(model, ids), dense64, rtol=0, atol=1e-10)
+    finally:
+        tiny_model.float()
+
+
+def test_routed_layer_equals_the_dense_layer_where_selected(tiny_model):
+    """The unselected tokens' outputs never feed the selected ones (KV come from the layer's input), so the
+    routed layer is the dense layer's output on the selected rows and the input elsewhere."""
+    torch.manual_seed(3)
+    ids = torch.randint(0, 96, (2, 40))
+    model = tiny_model.double()
+    checked = []
+
+    class Compare(LayerRouter):
+        def __call__(self, call):
+            full = call.run()
+            gen = torch.Generator().manual_seed(call.layer_idx)
+            mask = torch.rand(call.hidden_states.shape[:2], generator=gen) < 0.4
+            mask[:, 5] = True
+            routed = Routed({call.layer_idx: mask})(call)
+            expected = torch.where(mask[..., None], full, call.hidden_states)
+            torch.testing.assert_close(routed, expected, rtol=0, atol=1e-10)
+            checked.append(call.layer_idx)
+            return full
+
+    try:
+        with torch.no_grad(), use_router(model, Compare()):
+            model(input_ids=ids, use_cache=False)
+    finally:
+        tiny_model.float()
+    assert checked == list(range(model.config.num_hidden_layers))
+
+
+def test_selecting_none_with_kv_skips_the_update_but_keeps_the_cache(tiny_model, ids):
+    layer = 2
+    with torch.no_grad():
+        dense_cache = DynamicCache(config=tiny_model.config)
+        tiny_model(input_ids=ids, past_key_values=dense_cache, use_cache=True)
+        with skip_layers(tiny_model, [layer]):
+            skipped = logits(tiny_model, ids)
+        cache = DynamicCache(config=tiny_model.config)
+        with orthorank(tiny_model, layers=[layer], token_ratio=0.0) as router:
+            out = tiny_model(input_ids=ids, past_key_values=cache, use_cache=True).logits
+    assert torch.equal(out, skipped)  # no residual update: the same as removing the layer
+    assert router.computed_ratio() == 0.0
+    # ... but the layer's keys and values of every token are cached, as the dense layer caches them
+    assert torch.equal(cache.layers[layer].keys, dense_cache.layers[layer].keys)
+    assert torch.equal(cache.layers[layer].values, dense_cache.layers[layer].values)
+    for earlier in range(layer):
+        assert torch.equal(cache.layers[earlier].keys, dense_cache.layers[earlier].keys)
+
+
+def test_removed_layer_caches_nothing(tiny_llama, ids):
+    cache = KVCache(tiny_llama, Full())
+    with torch.no_grad(), skip_layers(tiny_llama, [2]):
+        tiny_llama(input_ids=ids, past_key_values=cache, use_cache=True)
+    assert cache.held()[2] == 0 and cache.held()[1] == ids.shape[1]
+
+
+def test_router_selection_follows_algorithm_1(tiny_llama, ids):
+    layer = 1
+    recorder = RecordInputs(tiny_llama.config.num_hidden_layers)
+    with torch.no_grad(), use_router(tiny_llama, recorder):
+        tiny_llama(input_ids=ids, use_cache=False)
+    h = recorder.inputs[layer]
+    states = tiny_llama.model.layers[layer].input_layernorm(h)
+    for sink in ("skip", "select"):
+        expected = selection_mask(select_topk(alignment(states), int(0.33 * ids.shape[1]), sink), ids.shape[1])
+        with orthorank(tiny_llama, layers=[layer], token_ratio=0.33, sink=sink) as router:
+            logits(tiny_llama, ids)
+        assert torch.equal(router.last_selected[layer], expected)
+    # raw stage scores the residual stream; least-orthogonal takes the largest scores
+    with orthorank(tiny_llama, layers=[layer], token_ratio=0.33, stage="raw") as router:
+        logits(tiny_llama, ids)
+    assert torch.equal(router.last_selected[layer],
+                       selection_mask(select_topk(alignment(h), int(0.33 * ids.shape[1])), ids.shape[1]))
+    with orthorank(tiny_llama, layers=[layer], token_ratio=0.33, criterion="least_orthogonal") as router:
+        logits(tiny_llama, ids)
+    assert torch.equal(router.last_selected[layer],
+                       selection_mask(select_topk(-alignment(states), int(0.33 * ids.shape[1])), ids.shape[1]))
+
+
+def test_random_criterion_is_seeded(tiny_llama, ids):
+    masks = []
+    for seed in (0, 0, 1):
+        with orthorank(tiny_llama, layers=[1], token_ratio=0.5, criterion="random", seed=seed) as router:
+            logits(tiny_llama, ids)
+        masks.append(router.last_selected[1])
+    assert torch.equal(masks[0], masks[1]) and not torch.equal(masks[0], masks[2])
+    assert int(masks[0].sum()) == ids.shape[1] // 2
+
+
+def test_no_kv_for_unselected_equals_the_layer_on_the_selected_subsequence(tiny_model):
+    """Table 3 row 4: the selected tokens attend among themselves only, at their original positions."""
+    torch.manual_seed(4)
+    ids = torch.randint(0, 96, (1, 30))
+    model = tiny_model.double()
+
+    class Compare(LayerRouter):
+        def __call__(self, call):
+            mask = torch.zeros(call.hidden_states.shape[:2], dtype=torch.bool)
+            mask[:, [0, 3, 4, 9, 15, 16, 22, 29]] = True
+            routed = Routed({call.layer_idx: mask}, kv="selected")(call)
+            sel = torch.nonzero(mask[0]).flatten()
+            pos = call.position_ids[:, sel]
+            sub = call.hidden_states[:, sel]
+            pe = tuple(t[:, sel] for t in call.kwargs["position_embeddings"])
+            own = Routed({call.layer_idx: torch.ones_like(pos, dtype=torch.bool)})(
+                dataclasses.replace(call, hidden_states=sub, position_ids=pos,
+                                    kwargs={**call.kwargs, "position_embeddings": pe}))
+            expected = call.hidden_states.clone()
+            expected[:, sel] = own
+            torch.testing.assert_close(routed, expected, rtol=0, atol=1e-10)
+            return routed
+
+    try:
+        with torch.no_grad(), use_router(model, Compare()):
+            model(input_ids=ids, use_cache=False)
+    finally:
+        tiny_model.float()
+
+
+def test_no_kv_for_unselected_refuses_a_cache(tiny_llama, ids):
+    with orthorank(tiny_llama, layers=[1], token_ratio=0.5, kv="selected"):
+        logits(tiny_llama, ids)  # prefill without a cache works
+        with pytest.raises(ValueError, match="use_cache=False"), torch.no_grad():
+            tiny_llama(input_ids=ids, use_cache=True)
+
+
+def test_batch_rows_are_independent(tiny_model):
+    torch.manual_seed(5)
+    ids = torch.randint(0, 96, (3, 24))
+    with orthorank(tiny_model, layers=[1, 3], token_ratio=0.4) as router:
+        together = logits(tiny_model, ids)
+        alone = torch.cat([logits(tiny_model, ids[b:b + 1]) for b in range(3)])
+    torch.testing.assert_close(together, alone, rtol=1e-5, atol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------------
+# generation
+
+
+@pytest.mark.parametrize("cache_kind", ["dynamic", "kvlab"])
+def test_decoding_with_threshold_equals_one_pass_with_the_same_selection(tiny_model, cache_kind):
+    torch.manual_seed(6)
+    ids = torch.randint(0, 96, (2, 30))
+    prompt, steps = 24, 6
+    layers = [1, 2]
+    cache = DynamicCache(config=tiny_model.config) if cache_kind == "dynamic" else KVCache(tiny_model, Full())
+    chosen = {i: [] for i in layers}
+    outs = []
+    with torch.no_grad(), orthorank(tiny_model, layers=layers, token_ratio=0.33) as router:
+        outs.append(tiny_model(input_ids=ids[:, :prompt], past_key_values=cache, use_cache=True).logits)
+        for i in layers:
+            chosen[i].append(router.last_selected[i])
+        for t in range(prompt, prompt + steps):
+            outs.append(tiny_model(input_ids=ids[:, t:t + 1], past_key_values=cache, use_cache=True).logits)
+            for i in layers:
+                chosen[i].append(router.last_selected[i])
+    stepwise = torch.cat(outs, dim=1)
+    masks = {i: torch.cat(chosen[i], dim=1) for i in layers}
+    # the threshold kept from the prompt decides: a generated token runs iff its score <= the prompt's largest
+    for i in layers:
+        assert masks[i][:, :prompt].sum(1).tolist() == [int(0.33 * prompt)] * 2
+    with use_router(tiny_model, Routed(masks), layers=layers):
+        one_pass = logits(tiny_model, ids[:, :prompt + steps])
+    torch.testing.assert_close(stepwise, one_pass, rtol=1e-4, atol=1e-4)
+
+
+def test_decode_modes(tiny_llama):
+    torch.manual_seed(7)
+    ids = torch.randint(0, 96, (1, 20))
+    dense_steps = []
+    for mode in ("dense", "topk"):
+        cache = DynamicCache(config=tiny_llama.config)
+        with torch.no_grad(), orthorank(tiny_llama, layers=[1], token_ratio=0.5, decode=mode) as router:
+            tiny_llama(input_ids=ids[:, :16], past_key_values=cache, use_cache=True)
+            for t in range(16, 20):
+                tiny_llama(input_ids=ids[:, t:t + 1], past_key_values=cache, use_cache=True)
+                dense_steps.append((mode, bool(router.last_selected[1].all())))
+        assert router.computed_ratio() == pytest.approx((8 + (4 if mode == "dense" else 0)) / 20)
+        assert router.computed_ratio("prompt") == 0.5
+        assert router.computed_ratio("decode") == (1.0 if mode == "dense" else 0.0)
+    assert all(flag for mode, flag in dense_steps if mode == "dense")
+    assert not any(flag for mode, flag in dense_steps if mode == "topk")  # int(0.5 * 1) = 0 tokens
+
+
+def test_generate_runs_under_orthorank(tiny_llama):
+    ids = torch.randint(0, 96, (1, 12))
+    with orthorank(tiny_llama, layers=[1, 2], token_ratio=0.33) as router:
+        out = tiny_llama.generate(ids, max_new_tokens=5, do_sample=False)
+    assert out.shape == (1, 17) and 0.0 < router.computed_ratio() < 1.0
+
+
+def test_a_pass_without_the_sink_first_is_refused(tiny_llama):
+    cache = DynamicCache(config=tiny_llama.config)
+    ids = torch.randint(0, 96, (1, 12))
+    with torch.no_grad():
+        tiny_llama(input_ids=ids[:, :6], past_key_values=cache, use_cache=True)
+        with orthorank(tiny_llama, layers=[1], token_ratio=0.5), pytest.raises(RuntimeError, match="position 0"):
+            tiny_llama(input_ids=ids[:, 6:], past_key_values=cache, use_cache=True)
+
+
+# ---------------------------------------------------------------------------------------------------
+# layer choice, SLEB, Shortened LLaMA, sparsity
+
+
+def windows(n=3, seq=24, seed=8):
+    torch.manual_seed(seed)
+    return torch.randint(0, 96, (n, seq))
+
+
+def test_perplexity_of_the_empty_plan_is_the_dense_model(tiny_llama):
+    w = windows()
+    lg = logits(tiny_llama, w)
+    nll = torch.nn.functional.cross_entropy(lg[:, :-1].flatten(0, 1), w[:, 1:].flatten())
+    assert perplexity(tiny_llama, w, batch_size=2) == pytest.approx(math.exp(float(nll)), rel=1e-5)
+    assert perplexity(tiny_llama, w, Plan()) == perplexity(tiny_llama, w, Plan(removed=()))
+
+
+def test_sleb_with_zero_layers_is_the_dense_model(tiny_llama, ids):
+    w = windows()
+    result = search_layers(tiny_llama, w, 0, action="remove")
+    assert result.order == [] and result.plan(0) == Plan()
+    assert perplexity(tiny_llama, w, result.plan(0)) == pytest.approx(result.dense_ppl, rel=1e-9)
+    with skip_layers(tiny_llama, []):
+        assert torch.equal(logits(tiny_llama, ids), logits(tiny_llama, ids))
+
+
+@pytest.mark.parametrize("action", ["remove", "route"])
+def test_iterative_search_is_greedy_and_resuming_changes_nothing(tiny_llama, action, monkeypatch):
+    w = windows()
+    router = {"token_ratio": 0.33} if action == "route" else None
+    fast = search_layers(tiny_llama, w, 3, action=action, router=router, batch_size=2)
+    monkeypatch.setattr(layers_module, "_REUSE_LIMIT_BYTES", -1)  # no recorded inputs: full passes
+    slow = search_layers(tiny_llama, w, 3, action=action, router=router, batch_size=2)
+    assert fast.order == slow.order
+    for a, b in zip(fast.trials, slow.trials):
+        assert a.keys() == b.keys()
+        for c in a:
+            assert a[c] == pytest.approx(b[c], rel=1e-5)
+    picked: list[int] = []
+    for step, tried in enumerate(fast.trials):  # each step adds the candidate that hurts least
+        assert set(tried) == set(range(4)) - set(picked)
+        best = min(tried, key=tried.get)
+        assert fast.order[step] == best
+        picked.append(best)
+        plan = fast.plan(step + 1)
+        assert perplexity(tiny_llama, w, plan, batch_size=2) == pytest.approx(fast.ppl[step], rel=1e-5)
+    assert fast.plan(3).removed if action == "remove" else fast.plan(3).routed
+
+
+def test_one_shot_ranks_single_layers(tiny_llama):
+    w = windows()
+    result = search_layers(tiny_llama, w, 2, action="remove", search="one-shot", candidates=[0, 1, 2, 3])
+    tried = result.trials[0]
+    assert result.order == sorted(tried, key=tried.get)[:2]
+    for layer, ppl in tried.items():
+        assert perplexity(tiny_llama, w, Plan(removed=(layer,))) == pytest.approx(ppl, rel=1e-5)
+
+
+def test_taylor_importance(tiny_llama):
+    w = windows()
+    flags = [p.requires_grad for p in tiny_llama.parameters()]
+    scores = taylor_importance(tiny_llama, w, batch_size=2)
+    assert scores.shape == (4,) and torch.all(scores > 0)
+    assert [p.requires_grad for p in tiny_llama.parameters()] == flags
+    assert all(p.grad is None for p in tiny_llama.parameters())
+    # by hand for one block: |dL/dW * W| summed over its weights
+    layer = tiny_llama.model.layers[2]
+    tiny_llama.zero_grad()
+    lg = tiny_llama(input_ids=w, use_cache=False).logits
+    torch.nn.functional.cross_entropy(lg[:, :-1].flatten(0, 1), w[:, 1:].flatten()).backward()
+    by_hand = sum(float((p.grad * p.detach()).abs().sum()) for p in layer.parameters())
+    tiny_llama.zero_grad(set_to_none=True)
+    for p, flag in zip(tiny_llama.parameters(), flags):
+        p.requires_grad_(flag)
+    assert float(scores[2]) == pytest.approx(by_hand, rel=1e-4)
+    result = search_layers(tiny_llama, w, 1, action="remove", search="taylor", keep_first=1, keep_last=1)
+    assert result.candidates == [1, 2] and result.order == [min((1, 2), key=lambda c: float(scores[c]))]
+
+
+def test_sparsity_accounting_is_the_papers():
+    # Sec. 4.1: 15% / 30% of the layers at 33% tokens are 10% / 20%; Table 4: 0.4 at 0.5 is 0.2
+    assert nominal_sparsity(40, routed=6, token_ratio=0.33) == pytest.approx(0.1005)
+    assert nominal_sparsity(40, routed=12, token_ratio=0.333) == pytest.approx(0.2, abs=1e-3)
+    assert nominal_sparsity(40, routed=16, token_ratio=0.5) == pytest.approx(0.2)
+    assert nominal_sparsity(40, removed=8) == pytest.approx(0.2)
+    assert [layers_for_sparsity(40, s, 0.33) for s in (0.1, 0.2)] == [6, 12]
+    assert [layers_for_sparsity(40, s) for s in (0.1, 0.2)] == [4, 8]
+    assert [layers_for_sparsity(30, s, 0.33) for s in (0.1, 0.2)] == [5, 9]
+    assert [layers_for_sparsity(30, s) for s in (0.1, 0.2)] == [3, 6]
+    assert layers_for_sparsity(30, 0.0, 0.33) == 0
+
+
+def test_flop_sparsity_counts_the_kv_of_unselected_tokens(tiny_llama):
+    cfg = tiny_llama.config
+    assert flop_sparsity(cfg, removed=1) == pytest.approx(1 / 4)
+    assert flop_sparsity(cfg, routed=4, token_ratio=1.0) == 0.0
+    routed = flop_sparsity(cfg, routed=3, token_ratio=0.33, seq_len=2048)
+    assert 0 < routed < nominal_sparsity(4, routed=3, token_ratio=0.33)
+
+
+def test_after_sink(tiny_llama):
+    assert after_sink(tiny_llama, 1) == [2, 3] and after_sink(tiny_llama, -1) == [0, 1, 2, 3]
+
+
+def test_sink_curves_find_the_jump():
+    torch.manual_seed(9)
+    L = 5
+    layers = [torch.nn.Module() for _ in range(L)]
+    for layer in layers:
+        layer.input_layernorm = torch.nn.Identity()
+    stream = [torch.randn(2, 10, 8) for _ in range(L + 1)]
+    for h in stream[3:]:
+        h[:, 0] *= 100.0  # layer 2's output carries the massive sink
+    curves = sink_curves(stream[:L], layers, stream[L])
+    assert curves.sink_layer == 2
+    assert curves.norm_ratio.shape == (L + 1,) and curves.cos_to_sink.shape == (L,)
+    assert curves.sink_self_cos.shape == (L, L) and torch.allclose(curves.sink_self_cos.diagonal(), torch.ones(L))
+
+
+# ---------------------------------------------------------------------------------------------------
+# checks
+
+
+@pytest.mark.parametrize("ratio", [-0.1, 1.5, float("nan")])
+def test_invalid_token_ratio_raises(tiny_llama, ratio):
+    with pytest.raises(ValueError, match=r"token_ratio must be in \[0, 1\]"):
+        orthorank(tiny_llama, layers=[1], token_ratio=ratio)
+    with pytest.raises(ValueError, match="token_ratio"):
+        OrthoRankRouter(ratio)
+
+
+@pytest.mark.parametrize("layers", [None, []])
+def test_token_ratio_without_layers_raises(tiny_llama, layers):
+    with pytest.raises(ValueError, match="needs layers"):
+        orthorank(tiny_llama, layers=layers, token_ratio=0.33)
+
+
+def test_bad_layers_and_options_raise(tiny_llama):
+    with pytest.raises(ValueError, match=r"0\.\.3"):
+        orthorank(tiny_llama, layers=[7], token_ratio=0.5)
+    with pytest.raises(ValueError, match="repeat"):
+        orthorank(tiny_llama, layers=[1, 1], token_ratio=0.5)
+    with pytest.raises(TypeError, match="token_ratio"):
+        orthorank(tiny_llama, layers=[1], token_ratio="half")
+    with pytest.raises(ValueError, match="criterion"):
+        orthorank(tiny_llama, layers=[1], token_ratio=0.5, criterion="nearest")
+    with pytest.raises(ValueError, match="sparsity"):
+        layers_for_sparsity(30, 1.2)
+    with pytest.raises(ValueError, match="token_ratio"):
+        layers_for_sparsity(30, 0.1, 1.0)
+    with pytest.raises(ValueError, match="either removed or routed"):
+        Plan(removed=(1,), routed=(1,))
+    with pytest.raises(ValueError, match="action='remove'"):
+        search_layers(tiny_llama, windows(), 1, action="route", search="taylor")
+
+
+def test_unsupported_layer_names_the_supported_ones():
+    from kvlab.orthorank.reference import layer_kind
+
+    with pytest.raises(NotImplementedError, match="LlamaDecoderLayer, Qwen2DecoderLayer, Gemma3DecoderLayer"):
+        layer_kind(torch.nn.Linear(2, 2))
+
+
+def test_skip_layer_router_returns_its_input():
+    class Call:
+        hidden_states = torch.randn(1, 3, 4)
+
+    assert SkipLayer()(Call()) is Call.hidden_states
+
+
+def test_bench_command_table_and_layer_spread(capsys):
+    from kvlab.orthorank import bench
+
+    assert set(bench.COMMANDS) == {"throughput", "layer"}
+    assert bench.main(["--help"]) == 0 and "throughput" in capsys.readouterr().out
+    assert bench.main(["nonsense"]) == 2
+    for L in (16, 32):
+        for s in (0.1, 0.2):
+            for r in (0.0, 0.33):
+                n = layers_for_sparsity(L, s, r)
+                chosen = bench.spread_layers(L, n)
+                assert len(chosen) == n == len(set(chosen)) and all(0 < c < L - 1 for c in chosen)

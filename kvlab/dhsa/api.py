@@ -169,11 +169,8 @@ def dhsa_decode(
     *,
     prompt_chunks: torch.Tensor,
     budget: int | None,
-    initial: int = 0,
-    keep_diagonal: bool = True,
-    aggregation: str = "eq4",
-    share_heads: bool = False,
-    scale: float | None = None,
+    initial: int = 0, keep_diagonal: bool = True, aggregation: str = "eq4",  # as in dhsa_attention
+    share_heads: bool = False, scale: float | None = None,
 ) -> torch.Tensor:
     """One DHSA decode step (App. A): the new token's query against the whole cache, sparsely.
 

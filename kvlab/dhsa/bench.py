@@ -26,7 +26,8 @@ import json
 import sys
 from pathlib import Path
 
-from kvlab.kernels.benchmarking import bench_ms, device_info, fmt_table, ints, require_cuda, write_outputs
+from kvlab.kernels.benchmarking import (allow_many_compiles, bench_ms, device_info, fmt_table, ints, random_qkv,
+                                        require_cuda, write_outputs)
 
 __all__ = ["COMMANDS", "main", "random_boundaries", "kept_density"]
 
@@ -63,19 +64,12 @@ def run_ops(args) -> dict:
     from .reference import chunk_plan
     from .triton import dhsa_attention_triton
 
-    try:  # one compiled Flex graph per shape; the default limit is too low for a sweep
-        torch._dynamo.config.cache_size_limit = 64
-        torch._dynamo.config.recompile_limit = 64
-    except AttributeError:
-        pass
+    allow_many_compiles()
     h, hk, d, budget, init = args.heads, args.kv_heads, args.dim, args.budget_keys, args.initial
     dtype = torch.bfloat16
     rows = []
     for n in args.seqs:
-        gen = torch.Generator(device="cuda").manual_seed(n)
-        q = torch.randn(1, h, n, d, device="cuda", dtype=dtype, generator=gen)
-        k = torch.randn(1, hk, n, d, device="cuda", dtype=dtype, generator=gen)
-        v = torch.randn(1, hk, n, d, device="cuda", dtype=dtype, generator=gen)
+        q, k, v = random_qkv(n, h, hk, d, dtype)
         dense = bench_ms(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=hk != h),
                          args.time_budget)["ms"]
         for name, bd in _chunkings(n, q.device).items():
@@ -175,10 +169,7 @@ def run_tune(args) -> dict:
     from .triton import dhsa_attention_triton
 
     h, hk, d, budget, n = args.heads, args.kv_heads, args.dim, args.budget_keys, args.seq
-    gen = torch.Generator(device="cuda").manual_seed(n)
-    q = torch.randn(1, h, n, d, device="cuda", dtype=torch.bfloat16, generator=gen)
-    k = torch.randn(1, hk, n, d, device="cuda", dtype=torch.bfloat16, generator=gen)
-    v = torch.randn(1, hk, n, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+    q, k, v = random_qkv(n, h, hk, d)
     rows = []
     for name, bd in _chunkings(n, q.device).items():
         plan = chunk_plan(q, k, bd, budget, initial=args.initial)

@@ -51,7 +51,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kvlab.kernels.triton_utils import dot, interpreting, online_softmax_step
+from kvlab.kernels.triton_utils import dot, gathered_tile, interpreting, online_softmax_step
 
 from .reference import ChunkPlan, chunk_plan
 
@@ -96,6 +96,22 @@ def query_tiles(plan: ChunkPlan, block_m: int) -> torch.Tensor:
 
 
 @triton.jit
+def _causal_range(q, Kbh, Vbh, lo, hi, offs_m, offs_d, stride_kn, stride_vn, qk_scale, m_i, l_i, acc,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, FP32_DOT: tl.constexpr):
+    # Keys [lo, hi), each seen by the queries at or after it (causal), folded into the running softmax.
+    for start in range(lo, hi, BLOCK_N):
+        kpos = start + tl.arange(0, BLOCK_N)
+        live = kpos < hi
+        k = tl.load(Kbh + kpos[:, None] * stride_kn + offs_d[None, :], mask=live[:, None], other=0.0)
+        v = tl.load(Vbh + kpos[:, None] * stride_vn + offs_d[None, :], mask=live[:, None], other=0.0)
+        s = dot(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), FP32_DOT)
+        vis = live[None, :] & (kpos[None, :] <= offs_m[:, None])
+        s = tl.where(vis, s * qk_scale, float("-inf"))
+        m_i, l_i, acc = online_softmax_step(s, v, m_i, l_i, acc, FP32_DOT)
+    return m_i, l_i, acc
+
+
+@triton.jit
 def _dhsa_fwd_kernel(
     Q, K, V, O, TILES, TOK, NTOK,
     stride_qb, stride_qh, stride_qn,
@@ -133,28 +149,12 @@ def _dhsa_fwd_kernel(
         acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
 
         # -- stage 1: initial keys [0, min(INITIAL, r1)), causal
-        hi_init = tl.minimum(INITIAL, r1)
-        for start in range(0, hi_init, BLOCK_N):
-            kpos = start + tl.arange(0, BLOCK_N)
-            live = kpos < hi_init
-            k = tl.load(Kbh + kpos[:, None] * stride_kn + offs_d[None, :], mask=live[:, None], other=0.0)
-            v = tl.load(Vbh + kpos[:, None] * stride_vn + offs_d[None, :], mask=live[:, None], other=0.0)
-            s = dot(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), FP32_DOT)
-            vis = live[None, :] & (kpos[None, :] <= offs_m[:, None])
-            s = tl.where(vis, s * qk_scale, float("-inf"))
-            m_i, l_i, acc = online_softmax_step(s, v, m_i, l_i, acc, FP32_DOT)
+        m_i, l_i, acc = _causal_range(q, Kbh, Vbh, 0, tl.minimum(INITIAL, r1), offs_m, offs_d, stride_kn, stride_vn,
+                                      qk_scale, m_i, l_i, acc, BLOCK_M, BLOCK_N, FP32_DOT)
 
         # -- stage 2: the diagonal chunk [max(c_start, INITIAL), row], causal
-        lo = tl.maximum(c_start, INITIAL)
-        for start in range(lo, r1, BLOCK_N):
-            kpos = start + tl.arange(0, BLOCK_N)
-            live = kpos < r1
-            k = tl.load(Kbh + kpos[:, None] * stride_kn + offs_d[None, :], mask=live[:, None], other=0.0)
-            v = tl.load(Vbh + kpos[:, None] * stride_vn + offs_d[None, :], mask=live[:, None], other=0.0)
-            s = dot(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), FP32_DOT)
-            vis = live[None, :] & (kpos[None, :] <= offs_m[:, None])
-            s = tl.where(vis, s * qk_scale, float("-inf"))
-            m_i, l_i, acc = online_softmax_step(s, v, m_i, l_i, acc, FP32_DOT)
+        m_i, l_i, acc = _causal_range(q, Kbh, Vbh, tl.maximum(c_start, INITIAL), r1, offs_m, offs_d, stride_kn,
+                                      stride_vn, qk_scale, m_i, l_i, acc, BLOCK_M, BLOCK_N, FP32_DOT)
 
         # -- stage 3: the ranked list of chunk c; row i takes its first room_i entries
         room = BUDGET - (offs_m + 1 - tl.maximum(c_start - INITIAL, 0))  # (BLOCK_M,)
@@ -162,12 +162,8 @@ def _dhsa_fwd_kernel(
         n_use = tl.minimum(tl.load(NTOK + b * stride_nb + hs * stride_nh + c), room_first)
         TOKc = TOK + b * stride_tb + hs * stride_th + c * stride_tc
         for start in range(0, n_use, BLOCK_N):
-            slot = start + tl.arange(0, BLOCK_N)
-            live = slot < n_use
-            kpos = tl.load(TOKc + slot, mask=live, other=0)  # padding reads row 0: in bounds
-            k = tl.load(Kbh + kpos[:, None] * stride_kn + offs_d[None, :])
-            v = tl.load(Vbh + kpos[:, None] * stride_vn + offs_d[None, :])
-            s = dot(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), FP32_DOT)
+            k, v, s, live, slot, kpos = gathered_tile(q, TOKc, Kbh, Vbh, start, n_use, stride_kn, stride_vn, offs_d,
+                                                      BLOCK_M, BLOCK_N, FP32_DOT)
             vis = live[None, :] & (slot[None, :] < room[:, None]) & (kpos[None, :] <= offs_m[:, None])
             s = tl.where(vis, s * qk_scale, float("-inf"))
             m_i, l_i, acc = online_softmax_step(s, v, m_i, l_i, acc, FP32_DOT)
@@ -233,25 +229,13 @@ def dhsa_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bou
 # Benchmark: python -m kvlab.dhsa.triton (GPU). The full suite is `python -m kvlab bench dhsa`.
 # ---------------------------------------------------------------------------------------------
 if __name__ == "__main__":
-    if not torch.cuda.is_available():
-        raise SystemExit("the benchmark needs a CUDA GPU; the tests run on CPU with TRITON_INTERPRET=1")
-    import torch.nn.functional as F
+    from kvlab.kernels.benchmarking import perf_report_against_sdpa
 
     from .reference import fixed_boundaries
 
-    @triton.testing.perf_report(triton.testing.Benchmark(
-        x_names=["N"], x_vals=[4096, 8192, 16384, 32768], line_arg="provider",
-        line_vals=["sdpa", "triton"], line_names=["dense SDPA (causal)", "DHSA Triton (2k budget)"],
-        ylabel="ms", plot_name="dhsa_attention_fwd", args={"H": 32, "D": 128}))
-    def bench(N, H, D, provider):
-        dev = torch.device("cuda")
-        q, k, v = (torch.randn(1, H, N, D, device=dev, dtype=torch.bfloat16) for _ in range(3))
-        if provider == "sdpa":
-            fn = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
-        else:
-            bd = fixed_boundaries(N, 64, device=dev)
-            plan = chunk_plan(q, k, bd, 2048, initial=64)
-            fn = lambda: dhsa_attention_triton(q, k, v, bd, 2048, initial=64, plan=plan)  # noqa: E731
-        return triton.testing.do_bench(fn, return_mode="median")
+    def _dhsa(q, k, v):
+        bd = fixed_boundaries(q.shape[2], 64, device=q.device)
+        plan = chunk_plan(q, k, bd, 2048, initial=64)
+        return lambda: dhsa_attention_triton(q, k, v, bd, 2048, initial=64, plan=plan)
 
-    bench.run(print_data=True)
+    perf_report_against_sdpa("dhsa_attention_fwd", "DHSA Triton (2k budget)", _dhsa).run(print_data=True)

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 __all__ = ["require_cuda", "device_info", "bench_ms", "spin", "machine_ceilings", "save_record", "fmt_table",
-           "ints", "write_outputs"]
+           "ints", "write_outputs", "allow_many_compiles", "random_qkv", "perf_report_against_sdpa"]
 
 
 def require_cuda():
@@ -127,3 +127,44 @@ def write_outputs(out: Path, name: str, rec: dict, table: str, info: dict) -> Pa
     (out / f"{name}.md").write_text(f"{info['device']} ({info['date']})\n\n{table}\n")
     print(f"\n## {name} ({info['device']})\n{table}\n-> {path}", flush=True)
     return path
+
+
+def allow_many_compiles(limit: int = 64) -> None:
+    """One compiled FlexAttention graph per shape and mask: the default recompile limit (8) is too low for a
+    sweep over sequence lengths."""
+    torch = require_cuda()
+    try:
+        torch._dynamo.config.cache_size_limit = limit
+        torch._dynamo.config.recompile_limit = limit
+    except AttributeError:
+        pass
+
+
+def random_qkv(n: int, heads: int, kv_heads: int, dim: int, dtype=None, seed: int | None = None):
+    """``q (1, heads, n, dim)``, ``k, v (1, kv_heads, n, dim)`` on the GPU (bf16 by default), seeded by ``n``."""
+    torch = require_cuda()
+    dtype = dtype or torch.bfloat16
+    gen = torch.Generator(device="cuda").manual_seed(n if seed is None else seed)
+    q = torch.randn(1, heads, n, dim, device="cuda", dtype=dtype, generator=gen)
+    k = torch.randn(1, kv_heads, n, dim, device="cuda", dtype=dtype, generator=gen)
+    v = torch.randn(1, kv_heads, n, dim, device="cuda", dtype=dtype, generator=gen)
+    return q, k, v
+
+
+def perf_report_against_sdpa(plot_name: str, line_name: str, make_fn):
+    """A ``triton.testing.perf_report`` of a kernel against dense causal SDPA at N = 4k..32k (32 heads, dim 128,
+    bf16): ``make_fn(q, k, v) -> callable`` builds the kernel call. Run it with ``.run(print_data=True)``."""
+    torch = require_cuda()
+    import torch.nn.functional as F
+    import triton
+
+    @triton.testing.perf_report(triton.testing.Benchmark(
+        x_names=["N"], x_vals=[4096, 8192, 16384, 32768], line_arg="provider", line_vals=["sdpa", "triton"],
+        line_names=["dense SDPA (causal)", line_name], ylabel="ms", plot_name=plot_name, args={"H": 32, "D": 128}))
+    def bench(N, H, D, provider):
+        q, k, v = random_qkv(N, H, H, D)
+        fn = (lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)) if provider == "sdpa" \
+            else make_fn(q, k, v)
+        return triton.testing.do_bench(fn, return_mode="median")
+
+    return bench

@@ -12,7 +12,7 @@ import os
 
 import torch
 
-__all__ = ["TRITON_DTYPES", "check_triton_inputs", "dot", "interpreting", "online_softmax_step"]
+__all__ = ["TRITON_DTYPES", "check_triton_inputs", "dot", "gathered_tile", "interpreting", "online_softmax_step"]
 
 TRITON_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -60,5 +60,19 @@ try:  # the jit helper exists only where Triton is installed
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = dot(p.to(v.dtype), v, acc * alpha[:, None], FP32_DOT)
         return m_new, l_i, acc
+
+    @triton.jit
+    def gathered_tile(q, POS, Kbh, Vbh, start, n, stride_kn, stride_vn, offs_d, BLOCK_M: tl.constexpr,
+                      BLOCK_N: tl.constexpr, FP32_DOT: tl.constexpr):
+        # Slots [start, start + BLOCK_N) of a list of n key positions POS (SepLLM's compacted kept keys,
+        # DHSA's ranked tokens of a chunk): which slots are live, their positions, keys and values, and the
+        # raw scores q k^T of the query tile against them. Padding slots read row 0: in bounds.
+        slot = start + tl.arange(0, BLOCK_N)
+        live = slot < n
+        kpos = tl.load(POS + slot, mask=live, other=0)
+        k = tl.load(Kbh + kpos[:, None] * stride_kn + offs_d[None, :])
+        v = tl.load(Vbh + kpos[:, None] * stride_vn + offs_d[None, :])
+        s = dot(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), FP32_DOT)
+        return k, v, s, live, slot, kpos
 except ImportError:  # pragma: no cover - kvlab without the triton extra
-    dot = online_softmax_step = None
+    dot = online_softmax_step = gathered_tile = None

@@ -24,8 +24,8 @@ import sys
 import time
 from pathlib import Path
 
-from kvlab.kernels.benchmarking import (bench_ms, device_info, fmt_table, ints, require_cuda, spin,
-                                        write_outputs)
+from kvlab.kernels.benchmarking import (allow_many_compiles, bench_ms, device_info, fmt_table, ints, random_qkv,
+                                        require_cuda, spin, write_outputs)
 
 DATA = Path(__file__).resolve().parent / "data"  # package data: works from a wheel too
 
@@ -65,18 +65,11 @@ def run_ops(args) -> dict:
     from kvlab.sepllm.reference import kept_fraction
     from kvlab.sepllm.triton import sep_attention_triton
 
-    try:  # one compiled Flex graph per shape and mask; the default limit (8) is too low for a sweep
-        torch._dynamo.config.cache_size_limit = 64
-        torch._dynamo.config.recompile_limit = 64
-    except AttributeError:
-        pass
+    allow_many_compiles()
     a, w, h, hk, d, dtype = args.init, args.neighbors, args.heads, args.kv_heads, args.dim, torch.bfloat16
     rows = []
     for n in args.seqs:
-        gen = torch.Generator(device="cuda").manual_seed(n)
-        q = torch.randn(1, h, n, d, device="cuda", dtype=dtype, generator=gen)
-        k = torch.randn(1, hk, n, d, device="cuda", dtype=dtype, generator=gen)
-        v = torch.randn(1, hk, n, d, device="cuda", dtype=dtype, generator=gen)
+        q, k, v = random_qkv(n, h, hk, d, dtype)
         do = torch.randn_like(q)
         qg, kg, vg = (x.detach().clone().requires_grad_() for x in (q, k, v))
         causal_flops = 4 * d * h * n * (n + 1) / 2

@@ -52,6 +52,7 @@ import triton
 import triton.language as tl
 
 from kvlab.kernels.triton_utils import dot as _dot
+from kvlab.kernels.triton_utils import gathered_tile as _gathered_tile
 from kvlab.kernels.triton_utils import interpreting as _interpreting
 from kvlab.kernels.triton_utils import online_softmax_step as _online_softmax_step
 
@@ -172,20 +173,6 @@ def _backward_rows(Q, DO, LSE, DELTA, b, h, bh, q0, offs_d, stride_qb, stride_qh
 
 
 @triton.jit
-def _far_tile(q, IDXb, Kbh, Vbh, start, n_far, stride_kn, stride_vn, offs_d, BLOCK_M: tl.constexpr,
-              BLOCK_F: tl.constexpr, FP32_DOT: tl.constexpr):
-    # Keys and values of far tile `start` (compacted kept positions), which of its slots are live, and the
-    # raw scores q k^T of the query tile against it.
-    offs_j = start + tl.arange(0, BLOCK_F)
-    live = offs_j < n_far
-    kpos = tl.load(IDXb + offs_j, mask=live, other=0)  # padding reads row 0: in bounds
-    k = tl.load(Kbh + kpos[:, None] * stride_kn + offs_d[None, :])
-    v = tl.load(Vbh + kpos[:, None] * stride_vn + offs_d[None, :])
-    s = _dot(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_F], dtype=tl.float32), FP32_DOT)
-    return k, v, s, live
-
-
-@triton.jit
 def _window_tile(q, Kbh, Vbh, KEPTb, start, N, NEIGH, offs_m, stride_kn, stride_vn, offs_d, BLOCK_M: tl.constexpr,
                  BLOCK_N: tl.constexpr, FP32_DOT: tl.constexpr):
     # Keys and values of window tile `start`, the element mask (causal, and a neighbour or kept key) and
@@ -223,8 +210,8 @@ def _sep_fwd_kernel(
 
     # -- stage 1: far keys = kept keys before the window region, gathered from the compact list
     for start in range(0, n_far, BLOCK_F):
-        k, v, s, live = _far_tile(q, IDXb, Kbh, Vbh, start, n_far, stride_kn, stride_vn, offs_d, BLOCK_M, BLOCK_F,
-                                  FP32_DOT)
+        k, v, s, live, _, _ = _gathered_tile(q, IDXb, Kbh, Vbh, start, n_far, stride_kn, stride_vn, offs_d, BLOCK_M,
+                                             BLOCK_F, FP32_DOT)
         s = tl.where(live[None, :], s * qk_scale, float("-inf"))
         m_i, l_i, acc = _online_softmax_step(s, v, m_i, l_i, acc, FP32_DOT)
 
@@ -268,8 +255,8 @@ def _sep_bwd_dq_kernel(
 
     # -- stage 1: far keys
     for start in range(0, n_far, BLOCK_F):
-        k, v, s, live = _far_tile(q, IDXb, Kbh, Vbh, start, n_far, stride_kn, stride_vn, offs_d, BLOCK_M, BLOCK_F,
-                                  FP32_DOT)
+        k, v, s, live, _, _ = _gathered_tile(q, IDXb, Kbh, Vbh, start, n_far, stride_kn, stride_vn, offs_d, BLOCK_M,
+                                             BLOCK_F, FP32_DOT)
         p = tl.where(live[None, :], tl.exp2(s * qk_scale - lse[:, None]), 0.0)
         dp = _dot(do, tl.trans(v), tl.zeros([BLOCK_M, BLOCK_F], dtype=tl.float32), FP32_DOT)
         ds = p * (dp - delta[:, None])
@@ -543,22 +530,10 @@ def sep_attention_triton(q, k, v, is_sep, init: int, neighbors: int, scale: floa
 # Benchmark: python -m kvlab.sepllm.triton (GPU). The full suite is `kvlab bench`.
 # ---------------------------------------------------------------------------------------------
 if __name__ == "__main__":
-    if not torch.cuda.is_available():
-        raise SystemExit("the benchmark needs a CUDA GPU; the tests run on CPU with TRITON_INTERPRET=1")
-    import torch.nn.functional as F
+    from kvlab.kernels.benchmarking import perf_report_against_sdpa
 
-    @triton.testing.perf_report(triton.testing.Benchmark(
-        x_names=["N"], x_vals=[4096, 8192, 16384, 32768], line_arg="provider",
-        line_vals=["sdpa", "triton"], line_names=["dense SDPA (causal)", "SepLLM Triton"],
-        ylabel="ms", plot_name="sep_attention_fwd", args={"H": 32, "D": 128}))
-    def bench(N, H, D, provider):
-        dev = torch.device("cuda")
-        q, k, v = (torch.randn(1, H, N, D, device=dev, dtype=torch.bfloat16) for _ in range(3))
-        is_sep = torch.rand(1, N, device=dev) < 0.08
-        if provider == "sdpa":
-            fn = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
-        else:
-            fn = lambda: sep_attention_triton(q, k, v, is_sep, 4, 256)  # noqa: E731
-        return triton.testing.do_bench(fn, return_mode="median")
+    def _sepllm(q, k, v):
+        is_sep = torch.rand(1, q.shape[2], device=q.device) < 0.08
+        return lambda: sep_attention_triton(q, k, v, is_sep, 4, 256)
 
-    bench.run(print_data=True)
+    perf_report_against_sdpa("sep_attention_fwd", "SepLLM Triton", _sepllm).run(print_data=True)

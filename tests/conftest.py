@@ -90,3 +90,35 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    """An empty kvlab cache for the test (``KVLAB_CACHE``)."""
+    root = tmp_path / "cache"
+    monkeypatch.setenv("KVLAB_CACHE", str(root))
+    return root
+
+
+@pytest.fixture
+def asset_shelf(tmp_path, monkeypatch):
+    """Archives served from a local folder instead of the network: ``(folder, calls)``, where ``calls`` records
+    each download asked for; an archive missing from the folder fails as a network error would."""
+    from pathlib import Path
+
+    from kvlab.assets import fetcher
+
+    folder = tmp_path / "shelf"
+    folder.mkdir()
+    calls: list[str] = []
+
+    def download(source, dest_dir, *, progress):
+        calls.append(source.filename)
+        if not (folder / source.filename).exists():
+            raise OSError(f"{source.filename}: no network in this test")
+        target = Path(dest_dir) / source.filename
+        target.write_bytes((folder / source.filename).read_bytes())
+        return target
+
+    monkeypatch.setattr(fetcher, "_download_archive", download)
+    return folder, calls

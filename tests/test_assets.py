@@ -79,27 +79,8 @@ def source_for(archive: Path, kind: str, *members: str, package: str = "fakepkg"
 
 
 @pytest.fixture
-def cache(tmp_path, monkeypatch):
-    root = tmp_path / "cache"
-    monkeypatch.setenv("KVLAB_CACHE", str(root))
-    return root
-
-
-@pytest.fixture
-def offline(monkeypatch, tmp_path):
-    """Serve archives from a local folder instead of the network; record what was asked for."""
-    shelf = tmp_path / "shelf"
-    shelf.mkdir()
-    calls: list[str] = []
-
-    def download(source, dest_dir, *, progress):
-        calls.append(source.filename)
-        target = Path(dest_dir) / source.filename
-        target.write_bytes((shelf / source.filename).read_bytes())
-        return target
-
-    monkeypatch.setattr(fetcher, "_download_archive", download)
-    return shelf, calls
+def offline(asset_shelf):
+    return asset_shelf
 
 
 def register(monkeypatch, asset: Asset) -> Asset:

@@ -3,6 +3,8 @@ unselected tokens, decoding, the layer searches (OrthoRank, SLEB, Shortened LLaM
 
 from __future__ import annotations
 
+import contextlib
+
 import dataclasses
 import math
 
@@ -21,6 +23,15 @@ from kvlab.policies import Full
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
+
+
+@contextlib.contextmanager
+def in_float64(model):
+    """The shared tiny model in float64 for the block, back in float32 afterwards (even if the block fails)."""
+    try:
+        yield model.double()
+    finally:
+        model.float()
 
 def logits(model, ids, **kw):
     with torch.no_grad():
@@ -132,14 +143,11 @@ def test_selecting_all_tokens_is_the_dense_model_exactly(tiny_model, ids):
     with orthorank(tiny_model, layers=layers, token_ratio=1.0):
         assert torch.equal(logits(tiny_model, ids), dense)
     # the reference path itself, every token selected, float64: the same numbers
-    model = tiny_model.double()
-    try:
+    with in_float64(tiny_model) as model:
         dense64 = logits(model, ids)
         every = {i: torch.ones_like(ids, dtype=torch.bool) for i in layers}
         with use_router(model, Routed(every)):
             torch.testing.assert_close(logits(model, ids), dense64, rtol=0, atol=1e-10)
-    finally:
-        tiny_model.float()
 
 
 def test_routed_layer_equals_the_dense_layer_where_selected(tiny_model):
@@ -147,7 +155,7 @@ def test_routed_layer_equals_the_dense_layer_where_selected(tiny_model):
     routed layer is the dense layer's output on the selected rows and the input elsewhere."""
     torch.manual_seed(3)
     ids = torch.randint(0, 96, (2, 40))
-    model = tiny_model.double()
+    model = tiny_model  # run in float64 below
     checked = []
 
     class Compare(LayerRouter):
@@ -162,11 +170,8 @@ def test_routed_layer_equals_the_dense_layer_where_selected(tiny_model):
             checked.append(call.layer_idx)
             return full
 
-    try:
-        with torch.no_grad(), use_router(model, Compare()):
-            model(input_ids=ids, use_cache=False)
-    finally:
-        tiny_model.float()
+    with in_float64(tiny_model), torch.no_grad(), use_router(model, Compare()):
+        model(input_ids=ids, use_cache=False)
     assert checked == list(range(model.config.num_hidden_layers))
 
 
@@ -233,7 +238,7 @@ def test_no_kv_for_unselected_equals_the_layer_on_the_selected_subsequence(tiny_
     """Table 3 row 4: the selected tokens attend among themselves only, at their original positions."""
     torch.manual_seed(4)
     ids = torch.randint(0, 96, (1, 30))
-    model = tiny_model.double()
+    model = tiny_model  # run in float64 below
 
     class Compare(LayerRouter):
         def __call__(self, call):
@@ -252,11 +257,8 @@ def test_no_kv_for_unselected_equals_the_layer_on_the_selected_subsequence(tiny_
             torch.testing.assert_close(routed, expected, rtol=0, atol=1e-10)
             return routed
 
-    try:
-        with torch.no_grad(), use_router(model, Compare()):
-            model(input_ids=ids, use_cache=False)
-    finally:
-        tiny_model.float()
+    with in_float64(tiny_model), torch.no_grad(), use_router(model, Compare()):
+        model(input_ids=ids, use_cache=False)
 
 
 def test_no_kv_for_unselected_refuses_a_cache(tiny_llama, ids):

@@ -36,29 +36,8 @@ def sha(data: bytes) -> str:
 
 
 @pytest.fixture
-def cache(tmp_path, monkeypatch):
-    root = tmp_path / "cache"
-    monkeypatch.setenv("KVLAB_CACHE", str(root))
-    return root
-
-
-@pytest.fixture
-def shelf(tmp_path, monkeypatch):
-    """Archives served from a local folder instead of the network; ``calls`` records each download."""
-    folder = tmp_path / "shelf"
-    folder.mkdir()
-    calls: list[str] = []
-
-    def download(source, dest_dir, *, progress):
-        calls.append(source.filename)
-        if not (folder / source.filename).exists():
-            raise OSError(f"{source.filename}: no network in this test")
-        target = Path(dest_dir) / source.filename
-        target.write_bytes((folder / source.filename).read_bytes())
-        return target
-
-    monkeypatch.setattr(fetcher, "_download_archive", download)
-    return folder, calls
+def shelf(asset_shelf):
+    return asset_shelf
 
 
 def add_asset(monkeypatch, shelf_dir: Path, asset_id: str, files: dict[str, bytes], *, kind: str = "corpus",

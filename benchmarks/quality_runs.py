@@ -2,14 +2,19 @@
 
 Every job calls the same package functions as notebooks 02, 03 and 06 (``chunked_perplexity``,
 ``needle_in_haystack``, ``passkey``, ``gsm8k_generate``, ``decode_throughput``), only with the sizes
-of the papers' tables: 64K-token streams, 16K/32K decoding lengths, 100 GSM8K problems. Jobs run in
-worker processes, one thread each, each with its own copy of the model (float32, like the CPU
-notebooks), on the CPU or on a GPU; each result is written atomically to ``OUT/<job>.json``, and a
-job whose result exists is skipped, so a run cut short goes on where it stopped.
+of the papers' tables: 64K-token streams, 16K/32K decoding lengths, 100 GSM8K problems. Jobs are tasks
+of a Dask sweep (``kvlab.sweep``): worker processes, one thread each, each with its own copy of the model
+(float32, like the CPU notebooks), on the CPU or on a GPU (workers holding the ``GPU`` resource); each
+result is written atomically to ``OUT/<job>.json``, and a job whose result exists with the same parameters
+is skipped, so a run cut short goes on where it stopped. A failed job is retried once, then listed with its
+parameters; the others finish.
 
     python benchmarks/quality_runs.py list [--scale smoke]
     python benchmarks/quality_runs.py run --out DIR [--only REGEX] [--cpu-workers N] [--gpu-workers M]
-                                          [--deadline SECONDS] [--scale full|smoke]
+                                          [--scale full|smoke] [--scheduler tcp://HOST:8786]
+
+``--scheduler`` sends the jobs to a running Dask cluster (``dask scheduler`` on one machine, ``dask worker
+tcp://HOST:8786 --nthreads 1`` on each machine, ``--resources GPU=1`` on GPU machines) instead of local workers.
 
 ``--scale smoke`` shrinks every job (a few hundred tokens, two problems) to check the whole pipeline
 in a minute. ``benchmarks/quality_report.py DIR`` turns the results into the tables of
@@ -19,13 +24,10 @@ in a minute. ``benchmarks/quality_report.py DIR`` turns the results into the tab
 from __future__ import annotations
 
 import argparse
-import concurrent.futures as cf
 import json
-import multiprocessing as mp
 import os
 import re
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -136,7 +138,10 @@ def jobs(scale: str = "full") -> list[Job]:
 _STATE: dict = {}
 
 
-def _init_worker(device: str, dtype: str) -> None:
+def _ensure_state(device: str, dtype: str = "float32") -> None:
+    """Load the model once per worker process (Dask keeps the process, so later jobs reuse it)."""
+    if _STATE.get("device") == device:
+        return
     import torch
 
     torch.set_num_threads(1)
@@ -247,32 +252,19 @@ def _run_throughput(args):
     return dict(tokens_per_s=rounds, device=device, attn=_STATE["model"].config._attn_implementation)
 
 
-def _run_job(job: Job, out_dir: str) -> tuple[str, float, str | None]:
-    begin = time.time()
-    try:
-        if job.kind == "ppl":
-            result = _run_ppl(job.args)
-        elif job.kind in ("niah", "passkey"):
-            result = _run_retrieval(job.kind, job.args)
-        elif job.kind == "gsm8k":
-            result = _run_gsm8k(job.args)
-        elif job.kind == "throughput":
-            result = _run_throughput(job.args)
-        else:
-            raise ValueError(f"unknown job kind {job.kind!r}")
-    except Exception as exc:  # reported by the parent; the job stays undone
-        import traceback
-
-        return job.name, time.time() - begin, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"
+def run_job(kind: str, args: dict, device: str = "cpu") -> dict:
+    """One job in a Dask worker (the target of every task of the sweep); kvlab.sweep writes the record."""
     import torch
 
-    record = dict(job=job.name, kind=job.kind, args=job.args, worker=_STATE["device"], torch=torch.__version__,
-                  wall_seconds=time.time() - begin, result=result)
-    path = Path(out_dir) / f"{job.name}.json"
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(record, ensure_ascii=False))
-    os.replace(tmp, path)
-    return job.name, time.time() - begin, None
+    _ensure_state("cuda" if device == "gpu" and torch.cuda.is_available() else "cpu")
+    runners = {"ppl": _run_ppl, "gsm8k": _run_gsm8k, "throughput": _run_throughput,
+               "niah": lambda a: _run_retrieval("niah", a), "passkey": lambda a: _run_retrieval("passkey", a)}
+    if kind not in runners:
+        raise ValueError(f"unknown job kind {kind!r}; known: {sorted(runners)}")
+    result = runners[kind](args)
+    result["worker"] = _STATE["device"]
+    result["torch"] = torch.__version__
+    return result
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -284,50 +276,20 @@ def _selected(args) -> list[Job]:
 
 
 def run(args) -> int:
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    todo = [j for j in _selected(args) if not (out / f"{j.name}.json").exists()]
+    """Submit the unfinished jobs to a Dask cluster (kvlab.sweep): local workers, or --scheduler ADDRESS."""
     import torch
 
-    gpu_workers = args.gpu_workers if torch.cuda.is_available() else 0
-    if gpu_workers == 0:
-        for j in todo:
-            j.device = "cpu"
-    print(f"{len(todo)} jobs to run ({sum(j.cost for j in todo):.0f} single-thread minutes, rough); "
-          f"{args.cpu_workers} CPU workers, {gpu_workers} GPU workers", flush=True)
-    ctx = mp.get_context("spawn")
-    pools = {}
-    if args.cpu_workers:
-        pools["cpu"] = cf.ProcessPoolExecutor(args.cpu_workers, ctx, initializer=_init_worker,
-                                              initargs=("cpu", "float32"))
-    if gpu_workers:
-        pools["gpu"] = cf.ProcessPoolExecutor(gpu_workers, ctx, initializer=_init_worker, initargs=("cuda", "float32"))
-    if not pools:
-        raise SystemExit("no workers: give --cpu-workers or --gpu-workers")
-    futures = {}
-    for j in todo:
-        pool = pools.get(j.device) or pools.get("cpu") or pools["gpu"]
-        futures[pool.submit(_run_job, j, str(out))] = j
-    deadline = time.time() + args.deadline if args.deadline else None
-    failed = 0
-    try:
-        for fut in cf.as_completed(futures, timeout=args.deadline):
-            name, seconds, error = fut.result()
-            left = f" ({deadline - time.time():.0f} s left)" if deadline else ""
-            if error:
-                failed += 1
-                print(f"FAILED {name} after {seconds:.0f} s: {error}", flush=True)
-            else:
-                print(f"done {name} in {seconds:.0f} s{left}", flush=True)
-    except cf.TimeoutError:
-        undone = [j.name for f, j in futures.items() if not f.done()]
-        print(f"deadline: {len(undone)} jobs not finished (run again to go on): {', '.join(undone)}", flush=True)
-    for pool in pools.values():
-        procs = list((getattr(pool, "_processes", None) or {}).values())
-        pool.shutdown(wait=False, cancel_futures=True)
-        for proc in procs:
-            proc.terminate()
-    return 1 if failed else 0
+    from kvlab.sweep import Task, run_sweep
+
+    gpu_workers = args.gpu_workers if (torch.cuda.is_available() or args.scheduler) else 0
+    tasks = [Task(j.name, "quality_runs:run_job", dict(kind=j.kind, args=j.args, device=j.device), j.device, j.cost)
+             for j in _selected(args)]
+    print(f"{len(tasks)} jobs ({sum(t.cost for t in tasks):.0f} single-thread minutes, rough); "
+          f"{args.scheduler or f'{args.cpu_workers} CPU workers, {gpu_workers} GPU workers'}", flush=True)
+    report = run_sweep(tasks, args.out, scheduler=args.scheduler, workers=args.cpu_workers, gpu_workers=gpu_workers,
+                       python_path=[str(Path(__file__).resolve().parent), str(ROOT)], progress=not args.quiet)
+    print(report.summary(), flush=True)
+    return 1 if report.failed else 0
 
 
 def main(argv=None) -> int:
@@ -342,7 +304,8 @@ def main(argv=None) -> int:
     r.add_argument("--scale", choices=["full", "smoke"], default="full")
     r.add_argument("--cpu-workers", type=int, default=max((os.cpu_count() or 2) - 1, 1))
     r.add_argument("--gpu-workers", type=int, default=4)
-    r.add_argument("--deadline", type=float, default=None, help="seconds; unfinished jobs are left for a later run")
+    r.add_argument("--scheduler", default=None, help="address of a running Dask scheduler (default: local workers)")
+    r.add_argument("--quiet", action="store_true", help="no progress bar")
     args = p.parse_args(argv)
     if args.cmd == "list":
         for j in _selected(args):

@@ -9,6 +9,8 @@ USAGE = """usage: python -m kvlab COMMAND [ARGS]
 commands:
   fetch [ID ...]   download models and corpora into the cache (no ID: the default set; --list, --all)
   bench METHOD WHAT  GPU benchmarks of a method (see `python -m kvlab bench --help`)
+  sweep GRID.yaml  run a grid of calls or notebooks on a Dask cluster (see `python -m kvlab sweep --help`)
+  lessons make|grade  student versions of the assignments, grading to a CSV (see `python -m kvlab lessons -h`)
 """
 
 
@@ -27,6 +29,14 @@ def main(argv: list[str] | None = None) -> int:
         from kvlab.bench import main as bench_main
 
         return bench_main(rest) or 0
+    if command == "sweep":
+        from kvlab.sweep import main as sweep_main
+
+        return sweep_main(rest) or 0
+    if command == "lessons":
+        from kvlab.lessons import main as lessons_main
+
+        return lessons_main(rest) or 0
     print(f"unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
     return 2
 

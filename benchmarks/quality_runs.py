@@ -41,7 +41,7 @@ LENGTHS = [1024, 2048, 4096, 5000, 8192, 10000, 15000, 16384, 20000, 32768, 6553
 @dataclass
 class Job:
     name: str
-    kind: str  # "ppl", "niah", "passkey", "gsm8k", "throughput"
+    kind: str  # "ppl", "niah", "passkey", "gsm8k", "throughput", "mmlu"
     args: dict = field(default_factory=dict)
     device: str = "cpu"  # "cpu" or "gpu" (a GPU worker when there is one, else a CPU worker)
     cost: float = 1.0  # rough single-thread minutes, for longest-first ordering
@@ -73,25 +73,25 @@ def jobs(scale: str = "full") -> list[Job]:
     # --- SepLLM streaming (issue 3): Table 5 (PG19 stand-in, 64K, c=800), Tables 6-8 (WikiText) ----------
     ppl("sepllm-t5-full-64k", "Full()", 65536, corpus="austen", chunk=1024, device="gpu")
     ppl("sepllm-t5-strm800-64k", "StreamingLLM(sink=4, cache_size=800)", 65536, corpus="austen", device="gpu")
-    ppl("sepllm-t5-sep800-64k", "SepLLMStreaming(4, 64, 256, 800, separators=seps)", 65536, corpus="austen",
+    ppl("sepllm-t5-sep800-64k", "SepLLMStreaming(4, 64, 256, 800, separators=seps_broad)", 65536, corpus="austen",
         device="gpu")
     ppl("sepllm-t8-full-64k", "Full()", 65536, chunk=1024, device="gpu")
     ppl("sepllm-t8-strm324-64k", "StreamingLLM(sink=4, cache_size=324)", 65536, device="gpu")
-    ppl("sepllm-t8-sep32-64k", "SepLLMStreaming(4, 32, 224, 324, separators=seps)", 65536, device="gpu")
-    ppl("sepllm-t6-sep64-64k", "SepLLMStreaming(4, 64, 224, 324, separators=seps)", 65536, device="gpu")
+    ppl("sepllm-t8-sep32-64k", "SepLLMStreaming(4, 32, 224, 324, separators=seps_broad)", 65536, device="gpu")
+    ppl("sepllm-t6-sep64-64k", "SepLLMStreaming(4, 64, 224, 324, separators=seps_broad)", 65536, device="gpu")
     ppl("sepllm-t8-strm324-noshift-64k", "StreamingLLM(sink=4, cache_size=324, positions='original')", 65536,
         device="gpu")
-    ppl("sepllm-t8-sep32-noshift-64k", "SepLLMStreaming(4, 32, 224, 324, separators=seps, positions='original')",
+    ppl("sepllm-t8-sep32-noshift-64k", "SepLLMStreaming(4, 32, 224, 324, separators=seps_broad, positions='original')",
         65536, device="gpu")
-    ppl("sepllm-t6-sep48-20k", "SepLLMStreaming(4, 48, 224, 324, separators=seps)", 20000)
+    ppl("sepllm-t6-sep48-20k", "SepLLMStreaming(4, 48, 224, 324, separators=seps_broad)", 20000)
     for w, c in ((320, 516), (512, 800)):
         ppl(f"sepllm-t7-strm{c}-20k", f"StreamingLLM(sink=4, cache_size={c})", 20000)
-        ppl(f"sepllm-t7-sep{c}-20k", f"SepLLMStreaming(4, 64, {w}, {c}, separators=seps)", 20000)
+        ppl(f"sepllm-t7-sep{c}-20k", f"SepLLMStreaming(4, 64, {w}, {c}, separators=seps_broad)", 20000)
     ppl("sepllm-t8-strm324-noinit-20k", "StreamingLLM(sink=0, cache_size=324)", 20000)
-    ppl("sepllm-t8-sep32-noinit-20k", "SepLLMStreaming(0, 32, 224, 324, separators=seps)", 20000)
+    ppl("sepllm-t8-sep32-noinit-20k", "SepLLMStreaming(0, 32, 224, 324, separators=seps_broad)", 20000)
     ppl("sepllm-t8-strm324-noinit-noshift-20k", "StreamingLLM(sink=0, cache_size=324, positions='original')", 20000)
     ppl("sepllm-t8-sep32-noinit-noshift-20k",
-        "SepLLMStreaming(0, 32, 224, 324, separators=seps, positions='original')", 20000)
+        "SepLLMStreaming(0, 32, 224, 324, separators=seps_broad, positions='original')", 20000)
 
     # --- retrieval: LaCache Fig. 8-9 (50% / 25% budgets), SepLLM App. F (equal KV) --------------------
     lengths = [384] if smoke else [1024, 2048, 4096]
@@ -112,8 +112,10 @@ def jobs(scale: str = "full") -> list[Job]:
             out.append(Job(f"sepllm-{task}-strm324-{length}", task,
                            dict(policy="StreamingLLM(sink=4, cache_size=324)", **grid), cost=length / 800))
             out.append(Job(f"sepllm-{task}-sep324-{length}", task,
-                           dict(policy="SepLLMStreaming(4, 32, 224, 324, separators=seps)", **grid),
+                           dict(policy="SepLLMStreaming(4, 32, 224, 324, separators=seps_broad)", **grid),
                            cost=length / 800))
+
+    fidelity_jobs(out, ppl, smoke)
 
     # --- GSM8K 8-shot CoT generation (issue 3, Table 1 real benchmark) -------------------------------
     problems, shard = (2, 2) if smoke else (100, 10)
@@ -130,6 +132,62 @@ def jobs(scale: str = "full") -> list[Job]:
                        dict(prefill=prefill, budget=min(512, prefill // 2), steps=16 if smoke else 128, rounds=3),
                        device="gpu", cost=2.0))
     return out
+
+
+def fidelity_jobs(out, ppl, smoke) -> None:
+    """Issue 14 (SepLLM and LaCache fidelity round 2): what the papers tested, at full size."""
+    # SepLLM Table 8 with the official code's positions ("insertion": new token at the cache length, cached keys
+    # keep their first rotation), official-style separators (seps, 17 ids) beside the broad set (seps_broad)
+    for a, n in ((4, 65536), (0, 20000)):
+        tag = f"-noinit-{n // 1000}k" if a == 0 else "-64k"
+        ppl(f"sepllm-t8-strm324-insertion{tag}", f"StreamingLLM(sink={a}, cache_size=324, positions='insertion')", n,
+            device="gpu")
+        ppl(f"sepllm-t8-sep32-insertion{tag}",
+            f"SepLLMStreaming({a}, 32, 224, 324, separators=seps, positions='insertion')", n, device="gpu")
+    ppl("sepllm-t8-sep32-official-64k", "SepLLMStreaming(4, 32, 224, 324, separators=seps)", 65536, device="gpu")
+    # LaCache (S, O) sweep at budgets 80 (to 32K), 256 and 512 (to 16K); the official examples S=L/2 and S=16
+    # with O=0, and the official accounting (cache grown by floor(R/2)) at the paper's and the public code's setting
+    for b, n in ((80, 32768), (256, 16384), (512, 16384)):
+        for s_, o in ((8, 0), (15, 7), (15, 0), (16, 0), (4, 2)):
+            ppl(f"lacache-sweep{b}-s{s_}o{o}-{n // 1024}k", f"LaCache({b}, span={s_}, overlap={o})", n)
+        for s_, o in ((8, 4), (16, 0)):
+            ppl(f"lacache-sweep{b}-official-s{s_}o{o}-{n // 1024}k", f"LaCache.official({b}, {s_}, {o})", n)
+    lengths = [384] if smoke else [1024, 2048, 4096]
+    depths = [0.5] if smoke else [0.1, 0.3, 0.5, 0.7, 0.9]
+    for task in ("niah", "passkey"):
+        for length in lengths:
+            grid = dict(length=length, depths=depths)
+            # LaCache's retrieval protocol: full-attention prefill, compact once, 64 sinks, S ~ L x budget, O = 0
+            for frac in (0.5, 0.25):
+                b, pct, span = int(frac * length), int(100 * frac), round(30 * frac)
+                out.append(Job(f"lacache-{task}-officialprotocol-lacache{pct}-{length}", task,
+                               dict(policy=f"LaCache.official({b}, {span}, 0, sink=64)", chunk=1 << 20, **grid),
+                               cost=length / 4000))
+                out.append(Job(f"lacache-{task}-officialprotocol-strm{pct}-{length}", task,
+                               dict(policy=f"StreamingLLM(sink=64, cache_size={b})", chunk=1 << 20, **grid),
+                               cost=length / 4000))
+    # SepLLM needle with the paper's basic (non-streaming) design, scaled to our context (Figs. 9-11)
+    for length in lengths:
+        grid = dict(length=length, depths=depths)
+        for name, expr in (("n64ht", "SepLLM(4, 64, separators=seps, full_layers=(0, -1))"),
+                           ("n256a32ht2", "SepLLM(32, 256, separators=seps, full_layers=(0, 1, -2, -1))"),
+                           ("strm-n64ht", "SepLLM(4, 64, separators=[], full_layers=(0, -1))"),
+                           ("sep324-official", "SepLLMStreaming(4, 32, 224, 324, separators=seps)")):
+            out.append(Job(f"sepllm-niah-basic-{name}-{length}", "niah", dict(policy=expr, **grid), cost=length / 800))
+    # MMLU 5-shot by answer-letter log-likelihood (Tables 1, 9, 17): all 57 subjects, 20 questions each
+    for method in ("Vanilla", "StrmLLM (n=256)", "StrmLLM (n matched)", "SepLLM (n=256)", "SepLLM broad (n=256)",
+                   "FixLLM (Δ=5, n=256)"):
+        slug = re.sub(r"[^a-z0-9]+", "-", method.lower()).strip("-")
+        out.append(Job(f"sepllm-mmlu-{slug}", "mmlu", dict(method=method, subjects=57, questions=2 if smoke else 20,
+                                                             shots=5), device="gpu", cost=20.0))
+    # Table 15: H2O vs SepLLM at equal runtime KV, GSM8K-CoT 8-shot generation (100 problems)
+    problems, shard = (2, 2) if smoke else (100, 10)
+    for start in range(0, problems, shard):
+        for method, cost in (("H2O (KV matched)", 0.2), ("SepLLM official separators (n=256)", 0.12)):
+            slug = re.sub(r"[^a-z0-9]+", "-", method.lower()).strip("-")
+            out.append(Job(f"sepllm-gsm8k-{slug}-{start:03d}", "gsm8k",
+                           dict(method=method, start=start, count=shard, max_new_tokens=16 if smoke else 256),
+                           cost=shard * cost))
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -149,7 +207,9 @@ def _ensure_state(device: str, dtype: str = "float32") -> None:
     from kvlab.sepllm.separators import separator_ids
 
     model, tokenizer = kvlab.load_model("smollm2-135m", device=device, dtype=dtype)
-    _STATE.update(model=model, tokenizer=tokenizer, seps=separator_ids(tokenizer), device=device, texts={})
+    # seps: the official-style set (17 ids, the default since issue 14); seps_broad: the 415 ids of the earlier runs
+    _STATE.update(model=model, tokenizer=tokenizer, seps=separator_ids(tokenizer),
+                  seps_broad=separator_ids(tokenizer, match="suffix"), device=device, texts={})
 
 
 def _policy(expr: str):
@@ -159,7 +219,8 @@ def _policy(expr: str):
     from kvlab.sepllm.policy import FixLLM, SepLLM, SepLLMStreaming
 
     names = {"Full": policies.Full, "StreamingLLM": policies.StreamingLLM, "LaCache": LaCache, "H2O": H2O,
-             "SepLLM": SepLLM, "SepLLMStreaming": SepLLMStreaming, "FixLLM": FixLLM, "seps": _STATE["seps"]}
+             "SepLLM": SepLLM, "SepLLMStreaming": SepLLMStreaming, "FixLLM": FixLLM, "seps": _STATE["seps"],
+             "seps_broad": _STATE["seps_broad"]}
     return eval(expr, {"__builtins__": {}}, names)  # expressions come from jobs() above, not from users
 
 
@@ -184,17 +245,22 @@ def _run_ppl(args):
     r = chunked_perplexity(_STATE["model"], _STATE["tokenizer"], _ids(args["corpus"], args["tokens"]), policy,
                            max_tokens=None, chunk_size=args["chunk"])
     kv = r.kv_trace_per_layer.float()
+    used = dict(policy_used=repr(policy))  # after the run: LaCache's repr shows the span/overlap it used
+    if hasattr(policy, "settings"):
+        used["settings"] = policy.settings(_STATE["model"].config.num_hidden_layers)
     return dict(ppl=r.ppl, ppl_at=ppl_at_lengths(r, LENGTHS + [args["tokens"]]), mean_kv=float(kv.mean()),
-                max_kv=int(kv.max()), seconds=r.seconds, nll=[round(float(x), 4) for x in r.nll])
+                max_kv=int(kv.max()), seconds=r.seconds, nll=[round(float(x), 4) for x in r.nll], **used)
 
 
 def _run_retrieval(task, args):
     from kvlab.eval import needle_in_haystack, passkey
 
     fn = needle_in_haystack if task == "niah" else passkey
-    r = fn(_STATE["model"], _STATE["tokenizer"], _policy(args["policy"]), lengths=[args["length"]],
-           depths=args["depths"], progress=False)
-    return dict(accuracy=r.accuracy[0].tolist(), answer_nll=r.answer_nll[0].tolist(), answers=r.answers)
+    policy = _policy(args["policy"])
+    r = fn(_STATE["model"], _STATE["tokenizer"], policy, lengths=[args["length"]], depths=args["depths"],
+           chunk_size=args.get("chunk", 64), progress=False)
+    return dict(accuracy=r.accuracy[0].tolist(), answer_nll=r.answer_nll[0].tolist(), answers=r.answers,
+                policy_used=repr(policy))
 
 
 def _gsm8k_method(method, tokenizer, exemplars, sample_ids):
@@ -202,7 +268,7 @@ def _gsm8k_method(method, tokenizer, exemplars, sample_ids):
     from kvlab.sepllm.policy import FixLLM, SepLLM
     from kvlab.sepllm.pattern import FixLLMPattern, SepLLMPattern, StreamingPattern, match_neighbors
 
-    seps, a, n = _STATE["seps"], 3, 256
+    seps, a, n = _STATE["seps_broad"], 3, 256  # the earlier runs' set; issue 14's jobs name theirs
     if method == "Vanilla":
         return None, Full(), None
     if method == "StrmLLM (n=256)":
@@ -215,7 +281,33 @@ def _gsm8k_method(method, tokenizer, exemplars, sample_ids):
         return SepLLMPattern(seps, a, n), SepLLM(a, n, separators=seps), n
     if method == "FixLLM (Δ=5, n=256)":
         return FixLLMPattern(a, n, 5), FixLLM(a, n, 5), n
+    if method == "SepLLM official separators (n=256)":
+        return SepLLMPattern(_STATE["seps"], a, n), SepLLM(a, n, separators=_STATE["seps"]), n
+    if method == "H2O (KV matched)":  # Table 15: H2O's budget = the entries SepLLM keeps on average on a prompt
+        from kvlab.baselines.h2o import H2O
+
+        budget = round(SepLLMPattern(_STATE["seps"], a, n).kept_fraction(sample_ids) * sample_ids.shape[1])
+        return None, H2O(budget, recent=budget // 2), budget
     raise ValueError(f"unknown GSM8K method {method!r}")
+
+
+def _run_mmlu(args):
+    from kvlab.sepllm.mmlu import mmlu_accuracy, mmlu_prompts
+    from kvlab.sepllm.pattern import FixLLMPattern, SepLLMPattern, StreamingPattern, match_neighbors
+
+    tok, a, n = _STATE["tokenizer"], 3, 256
+    prompts = mmlu_prompts(args["subjects"], args["questions"], args["shots"])
+    sample = tok(prompts[0].text, return_tensors="pt").input_ids
+    sep = SepLLMPattern(_STATE["seps"], a, n)
+    patterns = {"Vanilla": lambda: None, "StrmLLM (n=256)": lambda: StreamingPattern(a, n),
+                "StrmLLM (n matched)": lambda: StreamingPattern(a, match_neighbors(
+                    lambda k: StreamingPattern(a, k), sep.kept_fraction(sample), sample)),
+                "SepLLM (n=256)": lambda: sep, "SepLLM broad (n=256)": lambda: SepLLMPattern(_STATE["seps_broad"], a, n),
+                "FixLLM (Δ=5, n=256)": lambda: FixLLMPattern(a, n, 5)}
+    pattern = patterns[args["method"]]()
+    acc, kv, preds = mmlu_accuracy(_STATE["model"], tok, prompts, pattern)
+    return dict(accuracy=acc, r_kv=kv, predictions=preds, gold=[p.gold for p in prompts],
+                subjects=[p.subject for p in prompts], neighbors=getattr(pattern, "neighbors", None))
 
 
 def _run_gsm8k(args):
@@ -258,7 +350,8 @@ def run_job(kind: str, args: dict, device: str = "cpu") -> dict:
 
     _ensure_state("cuda" if device == "gpu" and torch.cuda.is_available() else "cpu")
     runners = {"ppl": _run_ppl, "gsm8k": _run_gsm8k, "throughput": _run_throughput,
-               "niah": lambda a: _run_retrieval("niah", a), "passkey": lambda a: _run_retrieval("passkey", a)}
+               "niah": lambda a: _run_retrieval("niah", a), "passkey": lambda a: _run_retrieval("passkey", a),
+               "mmlu": _run_mmlu}
     if kind not in runners:
         raise ValueError(f"unknown job kind {kind!r}; known: {sorted(runners)}")
     result = runners[kind](args)

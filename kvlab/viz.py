@@ -8,13 +8,18 @@ from typing import Sequence
 import torch
 
 __all__ = [
+    "PolicyExplorer",
     "attention_heatmap",
     "interactive_attention",
+    "interactive_lacache",
+    "interactive_sepllm",
+    "interactive_streaming",
     "kept_positions",
     "kept_positions_image",
     "kv_trace_plot",
     "niah_heatmap",
     "ppl_curve_plot",
+    "replay_policy",
 ]
 
 
@@ -139,3 +144,130 @@ def ppl_curve_plot(results: dict[str, "object"] | Sequence["object"], every: int
     ax.set_ylabel(f"perplexity (blocks of {every})")
     ax.legend(fontsize=8)
     return ax
+
+
+def replay_policy(policy, steps: int, num_layers: int = 1, token_ids: Sequence[int] | torch.Tensor | None = None):
+    """Run ``policy.keep`` over a stream of ``steps`` tokens without a model: one entry per layer per step.
+
+    Returns ``(kept, trace)``: ``kept`` ``(num_layers, steps)`` bool, which original positions each layer holds
+    at the end; ``trace`` ``(steps, num_layers)`` long, entries held after each step (what ``KVCache.trace``
+    records on a real model). ``token_ids`` (default: zeros) feed policies that look at tokens (SepLLM).
+    Policies that need attention scores (H2O, TOVA) need a model: use ``kvlab.eval.streaming_perplexity``."""
+    from kvlab.core import LayerView
+
+    if getattr(policy, "needs_scores", False):
+        raise ValueError(f"{type(policy).__name__} needs attention scores, which only a model gives; replay "
+                         "policies that decide from positions and tokens (StreamingLLM, SepLLM, LaCache)")
+    if steps < 1 or num_layers < 1:
+        raise ValueError(f"steps and num_layers must be >= 1, got {steps} and {num_layers}")
+    ids = torch.zeros(steps, dtype=torch.long) if token_ids is None else torch.as_tensor(token_ids).long()
+    if ids.numel() < steps:
+        raise ValueError(f"token_ids has {ids.numel()} entries, fewer than steps={steps}")
+    held = [torch.zeros(0, dtype=torch.long) for _ in range(num_layers)]
+    states = [{} for _ in range(num_layers)]
+    trace = torch.zeros(steps, num_layers, dtype=torch.long)
+    for t in range(steps):
+        for layer in range(num_layers):
+            pos = torch.cat([held[layer], torch.tensor([t])])
+            view = LayerView(layer, num_layers, t + 1, pos[None], ids[pos][None], None, None, states[layer])
+            keep = policy.keep(view)
+            held[layer] = pos if keep is None else pos[torch.as_tensor(keep).reshape(-1)]
+            trace[t, layer] = held[layer].numel()
+    kept = torch.zeros(num_layers, steps, dtype=torch.bool)
+    for layer, pos in enumerate(held):
+        kept[layer, pos] = True
+    return kept, trace
+
+
+class PolicyExplorer:
+    """Sliders over a policy's settings; every change replays the policy (:func:`replay_policy`) and draws the
+    kept positions per layer and the KV trace. ``widget`` is the ipywidgets box to display (the notebook shows
+    the explorer itself); ``update(**values)`` sets sliders, redraws and returns ``(kept, trace)``, so the
+    explorer also runs headless (tests, papermill)."""
+
+    def __init__(self, make_policy, sliders: dict[str, tuple[int, int, int]], steps: int, num_layers: int = 1,
+                 token_ids=None, title: str = ""):
+        import ipywidgets as widgets
+
+        self.make_policy, self.steps, self.num_layers, self.token_ids, self.title = (
+            make_policy, steps, num_layers, token_ids, title)
+        self.sliders = {name: widgets.IntSlider(value=v, min=lo, max=hi, description=name, continuous_update=False)
+                        for name, (v, lo, hi) in sliders.items()}
+        self.message = widgets.HTML()
+        self.output = widgets.Output()
+        self.widget = widgets.VBox([widgets.HBox(list(self.sliders.values())), self.message, self.output])
+        for slider in self.sliders.values():
+            slider.observe(lambda _change: self.update(), names="value")
+        self.kept, self.trace = None, None
+        self.update()
+
+    def values(self) -> dict[str, int]:
+        return {name: s.value for name, s in self.sliders.items()}
+
+    def update(self, **values):
+        """Set the named sliders (others keep their value), replay, redraw; returns ``(kept, trace)``, or
+        ``(None, None)`` with the policy's error shown when the settings are invalid."""
+        import matplotlib.pyplot as plt
+
+        unknown = set(values) - set(self.sliders)
+        if unknown:
+            raise ValueError(f"unknown settings {sorted(unknown)}; this explorer has {list(self.sliders)}")
+        for slider in self.sliders.values():  # set silently, then replay once
+            slider.unobserve_all("value")
+        for name, value in values.items():
+            self.sliders[name].value = value
+        for slider in self.sliders.values():
+            slider.observe(lambda _change: self.update(), names="value")
+        try:
+            policy = self.make_policy(**self.values())
+            self.kept, self.trace = replay_policy(policy, self.steps, self.num_layers, self.token_ids)
+        except ValueError as err:
+            self.message.value = f"<b>invalid settings:</b> {err}"
+            self.kept, self.trace = None, None
+            return None, None
+        self.message.value = f"{policy!r}: {int(self.trace[-1].max())} entries held at the end"
+        self.output.clear_output(wait=True)
+        with self.output:
+            fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3), gridspec_kw={"width_ratios": [2, 1]})
+            kept_positions_image(self.kept, ax=left, title=self.title or "kept positions (black)")
+            right.plot(self.trace.float().mean(dim=1).numpy())
+            right.set_xlabel("step")
+            right.set_ylabel("entries held (mean over layers)")
+            fig.tight_layout()
+            plt.show()
+            plt.close(fig)
+        return self.kept, self.trace
+
+    def _ipython_display_(self):
+        from IPython.display import display
+
+        display(self.widget)
+
+
+def interactive_streaming(steps: int = 120) -> PolicyExplorer:
+    """StreamingLLM explorer: ``sink`` and ``window`` sliders (cache size = sink + window)."""
+    from kvlab.policies import StreamingLLM
+
+    return PolicyExplorer(lambda sink, window: StreamingLLM(sink=sink, window=window),
+                          {"sink": (4, 0, 16), "window": (32, 1, 96)}, steps, title="StreamingLLM")
+
+
+def interactive_sepllm(steps: int = 200, sep_every: int = 7) -> PolicyExplorer:
+    """SepLLM streaming explorer: ``a`` (initial), ``s`` (separators), ``w`` (local window), ``c`` (capacity)
+    on a stream where every ``sep_every``-th token is a separator (token id 1)."""
+    from kvlab.policies import SepLLMStreaming
+
+    ids = [int(t % sep_every == sep_every - 1) for t in range(steps)]
+    return PolicyExplorer(lambda a, s, w, c: SepLLMStreaming(init=a, sep=s, local=w, cache=c, separators=[1]),
+                          {"a": (4, 0, 16), "s": (8, 0, 32), "w": (16, 1, 64), "c": (48, 2, 128)}, steps,
+                          token_ids=ids, title="SepLLM: initial, separators, local window")
+
+
+def interactive_lacache(steps: int = 160, num_layers: int = 30) -> PolicyExplorer:
+    """LaCache explorer: span ``S``, overlap ``O`` and the per-layer ``budget``, on ``num_layers`` layers
+    (SmolLM2-135M has 30)."""
+    from kvlab.policies import LaCache
+
+    return PolicyExplorer(lambda S, O, budget: LaCache(budget, span=S, overlap=O),
+                          {"S": (8, 1, num_layers), "O": (4, 0, num_layers - 1), "budget": (64, 8, 160)}, steps,
+                          num_layers=num_layers, title="LaCache: kept positions per layer")

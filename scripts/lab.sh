@@ -1,6 +1,25 @@
 #!/usr/bin/env bash
-# Open the lab: set up (.venv, install, default assets), then JupyterLab on notebooks/.
+# Open the lab: set up (.venv, install, default assets), then JupyterLab on the repository with the start
+# page notebooks/START.md (every numbered notebook and assignment, linked) open as a rendered page.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-exec .venv/bin/jupyter lab --notebook-dir=notebooks "$@"
+
+extra=()
+if [ "$(id -u)" = 0 ]; then
+  # JupyterLab refuses to start as root ("Running as root is not recommended") unless told to.
+  echo "kvlab: WARNING: running as root (a container or a cloud VM?); starting JupyterLab with --allow-root." >&2
+  echo "kvlab: the notebooks can then read and write anything on this machine; prefer a normal user account." >&2
+  extra+=(--allow-root)
+fi
+
+# Markdown files open rendered (the start page), not in the text editor: a settings override inside .venv.
+overrides=.venv/share/jupyter/lab/settings/overrides.json
+if [ ! -f "$overrides" ]; then
+  mkdir -p "$(dirname "$overrides")"
+  cat > "$overrides" <<'JSON'
+{"@jupyterlab/docmanager-extension:plugin": {"defaultViewers": {"markdown": "Markdown Preview"}}}
+JSON
+fi
+
+exec .venv/bin/jupyter lab --notebook-dir=. "${extra[@]}" "$@" notebooks/START.md

@@ -35,10 +35,11 @@ def test_job_names_unique_and_every_policy_valid(runs):
     import kvlab
     from kvlab.sepllm.separators import separator_ids
 
-    runs._STATE["seps"] = separator_ids(kvlab.models.load_tokenizer())
+    tok = kvlab.models.load_tokenizer()
+    runs._STATE["seps"], runs._STATE["seps_broad"] = separator_ids(tok), separator_ids(tok, match="suffix")
     full = runs.jobs("full")
     assert len({j.name for j in full}) == len(full)
-    assert {j.kind for j in full} == {"ppl", "niah", "passkey", "gsm8k", "throughput"}
+    assert {j.kind for j in full} == {"ppl", "niah", "passkey", "gsm8k", "throughput", "mmlu"}
     for j in full:
         if "policy" in j.args:
             runs._policy(j.args["policy"])  # SepLLMStreaming rejects a + s + w >= c, LaCache bad spans, ...

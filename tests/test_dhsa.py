@@ -297,6 +297,8 @@ CASES = [  # (dtype, batch, heads, kv_heads, seq, dim, chunks, budget, initial, 
     (torch.float16, 2, 2, 2, 50, 16, 7, 25, 5, False),
     (torch.float32, 1, 2, 2, 40, 16, 8, None, 2, False),  # dense through the backend
     (torch.bfloat16, 1, 3, 1, 64, 16, 16, 48, 20, False),  # initial tokens span a whole chunk
+    (torch.float32, 1, 2, 2, 48, 16, 8, 20, 8, True),  # a chunk starts exactly at `initial`
+    (torch.float32, 1, 2, 1, 64, 16, torch.tensor([0, 5, 40, 64]), 48, 2, False),  # chunks of several tiles
 ]
 
 
@@ -304,6 +306,50 @@ CASES = [  # (dtype, batch, heads, kv_heads, seq, dim, chunks, budget, initial, 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{str(c[0])[6:]}-n{c[4]}-b{c[7]}-i{c[8]}-s{int(c[9])}")
 def test_triton_matches_oracle(case):
     _check_backend("triton", *case)
+
+
+@needs_triton
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{str(c[0])[6:]}-n{c[4]}-b{c[7]}-i{c[8]}-s{int(c[9])}")
+def test_triton_lists_variant_matches_oracle(case):
+    from kvlab.dhsa.api import resolve_chunks
+    from kvlab.dhsa.triton import dhsa_attention_triton, launch_tables
+
+    dtype, b, h, hk, n, d, chunks, budget, initial, share = case
+    q, k, v = (x.to(DEV) for x in _qkv(b, h, hk, n, d, dtype))
+    per = resolve_chunks(chunks, b, n, DEV)
+    kw = dict(initial=initial, share_heads=share)
+    plan = R.chunk_plan(q, k, per, budget, **kw)
+    tables = launch_tables(plan, "lists", dtype=dtype)
+    work = tables.tiles[..., 3] > tables.tiles[..., 2]
+    assert int(work.sum()) == int(((tables.tiles[..., 3] - tables.tiles[..., 2]) > 0).sum())
+    assert not (work[:, 1:] & ~work[:, :-1]).any(), "empty tiles are not last"
+    with torch.no_grad():
+        fast = dhsa_attention_triton(q, k, v, per, budget, tables=tables, **kw)
+        again = dhsa_attention_triton(q, k, v, per, budget, variant="lists", **kw)
+        oracle = R.dhsa_attention_reference(q.double(), k.double(), v.double(), per, budget, **kw)
+        eager = R.dhsa_attention_reference(q, k, v, per, budget, **kw)
+    assert torch.equal(fast, again)
+    assert_close_to_oracle(fast, eager, oracle, reduction=n if budget is None else budget)
+
+
+@needs_triton
+def test_triton_rejects_unknown_variant():
+    from kvlab.dhsa.triton import dhsa_attention_triton
+
+    q, k, v = _qkv(1, 1, 1, 16, 16, torch.float32)
+    with pytest.raises(ValueError, match="variant must be one of"):
+        dhsa_attention_triton(q, k, v, R.fixed_boundaries(16, 4), 8, variant="rows")
+
+
+def test_reference_autograd_gradcheck():
+    # The "torch" backend is what one would train through (the Triton kernel is forward only): its
+    # gradients match finite differences (the selection is piecewise constant, away from ties).
+    q, k, v = _qkv(1, 2, 1, 12, 4)
+    for x in (q, k, v):
+        x.requires_grad_(True)
+    bd = torch.tensor([0, 3, 7, 12])
+    fn = lambda q, k, v: dhsa_attention(q, k, v, chunks=bd, budget=6, initial=1, backend="torch")  # noqa: E731
+    assert torch.autograd.gradcheck(fn, (q, k, v), eps=1e-6, atol=1e-7)
 
 
 @pytest.mark.parametrize("case", CASES[:3], ids=lambda c: f"{str(c[0])[6:]}-n{c[4]}-b{c[7]}")
@@ -433,3 +479,188 @@ def test_bench_helpers():
     n, nb = 50, 10
     m = R.dhsa_mask(*_qkv(1, 1, 1, n, 8)[:2], R.fixed_boundaries(n, 5), nb)
     assert kept_density(n, nb) == pytest.approx(m.sum().item() / (n * (n + 1) / 2))
+
+
+# ------------------------------------------------------------------------------ decode path and policy (App. A)
+def test_decode_attention_dense_when_budget_covers_the_cache():
+    from kvlab.dhsa.policy import decode_attention
+
+    q, k, v = _qkv(2, 4, 2, 30, 8)
+    prompt = torch.tensor([0, 5, 12, 20])
+    out = decode_attention(q[:, :, 20:], k, v, prompt, budget=30, initial=2)
+    torch.testing.assert_close(out, _causal(q, k, v)[:, :, 20:])
+
+
+def test_decode_attention_rows_follow_the_budget():
+    from kvlab.dhsa.policy import decode_attention
+
+    q, k, v = _qkv(1, 2, 1, 40, 8, seed=3)
+    prompt = torch.tensor([0, 7, 15, 30])
+    out = decode_attention(q[:, :, 30:], k, v, prompt, budget=12, initial=3)
+    for t in range(30, 40):  # each new token: <= 12 kept keys, initial and itself among them, equal to its row
+        ref, mask = R.dhsa_decode_reference(q[:, :, t:t + 1], k[:, :, :t + 1], v[:, :, :t + 1], prompt, 12,
+                                            initial=3, return_mask=True)
+        assert int(mask.sum(-1).max()) == 12 and mask[..., :3].all() and mask[..., t].all()
+        torch.testing.assert_close(out[:, :, t - 30:t - 29], ref)
+    assert not torch.allclose(out, _causal(q, k, v)[:, :, 30:])
+
+
+def test_dhsa_decode_policy_keeps_full_cache_and_matches_dense(tiny_llama, ids):
+    from kvlab.core import KVCache, use_pattern
+    from kvlab.dhsa.pattern import DHSAPattern
+    from kvlab.dhsa.policy import DHSADecode
+
+    pol = DHSADecode(64, initial=2)
+    assert pol.budget is None and pol.attended(100) == 64 and pol.attended(10) == 10
+    with torch.no_grad():
+        dense = tiny_llama(ids).logits[:, 30:]
+        with use_pattern(tiny_llama, DHSAPattern(64, chunk_size=6, initial=2)):  # budget >= length: dense
+            cache = KVCache(tiny_llama, pol)
+            tiny_llama(ids[:, :30], past_key_values=cache, use_cache=True)
+            steps = [tiny_llama(ids[:, t:t + 1], past_key_values=cache, use_cache=True).logits for t in range(30, 48)]
+    torch.testing.assert_close(torch.cat(steps, 1), dense, rtol=1e-4, atol=1e-4)
+    assert cache.trace.per_layer[-1] == [48] * len(cache.trace.per_layer[-1])  # nothing dropped
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(attend_budget=0), "attend_budget must be >= 1"),
+    (dict(attend_budget=4, initial=4), "attend_budget=4 must be >= initial"),
+    (dict(attend_budget=8, initial=-1), "initial must be >= 0"),
+])
+def test_dhsa_decode_policy_bad_inputs(kwargs, match):
+    from kvlab.dhsa.policy import DHSADecode
+
+    with pytest.raises(ValueError, match=match):
+        DHSADecode(**kwargs)
+
+
+def test_decode_attention_bad_inputs():
+    from kvlab.dhsa.policy import decode_attention
+
+    q, k, v = _qkv(1, 2, 1, 20, 8)
+    with pytest.raises(ValueError, match="prompt_chunks end at 20"):
+        decode_attention(q[:, :, 19:], k, v, torch.tensor([0, 10, 20]), budget=8)
+    with pytest.raises(ValueError, match="budget must be >= 1"):
+        decode_attention(q[:, :, 19:], k, v, torch.tensor([0, 10]), budget=0)
+    with pytest.raises(ValueError, match="one per sequence"):
+        decode_attention(q[:, :, 19:], k, v, [torch.tensor([0, 10])] * 2, budget=8)
+
+
+def test_decode_memory_accounting():
+    from kvlab.dhsa.policy import decode_memory
+    from kvlab.memory import MODEL_SHAPES, kv_cache_bytes
+
+    s = MODEL_SHAPES["smollm2-135m"]
+    dense = decode_memory(s, 4000, 96, method="dense")
+    assert dense["cache_bytes"] == kv_cache_bytes(s, 4096) == dense["read_bytes"]
+    dhsa = decode_memory(s, 4000, 96, method="dhsa", budget=1024, chunk_size=64)
+    per_chunk = s.kv_heads * s.head_dim * 2
+    assert dhsa["entries"] == dense["entries"] and dhsa["read_entries"] == 1024 * s.layers
+    assert dhsa["read_bytes"] == kv_cache_bytes(s, 1024) + s.layers * (63 + 2) * per_chunk
+    stream = decode_memory(s, 4000, 96, method="streamingllm", budget=128)
+    assert stream["cache_bytes"] == kv_cache_bytes(s, 128)
+    h2o = decode_memory(s, 4000, 96, method="h2o", budget=128)
+    assert h2o["cache_bytes"] == kv_cache_bytes(s, 128) + s.layers * 128 * s.heads * 4
+    win = [512 if (i + 1) % 6 else None for i in range(s.layers)]  # local layers hold their window only
+    local = decode_memory(s, 4000, 96, method="dense", sliding_window=win)
+    assert local["entries"] == 25 * 512 + 5 * 4096
+    assert decode_memory(s, 4000, 96, method="streamingllm", budget=128, sliding_window=win)["entries"] == 30 * 128
+    with pytest.raises(ValueError, match="method must be one of"):
+        decode_memory(s, 10, 1, method="pyramidkv")
+    with pytest.raises(ValueError, match="generated must be >= 1"):
+        decode_memory(s, 10, 0, method="dense")
+
+
+# ------------------------------------------------------------------------------ experiments (Table 1, costs)
+def test_qa_f1():
+    from kvlab.dhsa.experiments import qa_f1
+
+    assert qa_f1("The France.\nmore", ["France", "Paris"]) == 1.0
+    assert qa_f1("northern France", ["France"]) == pytest.approx(2 / 3)
+    assert qa_f1("Germany", ["France"]) == 0.0
+
+
+def test_qa_items_fit_and_hold_the_answer_source(monkeypatch):
+    import kvlab.datasets
+    from kvlab.dhsa.experiments import qa_items
+
+    class Tok:  # one token per word
+        def __call__(self, text, add_special_tokens=False):
+            return type("E", (), {"input_ids": text.split()})()
+
+    paras = {f"A{i}": f"alpha {i} " * 30 for i in range(6)}
+    squad = [dict(title=f"T{i % 3}", context=paras[f"A{i}"], question=f"q{i}?", answers=[f"{i}"], is_impossible=False)
+             for i in range(6)]
+    hotpot = [dict(question=f"h{i}?", answer=f"ans{i}", supporting_facts=[[f"g{i}", 0]],
+                   context=[[f"g{i}", ["gold words " * 10]]] + [[f"d{i}{j}", ["other words " * 10]] for j in range(3)])
+              for i in range(4)]
+    monkeypatch.setattr(kvlab.datasets, "load_records", lambda name: squad if name == "squad" else hotpot)
+    for task in ("single-doc", "multi-doc", "few-shot"):
+        items = qa_items(Tok(), task, 2, 200, seed=1)
+        assert len(items) == 2
+        for it in items:
+            assert it.tokens <= 200 and it.prompt.rstrip().endswith("Answer:")
+    it = qa_items(Tok(), "multi-doc", 1, 200, seed=2)[0]
+    assert f"g{it.answers[0][-1]}: gold" in it.prompt  # the supporting paragraph is never dropped
+    with pytest.raises(ValueError, match="task must be one of"):
+        qa_items(Tok(), "summarization", 1, 200)
+
+
+def test_prefill_and_decode_cost_on_cpu():
+    from kvlab.baselines import Full, StreamingLLM
+    from kvlab.dhsa.experiments import decode_cost, peak_bytes, prefill_cost, random_model
+    from kvlab.dhsa.pattern import DHSAPattern, dhsa_layers
+
+    x = {}
+    assert peak_bytes(lambda: x.setdefault("t", torch.zeros(1000, 250)), torch.device("cpu")) >= 10**6
+    model = random_model("tiny", attn_implementation="eager", device="cpu")
+    assert dhsa_layers(model) == [5]
+    ids = torch.randint(0, 96, (1, 64))
+    c = prefill_cost(model, ids, DHSAPattern(24, chunk_size=8, initial=2), dhsa_layers(model), repeats=1)
+    assert c["ms"] > 0 and c["peak_bytes"] > 0
+    d = decode_cost(model, ids, StreamingLLM(2, cache_size=16), steps=3)
+    full = decode_cost(model, ids, Full(), steps=3)
+    assert len(d["step_ms"]) == 3 and d["peak_bytes"] is None
+    assert full["cache_bytes"][-1] > d["cache_bytes"][-1] and full["cache_bytes"][1] > full["cache_bytes"][0]
+
+
+def test_bench_prefill_and_decode_entry_points_on_cpu(tmp_path):
+    import json
+
+    from kvlab.dhsa.bench import COMMANDS
+
+    assert {"prefill", "decode"} <= set(COMMANDS)
+    common = ["--shapes", "tiny", "--seqs", "48", "--budget-keys", "24", "--chunk", "8", "--initial", "2",
+              "--out", str(tmp_path)]
+    assert COMMANDS["prefill"](common + ["--repeats", "1", "--attn", "eager,sdpa"]) == 0
+    rec = json.loads((tmp_path / "dhsa_prefill.json").read_text())
+    assert {(r["attn"], r["method"]) for r in rec["rows"]} == {(a, m) for a in ("eager", "sdpa")
+                                                                for m in ("dense", "dhsa")}
+    assert COMMANDS["decode"](common + ["--steps", "2", "--cache", "12"]) == 0
+    rec = json.loads((tmp_path / "dhsa_decode.json").read_text())
+    assert [r["method"] for r in rec["rows"]] == ["dense", "streamingllm", "h2o", "dhsa"]
+    assert (tmp_path / "dhsa_decode.md").exists()
+
+
+def test_shipped_predictor_loads_and_matches_its_checksum(tmp_path, monkeypatch):
+    import hashlib
+    import json
+
+    from kvlab.dhsa import training as T
+
+    p, info = T.shipped_predictor("smollm2-135m")
+    pt = T.SHIPPED / "smollm2-135m.pt"
+    assert hashlib.sha256(pt.read_bytes()).hexdigest() == info["sha256"] and pt.stat().st_size < 2**20
+    assert p.channels == 192 and p.config() == info["predictor"] and not p.training
+    assert info["command"].split("PYTHONPATH=. ")[-1].startswith("python -m kvlab.dhsa.training")
+    logits = p(torch.randn(1, 24, 192))
+    assert logits.shape == (1, 24) and torch.isfinite(logits).all()
+    with pytest.raises(ValueError, match="no shipped DHSA predictor for 'gemma3-270m'"):
+        T.shipped_predictor("gemma3-270m")
+    bad = tmp_path / "data"  # a damaged copy is refused, naming the command that rebuilds it
+    bad.mkdir()
+    (bad / "smollm2-135m.pt").write_bytes(pt.read_bytes()[:-1] + b"x")
+    (bad / "smollm2-135m.json").write_text(json.dumps(info))
+    monkeypatch.setattr(T, "SHIPPED", bad)
+    with pytest.raises(ValueError, match="damaged"):
+        T.shipped_predictor("smollm2-135m")

@@ -149,6 +149,59 @@ def test_compaction_stays_within_budget_for_10k_steps(layout):
     assert sim.snapshots[5_000].shape == (L, 5_000)
 
 
+def official_kept(L, cache_size, span, overlap, steps, sink=4):
+    """The authors' LaCache bookkeeping, token by token, in its own terms: the size grows by floor(R/2) at
+    the first overflow; one token over the size compacts one ladder at the cursor, unless fewer than A
+    entries lie between the cursor and the L newest, in which case the pass starts over at the sink."""
+    D = span - overlap
+    G = 1 + -(-(L - span) // D)
+    A = min(-(-span // D), G)
+    R = G - A
+    size, cursor, grown = cache_size, sink, False
+    layers = [[] for _ in range(L)]
+    for t in range(steps):
+        for held in layers:
+            held.append(t)
+        if len(layers[0]) > size and not grown:
+            size, grown = size + R // 2, True
+        if len(layers[0]) <= size:
+            continue
+        if size - cursor - L < A:
+            cursor = sink
+        for layer, held in enumerate(layers):
+            off = layer % (R + 1)
+            held[cursor:cursor + G] = held[cursor + off:cursor + off + A]
+        cursor += A
+    return layers
+
+
+@pytest.mark.parametrize("L, C, S, O", [(30, 80, 16, 0), (30, 80, 15, 0), (30, 256, 8, 4), (30, 64, 8, 0),
+                                        (12, 40, 3, 1), (6, 20, 2, 1)])
+def test_official_accounting_keeps_what_the_public_code_keeps(L, C, S, O):
+    steps = 1500
+    want = official_kept(L, C, S, O, steps)
+    g = ladder_geometry(L, S, O)
+    for policy in (LaCache.official(C, S, O),
+                   LaCache(C + g.freed // 2, S, O, layout="interleaved", recent=L - g.freed + 1)):
+        sim = simulate(policy, L, steps)
+        for layer in range(L):
+            assert sim.kept[layer].tolist() == want[layer], (policy, layer)
+    assert LaCache.official(C, S, O).settings(L) == dict(
+        span=S, overlap=O, sink=4, recent=L - g.freed + 1, max_held=C + g.freed // 2, cache_size=C,
+        layout="interleaved", accounting="official", positions="cache")
+    strict = simulate(LaCache(C, S, O, layout="interleaved"), L, steps).held.double().mean()
+    official = simulate(LaCache.official(C, S, O), L, steps).held.double().mean()
+    assert official >= strict  # the official count holds more at the same "cache size"
+
+
+def test_official_budget_is_known_once_the_model_is():
+    policy = LaCache.official(80, 16, 0)
+    assert policy.budget is None
+    policy.check_model(30)
+    assert policy.budget == 80 + ladder_geometry(30, 16, 0).freed // 2
+    assert LaCache(80, 16, 0).budget == 80
+
+
 def test_chunked_prefill_matches_budget():
     sim = simulate(LaCache(64, span=3, overlap=1, sink=4), 12, 3_000, chunk=64)
     assert int(sim.held[-1].max()) <= 64 and len(set(sim.held[-1].tolist())) == 1
@@ -293,6 +346,7 @@ def test_policy_reused_across_caches_starts_fresh(tiny_llama, ids):
     (dict(budget=64, sink=-1), ValueError, "sink must be >= 0"),
     (dict(budget=64, layout="diagonal"), ValueError, "layout must be one of"),
     (dict(budget=64, positions="absolute"), ValueError, "positions must be one of"),
+    (dict(budget=64, accounting="mean"), ValueError, "accounting must be one of"),
     (dict(budget=8, sink=4, recent=4), ValueError, r"sink \+ recent \(4 \+ 4\) must be smaller than budget"),
     (dict(budget=64.0), TypeError, "budget must be an int"),
     (dict(budget=64, span=2.5), TypeError, "span must be an int"),

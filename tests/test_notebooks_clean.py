@@ -79,7 +79,7 @@ def test_parameters_are_type_checked_right_after(path):
 def test_wrong_parameter_type_fails_in_the_setup_cell(tmp_path):
     """Run as papermill would: the injected string reaches check_parameters, which names it."""
     papermill = pytest.importorskip("papermill")
-    path = ROOT / "lessons" / "01_your_first_policy.ipynb"
+    path = ROOT / "lessons" / "01_streaming_llm.ipynb"
     with pytest.raises(papermill.PapermillExecutionError, match="stream_tokens: expected int, got str"):
         papermill.execute_notebook(str(path), str(tmp_path / "out.ipynb"), parameters={"stream_tokens": "abc"},
                                    kernel_name="python3", progress_bar=False)

@@ -10,7 +10,7 @@ import math
 
 import pytest
 import torch
-from transformers import DynamicCache
+from transformers import DynamicCache, Gemma3ForCausalLM
 
 from kvlab.core import KVCache, LayerRouter, use_router
 from kvlab.orthorank import (Plan, after_sink, flop_sparsity, layers_for_sparsity, nominal_sparsity, orthorank,
@@ -524,3 +524,232 @@ def test_bench_command_table_and_layer_spread(capsys):
                 n = layers_for_sparsity(L, s, r)
                 chosen = bench.spread_layers(L, n)
                 assert len(chosen) == n == len(set(chosen)) and all(0 < c < L - 1 for c in chosen)
+
+
+# ---------------------------------------------------------------------------------------------------
+# the Triton routed layer (kvlab/orthorank/triton.py) against the reference; CPU runs the interpreter
+
+
+DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # CPU: the Triton interpreter
+
+
+@contextlib.contextmanager
+def on_device(model):
+    """The shared tiny model on DEV for the block, back on the CPU afterwards."""
+    try:
+        yield model.to(DEV)
+    finally:
+        model.cpu()
+
+
+def _rope_for(model, h, pos, layer_idx):
+    types = getattr(model.config, "layer_types", None)
+    if isinstance(model, Gemma3ForCausalLM):  # Gemma3: one table per attention type
+        return model.model.rotary_emb(h, pos, types[layer_idx])
+    return model.model.rotary_emb(h, pos)
+
+
+@pytest.mark.triton
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_triton_scores_are_eq4(dtype):
+    from kvlab.orthorank.triton import orthogonal_scores
+    from kvlab.testing import assert_close_to_oracle
+
+    torch.manual_seed(10)
+    states = torch.randn(3, 37, 80).to(DEV, dtype)
+    assert_close_to_oracle(orthogonal_scores(states), alignment(states), alignment(states.double()), reduction=80,
+                           dtype=dtype, name="scores")
+
+
+@pytest.mark.triton
+def test_triton_topk_is_algorithm_1():
+    from kvlab.orthorank.triton import topk_in_order
+
+    torch.manual_seed(11)
+    for seq in (1, 37, 130):
+        scores = torch.rand(3, seq)
+        scores[1] = torch.round(scores[1] * 4) / 4  # many ties: the earlier token goes first
+        scores[2, seq // 2:] = scores[2, : seq - seq // 2].clone()
+        for k in sorted({0, 1, seq // 3, seq}):
+            for sink in ("skip", "select"):
+                got = topk_in_order(scores.to(DEV), k, sink).cpu()
+                assert torch.equal(got, select_topk(scores, k, sink)), (seq, k, sink)
+    signed = torch.randn(2, 40)
+    signed[0, 5], signed[0, 6], signed[1, 7] = -0.0, 0.0, float("inf")  # -0.0 ties with +0.0, as in the sort
+    signed = torch.cat([signed, -signed])
+    for k in (1, 6, 7, 8, 20, 39, 40):
+        assert torch.equal(topk_in_order(signed.to(DEV), k).cpu(), select_topk(signed, k)), k
+    with pytest.raises(ValueError, match="k must be in 0..40"):
+        topk_in_order(signed, 41)
+
+
+@pytest.mark.triton
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("window", [None, 6])
+def test_triton_attention_of_selected_queries_is_causal_on_original_positions(dtype, window):
+    from kvlab.orthorank.reference import attention
+    from kvlab.orthorank.triton import selected_attention
+    from kvlab.testing import assert_close_to_oracle
+
+    torch.manual_seed(12)
+    batch, heads, kv_heads, n, dim = 2, 4, 2, 45, 16
+    q = torch.randn(batch, heads, 13, dim).to(DEV, dtype)
+    k = torch.randn(batch, kv_heads, n, dim).to(DEV, dtype)
+    v = torch.randn(batch, kv_heads, n, dim).to(DEV, dtype)
+    selected = torch.stack([torch.sort(torch.randperm(n)[:13]).values for _ in range(batch)]).to(DEV)
+    k_pos = torch.arange(n, device=DEV).expand(batch, n)
+    q_pos = k_pos.gather(1, selected)
+    mask = q_pos[:, :, None] >= k_pos[:, None, :]
+    if window is not None:
+        mask &= q_pos[:, :, None] - k_pos[:, None, :] < window
+
+    def ref(*xs):
+        return attention(*xs, mask[:, None], 0.25).transpose(1, 2).reshape(batch, 13, heads * dim)
+
+    out = selected_attention(q, k, v, q_pos, k_pos, 0.25, window)
+    assert_close_to_oracle(out, ref(q, k, v), ref(q.double(), k.double(), v.double()), reduction=n, dtype=dtype)
+    # keys held in another order (a cache after evictions): the position rule, not the index, decides
+    perm = torch.randperm(n).to(DEV)
+    shuffled = selected_attention(q, k[:, :, perm], v[:, :, perm], q_pos, k_pos[:, perm], 0.25, window)
+    assert_close_to_oracle(shuffled, ref(q, k, v), ref(q.double(), k.double(), v.double()), reduction=n, dtype=dtype)
+
+
+@pytest.mark.triton
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_triton_gather_and_scatter_rows_are_exact(dtype):
+    from kvlab.kernels.triton_utils import interpreting
+    from kvlab.orthorank.triton import gather_rows, scatter_rows
+
+    torch.manual_seed(13)
+    h = torch.randn(2, 20, 24).to(DEV, dtype)
+    sel = torch.tensor([[1, 4, 9], [0, 2, 19]], device=DEV)
+    add = torch.randn(2, 3, 24).to(DEV, dtype)
+    rows = torch.stack([h[b, sel[b]] for b in range(2)])
+
+    def same(actual, expected):  # one rounding of the fp32 sum, as PyTorch; the CPU interpreter (triton 3.7)
+        if dtype == torch.bfloat16 and interpreting():  # truncates fp32 -> bf16 instead: within one bf16 ulp
+            ulp = expected.float().abs() * 2.0 ** -7
+            return bool(((actual.float() - expected.float()).abs() <= ulp).all())
+        return torch.equal(actual, expected)
+
+    assert torch.equal(gather_rows(h, sel), rows)
+    assert same(gather_rows(h, sel, add=add), rows + add)
+    expected = h.clone()
+    for b in range(2):
+        expected[b, sel[b]] = rows[b] + add[b]
+    assert same(scatter_rows(h, sel, rows, add), expected)
+    valid = torch.tensor([[True, False, True], [True, True, True]], device=DEV)
+    expected[0, 4] = h[0, 4]
+    out = scatter_rows(h, sel, rows, add, valid)
+    assert same(out, expected) and out.data_ptr() != h.data_ptr()
+    assert torch.equal(out[0, 4], h[0, 4])  # a padding entry keeps its input
+    inplace = h.clone()
+    assert scatter_rows(inplace, sel, rows, add, valid, inplace=True) is inplace and same(inplace, expected)
+
+
+@pytest.mark.triton
+def test_triton_routed_layer_matches_the_reference(tiny_model):
+    from kvlab.orthorank.triton import routed_layer_triton
+    from kvlab.testing import assert_close_to_oracle
+
+    torch.manual_seed(14)
+    batch, seq = 2, 30
+    h = torch.randn(batch, seq, tiny_model.config.hidden_size).to(DEV)
+    pos = torch.arange(seq, device=DEV)[None]
+    selected = torch.stack([torch.sort(torch.randperm(seq)[:11]).values for _ in range(batch)]).to(DEV)
+    valid = torch.ones(batch, 11, dtype=torch.bool, device=DEV)
+    valid[1, 3] = False
+    for i in (1, 2):  # Gemma3: a sliding-window layer and a global one
+        layer = tiny_model.model.layers[i]
+        with torch.no_grad(), on_device(tiny_model):
+            pe = _rope_for(tiny_model, h, pos, i)
+            eager = routed_layer(layer, h, selected, position_embeddings=pe, positions=pos, valid=valid)
+            out = routed_layer_triton(layer, h, selected, position_embeddings=pe, positions=pos, valid=valid)
+            with in_float64(tiny_model):
+                oracle = routed_layer(layer, h.double(), selected, positions=pos, valid=valid,
+                                      position_embeddings=tuple(t.double() for t in pe))
+        assert_close_to_oracle(out, eager, oracle, reduction=seq, name=f"layer {i}")
+        assert torch.equal(out[1, selected[1, 3]], h[1, selected[1, 3]])  # a padding entry is not written
+
+
+@pytest.mark.triton
+def test_triton_all_tokens_selected_is_the_dense_layer(tiny_model, ids):
+    from kvlab.orthorank.triton import routed_layer_triton
+    from kvlab.testing import assert_close_to_oracle
+
+    ids = ids.to(DEV)
+    every = torch.arange(ids.shape[1], device=DEV)[None]
+    seen = []
+
+    class Compare(LayerRouter):
+        def __call__(self, call):
+            dense = call.run()
+            pe, pos = call.kwargs["position_embeddings"], call.position_ids
+            routed = routed_layer_triton(call.layer, call.hidden_states, every, position_embeddings=pe, positions=pos)
+            with in_float64(tiny_model):
+                oracle = call.run(call.hidden_states.double(), position_embeddings=tuple(t.double() for t in pe))
+            assert_close_to_oracle(routed, dense, oracle, reduction=ids.shape[1], name=f"layer {call.layer_idx}")
+            seen.append(call.layer_idx)
+            return dense
+
+    with torch.no_grad(), on_device(tiny_model), use_router(tiny_model, Compare()):
+        tiny_model(input_ids=ids, use_cache=False)
+    assert seen == list(range(tiny_model.config.num_hidden_layers))
+    # through the router: every token selected runs the layer's own forward, the dense model exactly
+    with on_device(tiny_model):
+        dense = logits(tiny_model, ids)
+        with orthorank(tiny_model, layers=[1, 2], token_ratio=1.0, backend="triton"):
+            assert torch.equal(logits(tiny_model, ids), dense)
+
+
+@pytest.mark.triton
+def test_triton_router_matches_the_torch_router(tiny_model):
+    from kvlab.testing import assert_close_to_oracle
+
+    torch.manual_seed(15)
+    ids = torch.randint(0, 96, (2, 40)).to(DEV)
+    out, chosen = {}, {}
+    with on_device(tiny_model):
+        for backend in ("torch", "triton"):
+            with orthorank(tiny_model, layers=[1, 2], token_ratio=0.33, backend=backend) as router:
+                out[backend] = logits(tiny_model, ids)
+            chosen[backend] = router.last_selected
+        assert all(torch.equal(chosen["torch"][i], chosen["triton"][i]) for i in (1, 2))
+        with in_float64(tiny_model), orthorank(tiny_model, layers=[1, 2], token_ratio=0.33, backend="torch"):
+            oracle = logits(tiny_model, ids)
+        assert_close_to_oracle(out["triton"], out["torch"], oracle, reduction=ids.shape[1])
+        with orthorank(tiny_model, layers=[1, 2], token_ratio=0.33, backend="triton", inplace=True):
+            assert_close_to_oracle(logits(tiny_model, ids), out["torch"], oracle, reduction=ids.shape[1])
+
+
+@pytest.mark.triton
+def test_triton_router_decodes_like_the_torch_router(tiny_llama):
+    torch.manual_seed(16)
+    ids = torch.randint(0, 96, (2, 28)).to(DEV)
+    steps = {}
+    for backend in ("torch", "triton"):
+        cache = DynamicCache(config=tiny_llama.config)
+        with torch.no_grad(), on_device(tiny_llama), orthorank(tiny_llama, layers=[1, 2], token_ratio=0.33,
+                                                                backend=backend):
+            outs = [tiny_llama(input_ids=ids[:, :24], past_key_values=cache, use_cache=True).logits]
+            for t in range(24, 28):
+                outs.append(tiny_llama(input_ids=ids[:, t:t + 1], past_key_values=cache, use_cache=True).logits)
+        steps[backend] = torch.cat(outs, dim=1)
+    torch.testing.assert_close(steps["triton"], steps["torch"], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.triton
+def test_triton_backend_refuses_what_it_cannot_run(tiny_llama, ids):
+    with orthorank(tiny_llama, layers=[1], token_ratio=0.5, kv="selected", backend="triton"):
+        with pytest.raises(ValueError, match="kv='all' only"):
+            logits(tiny_llama, ids)
+    with orthorank(tiny_llama, layers=[1], token_ratio=0.5, backend="triton"):
+        with pytest.raises(ValueError, match="torch.no_grad"):
+            tiny_llama(input_ids=ids, use_cache=False)
+    with pytest.raises(ValueError, match="backend must be one of"):
+        OrthoRankRouter(0.5, backend="cuda")
+    # auto on CPU tensors is the PyTorch definition, bit for bit
+    with orthorank(tiny_llama, layers=[1], token_ratio=0.5, backend="torch"):
+        plain = logits(tiny_llama, ids)
+    with orthorank(tiny_llama, layers=[1], token_ratio=0.5):
+        assert torch.equal(logits(tiny_llama, ids), plain)

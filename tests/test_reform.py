@@ -1,7 +1,12 @@
-"""REFORM (kvlab.reform): Algorithm 1's pieces pinned on tiny random models and synthetic inputs."""
+"""REFORM (kvlab.reform): Algorithm 1's pieces pinned on tiny random models and synthetic inputs.
+
+The Triton kernels (``-k triton``) run in the interpreter on CPU (``tests/conftest.py`` sets
+``TRITON_INTERPRET=1``) and on CUDA where there is one; shapes are tiny.
+"""
 
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
@@ -9,8 +14,11 @@ import torch
 
 from kvlab.reform import api, compare, heads as H, reference as R
 from kvlab.reform.reference import Head
+from kvlab.testing import assert_close_to_oracle
 
 pytestmark = pytest.mark.usefixtures("one_thread")
+needs_triton = pytest.mark.triton
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 class Tok:
@@ -344,3 +352,97 @@ def test_shipped_heads_file_is_consistent():
     table = H.best3_table(H.MNRResult.from_json(data["mnr"]["multihop_qa"]))  # grids are stored to 3 decimals
     for kind, row in data["table"]["multihop_qa"].items():
         assert table[kind] == pytest.approx(row, abs=0.011)
+
+
+# --------------------------------------------------------------------------- Triton kernels vs the fp64 reference
+
+
+SCORE_CASES = [  # (dtype, batch, heads, kv_heads, queries w, cached keys n, dim, sliding window)
+    (torch.float32, 1, 4, 2, 7, 37, 16, None),  # GQA 2, odd lengths
+    (torch.bfloat16, 1, 6, 2, 20, 53, 32, None),  # GQA 3, more queries than one interpreter tile
+    (torch.float16, 2, 3, 3, 5, 29, 16, None),  # no grouping, batch 2
+    (torch.float32, 1, 8, 1, 33, 70, 16, 9),  # one KV head (GQA 8), Gemma3's sliding window
+    (torch.bfloat16, 1, 9, 3, 16, 16, 64, None),  # SmolLM2's heads; every key is one of the queries
+]
+
+
+@needs_triton
+@pytest.mark.parametrize("case", SCORE_CASES, ids=lambda c: f"{str(c[0])[6:]}-h{c[2]}/{c[3]}-w{c[4]}-n{c[5]}")
+def test_triton_h2o_scores_match_the_fp64_reference(case):
+    from kvlab.reform.triton import h2o_scores_triton
+
+    dtype, b, h, hk, w, n, d, window = case
+    g = torch.Generator().manual_seed(n)
+    q = (torch.randn(b, h, w, d, generator=g) * 2).to(dtype).to(DEV)  # x2: peaked rows, a few heavy hitters
+    k = torch.randn(b, hk, n, d, generator=g).to(dtype).to(DEV)
+    q_pos, k_pos = torch.arange(n - w, n, device=DEV), torch.arange(n, device=DEV)
+    scale = d ** -0.5
+    fast = h2o_scores_triton(q, k, scale, q_pos, k_pos, window)
+    eager = R.h2o_scores(q, k, scale, q_pos, k_pos, window)
+    oracle = R.h2o_scores(q.double(), k.double(), scale, q_pos, k_pos, window)
+    assert fast.dtype == torch.float32 and fast.shape == (b, n)
+    assert_close_to_oracle(fast, eager, oracle, reduction=n, name="h2o scores")
+    torch.testing.assert_close(fast.sum(dim=1).cpu(), torch.full((b,), float(h * w)))  # each row sums to 1
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_triton_compress_matches_the_fp64_reference(tiny_model, dtype):
+    """The fused gather + re-rotation equals CompressedCache.compress (per-layer RoPE frequencies: Gemma3's
+    local and global layers differ)."""
+    from kvlab.reform.triton import compress_kv_triton
+
+    n, keep = 45, torch.tensor([0, 1, 5, 6, 17, 30, 31, 40, 41, 42, 43, 44])
+    layers = len(R._decoder(tiny_model).layers)
+    g = torch.Generator().manual_seed(3)
+    dim = R._decoder(tiny_model).layers[0].self_attn.head_dim
+    keys = [torch.randn(1, 2, n, dim, generator=g) for _ in range(layers)]
+    values = [torch.randn(1, 2, n, dim, generator=g) for _ in range(layers)]
+
+    def compressed(cast, compress_fn=None):
+        cache = R.CompressedCache(layers, compress_fn)
+        cache.keys = [cast(x) for x in keys]
+        cache.values = [cast(x) for x in values]
+        cache.origin = [torch.arange(n) for _ in range(layers)]
+        cache.compress(tiny_model, {l: keep.to(DEV) for l in range(layers)})
+        return cache
+
+    fast = compressed(lambda x: x.to(dtype).to(DEV), compress_kv_triton)
+    eager = compressed(lambda x: x.to(dtype).to(DEV))
+    oracle = compressed(lambda x: x.to(dtype).double().to(DEV))
+    for l in range(layers):
+        assert fast.keys[l].dtype == dtype and fast.keys[l].shape == (1, 2, keep.numel(), dim)
+        assert_close_to_oracle(fast.keys[l], eager.keys[l], oracle.keys[l], reduction=dim, name=f"keys {l}")
+        assert torch.equal(fast.values[l], eager.values[l])
+        assert fast.origin[l].tolist() == keep.tolist()
+
+
+@needs_triton
+def test_reform_with_triton_backend_equals_torch_backend(tiny_model):
+    """End to end through the API: the same tokens gathered, the same compressed cache."""
+    model = copy.deepcopy(tiny_model).to(DEV)
+    kw = dict(heads=["v:1:0", "k:0:1"], chunk_size=24, budget=20, recompute_budget=30, n_initial=2, n_recent=4,
+              n_final=4, pool=5, progress=False)
+    ctx, query = _ids(90, 21), _ids(6, 22)
+    torch_out = api.reform_gather(model, Tok(), ctx, query, backend="torch", **kw)
+    triton_out = api.reform_gather(model, Tok(), ctx, query, backend="triton", **kw)
+    assert (torch_out.stats["backend"], triton_out.stats["backend"]) == ("torch", "triton")
+    assert triton_out.gathered.tolist() == torch_out.gathered.tolist()
+    for l in range(2):
+        assert triton_out.trace.cache.origin[l].tolist() == torch_out.trace.cache.origin[l].tolist()
+        torch.testing.assert_close(triton_out.trace.cache.keys[l], torch_out.trace.cache.keys[l], atol=1e-5,
+                                   rtol=1e-4)
+    torch.testing.assert_close(triton_out.scores, torch_out.scores, atol=1e-5, rtol=1e-4)
+
+
+def test_backend_choice_and_its_checks(tiny_llama):
+    kw = dict(heads=["v:1:0"], chunk_size=16, budget=20, recompute_budget=24, n_initial=2, n_recent=4, n_final=4,
+              pool=5, progress=False)
+    out = api.reform_gather(tiny_llama, Tok(), _ids(40), _ids(4), **kw)
+    assert out.stats["backend"] == ("triton" if next(tiny_llama.parameters()).is_cuda else "torch")
+    with pytest.raises(ValueError, match=r"backend must be one of \('auto', 'torch', 'triton'\)"):
+        api.reform_gather(tiny_llama, Tok(), _ids(40), _ids(4), backend="cuda", **kw)
+    double = copy.deepcopy(tiny_llama).double()
+    with pytest.raises(ValueError, match=r"backend='triton' takes .* got torch.float64; use backend='torch'"):
+        api.reform_gather(double, Tok(), _ids(40), _ids(4), backend="triton", **kw)
+    assert api.reform_gather(double, Tok(), _ids(40), _ids(4), backend="auto", **kw).stats["backend"] == "torch"

@@ -46,9 +46,21 @@ def test_separator_ids_exact_and_suffix():
     tok = WordTokenizer()
     exact = separator_ids(tok, match="exact")
     assert texts(exact) == {".", " .", ".\n", "\n\n", ",", " ,", " ", "  ", "\t", "\n", "?", "!", ";", ":"}
-    suffix = separator_ids(tok)
+    suffix = separator_ids(tok, match="suffix")
     assert texts(suffix) - texts(exact) == {"etc.", "):"}  # "...)" ends in ")" and "a.b" in "b"
     assert 0 not in suffix  # special tokens never count
+
+
+def test_official_separators_are_bare_marks_and_leading_space_variants():
+    """The default reading lists what the authors' code lists: each mark alone or after one space."""
+    tok = WordTokenizer()
+    official = separator_ids(tok)
+    assert official == separator_ids(tok, match="official")
+    assert texts(official) == {".", " .", ",", " ,", " ", "  ", "\t", "\n", "?", "!", ";", ":"}
+    assert set(official) < set(separator_ids(tok, match="exact"))  # ".\n", "\n\n" are only in the broad sets
+    assert texts(separator_ids(tok, "2")) == {".", " .", "?"}
+    with pytest.raises(ValueError, match="match must be one of"):
+        separator_ids(tok, match="prefix")
 
 
 def test_separator_sets_of_the_ablation():
@@ -143,6 +155,17 @@ def test_fixllm_degenerate_cases_and_mask(tiny_llama, ids):
     assert far and all(p % 5 == 4 for p in far)
 
 
+def test_full_layers_keep_everything_and_the_others_follow_sepllm(tiny_llama, ids):
+    """The paper's H/T variants: the listed layers keep every entry, the others keep SepLLM's set."""
+    _, plain = stream_logits(tiny_llama, ids, SepLLM(2, 5, separators=SEPS))
+    _, ht = stream_logits(tiny_llama, ids, SepLLM(2, 5, separators=SEPS, full_layers=(0, -1)))
+    n = ids.shape[1]
+    assert [layer.size for layer in ht.layers] == [n, plain.layers[1].size, plain.layers[2].size, n]
+    assert torch.equal(ht.layers[1].positions, plain.layers[1].positions) and plain.layers[1].size < n
+    with pytest.raises(ValueError, match="outside the model's 4 layers"):
+        KVCache(tiny_llama, SepLLM(2, 5, separators=SEPS, full_layers=(4,)))
+
+
 def test_fixllm_runs_batched(tiny_llama):
     ids = torch.randint(0, 96, (2, 20), generator=torch.Generator().manual_seed(4))
     both, _ = stream_logits(tiny_llama, ids, FixLLM(1, 3, interval=4))
@@ -217,3 +240,33 @@ def test_match_neighbors_equalises_runtime_kv(ids):
     target = SepLLMPattern(SEPS, 2, 5).kept_fraction(ids)
     n = match_neighbors(lambda k: StreamingPattern(2, k), target, ids)
     assert StreamingPattern(2, n).kept_fraction(ids) >= target > StreamingPattern(2, n - 1).kept_fraction(ids)
+
+
+class CharTokenizer:
+    """Characters as ids (mod the tiny models' vocabulary): enough to run MMLU prompts through a tiny model."""
+
+    def __call__(self, text, return_tensors=None, add_special_tokens=True):
+        from types import SimpleNamespace
+
+        ids = [ord(c) % 95 + 1 for c in text]
+        return SimpleNamespace(input_ids=torch.tensor([ids]) if return_tensors == "pt" else ids)
+
+
+def test_mmlu_prompts_and_accuracy(tiny_llama):
+    from kvlab.sepllm.mmlu import mmlu_accuracy, mmlu_prompts
+
+    records = [dict(question=f"q{s}{i}?", answer_a="x", answer_b="y", answer_c="z", answer_d="w",
+                    correct_answer="ABCD"[i % 4], topic=f"subject {s}") for s in range(3) for i in range(6)]
+    prompts = mmlu_prompts(subjects=2, questions=3, shots=2, records=records)
+    assert [p.subject for p in prompts] == ["subject 0"] * 3 + ["subject 1"] * 3
+    first = prompts[0].text
+    assert first.startswith("The following are multiple choice questions (with answers) about subject 0.")
+    assert "q00?" in first and "q01?" in first and first.endswith("q02?\nA. x\nB. y\nC. z\nD. w\nAnswer:")
+    assert [p.gold for p in prompts[:3]] == [2, 3, 0]  # exemplars (questions 0 and 1) are never scored
+    tok = CharTokenizer()
+    acc, kv, preds = mmlu_accuracy(tiny_llama, tok, prompts)
+    wide_acc, wide_kv, wide_preds = mmlu_accuracy(tiny_llama, tok, prompts, SepLLMPattern(SEPS, 2, 10_000))
+    assert kv == 1.0 and wide_kv == pytest.approx(1.0) and preds == wide_preds  # a mask that keeps all is Vanilla
+    assert 0.0 <= acc <= 1.0 and len(preds) == 6
+    _, small_kv, _ = mmlu_accuracy(tiny_llama, tok, prompts, SepLLMPattern(SEPS, 2, 8))
+    assert small_kv < 1.0

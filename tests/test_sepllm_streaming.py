@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from kvlab.core import KVCache
-from kvlab.policies import StreamingLLM
+from kvlab.eval import decode_stepwise
+from kvlab.policies import Full, StreamingLLM
 from kvlab.sepllm.policy import SepLLMStreaming
 from kvlab.sepllm.streaming import FourBlockCache, check_sizes, eq3_limit, eq4_limit, simulate
 
@@ -91,6 +92,53 @@ def test_streaming_policy_degenerates_to_streamingllm_without_separators(tiny_ll
             assert pos[:min(a, t + 1)] == list(range(min(a, t + 1)))
             assert window == list(range(t + 1 - len(window), t + 1))  # contiguous newest tokens
             assert len(pos) <= c
+
+
+@pytest.mark.parametrize("make", [lambda p: Full(positions=p),
+                                  lambda p: SepLLMStreaming(2, 3, 4, 1000, separators=SEPS, positions=p)])
+def test_insertion_positions_without_eviction_equal_original(tiny_llama, ids, make):
+    """Nothing evicted: the cache length is the stream length, so "insertion" is "original"."""
+    ref, _ = decode_stepwise(tiny_llama, ids, make("original"))
+    got, cache = decode_stepwise(tiny_llama, ids, make("insertion"))
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+    assert cache.layers[0].rot[0].tolist() == list(range(ids.shape[1]))
+
+
+@pytest.mark.parametrize("policy", [StreamingLLM(sink=2, window=6, positions="insertion"),
+                                    SepLLMStreaming(2, 3, 4, 12, separators=SEPS, positions="insertion")])
+def test_insertion_positions_after_eviction(tiny_llama, ids, policy):
+    """Each new token is rotated at the cache length when it arrives; cached keys keep that rotation (their
+    stored keys never change), and the next step equals a plain DynamicCache fed the same keys with
+    ``position_ids = cache length``: transformers 4.33 without position ids, as the official code runs."""
+    from transformers import DynamicCache
+
+    cache = KVCache(tiny_llama, policy)
+    first_rot, first_key, evicted = {}, {}, 0
+    with torch.no_grad():
+        for t in range(ids.shape[1] - 1):
+            held = cache.layers[0].size
+            tiny_llama(input_ids=ids[:, t:t + 1], past_key_values=cache, use_cache=True)
+            layer = cache.layers[0]
+            evicted += held + 1 - layer.size
+            pos = layer.positions[0].tolist()
+            if t in pos:  # the new token sits at the length the cache had before this step
+                assert int(layer.rot[0, pos.index(t)]) == held
+            for i, p in enumerate(pos):
+                first_rot.setdefault(p, int(layer.rot[0, i]))
+                first_key.setdefault(p, layer.keys[0, :, i].clone())
+                assert int(layer.rot[0, i]) == first_rot[p]
+                assert torch.equal(layer.keys[0, :, i], first_key[p])  # never re-rotated
+        assert evicted > 0 and max(first_rot.values()) <= policy.budget  # positions never pass the capacity
+        n = cache.layers[0].size
+        dyn = DynamicCache(config=tiny_llama.config)
+        for i, layer in enumerate(cache.layers):
+            dyn.update(layer.keys.clone(), layer.values.clone(), i)
+        ref = tiny_llama(input_ids=ids[:, -1:], past_key_values=dyn, position_ids=torch.tensor([[n]])).logits
+        got = tiny_llama(input_ids=ids[:, -1:], past_key_values=cache, use_cache=True).logits
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+    shifted, _ = decode_stepwise(tiny_llama, ids, StreamingLLM(sink=2, window=6, positions="cache"))
+    inserted, _ = decode_stepwise(tiny_llama, ids, StreamingLLM(sink=2, window=6, positions="insertion"))
+    assert not torch.allclose(shifted[:, 9:], inserted[:, 9:], atol=1e-3)  # after the first eviction they part
 
 
 @pytest.mark.parametrize("sizes, message", [

@@ -24,8 +24,9 @@ Glossary (one vocabulary for all methods; each paper's own symbols are kept in i
   named for what it counts. What a run actually held is reported as the **mean runtime KV** (the papers'
   "r.KV": entries held per layer, averaged over steps and layers: ``StreamingResult.mean_kv``).
 * **cache capacity** — SepLLM's ``c``: the total that triggers compression (argument ``cache``, an int).
-* **positions** — ``"original"`` (every token keeps its stream position) or ``"cache"`` (positions within
-  the cache: kept keys re-rotated, StreamingLLM's shift).
+* **positions** — ``"original"`` (every token keeps its stream position), ``"cache"`` (positions within
+  the cache: kept keys re-rotated, StreamingLLM's shift) or ``"insertion"`` (new token at the cache length,
+  cached keys never re-rotated: the official code on transformers 4.33).
 
 Where a sixth paper goes: ``kvlab/<paper>/`` with the fixed slots ``reference.py`` (the spec, equation
 numbers), ``api.py`` (checks + backend choice), ``policy.py`` / ``pattern.py`` / ``router.py`` (whichever

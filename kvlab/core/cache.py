@@ -18,7 +18,11 @@ the position it had in the stream. With ``"cache"`` the model sees positions *wi
 query sits right after the kept entries and the kept keys are re-rotated so that entry ``i`` of a layer
 holding ``n`` entries sits at ``P - n + i``, where ``P`` is the query position. RoPE only depends on the
 distance between query and key, so this is exactly "positions 0..n-1, query at n" for every layer, also
-when layers keep different numbers of entries (LaCache).
+when layers keep different numbers of entries (LaCache). With ``"insertion"`` a new token is rotated at the
+current cache length (the entries layer 0 holds when the step begins) and cached keys keep the rotation
+they got when inserted, never moved: what the SepLLM and StreamingLLM code does on transformers 4.33 when
+it passes no ``position_ids`` (``past_key_values_length`` is the cache length of the first layer). After an
+eviction the new query may sit *before* keys it attends to; that is the "no shift" of SepLLM's Table 8.
 """
 
 from __future__ import annotations
@@ -145,7 +149,9 @@ class KVLayer(CacheLayerMixin):
                 return rerotate(self.keys, want - self.rot, self._inv_freq()), self.values
         return self.keys, self.values
 
-    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+    def get_mask_sizes(self, query_length) -> tuple[int, int]:
+        if isinstance(query_length, torch.Tensor):  # transformers < 5.3 passes the cache positions
+            query_length = query_length.shape[0]
         return self.get_seq_length() + query_length, 0
 
     def get_seq_length(self) -> int:
@@ -155,6 +161,8 @@ class KVLayer(CacheLayerMixin):
 
     def get_max_length(self) -> int:
         return -1
+
+    get_max_cache_shape = get_max_length  # the same question under its transformers < 5.3 name (kvpress's env)
 
     def reset(self) -> None:
         self.keys = self.values = None
@@ -288,8 +296,10 @@ class KVCache(Cache):
             ids = torch.full((batch, length), -1, dtype=torch.long, device=device)
         else:
             ids = input_ids.to(device)
-        if self.policy.positions == "cache":
-            start = max(self.held(), default=0)
+        if self.policy.positions in ("cache", "insertion"):
+            # "cache": every layer's kept keys are re-rotated behind the query (update); "insertion": not.
+            held = self.held()
+            start = max(held, default=0) if self.policy.positions == "cache" else (held[0] if held else 0)
             rope = (torch.arange(length, device=device) + start).expand(batch, -1)
         else:
             rope = positions

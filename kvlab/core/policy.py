@@ -19,14 +19,17 @@ if TYPE_CHECKING:
 
 __all__ = ["Policy", "POSITION_MODES", "indices_from_mask"]
 
-POSITION_MODES = ("cache", "original")
+POSITION_MODES = ("cache", "original", "insertion")
 
 
 class Policy:
     """Base class. Subclasses set ``needs_scores`` / ``positions`` and implement :meth:`keep`.
 
     positions: ``"cache"`` — the model sees positions within the cache (kept keys re-rotated, as
-    StreamingLLM does); ``"original"`` — every token keeps its position in the stream.
+    StreamingLLM does); ``"original"`` — every token keeps its position in the stream; ``"insertion"`` — a
+    new token is rotated at the current cache length and cached keys keep their first rotation (what the
+    official SepLLM/StreamingLLM code does on transformers 4.33 without ``position_ids``: SepLLM Table 8's
+    "no shift").
 
     Batch: ``batch_rows`` says what a policy supports: ``"equal"`` (every row keeps the same number of
     entries: count-based policies), ``"one"`` (the kept set depends on the tokens, so rows would differ:

@@ -1,22 +1,27 @@
 """DHSA (https://arxiv.org/abs/2508.02124): dynamic chunks, chunk-level similarity, token-level TopK.
 
 Public names: :func:`dhsa_attention` (prefill attention, backends ``"torch" | "flex" | "triton"``),
-:func:`dhsa_decode` (one decode step, App. A), :class:`DHSAPattern` (DHSA in a model's global layers,
-chunks fixed / oracle / predicted; :func:`block_sparse_pattern` and :func:`sliding_window_pattern` are
-the baselines), :class:`BoundaryPredictor` (Eq. 1-3). The specification, with the chunkings, Eq. 4,
-the labels (Eq. 5-8) and the focal loss (Eq. 9), is :mod:`.reference`; predictor training (App. B) is
-:mod:`.training` (``python -m kvlab.dhsa.training --help``); the Eq. 4 bias and attention recall are
-:mod:`.theory`; GPU benchmarks are ``python -m kvlab bench dhsa``.
+:func:`dhsa_decode` (one decode step, App. A; :class:`DHSADecode` keeps the full cache and
+:func:`decode_attention` runs App. A for every new token, :mod:`.policy`), :class:`DHSAPattern` (DHSA in
+a model's global layers, chunks fixed / oracle / predicted; :func:`block_sparse_pattern` and
+:func:`sliding_window_pattern` are the baselines), :class:`BoundaryPredictor` (Eq. 1-3). The
+specification, with the chunkings, Eq. 4, the labels (Eq. 5-8) and the focal loss (Eq. 9), is
+:mod:`.reference`; predictor training (App. B) is :mod:`.training` (``python -m kvlab.dhsa.training --help``;
+:func:`.training.shipped_predictor` loads the trained SmolLM2 predictor kvlab ships); the Eq. 4 bias and
+attention recall are :mod:`.theory`; the experiments of notebooks 07-08 are :mod:`.experiments`; GPU
+benchmarks are ``python -m kvlab bench dhsa``.
 """
 from . import experiments, reference, theory, training
 from .api import BACKENDS, dhsa_attention, dhsa_decode, resolve_chunks
 from .pattern import CHUNKINGS, DHSAPattern, block_sparse_pattern, dhsa_layers, sliding_window_pattern
+from .policy import DHSADecode, decode_attention, decode_memory
 from .reference import (BoundaryPredictor, attention_recall, best_recall, chunk_representation, dhsa_mask,
                         fixed_boundaries, oracle_boundaries, predict_boundaries)
 
 __all__ = [
     "BACKENDS", "dhsa_attention", "dhsa_decode", "resolve_chunks",
     "CHUNKINGS", "DHSAPattern", "block_sparse_pattern", "dhsa_layers", "sliding_window_pattern",
+    "DHSADecode", "decode_attention", "decode_memory",
     "BoundaryPredictor", "attention_recall", "best_recall", "chunk_representation", "dhsa_mask",
     "fixed_boundaries", "oracle_boundaries", "predict_boundaries",
     "experiments", "reference", "theory", "training",

@@ -4,20 +4,30 @@ Subcommands (each writes ``<out>/dhsa_<what>.json`` and ``.md`` with the device 
 
 * ``ops``      DHSA attention at N = 4k..32k (bf16, 32 heads, dim 128, budget 2048 keys per query):
   dense causal SDPA, FlexAttention with the DHSA block mask (:mod:`kvlab.dhsa.flex`), the Triton kernel
-  (:mod:`kvlab.dhsa.triton`), each on the same kept set; the time of the selection (Eq. 4 chunk
-  representations, similarity, ranking: :func:`kvlab.dhsa.reference.chunk_plan`) and of building the
-  block mask, apart; the kept density (kept entries over causal entries: the limit on saved work) and
-  the share of 128 x 128 tiles Flex touches. Chunkings: fixed 64-token chunks and random chunk
-  lengths in [16, 128] (what a predictor gives).
-* ``tune``     tile-size sweep of the Triton kernel at one length (how the defaults were chosen).
-* ``prefill``  end to end: a Gemma3-270m-shaped and a Gemma3-1B-shaped model (random weights, bf16), one
-  prefill of N tokens, SDPA vs DHSA (Triton, fixed chunks, global layers), latency and peak memory.
+  (:mod:`kvlab.dhsa.triton`, each ``--variants`` side by side), each on the same kept set; apart, the
+  time of chunking (the boundary predictor, random weights, on the layer's keys), of the selection
+  (Eq. 4 chunk representations, similarity, ranking: :func:`kvlab.dhsa.reference.chunk_plan`), of the
+  kernel's launch tables and of the block mask; the kept density (kept entries over causal entries: the
+  limit on saved work), the share of 128 x 128 tiles Flex touches, and the key/value bytes each kernel
+  variant loads (``kv_gib``, what L2 must deliver) with the rate it reached. Chunkings: fixed 64-token
+  chunks and random chunk lengths in [16, 128] (what a predictor gives).
+* ``tune``     tile-size sweep of one Triton variant at one length (how the defaults were chosen).
+* ``prefill``  end to end (Tables 2-3): a Gemma3-270m-shaped and a Gemma3-1B-shaped model (random weights,
+  bf16; :func:`kvlab.dhsa.experiments.random_model`), one prefill of N tokens, dense attention (``--attn
+  eager,sdpa``: both columns) vs DHSA (Triton on CUDA, fixed chunks, global layers), latency and peak memory.
+* ``decode``   Fig. 7-10: latency and memory per generated token after an N-token prompt, dense vs
+  StreamingLLM / H2O (``--cache`` entries per layer) vs DHSA (full cache, ``--budget-keys`` keys read per token).
+
+``prefill`` and ``decode`` also run on a CPU (``--shapes tiny`` for a smoke test; the timing is then wall
+clock and the memory from ``torch.profiler``: :func:`kvlab.dhsa.experiments.prefill_cost`).
 
 Timing: CUDA events around each call after a warm-up call, median of repeats sized to a time budget
 (:mod:`kvlab.kernels.benchmarking`). Example (H100/H200)::
 
-    python -m kvlab bench dhsa ops --seqs 4096,8192,16384,32768
-    python -m kvlab bench dhsa prefill --seq 32768
+    python -m kvlab bench dhsa ops --seqs 4096,8192,16384,32768 --variants ranges,lists
+    python -m kvlab bench dhsa tune --variant lists --chunkings fixed64
+    python -m kvlab bench dhsa prefill --seqs 4096,8192,16384,32768
+    python -m kvlab bench dhsa decode --seqs 4096,16384 --steps 64
 """
 from __future__ import annotations
 
@@ -50,10 +60,27 @@ def kept_density(n: int, budget: int) -> float:
     return kept / (n * (n + 1) // 2)
 
 
-def _chunkings(n, device):
+def _chunkings(n, device, names=("fixed64", "random16-128")):
     from .reference import fixed_boundaries
 
-    return {"fixed64": fixed_boundaries(n, 64, device=device), "random16-128": random_boundaries(n, 16, 128, 0, device)}
+    all_ = {"fixed64": lambda: fixed_boundaries(n, 64, device=device),
+            "fixed128": lambda: fixed_boundaries(n, 128, device=device),
+            "random16-128": lambda: random_boundaries(n, 16, 128, 0, device)}
+    return {name: all_[name]() for name in names}
+
+
+def _chunking_ms(k, time_budget):
+    """Milliseconds of the learned chunking on one layer's keys: boundary predictor (random weights, the
+    paper's sizes) + threshold + NMS + at most n/64 chunks (:func:`kvlab.dhsa.reference.predict_boundaries`)."""
+    import torch
+
+    from .reference import BoundaryPredictor, key_features, predict_boundaries
+
+    pred = BoundaryPredictor(key_features(k[:, :, :8]).shape[-1]).to(k.device, torch.float32).eval()
+    kf = k.float()
+    with torch.no_grad():
+        return bench_ms(lambda: predict_boundaries(pred, kf, max_chunks=k.shape[2] // 64, max_len=128),
+                        time_budget, max_reps=10)["ms"]
 
 
 def run_ops(args) -> dict:
@@ -62,7 +89,7 @@ def run_ops(args) -> dict:
 
     from .flex import _touched_blocks, dhsa_attention_flex, dhsa_block_mask
     from .reference import chunk_plan
-    from .triton import dhsa_attention_triton
+    from .triton import dhsa_attention_triton, kv_bytes, launch_tables
 
     allow_many_compiles()
     h, hk, d, budget, init = args.heads, args.kv_heads, args.dim, args.budget_keys, args.initial
@@ -72,16 +99,25 @@ def run_ops(args) -> dict:
         q, k, v = random_qkv(n, h, hk, d, dtype)
         dense = bench_ms(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=hk != h),
                          args.time_budget)["ms"]
-        for name, bd in _chunkings(n, q.device).items():
+        chunking = _chunking_ms(k, args.time_budget)
+        for name, bd in _chunkings(n, q.device, args.chunkings).items():
             for share in args.share:
                 kw = dict(initial=init, share_heads=share)
                 plan = chunk_plan(q, k, bd, budget, **kw)
                 row = {"seq": n, "chunks": name, "share_heads": share, "dense_ms": dense,
-                       "density": kept_density(n, budget)}
+                       "density": kept_density(n, budget), "chunking_ms": chunking}
                 row["plan_ms"] = bench_ms(lambda: chunk_plan(q, k, bd, budget, **kw), args.time_budget)["ms"]
-                row["triton_ms"] = bench_ms(lambda: dhsa_attention_triton(q, k, v, bd, budget, plan=plan, **kw),
-                                            args.time_budget)["ms"]
-                if not args.no_flex:
+                for var in args.variants:  # each kernel variant on the same plan
+                    tables = launch_tables(plan, var, dtype=dtype)
+                    row[f"tables_ms_{var}"] = bench_ms(lambda: launch_tables(plan, var, dtype=dtype), 0.3)["ms"]
+                    row[f"ms_{var}"] = bench_ms(lambda: dhsa_attention_triton(q, k, v, bd, budget, tables=tables),
+                                                args.time_budget)["ms"]
+                    row[f"kv_gib_{var}"] = kv_bytes(tables, plan, h, d) / 2**30
+                    row[f"tbps_{var}"] = row[f"kv_gib_{var}"] * 2**30 / row[f"ms_{var}"] / 1e9
+                    row[f"x_dense_{var}"] = dense / row[f"ms_{var}"]
+                best = min(args.variants, key=lambda var: row[f"ms_{var}"])
+                row["best"], row["triton_ms"] = best, row[f"ms_{best}"]
+                if not args.no_flex and n in (args.flex_seqs or args.seqs):
                     try:
                         row["mask_ms"] = bench_ms(lambda: dhsa_block_mask(plan), args.time_budget, max_reps=5)["ms"]
                         bm = dhsa_block_mask(plan)
@@ -93,94 +129,139 @@ def run_ops(args) -> dict:
                     except Exception as exc:  # report, keep the other numbers
                         row["flex_error"] = f"{type(exc).__name__}: {exc}"[:200]
                 row["x_dense"] = dense / row["triton_ms"]
-                row["x_dense_with_plan"] = dense / (row["triton_ms"] + row["plan_ms"])
+                prep = row["plan_ms"] + row[f"tables_ms_{best}"]  # selection + the kernel's tables
+                row["x_dense_with_plan"] = dense / (row["triton_ms"] + prep)
                 if "flex_ms" in row:
                     row["x_flex"] = row["flex_ms"] / row["triton_ms"]
-                row["plan_share"] = row["plan_ms"] / (row["plan_ms"] + row["triton_ms"])
+                row["plan_share"] = prep / (prep + row["triton_ms"])  # selection vs attention (chunks given)
+                total = row["chunking_ms"] + prep + row["triton_ms"]
+                row["chunking_selection_share"] = (row["chunking_ms"] + prep) / total  # with learned chunking
                 rows.append(row)
                 print(json.dumps(row), flush=True)
         del q, k, v
         torch.cuda.empty_cache()
-    return {"heads": h, "kv_heads": hk, "dim": d, "budget": budget, "initial": init, "rows": rows}
+    return {"heads": h, "kv_heads": hk, "dim": d, "budget": budget, "initial": init, "variants": args.variants,
+            "rows": rows}
 
 
 def table_ops(rec: dict) -> str:
+    per_variant = [col for var in rec.get("variants", []) for col in (
+        (f"ms_{var}", f"{var} ms", "{:.2f}"), (f"x_dense_{var}", f"{var} x SDPA", "{:.2f}"),
+        (f"tbps_{var}", f"{var} K/V TB/s", "{:.1f}"))]
     return fmt_table(rec["rows"], [
         ("seq", "N", ""), ("chunks", "chunks", ""), ("share_heads", "shared sel.", ""),
-        ("dense_ms", "SDPA ms", "{:.2f}"), ("flex_ms", "Flex ms", "{:.2f}"), ("triton_ms", "Triton ms", "{:.2f}"),
-        ("plan_ms", "selection ms", "{:.2f}"), ("x_dense", "x SDPA", "{:.2f}"), ("x_flex", "x Flex", "{:.2f}"),
-        ("x_dense_with_plan", "x SDPA incl. sel.", "{:.2f}"), ("density", "kept density", "{:.3f}"),
+        ("dense_ms", "SDPA ms", "{:.2f}"), ("flex_ms", "Flex ms", "{:.2f}"), *per_variant,
+        ("triton_ms", "Triton ms", "{:.2f}"), ("plan_ms", "selection ms", "{:.2f}"),
+        ("chunking_ms", "chunking ms", "{:.2f}"), ("x_dense", "x SDPA", "{:.2f}"), ("x_flex", "x Flex", "{:.2f}"),
+        ("x_dense_with_plan", "x SDPA incl. sel.", "{:.2f}"),
+        ("chunking_selection_share", "chunking+sel. share", "{:.2f}"), ("density", "kept density", "{:.3f}"),
         ("tiles", "Flex tiles", "{:.3f}")])
 
 
-def _gemma3(shape: str):
-    from transformers import Gemma3TextConfig
+def _device():
+    import torch
 
-    if shape == "gemma3-270m":
-        dims = dict(hidden_size=640, intermediate_size=2048, num_hidden_layers=18, num_attention_heads=4,
-                    num_key_value_heads=1, head_dim=256, sliding_window=512)
-    elif shape == "gemma3-1b":
-        dims = dict(hidden_size=1152, intermediate_size=6912, num_hidden_layers=26, num_attention_heads=4,
-                    num_key_value_heads=1, head_dim=256, sliding_window=512)
-    else:
-        raise ValueError(f"unknown shape {shape!r}")
-    layers = ["full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(dims["num_hidden_layers"])]
-    cfg = Gemma3TextConfig(vocab_size=32000, max_position_embeddings=65536, layer_types=layers, **dims)
-    return cfg
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def run_prefill(args) -> dict:
-    torch = require_cuda()
-    from transformers import Gemma3ForCausalLM
+    """Tables 2-3: one prefill of N tokens per shape, dense (eager / SDPA) vs DHSA in the global layers."""
+    import torch
 
-    from kvlab.core import attach, use_pattern
-
+    from .experiments import prefill_cost, random_model
     from .pattern import DHSAPattern, dhsa_layers
 
     rows = []
+    dev = _device()
     for shape in args.shapes:
-        cfg = _gemma3(shape)
-        torch.manual_seed(0)
-        model = attach(Gemma3ForCausalLM(cfg).to("cuda", torch.bfloat16).eval())
-        ids = torch.randint(0, cfg.vocab_size, (1, args.seq), device="cuda")
-        pattern = DHSAPattern(args.budget_keys, chunking="fixed", chunk_size=64, initial=args.initial,
-                              backend="triton")
+        for impl in args.attn:
+            model = random_model(shape, attn_implementation=impl, device=dev)
+            layers = dhsa_layers(model)
+            pattern = DHSAPattern(args.budget_keys, chunking="fixed", chunk_size=args.chunk, initial=args.initial)
+            for n in args.seqs:
+                ids = torch.randint(0, model.config.vocab_size, (1, n), device=dev)
+                for method, pat in (("dense", None), ("dhsa", pattern)):
+                    try:
+                        cost = prefill_cost(model, ids, pat, layers, repeats=args.repeats)
+                        row = {"ms": cost["ms"], "peak_gib": cost["peak_bytes"] / 2**30}
+                    except torch.OutOfMemoryError:
+                        row = {"error": "OOM"}
+                    except Exception as exc:  # report, keep the other numbers
+                        row = {"error": f"{type(exc).__name__}: {exc}"[:160]}
+                    rows.append({"shape": shape, "attn": impl, "seq": n, "method": method, **row})
+                    print(json.dumps(rows[-1]), flush=True)
+                    if dev.type == "cuda":
+                        torch.cuda.empty_cache()
+            del model
+    return {"rows": rows, "budget": args.budget_keys, "chunk": args.chunk, "initial": args.initial}
 
-        def run(use):
-            with torch.no_grad(), (use_pattern(model, pattern, dhsa_layers(model)) if use else _null()):
-                model(input_ids=ids, use_cache=False, logits_to_keep=1)
 
-        for method, use in (("sdpa", False), ("dhsa", True)):
-            torch.cuda.reset_peak_memory_stats()
-            t = bench_ms(lambda: run(use), args.time_budget, max_reps=5)["ms"]
-            peak = torch.cuda.max_memory_allocated() / 2**30
-            rows.append({"shape": shape, "seq": args.seq, "method": method, "ms": t, "peak_gib": peak})
-            print(json.dumps(rows[-1]), flush=True)
+def run_decode(args) -> dict:
+    """Fig. 7-10: latency and memory per generated token after a prompt of N tokens: dense (full cache),
+    StreamingLLM and H2O (cache of ``--cache`` entries), DHSA (full cache, ``--budget-keys`` read per token)."""
+    import torch
+
+    from kvlab.baselines import H2O, Full, StreamingLLM
+
+    from .experiments import decode_cost, random_model
+    from .pattern import DHSAPattern, dhsa_layers
+    from .policy import DHSADecode
+
+    rows = []
+    dev = _device()
+    for shape in args.shapes:
+        model = random_model(shape, device=dev)
+        layers = dhsa_layers(model)
+        setups = {"dense": (Full(), None), "streamingllm": (StreamingLLM(4, cache_size=args.cache), None),
+                  "h2o": (H2O(args.cache, recent=args.cache // 2), None),
+                  "dhsa": (DHSADecode(args.budget_keys, initial=args.initial),
+                           DHSAPattern(args.budget_keys, chunking="fixed", chunk_size=args.chunk,
+                                       initial=args.initial))}
+        for n in args.seqs:
+            ids = torch.randint(0, model.config.vocab_size, (1, n), device=dev)
+            for method, (policy, pattern) in setups.items():
+                try:
+                    c = decode_cost(model, ids, policy, pattern, layers, steps=args.steps)
+                except (torch.OutOfMemoryError, RuntimeError, ValueError) as exc:  # report, keep the other numbers
+                    err = "OOM" if isinstance(exc, torch.OutOfMemoryError) else f"{type(exc).__name__}: {exc}"[:160]
+                    rows.append({"shape": shape, "seq": n, "method": method, "error": err})
+                    continue
+                ms = sorted(c["step_ms"][1:] or c["step_ms"])  # the first step pays one-off costs
+                row = {"shape": shape, "seq": n, "method": method, "prefill_ms": c["prefill_ms"],
+                       "step_ms": ms[len(ms) // 2], "cache_mib": c["cache_bytes"][-1] / 2**20,
+                       "step_peak_mib": None if c["peak_bytes"] is None else max(c["peak_bytes"]) / 2**20,
+                       "curve_ms": c["step_ms"], "curve_cache_bytes": c["cache_bytes"]}
+                rows.append(row)
+                print(json.dumps({k: v for k, v in row.items() if not k.startswith("curve")}), flush=True)
+                if dev.type == "cuda":
+                    torch.cuda.empty_cache()
         del model
-        torch.cuda.empty_cache()
-    return {"rows": rows, "budget": args.budget_keys}
+    return {"rows": rows, "budget": args.budget_keys, "cache": args.cache, "steps": args.steps}
 
 
 def run_tune(args) -> dict:
-    """Tile-size sweep of the Triton kernel at one length (used to choose :func:`~kvlab.dhsa.triton.default_config`)."""
+    """Tile-size sweep of one Triton variant at one length (how :func:`~kvlab.dhsa.triton.default_config`
+    was chosen)."""
     torch = require_cuda()
 
     from .reference import chunk_plan
-    from .triton import dhsa_attention_triton
+    from .triton import dhsa_attention_triton, launch_tables
 
     h, hk, d, budget, n = args.heads, args.kv_heads, args.dim, args.budget_keys, args.seq
     q, k, v = random_qkv(n, h, hk, d)
+    bms, bns, warps_, stages_ = ([int(x) for x in part.split(",")] for part in args.grid.split(":"))
     rows = []
-    for name, bd in _chunkings(n, q.device).items():
+    for name, bd in _chunkings(n, q.device, args.chunkings).items():
         plan = chunk_plan(q, k, bd, budget, initial=args.initial)
-        ref = dhsa_attention_triton(q, k, v, bd, budget, initial=args.initial, plan=plan)
-        grid = [(bm, bn, w, st) for bm in (16, 32, 64, 128) for bn in (32, 64, 128) for w in (4, 8) for st in (1, 2, 3)]
+        ref = dhsa_attention_triton(q, k, v, bd, budget, plan=plan, variant="ranges")
+        grid = [(bm, bn, w, st) for bm in bms for bn in bns for w in warps_ for st in stages_]
         for bm, bn, warps, stages in grid:
             cfg = dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages)
-            row = {"chunks": name, **cfg}
+            row = {"chunks": name, "variant": args.variant, **cfg}
+            tables = launch_tables(plan, args.variant, cfg)
 
-            def call(cfg=cfg, bd=bd, plan=plan):
-                return dhsa_attention_triton(q, k, v, bd, budget, initial=args.initial, plan=plan, config=cfg)
+            def call(tables=tables, bd=bd):
+                return dhsa_attention_triton(q, k, v, bd, budget, tables=tables)
 
             try:
                 row["max_diff"] = float((call().float() - ref.float()).abs().max())
@@ -190,15 +271,7 @@ def run_tune(args) -> dict:
             rows.append(row)
         best = min((r for r in rows if r["chunks"] == name and "ms" in r), key=lambda r: r["ms"])
         print(json.dumps({"best": best}), flush=True)
-    return {"seq": n, "budget": budget, "rows": rows}
-
-
-class _null:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *a):
-        return False
+    return {"seq": n, "budget": budget, "variant": args.variant, "rows": rows}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -218,6 +291,17 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--shapes", default="gemma3-270m,gemma3-1b")
     ap.add_argument("--time-budget", type=float, default=1.0, help="seconds of repeats per measurement")
     ap.add_argument("--no-flex", action="store_true")
+    ap.add_argument("--flex-seqs", type=ints, default=None, help="ops: time Flex only at these lengths (default: all)")
+    ap.add_argument("--variants", default="ranges,lists", help="ops: Triton kernel variants side by side")
+    ap.add_argument("--variant", default="lists", help="tune: the Triton variant to sweep")
+    ap.add_argument("--chunkings", default="fixed64,random16-128", help="ops/tune: fixed64, fixed128, random16-128")
+    ap.add_argument("--grid", default="16,32,64,128:32,64,128:4,8:1,2,3",
+                    help="tune: BLOCK_M values:BLOCK_N values:warps:stages")
+    ap.add_argument("--attn", default="eager,sdpa", help="prefill: dense attention implementations to compare")
+    ap.add_argument("--chunk", type=int, default=64, help="prefill/decode: DHSA chunk size (fixed chunks)")
+    ap.add_argument("--repeats", type=int, default=3, help="prefill: timed repeats (median)")
+    ap.add_argument("--cache", type=int, default=128, help="decode: StreamingLLM / H2O cache entries (paper: 128)")
+    ap.add_argument("--steps", type=int, default=32, help="decode: generated tokens")
     return ap
 
 
@@ -234,9 +318,12 @@ def _run(argv: list[str]) -> int:
     args.kv_heads = args.kv_heads or args.heads
     args.share = [bool(int(s)) for s in args.share.split(",") if s]
     args.shapes = [s for s in args.shapes.split(",") if s]
+    args.variants = [s for s in args.variants.split(",") if s]
+    args.chunkings = [s for s in args.chunkings.split(",") if s]
+    args.attn = [s for s in args.attn.split(",") if s]
     out = Path(args.out)
     tag = f"_{args.tag}" if args.tag else ""
-    info = device_info()
+    info = device_info() if args.what in ("ops", "tune") or _device().type == "cuda" else _cpu_info()
     print(json.dumps(info), flush=True)
     if args.what == "ops":
         rec = run_ops(args) | {"info": info}
@@ -245,13 +332,21 @@ def _run(argv: list[str]) -> int:
         rec = run_tune(args) | {"info": info}
         ok = sorted((r for r in rec["rows"] if "ms" in r), key=lambda r: (r["chunks"], r["ms"]))
         table = fmt_table(ok[:12] + [r for r in ok if r["chunks"] != ok[0]["chunks"]][:12],
-                          [("chunks", "chunks", ""), ("BLOCK_M", "BLOCK_M", ""), ("BLOCK_N", "BLOCK_N", ""),
+                          [("chunks", "chunks", ""), ("variant", "variant", ""),
+                           ("BLOCK_M", "BLOCK_M", ""), ("BLOCK_N", "BLOCK_N", ""),
                            ("num_warps", "warps", ""), ("num_stages", "stages", ""), ("ms", "ms", "{:.2f}"),
                            ("max_diff", "max diff", "{:.2g}")])
-    else:
+    elif args.what == "prefill":
         rec = run_prefill(args) | {"info": info}
-        table = fmt_table(rec["rows"], [("shape", "model", ""), ("seq", "N", ""), ("method", "method", ""),
-                                         ("ms", "ms", "{:.1f}"), ("peak_gib", "peak GiB", "{:.2f}")])
+        table = fmt_table(rec["rows"], [("shape", "model", ""), ("attn", "dense attn", ""), ("seq", "N", ""),
+                                         ("method", "method", ""), ("ms", "ms", "{:.1f}"),
+                                         ("peak_gib", "peak GiB above weights", "{:.3f}"), ("error", "", "")])
+    else:
+        rec = run_decode(args) | {"info": info}
+        table = fmt_table(rec["rows"], [("shape", "model", ""), ("seq", "prompt N", ""), ("method", "method", ""),
+                                         ("prefill_ms", "prefill ms", "{:.1f}"), ("step_ms", "ms / token", "{:.2f}"),
+                                         ("cache_mib", "cache MiB", "{:.1f}"),
+                                         ("step_peak_mib", "step peak MiB", "{:.1f}"), ("error", "", "")])
     write_outputs(out, f"dhsa_{args.what}{tag}", rec, table, info)
     return 0
 
@@ -260,7 +355,23 @@ def _tune(argv: list[str]) -> int:
     return _run(["tune", *argv])
 
 
-COMMANDS = {"ops": _ops, "prefill": _prefill, "tune": _tune}
+def _decode(argv: list[str]) -> int:
+    return _run(["decode", *argv])
+
+
+def _cpu_info() -> dict:
+    import platform
+    import time
+
+    import torch
+    import transformers
+
+    return {"device": f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)",
+            "torch": torch.__version__, "transformers": transformers.__version__,
+            "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+
+
+COMMANDS = {"ops": _ops, "prefill": _prefill, "tune": _tune, "decode": _decode}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,7 +13,10 @@ Chunkings (``chunking=``):
 * ``"oracle"``: boundaries from the layer's own attention by the labelling rule (Eq. 5-7 +
   NMS, :func:`kvlab.dhsa.reference.oracle_boundaries`): what a perfect predictor would give; it
   computes the dense attention map, so it is for small inputs and for analysis,
-* ``"predictor"``: the learned :class:`~kvlab.dhsa.reference.BoundaryPredictor` on the layer's keys.
+* ``"predictor"``: the learned :class:`~kvlab.dhsa.reference.BoundaryPredictor` on the layer's keys,
+* ``"predictor+fixed"``: the predictor's boundaries plus the fixed ``chunk_size`` grid. Reading (ours):
+  the paper's Table 1 row "DHSA (+bs)" does not say what "+bs" adds; we read it as DHSA combined with
+  block-sparse chunking, so no chunk crosses a block boundary.
 
 Layers: by default :func:`dhsa_layers`, the global-attention layers (all layers of a model without
 sliding windows; Gemma3's every sixth). Reading: the paper says DHSA is "integrated into each of the
@@ -35,13 +38,14 @@ import torch
 
 from kvlab.core import AttentionCall, AttentionPattern, MaskPattern, causal_mask, model_state
 
-from .api import dhsa_attention, dhsa_decode
+from .api import dhsa_attention
+from .policy import decode_attention
 from .reference import (BoundaryPredictor, attention_recall, dhsa_mask, fixed_boundaries, oracle_boundaries,
                         predict_boundaries, split_long_chunks)
 
 __all__ = ["DHSAPattern", "block_sparse_pattern", "sliding_window_pattern", "dhsa_layers", "CHUNKINGS"]
 
-CHUNKINGS = ("fixed", "oracle", "predictor")
+CHUNKINGS = ("fixed", "oracle", "predictor", "predictor+fixed")
 
 
 def dhsa_layers(model) -> list[int]:
@@ -94,9 +98,10 @@ class DHSAPattern(AttentionPattern):
         _pos_int("window", window)
         if max_chunks is not None:
             _pos_int("max_chunks", max_chunks)
-        if chunking == "predictor" and not isinstance(predictor, BoundaryPredictor):
-            raise ValueError("chunking='predictor' needs predictor=BoundaryPredictor(...) (train one with "
-                             "kvlab.dhsa.training or load one with kvlab.dhsa.training.load_predictor)")
+        if chunking.startswith("predictor") and not isinstance(predictor, BoundaryPredictor):
+            raise ValueError(f"chunking={chunking!r} needs predictor=BoundaryPredictor(...) (train one with "
+                             "kvlab.dhsa.training, or load one with kvlab.dhsa.training.load_predictor / "
+                             "shipped_predictor)")
         room = None if budget is None else budget - (initial if keep_diagonal else 0)
         if max_len is None:
             max_len = 2 * chunk_size if room is None else max(1, min(2 * chunk_size, room))
@@ -139,8 +144,12 @@ class DHSAPattern(AttentionPattern):
                                        threshold=self.threshold, nms_window=self.nms_window)
                 out.append(split_long_chunks(bd, self.max_len))
             return out
-        return predict_boundaries(self.predictor.to(dev), key, max_chunks=max_chunks, threshold=self.threshold,
-                                  nms_window=self.nms_window, max_len=self.max_len)
+        out = predict_boundaries(self.predictor.to(dev), key, max_chunks=max_chunks, threshold=self.threshold,
+                                 nms_window=self.nms_window, max_len=self.max_len)
+        if self.chunking == "predictor+fixed":
+            fixed = fixed_boundaries(n, self.chunk_size, device=dev)
+            out = [torch.unique(torch.cat([b, fixed])) for b in out]
+        return out
 
     # -- attention --------------------------------------------------------------------------------
     def _kw(self):
@@ -167,14 +176,8 @@ class DHSAPattern(AttentionPattern):
                              f"{n - q_len} keys under this pattern; run the prompt through the model in one piece "
                              "inside the same use_pattern block (chunked prefill is not supported)")
         # decode (App. A), one new token after the other: earlier new tokens form one chunk
-        rows = []
-        for t in range(n - q_len, n):
-            i = t - (n - q_len)
-            rows.append(torch.cat([
-                dhsa_decode(query[b:b + 1, :, i:i + 1], key[b:b + 1, :, :t + 1], value[b:b + 1, :, :t + 1],
-                            prompt_chunks=prompt[b].to(query.device), scale=call.scaling, **self._kw())
-                for b in range(query.shape[0])], 0))
-        return torch.cat(rows, 2)
+        return decode_attention(query, key, value, [b.to(query.device) for b in prompt], scale=call.scaling,
+                                **self._kw())
 
 
 def block_sparse_pattern(budget: int | None, block: int = 64, *, initial: int = 4, backend: str = "auto",

@@ -17,7 +17,9 @@ Command line (documented with ``--help``)::
         --epochs 2 --out predictor.pt
 
 runs on a CPU in a few minutes and writes the predictor (about 1.4 MB for SmolLM2-135M) with its
-configuration, training command and metrics; :func:`load_predictor` reads it back.
+configuration, training command and metrics; :func:`load_predictor` reads it back. kvlab ships one trained
+predictor for SmolLM2-135M (``--hidden 128``, 0.99 MB: ``kvlab/dhsa/data/smollm2-135m.pt``, its command,
+parameters, metrics and sha256 in ``smollm2-135m.json``); :func:`shipped_predictor` loads and checks it.
 
 Readings (App. B; values from the authors' ``legacy/boundary_predictor/train.py`` unless said):
 window ``w = 4``, 8 heads, hidden 256; soft label ``sigmoid(2 (ln r - ln 2))``; focal ``gamma = 2``,
@@ -46,7 +48,9 @@ from .reference import (BoundaryPredictor, focal_bce_loss, key_features, label_r
 
 __all__ = ["LabelRecorder", "LabelSet", "TrainResult", "text_samples", "make_labels", "record_keys",
            "train_predictor", "evaluate_predictor", "save_predictor", "load_predictor", "default_predictor_path",
-           "main"]
+           "shipped_predictor", "SHIPPED", "main"]
+
+SHIPPED = Path(__file__).parent / "data"  # trained predictors shipped with kvlab: <model>.pt + <model>.json
 
 
 class LabelRecorder(AttentionPattern):
@@ -259,6 +263,24 @@ def load_predictor(path, device=None) -> tuple[BoundaryPredictor, dict]:
     p = BoundaryPredictor(**d["config"])
     p.load_state_dict(d["state_dict"])
     return p.to(device or "cpu").eval(), d.get("meta", {})
+
+
+def shipped_predictor(model_name: str = "smollm2-135m", device=None) -> tuple[BoundaryPredictor, dict]:
+    """The trained predictor kvlab ships for ``model_name`` (``kvlab/dhsa/data/<model>.pt``), checked against
+    the sha256 in its JSON sidecar, which also records the training command, parameters and validation
+    metrics. Returns ``(predictor in eval mode, sidecar dict)``."""
+    pt, sidecar = SHIPPED / f"{model_name}.pt", SHIPPED / f"{model_name}.json"
+    if not pt.exists() or not sidecar.exists():
+        have = sorted(p.stem for p in SHIPPED.glob("*.pt"))
+        raise ValueError(f"no shipped DHSA predictor for {model_name!r} (kvlab ships: {have}); train one with "
+                         f"python -m kvlab.dhsa.training --model {model_name} and load it with load_predictor(path)")
+    info = json.loads(sidecar.read_text())
+    sha = hashlib.sha256(pt.read_bytes()).hexdigest()
+    if sha != info["sha256"]:
+        raise ValueError(f"{pt} has sha256 {sha}, its sidecar says {info['sha256']}: the file is damaged; "
+                         f"reinstall kvlab or retrain it with: {info['command']}")
+    predictor, _ = load_predictor(pt, device)
+    return predictor, info
 
 
 def default_predictor_path(model_name: str) -> Path:

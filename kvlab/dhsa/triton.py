@@ -17,35 +17,79 @@ Query ``i`` of chunk ``c = [b_c, b_{c+1})`` keeps (see :class:`kvlab.dhsa.refere
 
 ``tok[c]`` lists the candidate tokens of the earlier chunks in decreasing chunk score (Eq. 4
 representations, ``S = Q_C K_C^T``), built once per call in PyTorch by
-:func:`kvlab.dhsa.reference.chunk_plan`. All rows of a chunk share the list; a row only takes a
-longer or shorter prefix of it (its diagonal grows by one key per row, so its room shrinks by one).
+:func:`kvlab.dhsa.reference.chunk_plan`. The selection is per query *row* (TopK of each row under
+the budget), but all rows of a chunk share the ranked list: a row only takes a longer or shorter
+prefix of it (its diagonal grows by one key per row, so its room shrinks by one). So a query tile
+made of rows of one chunk loads each listed key and value once for all its rows.
 
-How
----
-One program per (query tile, batch x head). A query tile holds rows of *one* chunk (a chunk longer
-than ``BLOCK_M`` has several tiles; a short one leaves rows idle), so the whole tile reads the same
-list: three loops over key tiles feed one online softmax (FlashAttention's running max ``m``, sum
-``l``, rescaled accumulator; base 2, ``exp2``):
+How: one program per (query tile, batch x head)
+-----------------------------------------------
+A query tile holds up to ``BLOCK_M`` rows of *one* chunk (a chunk longer than ``BLOCK_M`` has
+several tiles; a short one leaves rows idle). Its loops over key tiles feed one online softmax
+(FlashAttention's running max ``m``, sum ``l``, rescaled accumulator; base 2, ``exp2``). Two
+variants, chosen with ``variant=`` (``"lists"`` is the default: faster in every measured setting):
 
-1. initial keys, contiguous, causal mask;
+``"ranges"`` (the first kernel): three loops, every tile masked --
+
+1. the initial keys, contiguous, causal mask;
 2. the diagonal range, contiguous, causal mask;
 3. the ranked list, ``BLOCK_N`` gathered keys at a time, mask ``slot < room_i``.
 
-Work per row is ``budget`` keys plus the idle rows of short chunks and the tails of the last key
-tile of each loop. Tests: ``tests/test_dhsa.py`` against the float64 reference (CPU with
-``TRITON_INTERPRET=1``, small shapes; compiled on an H100). Benchmark: ``python -m kvlab bench dhsa ops``.
+``"lists"``: the initial keys are folded into the list. For a chunk starting after the initial
+keys, ``[0, initial)`` is visible to every row, so the list becomes ``[0 .. initial) ++ tok[c]``
+and row ``i`` takes its first ``take_i = budget - (i + 1 - b_c)`` entries (``initial + room_i``);
+a chunk starting at or before ``initial`` keeps exactly ``[0, i]`` (no list, one causal range).
+Then
 
-Measured (``python -m kvlab bench dhsa ops``, H100 80GB, torch 2.11, triton 3.6; bf16, 32 heads,
-dim 128, budget 2048, 64 initial): at N = 32k this kernel takes 5.1 ms (64-token chunks) and 6.1-6.3
-ms (chunk lengths in [16, 128]) against 14.3 ms for dense causal SDPA (2.3-2.8x) and 64-95 ms for
-FlexAttention on the same kept set (12-15x; Flex evaluates ``mask_mod`` in every touched tile);
-building the plan costs another 2.1-2.6 ms with one selection for all heads, 6.7-7.4 ms per head.
-The kept density is 0.121, so the limit is about 8x: the kernel reaches ~230 TFLOP/s of kept work
-where SDPA reaches ~610, with 64-row query tiles and gathered keys. At N <= 8k it is slower than SDPA.
+1. the *bulk* of the list, the slots every row of the tile takes (``< take`` of its last row):
+   no mask at all, gathered tiles of ``BLOCK_N`` keys (most of the work: ~``budget - BLOCK_M``);
+2. the *tail*, slots only the first rows take (at most ``BLOCK_M - 1`` + one tile): mask
+   ``slot < take_i``;
+3. the diagonal ``[d_0, r1)`` (``d_0 = b_c``, or 0 without a list), contiguous, causal mask.
+
+and the tiles are launched in decreasing order of work (the last chunks of a long sequence have
+the longest lists when the budget exceeds what early chunks can use), so the machine does not
+end on a few long programs.
+
+Work and what bounds it. Each row computes ``budget`` scores plus the idle rows of short chunks
+and the tails of the last key tile of each loop. Every listed key is loaded once per query tile,
+so the key/value bytes a head reads are ``n / BLOCK_M x budget x 2 x dim x 2 B``: at N = 32k,
+64-token chunks, budget 2048, dim 128 that is 16 GiB over 32 heads, which the L2 cache must
+deliver (the gathers touch the whole 16 MiB K/V of a head, so there is little reuse in L1). A
+chunk of ``BLOCK_M`` rows is the most rows that share one list, so chunks of 64 tokens fix this
+traffic; longer chunks (or GQA heads sharing a selection, not done here) would lower it.
+``python -m kvlab bench dhsa ops`` reports it (``kv_gib``) beside the time.
+
+Backward: not needed, so not written. The boundary predictor trains on labels computed from the
+model's *dense* attention (Eq. 5-8, :mod:`kvlab.dhsa.training`): its loss (Eq. 9) reaches the
+predictor through the key features only, and the keys are recorded under ``torch.no_grad()``; no
+gradient flows through sparse attention. DHSA itself is a plug-in at inference ("without
+retraining the base model", Sec. 1). Training a model through DHSA attention would need one; the
+``"torch"`` and ``"flex"`` backends are differentiable (a test runs ``gradcheck`` on the
+reference), and ``backend="triton"`` refuses tensors that require grad.
+
+Tests: ``tests/test_dhsa.py`` against the float64 reference, both variants (CPU with
+``TRITON_INTERPRET=1``, small shapes; compiled on a GPU). Benchmark: ``python -m kvlab bench dhsa
+ops`` (both variants side by side) and ``tune`` (tile sweep).
+
+Measured, variant ``"ranges"`` (``python -m kvlab bench dhsa ops``, H100 80GB, torch 2.11, triton
+3.6; bf16, 32 heads, dim 128, budget 2048, 64 initial): at N = 32k it takes 5.1 ms (64-token
+chunks) and 6.1-6.3 ms (chunk lengths in [16, 128]) against 14.3 ms for dense causal SDPA
+(2.3-2.8x) and 64-95 ms for FlexAttention on the same kept set (12-15x; Flex evaluates
+``mask_mod`` in every touched tile); building the plan costs another 2.1-2.6 ms with one selection
+for all heads, 6.7-7.4 ms per head. The kept density is 0.121, so the limit is about 8x: the
+kernel reaches ~230 TFLOP/s of kept work where SDPA reaches ~610, with 64-row query tiles and
+gathered keys. At N <= 8k it is slower than SDPA. Variant ``"lists"`` (same run as a second
+measurement of ``"ranges"``, which took 3.9 ms there after the launch tables stopped being copied):
+3.6 ms at 32k with 64-token chunks (3.96x SDPA, 17.8x Flex) and 4.8 ms with chunks of 16-128 tokens
+(2.9x), loading keys and values at 4.8-4.9 TB/s from L2 -- the traffic bound above (16 GiB at
+~5 TB/s is ~3.4 ms), so the >= 6x target needs less traffic (longer chunks, GQA-shared selection),
+not a faster loop.
 """
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 import triton
@@ -55,22 +99,29 @@ from kvlab.kernels.triton_utils import dot, gathered_tile, interpreting, online_
 
 from .reference import ChunkPlan, chunk_plan
 
-__all__ = ["dhsa_attention_triton", "query_tiles", "default_config"]
+__all__ = ["dhsa_attention_triton", "launch_tables", "LaunchTables", "query_tiles", "default_config", "VARIANTS",
+           "kv_bytes"]
+
+VARIANTS = ("ranges", "lists")
 
 
-def default_config(plan: ChunkPlan, dtype: torch.dtype) -> dict:
-    """Tile sizes: query tiles about the typical chunk length (idle rows cost work), 32-key tiles.
+def default_config(plan: ChunkPlan, dtype: torch.dtype, variant: str = "lists") -> dict:
+    """Tile sizes: query tiles about the typical chunk length (idle rows cost work).
 
-    Chosen by ``python -m kvlab bench dhsa tune --seq 32768`` on an H100 (bf16, 32 heads, dim 128,
-    budget 2048): BLOCK_M 64, BLOCK_N 32, 4 warps, 2 stages was fastest for 64-token chunks (4.60 ms;
-    BLOCK_N 64: 4.78 ms; 8 warps: >= 8.3 ms; BLOCK_M 128: >= 8.4 ms) and within 2% of the best for
-    chunk lengths drawn in [16, 128].
+    ``"ranges"``: chosen by ``python -m kvlab bench dhsa tune --seq 32768`` on an H100 (bf16, 32
+    heads, dim 128, budget 2048): BLOCK_M 64, BLOCK_N 32, 4 warps, 2 stages was fastest for 64-token
+    chunks (4.60 ms; BLOCK_N 64: 4.78 ms; 8 warps: >= 8.3 ms; BLOCK_M 128: >= 8.4 ms) and within 2%
+    of the best for chunk lengths drawn in [16, 128]. ``"lists"``: the same query tiles, 64-key
+    gathered tiles, 4 warps, 3 stages (3.56 ms at 32k, 64-token chunks; 2 stages 3.64, 32-key tiles
+    3.66, 8 warps >= 4.36, BLOCK_M 128 >= 6.33: ``bench dhsa tune --variant lists``).
     """
     if interpreting():
         return dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1)
     lengths = torch.cat([e - s for s, e in zip(plan.starts, plan.ends)]).float()
     typical = float(lengths.median())
     block_m = 16 if typical <= 24 else 32 if typical <= 48 else 64
+    if variant == "lists":
+        return dict(BLOCK_M=block_m, BLOCK_N=64, num_warps=4, num_stages=3)
     return dict(BLOCK_M=block_m, BLOCK_N=32, num_warps=4, num_stages=2)
 
 
@@ -88,11 +139,141 @@ def query_tiles(plan: ChunkPlan, block_m: int) -> torch.Tensor:
         r0 = st[c] + j * block_m
         r1 = torch.minimum(r0 + block_m, en[c])
         per.append(torch.stack([c, st[c], r0, r1], dim=1))
+    return _pad_stack(per, 4)
+
+
+def _pad_stack(per: list[torch.Tensor], width: int) -> torch.Tensor:
     t_max = max(p.shape[0] for p in per)
-    out = torch.zeros(len(per), t_max, 4, dtype=torch.int32, device=per[0].device)
+    out = torch.zeros(len(per), t_max, width, dtype=torch.int32, device=per[0].device)
     for b, p in enumerate(per):
         out[b, : p.shape[0]] = p.to(torch.int32)
     return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Launch tables: what the kernels read besides q, k, v (built once per plan, reusable)
+# ---------------------------------------------------------------------------------------------
+class LaunchTables(NamedTuple):
+    """Inputs of one launch besides ``q, k, v``: ``tiles`` ``(batch, T, 4)`` int32 query tiles,
+    ``tok`` ``(batch, heads | 1, C, L)`` int32 ranked lists, ``ntok`` ``(batch, heads | 1, C)`` int32
+    list lengths (``"lists"``: of ``[0 .. initial) ++ tok``, 0 for chunks without a list), the
+    variant, its config, and the plan's budget and initial count."""
+    tiles: torch.Tensor
+    tok: torch.Tensor
+    ntok: torch.Tensor
+    variant: str
+    config: dict
+    budget: int
+    initial: int
+
+
+def launch_tables(plan: ChunkPlan, variant: str = "lists", config: dict | None = None,
+                  dtype: torch.dtype = torch.bfloat16) -> LaunchTables:
+    """Query tiles and list tensors of ``plan`` for one variant (:class:`LaunchTables`).
+
+    ``"ranges"``: tiles ``(chunk, chunk start, r0, r1)`` in sequence order. ``"lists"``: tiles
+    ``(chunk, d_0, r0, r1)`` with ``d_0`` the first key of the causal diagonal range (the chunk
+    start, or 0 for a chunk starting at or before ``initial``), in decreasing order of the keys
+    the tile visits (list prefix of its first row + diagonal).
+    """
+    if variant not in VARIANTS:
+        raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
+    cfg = default_config(plan, dtype, variant) if config is None else config
+    bsz = len(plan.starts)
+    if bsz == 1:  # no copy: the plan's tensors as they are (padding slots are never read)
+        tok, ntok = plan.tokens[0][None], plan.n_tokens[0][None]
+    else:  # one padded tensor for the batch
+        c_max = max(t.shape[1] for t in plan.tokens)
+        l_max = max(t.shape[2] for t in plan.tokens)
+        hs = plan.tokens[0].shape[0]
+        dev = plan.tokens[0].device
+        tok = torch.zeros(bsz, hs, c_max, l_max, dtype=torch.int32, device=dev)
+        ntok = torch.zeros(bsz, hs, c_max, dtype=torch.int32, device=dev)
+        for b, (t, c) in enumerate(zip(plan.tokens, plan.n_tokens)):
+            tok[b, :, : t.shape[1], : t.shape[2]] = t
+            ntok[b, :, : c.shape[1]] = c
+    tiles = query_tiles(plan, cfg["BLOCK_M"])
+    if variant == "lists":
+        tiles, ntok = _list_tiles(plan, tiles, ntok)
+    return LaunchTables(tiles.contiguous(), tok.contiguous(), ntok.contiguous(), variant, cfg, plan.budget,
+                        plan.initial)
+
+
+def _list_tiles(plan: ChunkPlan, tiles: torch.Tensor, ntok: torch.Tensor):
+    # Fold the initial keys into the lists, set d_0, and order tiles by decreasing work.
+    initial, budget = plan.initial, plan.budget
+    out, lens = [], torch.zeros_like(ntok)
+    for b, st in enumerate(plan.starts):
+        has_list = st > initial  # (C,): the chunk sees all initial keys and may have ranked ones
+        lens[b, :, : st.numel()] = torch.where(has_list, ntok[b, :, : st.numel()] + initial, 0)
+        t = tiles[b].long()
+        c, r0, r1 = t[:, 0], t[:, 2], t[:, 3]
+        d0 = torch.where(has_list[c], st[c], 0)
+        take_first = (budget - (r0 + 1 - d0)).clamp(min=0)
+        work = torch.minimum(lens[b, :, c].float().mean(0), take_first.float()) + (r1 - d0)
+        work = torch.where(r1 > r0, work, -1.0)  # padding tiles last
+        order = torch.sort(work, descending=True, stable=True).indices
+        out.append(torch.stack([c, d0, r0, r1], dim=1)[order])
+    return _pad_stack(out, 4), lens
+
+
+def kv_bytes(tables: LaunchTables, plan: ChunkPlan, heads: int, head_dim: int, elt_bytes: int = 2) -> int:
+    """Key + value bytes the kernel loads (every key tile it visits, whole tiles), for all heads:
+    what the L2 cache must deliver. An estimate from the tables, with the head-averaged list length."""
+    bn = tables.config["BLOCK_N"]
+    t = tables.tiles.long()
+    c, x, r0, r1 = t[..., 0], t[..., 1], t[..., 2], t[..., 3]
+    live = r1 > r0
+    lens = tables.ntok.float().mean(1)  # (batch, C)
+    if tables.variant == "lists":
+        take = torch.minimum(torch.gather(lens, 1, c), (plan.budget - (r0 + 1 - x)).float())
+        keys = torch.ceil(take / bn) * bn + torch.ceil((r1 - x) / bn) * bn
+    else:
+        init = min(plan.initial, plan.n)
+        room = (plan.budget - (r0 + 1 - (x - init).clamp(min=0))).float()
+        keys = (torch.ceil(torch.minimum(torch.gather(lens, 1, c), room) / bn) * bn
+                + math.ceil(init / bn) * bn + torch.ceil((r1 - x.clamp(min=init)).clamp(min=0) / bn) * bn)
+    return int((keys * live).sum()) * heads * 2 * head_dim * elt_bytes
+
+
+# ---------------------------------------------------------------------------------------------
+# Shared pieces of both kernels
+# ---------------------------------------------------------------------------------------------
+@triton.jit
+def _tile_setup(K, V, TILES, T_MAX, stride_kb, stride_kh, stride_vb, stride_vh, H: tl.constexpr,
+                GROUP: tl.constexpr, SHARED: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
+    # Which tile this program owns: (chunk, x, rows [r0, r1)) with x the chunk start ("ranges") or d_0
+    # ("lists"); its batch row and head, the key/value head it reads (GQA), the head of its selection.
+    pid_t = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // H
+    h = pid_bh % H
+    hk = h // GROUP
+    hs = 0 if SHARED else h
+    tile = TILES + (b * T_MAX + pid_t) * 4
+    c = tl.load(tile)
+    x = tl.load(tile + 1)
+    r0 = tl.load(tile + 2)
+    r1 = tl.load(tile + 3)
+    offs_m = r0 + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    Kbh = K + b * stride_kb + hk * stride_kh
+    Vbh = V + b * stride_vb + hk * stride_vh
+    return b, h, hs, c, x, r0, r1, offs_m, offs_d, Kbh, Vbh
+
+
+@triton.jit
+def _load_rows(Q, b, h, offs_m, r1, offs_d, stride_qb, stride_qh, stride_qn):
+    return tl.load(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qn + offs_d[None, :],
+                   mask=(offs_m < r1)[:, None], other=0.0)
+
+
+@triton.jit
+def _store_rows(O, acc, l_i, b, h, offs_m, r1, offs_d, stride_ob, stride_oh, stride_on):
+    # every row kept at least itself (idle rows see the diagonal too), so l_i > 0
+    acc = acc / l_i[:, None]
+    tl.store(O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_on + offs_d[None, :],
+             acc.to(O.dtype.element_ty), mask=(offs_m < r1)[:, None])
 
 
 @triton.jit
@@ -111,8 +292,11 @@ def _causal_range(q, Kbh, Vbh, lo, hi, offs_m, offs_d, stride_kn, stride_vn, qk_
     return m_i, l_i, acc
 
 
+# ---------------------------------------------------------------------------------------------
+# Variant "ranges": initial range, diagonal range, ranked list; every tile masked
+# ---------------------------------------------------------------------------------------------
 @triton.jit
-def _dhsa_fwd_kernel(
+def _dhsa_ranges_kernel(
     Q, K, V, O, TILES, TOK, NTOK,
     stride_qb, stride_qh, stride_qn,
     stride_kb, stride_kh, stride_kn,
@@ -120,30 +304,14 @@ def _dhsa_fwd_kernel(
     stride_ob, stride_oh, stride_on,
     stride_tb, stride_th, stride_tc,  # TOK (batch, heads|1, C, L)
     stride_nb, stride_nh,  # NTOK (batch, heads|1, C)
-    N, T_MAX, BUDGET, INITIAL, qk_scale,
+    T_MAX, BUDGET, INITIAL, qk_scale,
     H: tl.constexpr, GROUP: tl.constexpr, SHARED: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, FP32_DOT: tl.constexpr,
 ):
-    pid_t = tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    b = pid_bh // H
-    h = pid_bh % H
-    hk = h // GROUP  # GQA: the key/value head this query head reads
-    hs = 0 if SHARED else h  # head of the selection
-    # -- which tile: (chunk, chunk start, rows [r0, r1))
-    tile = TILES + (b * T_MAX + pid_t) * 4
-    c = tl.load(tile)
-    c_start = tl.load(tile + 1)
-    r0 = tl.load(tile + 2)
-    r1 = tl.load(tile + 3)
+    b, h, hs, c, c_start, r0, r1, offs_m, offs_d, Kbh, Vbh = _tile_setup(
+        K, V, TILES, T_MAX, stride_kb, stride_kh, stride_vb, stride_vh, H, GROUP, SHARED, HEAD_DIM, BLOCK_M)
     if r1 > r0:
-        offs_m = r0 + tl.arange(0, BLOCK_M)
-        row_ok = offs_m < r1
-        offs_d = tl.arange(0, HEAD_DIM)
-        Kbh = K + b * stride_kb + hk * stride_kh
-        Vbh = V + b * stride_vb + hk * stride_vh
-        q = tl.load(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qn + offs_d[None, :],
-                    mask=row_ok[:, None], other=0.0)
+        q = _load_rows(Q, b, h, offs_m, r1, offs_d, stride_qb, stride_qh, stride_qn)
         m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
         acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
@@ -168,10 +336,79 @@ def _dhsa_fwd_kernel(
             s = tl.where(vis, s * qk_scale, float("-inf"))
             m_i, l_i, acc = online_softmax_step(s, v, m_i, l_i, acc, FP32_DOT)
 
-        # -- epilogue: every row kept at least itself, so l_i > 0
-        acc = acc / l_i[:, None]
-        tl.store(O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_on + offs_d[None, :],
-                 acc.to(O.dtype.element_ty), mask=row_ok[:, None])
+        # -- epilogue
+        _store_rows(O, acc, l_i, b, h, offs_m, r1, offs_d, stride_ob, stride_oh, stride_on)
+
+
+# ---------------------------------------------------------------------------------------------
+# Variant "lists": one list [0 .. initial) ++ ranked (unmasked bulk, masked tail), then the diagonal
+# ---------------------------------------------------------------------------------------------
+@triton.jit
+def _list_tile(q, TOKc, Kbh, Vbh, start, INITIAL, n_list, stride_kn, stride_vn, offs_d, BLOCK_M: tl.constexpr,
+               BLOCK_N: tl.constexpr, FP32_DOT: tl.constexpr):
+    # Slots [start, start + BLOCK_N) of the list [0 .. INITIAL) ++ TOKc[0 : n_list - INITIAL]: the first
+    # INITIAL slots are their own positions (no load), the rest come from the ranked list. Slots past
+    # n_list read row 0 (in bounds); the caller masks them.
+    slot = start + tl.arange(0, BLOCK_N)
+    ranked = (slot >= INITIAL) & (slot < n_list)
+    kpos = tl.where(slot < INITIAL, slot, tl.load(TOKc + (slot - INITIAL), mask=ranked, other=0))
+    k = tl.load(Kbh + kpos[:, None] * stride_kn + offs_d[None, :])
+    v = tl.load(Vbh + kpos[:, None] * stride_vn + offs_d[None, :])
+    s = dot(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), FP32_DOT)
+    return v, s, slot
+
+
+@triton.jit
+def _dhsa_lists_kernel(
+    Q, K, V, O, TILES, TOK, NLIST,
+    stride_qb, stride_qh, stride_qn,
+    stride_kb, stride_kh, stride_kn,
+    stride_vb, stride_vh, stride_vn,
+    stride_ob, stride_oh, stride_on,
+    stride_tb, stride_th, stride_tc,  # TOK (batch, heads|1, C, L)
+    stride_nb, stride_nh,  # NLIST (batch, heads|1, C): length of [0 .. INITIAL) ++ ranked, 0 if none
+    T_MAX, BUDGET, INITIAL, qk_scale,
+    H: tl.constexpr, GROUP: tl.constexpr, SHARED: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, FP32_DOT: tl.constexpr,
+):
+    b, h, hs, c, d0, r0, r1, offs_m, offs_d, Kbh, Vbh = _tile_setup(
+        K, V, TILES, T_MAX, stride_kb, stride_kh, stride_vb, stride_vh, H, GROUP, SHARED, HEAD_DIM, BLOCK_M)
+    if r1 > r0:
+        q = _load_rows(Q, b, h, offs_m, r1, offs_d, stride_qb, stride_qh, stride_qn)
+        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+
+        # -- how much of the list each row takes: take_i = BUDGET - |diagonal_i|, at most the list
+        n_list = tl.load(NLIST + b * stride_nb + hs * stride_nh + c)
+        take = tl.minimum(BUDGET - (offs_m + 1 - d0), n_list)  # (BLOCK_M,), decreasing along the rows
+        take_first = tl.minimum(BUDGET - (r0 + 1 - d0), n_list)
+        take_last = tl.minimum(BUDGET - (r1 - d0), n_list)
+        bulk = (take_last // BLOCK_N) * BLOCK_N
+        TOKc = TOK + b * stride_tb + hs * stride_th + c * stride_tc
+
+        # -- stage 1: the bulk, slots every row takes: no mask
+        for start in range(0, bulk, BLOCK_N):
+            v, s, slot = _list_tile(q, TOKc, Kbh, Vbh, start, INITIAL, n_list, stride_kn, stride_vn, offs_d,
+                                    BLOCK_M, BLOCK_N, FP32_DOT)
+            m_i, l_i, acc = online_softmax_step(s * qk_scale, v, m_i, l_i, acc, FP32_DOT)
+
+        # -- stage 2: the tail, slots only the first rows take
+        for start in range(bulk, take_first, BLOCK_N):
+            v, s, slot = _list_tile(q, TOKc, Kbh, Vbh, start, INITIAL, n_list, stride_kn, stride_vn, offs_d,
+                                    BLOCK_M, BLOCK_N, FP32_DOT)
+            s = tl.where(slot[None, :] < take[:, None], s * qk_scale, float("-inf"))
+            m_i, l_i, acc = online_softmax_step(s, v, m_i, l_i, acc, FP32_DOT)
+
+        # -- stage 3: the diagonal [d0, row], causal (all of [0, row] for a chunk without a list)
+        m_i, l_i, acc = _causal_range(q, Kbh, Vbh, d0, r1, offs_m, offs_d, stride_kn, stride_vn, qk_scale, m_i, l_i,
+                                      acc, BLOCK_M, BLOCK_N, FP32_DOT)
+
+        # -- epilogue
+        _store_rows(O, acc, l_i, b, h, offs_m, r1, offs_d, stride_ob, stride_oh, stride_on)
+
+
+_KERNELS = {"ranges": _dhsa_ranges_kernel, "lists": _dhsa_lists_kernel}
 
 
 def _lastdim_contiguous(x: torch.Tensor) -> torch.Tensor:
@@ -181,35 +418,32 @@ def _lastdim_contiguous(x: torch.Tensor) -> torch.Tensor:
 def dhsa_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, boundaries, budget: int | None, *,
                           initial: int = 0, aggregation: str = "eq4", share_heads: bool = False,
                           scale: float | None = None, plan: ChunkPlan | None = None,
-                          config: dict | None = None) -> torch.Tensor:
+                          config: dict | None = None, variant: str = "lists",
+                          tables: LaunchTables | None = None) -> torch.Tensor:
     """DHSA prefill attention (``keep_diagonal=True``) with the Triton kernel; forward only.
 
     Shapes and arguments as :func:`kvlab.dhsa.reference.dhsa_attention_reference`; inputs are
     assumed valid (:func:`kvlab.dhsa.dhsa_attention` checks them). ``plan`` reuses a
-    :func:`~kvlab.dhsa.reference.chunk_plan` (a benchmark times it separately); ``config``
-    overrides :func:`default_config`.
+    :func:`~kvlab.dhsa.reference.chunk_plan` and ``tables`` its :func:`launch_tables` (a benchmark
+    times them apart); ``config`` overrides :func:`default_config`; ``variant`` picks the kernel
+    (``"ranges"`` | ``"lists"``, module docstring).
     """
+    if variant not in VARIANTS:
+        raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
     bsz, h, n, d = q.shape
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
-    if plan is None:
-        plan = chunk_plan(q, k, boundaries, budget, initial=initial, aggregation=aggregation,
-                          share_heads=share_heads)
-    cfg = default_config(plan, q.dtype) if config is None else config
-    tiles = query_tiles(plan, cfg["BLOCK_M"]).contiguous()
-    # one (batch, heads|1, C, L) list tensor for the batch, padded
-    c_max = max(t.shape[1] for t in plan.tokens)
-    l_max = max(t.shape[2] for t in plan.tokens)
-    hs = plan.tokens[0].shape[0]
-    tok = torch.zeros(bsz, hs, c_max, l_max, dtype=torch.int32, device=q.device)
-    ntok = torch.zeros(bsz, hs, c_max, dtype=torch.int32, device=q.device)
-    for b, (t, c) in enumerate(zip(plan.tokens, plan.n_tokens)):
-        tok[b, :, : t.shape[1], : t.shape[2]] = t.clamp(min=0)
-        ntok[b, :, : c.shape[1]] = c
+    if tables is None:
+        if plan is None:
+            plan = chunk_plan(q, k, boundaries, budget, initial=initial, aggregation=aggregation,
+                              share_heads=share_heads)
+        tables = launch_tables(plan, variant, config, q.dtype)
+    tiles, tok, ntok, cfg = tables.tiles, tables.tok, tables.ntok, tables.config
     q, k, v = (_lastdim_contiguous(x) for x in (q, k, v))
     o = torch.empty_like(q, memory_format=torch.contiguous_format)
     fp32_dot = q.dtype == torch.float32 or interpreting()
+    hs = tok.shape[1]
     grid = (tiles.shape[1], bsz * h)
-    _dhsa_fwd_kernel[grid](
+    _KERNELS[tables.variant][grid](
         q, k, v, o, tiles, tok, ntok,
         q.stride(0), q.stride(1), q.stride(2),
         k.stride(0), k.stride(1), k.stride(2),
@@ -217,7 +451,7 @@ def dhsa_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bou
         o.stride(0), o.stride(1), o.stride(2),
         tok.stride(0), tok.stride(1), tok.stride(2),
         ntok.stride(0), ntok.stride(1),
-        n, tiles.shape[1], plan.budget, plan.initial, scale * 1.4426950408889634,
+        tiles.shape[1], tables.budget, tables.initial, scale * 1.4426950408889634,
         H=h, GROUP=h // k.shape[1], SHARED=hs == 1 and h > 1, HEAD_DIM=d,
         BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], FP32_DOT=fp32_dot,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
@@ -236,6 +470,7 @@ if __name__ == "__main__":
     def _dhsa(q, k, v):
         bd = fixed_boundaries(q.shape[2], 64, device=q.device)
         plan = chunk_plan(q, k, bd, 2048, initial=64)
-        return lambda: dhsa_attention_triton(q, k, v, bd, 2048, initial=64, plan=plan)
+        tables = launch_tables(plan, "lists", dtype=q.dtype)
+        return lambda: dhsa_attention_triton(q, k, v, bd, 2048, initial=64, tables=tables)
 
     perf_report_against_sdpa("dhsa_attention_fwd", "DHSA Triton (2k budget)", _dhsa).run(print_data=True)

@@ -1,5 +1,6 @@
 """Method-agnostic evaluation under KV policies and attention patterns: streaming and chunked perplexity,
-retrieval grids (passkey, needle in a haystack), decoding throughput, and the GSM8K harness."""
+retrieval grids (passkey, needle in a haystack), decoding throughput, the GSM8K harness, and zero-shot multiple
+choice scored by log-likelihood as the LM Evaluation Harness does (:mod:`kvlab.eval.zeroshot`)."""
 
 from kvlab.eval.gsm8k import (GSM8KResult, cot_prompt, extract_answers, gsm8k_answer_nll, gsm8k_generate,
                               load_gsm8k, reference_solution)
@@ -7,6 +8,7 @@ from kvlab.eval.retrieval import RetrievalResult, ask, needle_in_haystack, passk
 from kvlab.eval.streaming import (StreamingResult, chunked_perplexity, decode_stepwise, parallel_nll, ppl_at_lengths,
                                   stream_ids, streaming_perplexity)
 from kvlab.eval.throughput import decode_throughput
+from kvlab.eval.zeroshot import ZeroShotResult, evaluate_task, load_task
 
 __all__ = [
     "GSM8KResult", "cot_prompt", "extract_answers", "gsm8k_answer_nll", "gsm8k_generate", "load_gsm8k",
@@ -15,4 +17,5 @@ __all__ = [
     "StreamingResult", "chunked_perplexity", "decode_stepwise", "parallel_nll", "ppl_at_lengths", "stream_ids",
     "streaming_perplexity",
     "decode_throughput",
+    "ZeroShotResult", "evaluate_task", "load_task",
 ]

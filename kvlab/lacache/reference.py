@@ -50,10 +50,13 @@ become sparser and recent ones stay dense::
         cursor += A;  n -= R
 
 Every layer runs the same arithmetic (only ``off[l]`` differs), so all layers hold the same number of
-entries. Readings: the paper does not say how many newest tokens stay dense; ``recent`` (default: the
-number of layers) is our reading of the public code, which stops a pass ``L`` entries before the newest.
-The public code also raises its cache size by ``floor(R / 2)`` so that the *average* size matches the
-budget; we keep the *maximum* at the budget and report the mean held (``StreamingResult.mean_kv``).
+entries. Readings: the paper does not say how many newest tokens stay dense. The public code starts a
+new pass when fewer than ``A`` entries lie between the cursor and the ``L`` newest *before* a ladder is
+applied, which in the terms above is ``recent = L - R + 1``; the policy's default ``recent = L`` (strict
+accounting) is a round choice one to a few entries away from it. The public code also raises its cache size
+by ``floor(R / 2)`` at the first overflow so that the *average* size matches the budget; by default we keep
+the *maximum* at the budget and report the mean held (``StreamingResult.mean_kv``);
+``LaCache(..., accounting="official")`` reproduces the public code's accounting exactly.
 When ``R = 0`` (span equal to the number of layers: one rung, every layer keeps every token) the ladder
 frees nothing, and compaction falls back to dropping the oldest entry after the sink: StreamingLLM.
 """

@@ -4,10 +4,13 @@ Subcommands (each writes ``<out>/orthorank_<what>[_tag].json`` and ``.md`` with 
 
 * ``throughput``  prefill throughput, batch x 2048 tokens (the paper's setting: batch 32, Sec. 4.1), for a
   1B-class (Llama-3.2-1B shape) and an 8B-class (Llama-3-8B shape) model with random bf16 weights: dense,
-  SLEB (layers removed) and OrthoRank (layers routed at ``token_ratio``) at 10% and 20% sparsity, with the
-  paper's accounting (``kvlab.orthorank.layers_for_sparsity``). Ratios are measured side by side in one run.
-* ``layer``       one decoder layer of each shape: dense forward, OrthoRank's routed forward, and the routed
-  forward's bookkeeping alone (scores, top-k, gathers, mask, scatter), to see what the PyTorch path costs.
+  SLEB (layers removed) and OrthoRank (layers routed at ``token_ratio``) with each of ``--backends`` (the
+  PyTorch routed layer and the Triton one) at 10% and 20% sparsity, with the paper's accounting
+  (``kvlab.orthorank.layers_for_sparsity``); then the ``layer`` table of the same shapes (``--no-layer``
+  skips it). Ratios are measured side by side in one run.
+* ``layer``       one decoder layer of each shape: dense forward, the input RMSNorm alone, and per backend the
+  routed forward, its bookkeeping alone (Eq. 4 scores, top-k, row gathers, causal mask or key ranges, scatter;
+  the RMSNorm is not counted: the dense layer computes it too) and its attention alone.
 
 Readings: throughput counts prompt tokens per second of a full forward pass without a cache whose logits are
 only computed for the last position (``logits_to_keep=1``; the paper does not say what it times); which
@@ -63,6 +66,10 @@ def _model(shape: str, seq: int):
     return attach(model), cfg
 
 
+def _method(backend: str) -> str:
+    return f"OrthoRank ({backend})"
+
+
 def run_throughput(args) -> dict:
     torch = require_cuda()
     from kvlab.orthorank import layers_for_sparsity, nominal_sparsity, orthorank, skip_layers
@@ -88,10 +95,12 @@ def run_throughput(args) -> dict:
             rows.append({"shape": shape, "method": "SLEB", "sparsity": s, "layers": removed,
                          "nominal": nominal_sparsity(L, removed=len(removed)), **res})
             routed = spread_layers(L, layers_for_sparsity(L, s, args.token_ratio))
-            with orthorank(model, layers=routed, token_ratio=args.token_ratio):
-                res = bench_ms(step, budget_s=args.budget, max_reps=20)
-            rows.append({"shape": shape, "method": "OrthoRank", "sparsity": s, "layers": routed,
-                         "nominal": nominal_sparsity(L, routed=len(routed), token_ratio=args.token_ratio), **res})
+            for backend in args.backends:
+                with orthorank(model, layers=routed, token_ratio=args.token_ratio, backend=backend):
+                    res = bench_ms(step, budget_s=args.budget, max_reps=20)
+                rows.append({"shape": shape, "method": _method(backend), "sparsity": s, "layers": routed,
+                             "nominal": nominal_sparsity(L, routed=len(routed), token_ratio=args.token_ratio),
+                             **res})
         for r in rows:
             if r["shape"] == shape:
                 r["tokens_per_s"] = args.batch * args.seq / r["ms"] * 1e3
@@ -99,7 +108,7 @@ def run_throughput(args) -> dict:
         del model
         torch.cuda.empty_cache()
     for r in rows:
-        if r["method"] == "OrthoRank":
+        if r["method"].startswith("OrthoRank"):
             sleb = next(x for x in rows if x["shape"] == r["shape"] and x["method"] == "SLEB"
                         and x["sparsity"] == r["sparsity"])
             r["x_sleb"] = sleb["ms"] / r["ms"]
@@ -107,12 +116,15 @@ def run_throughput(args) -> dict:
             dense_ms = next(x["ms"] for x in rows if x["shape"] == r["shape"] and x["method"] == "dense")
             at_same = dense_ms + (sleb["ms"] - dense_ms) * r["nominal"] / sleb["nominal"]
             r["x_sleb_same_sparsity"] = at_same / r["ms"]
-    return {"batch": args.batch, "seq": args.seq, "token_ratio": args.token_ratio, "rows": rows}
+    return {"batch": args.batch, "seq": args.seq, "token_ratio": args.token_ratio, "backends": args.backends,
+            "rows": rows}
 
 
 def run_layer(args) -> dict:
     torch = require_cuda()
-    from kvlab.orthorank.reference import alignment, routed_layer, select_topk, tokens_for_ratio
+    from kvlab.orthorank import triton as kernels
+    from kvlab.orthorank.reference import (_gather_rows, alignment, attention, project_qkv, routed_layer,
+                                           select_topk, tokens_for_ratio)
 
     rows = []
     for shape in args.shapes:
@@ -128,34 +140,74 @@ def run_layer(args) -> dict:
         def dense():
             return layer(h, position_embeddings=pe, attention_mask=None, position_ids=pos)
 
-        @torch.no_grad()
-        def select():
-            return select_topk(alignment(layer.input_layernorm(h)), k)
-
-        @torch.no_grad()
-        def routed():  # what OrthoRankRouter does: score the normalised states, reuse them for K and V
+        with torch.no_grad():
             normed = layer.input_layernorm(h)
-            selected = select_topk(alignment(normed), k)
-            return routed_layer(layer, h, selected, position_embeddings=pe, positions=pos, normed=normed)
+            sel = select_topk(alignment(normed), k)
+            cos, sin = (t.expand(args.batch, -1, -1) for t in pe)
+            query, key, value = project_qkv(layer, _gather_rows(normed, sel), _gather_rows(cos, sel),
+                                            _gather_rows(sin, sel), normed, cos, sin)
+            positions = pos.expand(args.batch, -1)
+            q_pos = positions.gather(1, sel)
 
         @torch.no_grad()
-        def bookkeeping():  # everything of the routed path but the projections, attention and MLP
-            sel = select()
-            idx = sel[..., None].expand(-1, -1, cfg.hidden_size)
-            rows_ = h.gather(1, idx)
-            q_pos = pos.expand(args.batch, -1).gather(1, sel)
-            mask = (q_pos[:, :, None] - pos[:, None, :]) >= 0
-            return h.scatter(1, idx, rows_), mask
+        def norm():
+            return layer.input_layernorm(h)
+
+        # what each backend's router does: score the normalised states, reuse them for K and V
+        @torch.no_grad()
+        def routed_torch():
+            normed_ = layer.input_layernorm(h)
+            return routed_layer(layer, h, select_topk(alignment(normed_), k), position_embeddings=pe, positions=pos,
+                                normed=normed_)
+
+        @torch.no_grad()
+        def routed_triton():
+            normed_ = layer.input_layernorm(h)
+            sel_ = kernels.topk_in_order(kernels.orthogonal_scores(normed_), k)
+            return kernels.routed_layer_triton(layer, h, sel_, position_embeddings=pe, positions=pos, normed=normed_)
+
+        # everything of the routed path but the norm, the projections, attention and the MLP
+        @torch.no_grad()
+        def bookkeeping_torch():
+            sel_ = select_topk(alignment(normed), k)
+            idx = sel_[..., None].expand(-1, -1, cfg.hidden_size)
+            x_sel, h_sel = normed.gather(1, idx), h.gather(1, idx)
+            mask = positions.gather(1, sel_)[:, :, None] >= positions[:, None, :]
+            return h.scatter(1, idx, h_sel + x_sel), mask
+
+        @torch.no_grad()
+        def bookkeeping_triton():
+            sel_ = kernels.topk_in_order(kernels.orthogonal_scores(normed), k)
+            x_sel = kernels.gather_rows(normed, sel_)
+            ranges = kernels.key_ranges(positions.gather(1, sel_), positions)
+            a = kernels.gather_rows(h, sel_, add=x_sel)  # the attention block's residual add
+            return kernels.scatter_rows(h, sel_, a, x_sel), ranges
+
+        @torch.no_grad()
+        def attention_torch():
+            mask = q_pos[:, :, None] >= positions[:, None, :]
+            return attention(query, key, value, mask[:, None], layer.self_attn.scaling)
+
+        @torch.no_grad()
+        def attention_triton():
+            return kernels.selected_attention(query, key, value, q_pos, positions, layer.self_attn.scaling)
 
         spin(1.0)
-        res = {name: bench_ms(fn, budget_s=args.budget)["ms"] for name, fn in
-               [("dense", dense), ("routed", routed), ("bookkeeping", bookkeeping), ("selection", select)]}
-        rows.append({"shape": shape, "tokens": args.batch * args.seq, "k": k, **{f"{n}_ms": v for n, v in res.items()},
-                     "routed_x_dense": res["routed"] / res["dense"],
-                     "bookkeeping_share": res["bookkeeping"] / res["routed"]})
+        common = {"dense": dense, "norm": norm}
+        per_backend = {"torch": (routed_torch, bookkeeping_torch, attention_torch),
+                       "triton": (routed_triton, bookkeeping_triton, attention_triton)}
+        base = {name: bench_ms(fn, budget_s=args.budget)["ms"] for name, fn in common.items()}
+        for backend in args.backends:
+            res = {name: bench_ms(fn, budget_s=args.budget)["ms"]
+                   for name, fn in zip(("routed", "bookkeeping", "attention"), per_backend[backend])}
+            rows.append({"shape": shape, "backend": backend, "tokens": args.batch * args.seq, "k": k,
+                         **{f"{n}_ms": v for n, v in (base | res).items()},
+                         "routed_x_dense": res["routed"] / base["dense"],
+                         "bookkeeping_share": res["bookkeeping"] / res["routed"]})
         del model
         torch.cuda.empty_cache()
-    return {"batch": args.batch, "seq": args.seq, "token_ratio": args.token_ratio, "rows": rows}
+    return {"batch": args.batch, "seq": args.seq, "token_ratio": args.token_ratio, "backends": args.backends,
+            "rows": rows}
 
 
 def _parser(what: str) -> argparse.ArgumentParser:
@@ -167,6 +219,9 @@ def _parser(what: str) -> argparse.ArgumentParser:
         ap.add_argument(flag, type=kind, default=default)  # the paper's throughput setting (Table 1)
     ap.add_argument("--sparsities", default="10,20", help="comma-separated target sparsities in percent")
     ap.add_argument("--budget", type=float, default=2.0, help="seconds of repeats per measurement")
+    ap.add_argument("--backends", default="torch,triton", help="OrthoRank routed-layer backends to compare")
+    if what == "throughput":
+        ap.add_argument("--no-layer", action="store_true", help="skip the per-layer table after the throughput")
     return ap
 
 
@@ -177,6 +232,10 @@ def _args(what: str, argv: list[str]):
     if unknown:
         raise SystemExit(f"--shapes: unknown {unknown}; choose from {list(SHAPES)}")
     args.sparsities = [p / 100 for p in ints(args.sparsities)]
+    args.backends = [b for b in args.backends.split(",") if b]
+    unknown = [b for b in args.backends if b not in ("torch", "triton")]
+    if unknown or not args.backends:
+        raise SystemExit(f"--backends: unknown {unknown}; choose from torch, triton")
     return args
 
 
@@ -192,20 +251,30 @@ def throughput(argv: list[str]) -> int:
     table += ("\n'x SLEB at equal sparsity': SLEB's time interpolated linearly in the number of removed layers "
               "to OrthoRank's nominal sparsity")
     table += f"\nbatch {args.batch} x {args.seq} tokens, token ratio {args.token_ratio}, bf16, random weights"
+    if not args.no_layer:
+        rec["layer"] = run_layer(args)
+        table += "\n\nOne routed layer (the middle one of each shape):\n\n" + _layer_table(rec["layer"])
     write_outputs(Path(args.out), "orthorank_throughput" + (f"_{args.tag}" if args.tag else ""), rec, table, info)
     return 0
+
+
+def _layer_table(rec: dict) -> str:
+    table = fmt_table(rec["rows"], [("shape", "shape", ""), ("backend", "backend", ""), ("tokens", "tokens", ""),
+                                    ("k", "k/seq", ""), ("dense_ms", "dense ms", "{:.2f}"),
+                                    ("norm_ms", "RMSNorm ms", "{:.2f}"), ("routed_ms", "routed ms", "{:.2f}"),
+                                    ("bookkeeping_ms", "bookkeeping ms", "{:.2f}"),
+                                    ("attention_ms", "attention ms", "{:.2f}"),
+                                    ("routed_x_dense", "routed / dense", "{:.3f}"),
+                                    ("bookkeeping_share", "bookkeeping / routed", "{:.1%}")])
+    return table + ("\nbookkeeping: Eq. 4 scores, top-k, row gathers, causal mask (torch) or key ranges (triton), "
+                    "scatter; the RMSNorm (shown apart) is not counted, the dense layer computes it too")
 
 
 def layer(argv: list[str]) -> int:
     args = _args("layer", argv)
     info = device_info()
     rec = run_layer(args) | {"info": info}
-    table = fmt_table(rec["rows"], [("shape", "shape", ""), ("tokens", "tokens", ""), ("k", "k/seq", ""),
-                                    ("dense_ms", "dense ms", "{:.2f}"), ("routed_ms", "routed ms", "{:.2f}"),
-                                    ("bookkeeping_ms", "bookkeeping ms", "{:.2f}"),
-                                    ("selection_ms", "selection ms", "{:.2f}"),
-                                    ("routed_x_dense", "routed / dense", "{:.3f}"),
-                                    ("bookkeeping_share", "bookkeeping / routed", "{:.1%}")])
+    table = _layer_table(rec)
     write_outputs(Path(args.out), "orthorank_layer" + (f"_{args.tag}" if args.tag else ""), rec, table, info)
     return 0
 

@@ -98,12 +98,27 @@ def use_plan(model: torch.nn.Module, plan: Plan | None):
         yield router
 
 
-def text_windows(tokenizer, text: str, seq_len: int, n_windows: int, *, offset: int = 0) -> torch.Tensor:
+def text_windows(tokenizer, text: str, seq_len: int, n_windows: int, *, offset: int = 0,
+                 bos: bool | None = False) -> torch.Tensor:
     """``(n_windows, seq_len)`` token ids: consecutive non-overlapping windows of the tokenised ``text`` from
-    token ``offset``. Raises when the text is too short."""
+    token ``offset``. Raises when the text is too short.
+
+    ``bos=True``: every window starts with the tokenizer's BOS token, then ``seq_len - 1`` text tokens;
+    ``None``: BOS only where the tokenizer adds one by itself (Gemma3 does; its attention sink *is* the BOS
+    token: without it no token draws the attention mass). Default False: text tokens only (SmolLM2, Qwen2.5
+    add no BOS)."""
     seq_len = check_int("seq_len", seq_len, 2)
     n_windows = check_int("n_windows", n_windows, 1)
     offset = check_int("offset", offset, 0)
+    if bos is None:
+        bos = tokenizer.bos_token_id is not None and tokenizer("a").input_ids[:1] == [tokenizer.bos_token_id]
+    if bos:
+        if tokenizer.bos_token_id is None:
+            raise ValueError("bos=True but the tokenizer has no BOS token: use bos=False")
+        body = text_windows(tokenizer, text, seq_len - 1, n_windows, offset=offset) if seq_len > 2 else None
+        if body is None:
+            raise ValueError("bos=True needs seq_len >= 3 (the BOS token and at least 2 text tokens)")
+        return torch.cat([torch.full((n_windows, 1), tokenizer.bos_token_id, dtype=body.dtype), body], dim=1)
     need = offset + seq_len * n_windows
     # tokenise a prefix long enough (characters per token is well above 1 for every tokenizer we use)
     chars = max(need * 8, 4096)

@@ -61,7 +61,8 @@ import torch
 __all__ = [
     "SCORES", "SINK_RULES", "STAGES", "SUPPORTED_LAYERS",
     "normalized_states", "alignment", "cos_gradient", "select_topk", "selection_mask",
-    "routed_layer", "attention", "sink_curves", "SinkCurves", "layer_kind", "tokens_for_ratio",
+    "routed_layer", "attention", "project_qkv", "logit_softcap", "attention_update", "mlp_update",
+    "sink_curves", "SinkCurves", "layer_kind", "tokens_for_ratio",
 ]
 
 SCORES = ("dot", "cos", "grad")
@@ -193,6 +194,39 @@ def _gather_rows(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return x.gather(1, index[..., None].expand(-1, -1, x.shape[-1]))
 
 
+def project_qkv(layer: torch.nn.Module, x_q: torch.Tensor, cos_q: torch.Tensor, sin_q: torch.Tensor,
+                x_kv: torch.Tensor, cos_kv: torch.Tensor, sin_kv: torch.Tensor):
+    """Rotated queries of ``x_q (batch, k, hidden)`` and keys/values of ``x_kv (batch, n, hidden)``, each
+    ``(batch, heads, ., dim)``, with the layer's own projections (and Gemma3's q/k norms).
+
+    cos/sin: ``(batch, ., dim)`` for the rows of ``x_q`` and of ``x_kv``. Shared by both backends.
+    """
+    attn = layer.self_attn
+    key = _heads(attn.k_proj(x_kv), attn.head_dim)
+    value = _heads(attn.v_proj(x_kv), attn.head_dim)
+    query = _heads(attn.q_proj(x_q), attn.head_dim)
+    if layer_kind(layer) == "sandwich":
+        key, query = attn.k_norm(key), attn.q_norm(query)
+    return _rope(query, cos_q, sin_q), _rope(key, cos_kv, sin_kv), value
+
+
+def logit_softcap(layer: torch.nn.Module) -> float | None:
+    """Gemma's attention logit soft-capping (None: none)."""
+    return getattr(getattr(layer.self_attn, "config", None), "attn_logit_softcapping", None)
+
+
+def attention_update(layer: torch.nn.Module, out: torch.Tensor) -> torch.Tensor:
+    """What the attention block adds to the residual, from its ``o_proj`` output ``(batch, k, hidden)``."""
+    return out if layer_kind(layer) == "pre" else layer.post_attention_layernorm(out)
+
+
+def mlp_update(layer: torch.nn.Module, h: torch.Tensor) -> torch.Tensor:
+    """What the MLP block adds to the residual ``h (batch, k, hidden)`` (after the attention update)."""
+    if layer_kind(layer) == "pre":
+        return layer.mlp(layer.post_attention_layernorm(h))
+    return layer.post_feedforward_layernorm(layer.mlp(layer.pre_feedforward_layernorm(h)))
+
+
 def _cached_positions(cache, layer_idx: int, positions: torch.Tensor, n: int) -> torch.Tensor:
     """Original positions ``(batch, n)`` of the keys a cache layer returned after its update.
 
@@ -241,11 +275,10 @@ def routed_layer(layer: torch.nn.Module, hidden_states: torch.Tensor, selected: 
         a = h[sel] + o_proj(softmax(Q K^T / sqrt(d) + causal(pos[sel], pos)) V)
         h[sel] = a + mlp(post_attention_layernorm(a))
     """
-    kind = layer_kind(layer)
+    layer_kind(layer)  # raises for an unsupported layer
     if kv not in ("all", "selected"):
         raise ValueError(f"kv must be 'all' or 'selected', got {kv!r}")
     attn = layer.self_attn
-    head_dim = attn.head_dim
     batch, seq, _ = hidden_states.shape
     cos, sin = position_embeddings
     cos = cos.expand(batch, *cos.shape[1:])
@@ -265,13 +298,8 @@ def routed_layer(layer: torch.nn.Module, hidden_states: torch.Tensor, selected: 
                              "use_cache=False")
         x_kv, cos_kv, sin_kv = x_sel, _gather_rows(cos, selected), _gather_rows(sin, selected)
         k_pos = positions.gather(1, selected)
-    key = _heads(attn.k_proj(x_kv), head_dim)
-    value = _heads(attn.v_proj(x_kv), head_dim)
-    query = _heads(attn.q_proj(x_sel), head_dim)
-    if kind == "sandwich":
-        key, query = attn.k_norm(key), attn.q_norm(query)
-    key = _rope(key, cos_kv, sin_kv)
-    query = _rope(query, _gather_rows(cos, selected), _gather_rows(sin, selected))
+    query, key, value = project_qkv(layer, x_sel, _gather_rows(cos, selected), _gather_rows(sin, selected),
+                                    x_kv, cos_kv, sin_kv)
     if past_key_values is not None:
         key, value = past_key_values.update(key, value, attn.layer_idx)
         k_pos = _cached_positions(past_key_values, attn.layer_idx, positions, key.shape[2])
@@ -287,16 +315,11 @@ def routed_layer(layer: torch.nn.Module, hidden_states: torch.Tensor, selected: 
         mask = mask & (q_pos - k_pos[:, None, :] < window)
     if kv == "selected" and valid is not None:
         mask = mask & valid[:, None, :]
-    softcap = getattr(getattr(attn, "config", None), "attn_logit_softcapping", None)
-    out = attention(query, key, value, mask[:, None], attn.scaling, softcap)
+    out = attention(query, key, value, mask[:, None], attn.scaling, logit_softcap(layer))
     out = attn.o_proj(out.transpose(1, 2).reshape(batch, selected.shape[1], -1))
 
-    if kind == "pre":
-        h_sel = h_sel + out
-        h_sel = h_sel + layer.mlp(layer.post_attention_layernorm(h_sel))
-    else:
-        h_sel = h_sel + layer.post_attention_layernorm(out)
-        h_sel = h_sel + layer.post_feedforward_layernorm(layer.mlp(layer.pre_feedforward_layernorm(h_sel)))
+    h_sel = h_sel + attention_update(layer, out)
+    h_sel = h_sel + mlp_update(layer, h_sel)
 
     if valid is not None:  # padding entries write back their own input: a no-op
         h_sel = torch.where(valid[..., None], h_sel, _gather_rows(hidden_states, selected))

@@ -11,6 +11,13 @@ value (Table 3). Its options are the paper's ablations (Table 3):
 * ``score``: ``"dot"`` (Eq. 4), ``"cos"`` (Eq. 3) or ``"grad"`` (Eq. 1 exactly);
 * ``sink``: ``"skip"`` (Algorithm 1: the sink's score is +inf, it is never selected) or ``"select"``.
 
+Backends (``backend=``): ``"torch"`` runs :func:`kvlab.orthorank.reference.routed_layer`, the definition;
+``"triton"`` runs :func:`kvlab.orthorank.triton.routed_layer_triton` (Eq. 4 scores, top-k, row gathers, the
+attention of the selected queries and the scatter back in Triton kernels; inference, ``kv="all"``, no logit
+soft-capping; CUDA, or CPU under ``TRITON_INTERPRET=1``) and raises ValueError naming the fix where it cannot;
+``"auto"`` (default) takes ``"triton"`` for CUDA tensors where it can run and ``"torch"`` otherwise (CPU,
+gradients, ``kv="selected"``, soft-capping, no Triton). Passes after the first (decoding) select in PyTorch.
+
 Generation (our reading; the paper measures prefill throughput, perplexity and log-likelihood scoring only)
 ---------------------------------------------------------------------------------------------------------
 A forward pass that starts the sequence (position 0 present) is selected exactly as Algorithm 1 says. A
@@ -30,14 +37,17 @@ With ``criterion="random"`` a later token is computed with probability ``token_r
 
 from __future__ import annotations
 
+import importlib
+
 import torch
 
 from kvlab.core import LayerRouter, RouteCall, check_choice, check_float, check_int
 from kvlab.orthorank.reference import (SCORES, SINK_RULES, STAGES, alignment, normalized_states, routed_layer,
                                        select_topk, tokens_for_ratio)
 
-__all__ = ["CRITERIA", "DECODE_MODES", "KV_MODES", "OrthoRankRouter", "SkipLayer", "RecordInputs"]
+__all__ = ["BACKENDS", "CRITERIA", "DECODE_MODES", "KV_MODES", "OrthoRankRouter", "SkipLayer", "RecordInputs"]
 
+BACKENDS = ("auto", "torch", "triton")
 CRITERIA = ("orthogonal", "least_orthogonal", "random")
 DECODE_MODES = ("threshold", "dense", "topk")
 KV_MODES = ("all", "selected")
@@ -50,6 +60,10 @@ class OrthoRankRouter(LayerRouter):
         token_ratio: share of the tokens a routed layer computes, in [0, 1] (paper: 0.33).
         criterion, stage, score, kv, sink, decode: see the module docstring.
         seed: seed of ``criterion="random"``.
+        backend: ``"auto" | "torch" | "triton"`` (module docstring).
+        inplace: the Triton path writes the computed rows into the layer's input tensor instead of a copy of
+            it (saves one copy of the hidden states per routed layer; only where nothing else keeps the layer
+            inputs, e.g. not with ``output_hidden_states=True``).
 
     ``router.computed_ratio()`` is the share of (token, layer) pairs computed so far in the routed layers
     (``part="prompt"``: in passes that start the sequence; ``"decode"``: in later passes);
@@ -57,7 +71,8 @@ class OrthoRankRouter(LayerRouter):
     """
 
     def __init__(self, token_ratio: float = 0.33, *, criterion: str = "orthogonal", stage: str = "normalized",
-                 score: str = "dot", kv: str = "all", sink: str = "skip", decode: str = "threshold", seed: int = 0):
+                 score: str = "dot", kv: str = "all", sink: str = "skip", decode: str = "threshold", seed: int = 0,
+                 backend: str = "auto", inplace: bool = False):
         self.token_ratio = check_float("token_ratio", token_ratio, 0.0, 1.0)
         self.criterion = check_choice("criterion", criterion, CRITERIA)
         self.stage = check_choice("stage", stage, STAGES)
@@ -66,6 +81,10 @@ class OrthoRankRouter(LayerRouter):
         self.sink = check_choice("sink", sink, SINK_RULES)
         self.decode = check_choice("decode", decode, DECODE_MODES)
         self.seed = check_int("seed", seed, 0)
+        self.backend = check_choice("backend", backend, BACKENDS)
+        if not isinstance(inplace, bool):
+            raise TypeError(f"inplace must be True or False, got {type(inplace).__name__} {inplace!r}")
+        self.inplace = inplace
         self.generator = torch.Generator().manual_seed(self.seed)
         self.memory: dict[int, dict[str, torch.Tensor]] = {}  # layer -> sink state, threshold (first pass)
         self.last_selected: dict[int, torch.Tensor] = {}
@@ -73,7 +92,8 @@ class OrthoRankRouter(LayerRouter):
 
     def __repr__(self) -> str:
         return (f"OrthoRankRouter(token_ratio={self.token_ratio}, criterion={self.criterion!r}, stage={self.stage!r}, "
-                f"score={self.score!r}, kv={self.kv!r}, sink={self.sink!r}, decode={self.decode!r})")
+                f"score={self.score!r}, kv={self.kv!r}, sink={self.sink!r}, decode={self.decode!r}, "
+                f"backend={self.backend!r})")
 
     def computed_ratio(self, part: str | None = None) -> float:
         """Share of the tokens the routed layers computed so far (1.0 before any pass); ``part``: None (all),
@@ -108,16 +128,22 @@ class OrthoRankRouter(LayerRouter):
             raise RuntimeError(f"layer {call.layer_idx}: a pass that does not start at position 0 came before any "
                                "pass that did; the router needs the sink token (position 0) first")
         states = normalized_states(call.layer, h) if self.stage == "normalized" else h
+        kernels = self._kernels(call.layer, h)
         if first:
-            scores = self._scores(states, None)
             k = tokens_for_ratio(self.token_ratio, seq)
-            selected = select_topk(scores, k, self.sink)
+            if kernels is None:
+                scores = self._scores(states, None)
+                selected = select_topk(scores, k, self.sink)
+            else:
+                dot = self.criterion == "orthogonal" and self.score == "dot"
+                scores = kernels.orthogonal_scores(states) if dot else self._scores(states, None).float()
+                selected = kernels.topk_in_order(scores, k, self.sink)
             valid = None
             picked = scores.gather(1, selected)
             if self.sink == "select" and k > 0:
                 picked = picked[:, 1:]  # the sink's forced score is not a threshold
             threshold = picked.max(dim=1).values if picked.shape[1] else scores.new_full((batch,), float("-inf"))
-            self.memory[call.layer_idx] = {"sink": states[:, 0].detach(), "threshold": threshold.detach()}
+            self.memory[call.layer_idx] = {"sink": states[:, 0].detach().clone(), "threshold": threshold.detach()}
         elif self.decode == "dense":
             selected, valid = torch.arange(seq, device=h.device).expand(batch, seq), None
         else:
@@ -141,10 +167,30 @@ class OrthoRankRouter(LayerRouter):
         if selected.shape[1] == seq and (valid is None or bool(valid.all())):
             return call.run()  # every token computed: the layer's own forward, exactly the dense model
         kwargs = call.kwargs
-        return routed_layer(call.layer, h, selected, position_embeddings=kwargs["position_embeddings"],
-                            positions=_original_positions(call, positions),
-                            past_key_values=kwargs.get("past_key_values"), kv=self.kv, valid=valid,
-                            normed=states if self.stage == "normalized" else None)
+        args = dict(position_embeddings=kwargs["position_embeddings"], positions=_original_positions(call, positions),
+                    past_key_values=kwargs.get("past_key_values"), valid=valid,
+                    normed=states if self.stage == "normalized" else None)
+        if kernels is None:
+            return routed_layer(call.layer, h, selected, kv=self.kv, **args)
+        return kernels.routed_layer_triton(call.layer, h, selected, inplace=self.inplace, **args)
+
+    def _kernels(self, layer: torch.nn.Module, h: torch.Tensor):
+        """The Triton module when this call runs the Triton path, else None (see ``backend``)."""
+        if self.backend == "torch" or (self.backend == "auto" and not h.is_cuda):
+            return None
+        try:
+            kernels = importlib.import_module("kvlab.orthorank.triton")
+        except ImportError as err:
+            if self.backend == "auto":
+                return None
+            raise ValueError("backend='triton' needs the triton package; use backend='torch'") from err
+        try:
+            kernels.check_routed_layer_triton(layer, h, self.kv)
+        except ValueError:
+            if self.backend == "auto":
+                return None
+            raise
+        return kernels
 
 
 def _starts_sequence(call: RouteCall, positions: torch.Tensor) -> bool:

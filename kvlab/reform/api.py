@@ -6,9 +6,17 @@
     out.text, out.gathered, out.stats
 
 The mechanism is :mod:`kvlab.reform.reference` (the specification, which drives the decoder layers
-directly); there is one backend, so nothing to choose. This module resolves the defaults, the heads and
-the tokens, checks every argument, and recomputes: the gathered context plus the query go through
+directly). This module resolves the defaults, the heads and the tokens, checks every argument, picks the
+backend of the compression step, and recomputes: the gathered context plus the query go through
 ``model.generate`` as a fresh prompt.
+
+Backends (``backend=``) of the per-chunk compression (heavy-hitter scoring and the kept-entry gather):
+``"torch"`` the reference's eager code; ``"triton"`` the fused kernels of :mod:`kvlab.reform.triton` (CUDA, or
+the CPU interpreter with ``TRITON_INTERPRET=1``; a head dim that is a power of two in [16, 256]; bf16, fp16 or
+fp32 weights); ``"auto"`` (default) is ``"torch"``: on an H100 the fused scoring kernel is slower than the eager
+scoring (0.3-0.4x in fp32, 0.9-1.5x in bf16), the compaction kernel 1.6-2.7x faster, and a 1M-token run is not
+faster end to end (``benchmarks/results/reform/kernel_h100.md``). An explicit ``"triton"`` the kernels cannot take
+raises ValueError naming the constraint.
 
 reading: the defaults scale the paper's settings to the model's window ``W`` (``max_position_embeddings``): the paper
 runs a 128k-window model with chunks and compression budget of 32k (``W/4``) and a recompute budget of
@@ -19,6 +27,7 @@ quarter of the budget they live in, whichever is smaller.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import time
 from dataclasses import dataclass, field
@@ -27,13 +36,14 @@ from typing import Any, Iterable
 
 import torch
 
-from kvlab.core import check_int
+from kvlab.core import check_choice, check_int
 from kvlab.reform.reference import HEAD_KINDS, Head, _decoder, reform
 
 __all__ = ["ReformOutput", "reform_generate", "reform_answer_nll", "reform_gather", "load_heads", "parse_heads",
            "heads_file", "model_signature"]
 
 HEADS_DIR = Path(__file__).parent / "heads"
+BACKENDS = ("auto", "torch", "triton")
 
 
 @dataclass
@@ -196,6 +206,34 @@ def _settings(model, n_context: int, n_query: int, chunk_size, budget, early_exi
     return settings, heads
 
 
+def _triton_problem(model) -> str | None:
+    """Why the Triton kernels cannot take ``model`` (a sentence naming the constraint), or None."""
+    from kvlab.kernels.triton_utils import check_triton_inputs
+
+    if importlib.util.find_spec("triton") is None:
+        return "backend='triton' needs the triton package (pip install triton); use backend='torch'"
+    try:
+        check_triton_inputs(next(model.parameters()), int(_decoder(model).layers[0].self_attn.head_dim))
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+def _backend(model, backend: str) -> tuple[str, dict[str, Any]]:
+    """The backend used and the kernels :func:`kvlab.reform.reference.reform` takes for it."""
+    check_choice("backend", backend, BACKENDS)
+    if backend == "auto":  # measured: the kernels do not make REFORM faster end to end (module docstring)
+        backend = "torch"
+    if backend == "torch":
+        return backend, {}
+    problem = _triton_problem(model)
+    if problem is not None:
+        raise ValueError(problem)
+    from kvlab.reform.triton import compress_kv_triton, h2o_scores_triton
+
+    return backend, {"score_fn": h2o_scores_triton, "compress_fn": compress_kv_triton}
+
+
 def _progress(enabled: bool, n_chunks: int):
     if not enabled or n_chunks < 3:
         return None
@@ -220,13 +258,14 @@ def reform_gather(model, tokenizer, context, query, *, answer_prefix: str = "", 
                   budget: int | None = None, early_exit_layer: int | None = None, heads: Any = None,
                   recompute_budget: int | None = None, n_initial: int | None = None, n_recent: int | None = None,
                   n_final: int | None = None, pool: int = 129, score_window: int = 128,
-                  progress: bool = True, profile: bool = False) -> ReformOutput:
+                  progress: bool = True, profile: bool = False, backend: str = "auto") -> ReformOutput:
     """Compress and gather (Algorithm 1 up to ``GatherRelevant``): which context tokens REFORM recomputes.
 
     context: text or token ids (``(seq,)``/``(1, seq)``), tokenised with the tokenizer's special tokens;
     query: the question (its tokens drive the similarity search); answer_prefix: text the answer continues
     (e.g. ``" The answer is"``): forwarded after the query but left out of the similarity (App. C.6).
     ``profile``: time each step of chunked forwarding (``out.trace.timings``; synchronises the device).
+    ``backend``: ``"auto" | "torch" | "triton"``, the compression step's kernels (module docstring).
     Every other argument: see the module docstring and :func:`kvlab.reform.reference.reform`.
     """
     device = next(model.parameters()).device
@@ -245,10 +284,11 @@ def reform_gather(model, tokenizer, context, query, *, answer_prefix: str = "", 
     query_mask &= ~special
     if not bool(query_mask.any()):
         raise ValueError("query has no token left for the similarity search once special tokens are removed")
+    backend, kernels = _backend(model, backend)
     n_chunks = -(-context_ids.shape[1] // settings["chunk_size"]) + 1
     begin = time.perf_counter()
     trace = reform(model, context_ids, full_query, heads=heads, query_mask=query_mask,
-                   progress=_progress(progress, n_chunks), profile=profile, **settings)
+                   progress=_progress(progress, n_chunks), profile=profile, **kernels, **settings)
     seconds = time.perf_counter() - begin
     emb_bytes = trace.embeddings.shape[-1] * trace.embeddings.element_size()
     stats = dict(context_tokens=int(context_ids.shape[1]), query_tokens=int(full_query.shape[1]),
@@ -258,7 +298,8 @@ def reform_gather(model, tokenizer, context, query, *, answer_prefix: str = "", 
                  full_depth_cache_bytes=int(trace.cache_bytes_peak * _decoder(model).config.num_hidden_layers
                                             / settings["early_exit_layer"]),
                  embedding_bytes_per_token=int(emb_bytes), kv_bytes_per_token=_kv_bytes_per_token(model),
-                 embedding_bytes=int(emb_bytes * trace.embeddings.shape[0]), seconds_gather=seconds)
+                 embedding_bytes=int(emb_bytes * trace.embeddings.shape[0]), seconds_gather=seconds,
+                 backend=backend)
     return ReformOutput("", trace.gathered, trace.scores, trace.input_ids, heads, settings, stats, trace)
 
 
@@ -267,7 +308,7 @@ def reform_generate(model, tokenizer, context, query, *, answer_prefix: str = ""
                     budget: int | None = None, early_exit_layer: int | None = None, heads: Any = None,
                     recompute_budget: int | None = None, max_new_tokens: int = 32, n_initial: int | None = None,
                     n_recent: int | None = None, n_final: int | None = None, pool: int = 129,
-                    score_window: int = 128, progress: bool = True) -> ReformOutput:
+                    score_window: int = 128, progress: bool = True, backend: str = "auto") -> ReformOutput:
     """REFORM end to end: compress, gather, recompute, then greedy generation (``out.text``).
 
     Recompute is ``model.generate`` on the gathered context tokens followed by the query and answer prefix
@@ -277,7 +318,7 @@ def reform_generate(model, tokenizer, context, query, *, answer_prefix: str = ""
     out = reform_gather(model, tokenizer, context, query, answer_prefix=answer_prefix, chunk_size=chunk_size,
                         budget=budget, early_exit_layer=early_exit_layer, heads=heads,
                         recompute_budget=recompute_budget, n_initial=n_initial, n_recent=n_recent, n_final=n_final,
-                        pool=pool, score_window=score_window, progress=progress)
+                        pool=pool, score_window=score_window, progress=progress, backend=backend)
     begin = time.perf_counter()
     pad = getattr(tokenizer, "pad_token_id", None)
     pad = pad if pad is not None else getattr(tokenizer, "eos_token_id", None)

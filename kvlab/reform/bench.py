@@ -8,6 +8,13 @@
                 6a ablations: pool 5, random heads, worst heads)
     efficiency  seconds and peak GPU memory to answer 10 tokens after a long input (Table 6b), with the
                 REFORM time split into chunked forwarding, gather and recompute
+    scoring     the compression step alone at SmolLM2-135M's shapes (9 heads, 3 KV heads, dim 64; cache budget
+                2048 + a chunk of 2048..8192, the last 128 queries): heavy-hitter scoring and the kept-entry gather,
+                eager PyTorch vs the Triton kernels (:mod:`kvlab.reform.triton`), fp32 and bf16, with the
+                largest difference between the two
+    profile     REFORM on random token ids through a SmolLM2-135M-shaped model with random weights (no model
+                file needed), each ``--backends``: seconds, peak memory, and with ``--profile`` the split of
+                chunked forwarding into layers, embeddings, scoring and compression
 
 The GPU machine has no corpora and no network: ``tasks`` writes the inputs (text) and a stretch of WikiText for
 the efficiency inputs into one file that travels with the command; the model is a ``.gguf`` path there.
@@ -208,7 +215,7 @@ def _efficiency_one(method, model, tok, task, args, heads) -> dict[str, Any]:
         out = reform_gather(model, tok, context_ids, task.query, answer_prefix=task.answer_prefix,
                             chunk_size=args.chunk_size, budget=args.budget, heads=heads,
                             recompute_budget=args.budget, n_initial=args.n_initial, n_recent=args.n_recent,
-                            n_final=args.n_final, progress=False, profile=args.profile)
+                            n_final=args.n_final, progress=False, profile=args.profile, backend=args.backend)
         _sync(model)
         phases.update(out.trace.timings)
         t1 = time.perf_counter()
@@ -263,8 +270,143 @@ def run_efficiency(args) -> int:
             if method != "reform" and n > args.baseline_max:
                 continue
             row = _efficiency_one(method, model, tok, task, args, heads)
+            row["backend"] = args.backend if method == "reform" else None
             report["rows"].append(row)
             print(row)
+            _write(args.out, report)
+    return 0
+
+
+# --------------------------------------------------------------------------- kernels (random weights, no files)
+
+#: SmolLM2-135M's architecture (its config.json): the shapes the kernels are timed at.
+SMOLLM2_SHAPE = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                     num_attention_heads=9, num_key_value_heads=3, head_dim=64, max_position_embeddings=8192,
+                     rope_theta=100000.0, rms_norm_eps=1e-5, tie_word_embeddings=True)
+
+
+def _random_smollm2(device, dtype):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from kvlab.core import attach
+
+    cfg = LlamaConfig(**SMOLLM2_SHAPE)
+    cfg._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    return attach(LlamaForCausalLM(cfg).to(device=device, dtype=dtype).eval())
+
+
+def run_scoring(args) -> int:
+    from kvlab.kernels.benchmarking import bench_ms, device_info, fmt_table, require_cuda
+    from kvlab.reform.reference import CompressedCache, h2o_keep, h2o_scores
+    from kvlab.reform.triton import compress_kv_triton, h2o_scores_triton
+
+    require_cuda()
+    device = "cuda"
+    model = _random_smollm2(device, torch.float32)
+    h, hk, d = (SMOLLM2_SHAPE[k] for k in ("num_attention_heads", "num_key_value_heads", "head_dim"))
+    w = 128  # the paper's scoring window: the chunk's last 128 queries
+    rows = []
+    for dtype in (torch.float32, torch.bfloat16):
+        for chunk in args.chunks:
+            n = args.budget + chunk
+            gen = torch.Generator(device=device).manual_seed(n)
+            q = (torch.randn(1, h, w, d, device=device, generator=gen) * 2).to(dtype)
+            k = torch.randn(1, hk, n, d, device=device, generator=gen).to(dtype)
+            v = torch.randn(1, hk, n, d, device=device, generator=gen).to(dtype)
+            q_pos, k_pos = torch.arange(n - w, n, device=device), torch.arange(n, device=device)
+            score = {"torch": lambda: h2o_scores(q, k, d ** -0.5, q_pos, k_pos),
+                     "triton": lambda: h2o_scores_triton(q, k, d ** -0.5, q_pos, k_pos)}
+            scores = score["torch"]()[0]
+
+            def compress(fn):  # what forward_chunk does for one layer once scored: choose, then gather
+                cache = CompressedCache(1, fn)
+                cache.keys, cache.values, cache.origin = [k], [v], [torch.arange(n)]
+                cache.compress(model, {0: h2o_keep(scores, args.budget, args.n_initial, args.n_recent)})
+                return cache
+
+            row = {"dtype": str(dtype)[6:], "chunk": chunk, "cache": n, "queries": w}
+            for name, fn in score.items():
+                row[f"score_{name}_ms"] = bench_ms(fn, args.time_budget)["ms"]
+            for name, fn in (("torch", None), ("triton", compress_kv_triton)):
+                row[f"compress_{name}_ms"] = bench_ms(lambda: compress(fn), args.time_budget)["ms"]
+            row["score_speedup"] = row["score_torch_ms"] / row["score_triton_ms"]
+            row["compress_speedup"] = row["compress_torch_ms"] / row["compress_triton_ms"]
+            row["score_max_diff"] = float((score["triton"]()[0] - scores).abs().max())
+            row["keys_max_diff"] = float((compress(compress_kv_triton).keys[0].float()
+                                          - compress(None).keys[0].float()).abs().max())
+            rows.append(row)
+            print(row, flush=True)
+    table = fmt_table(rows, [("dtype", "dtype", ""), ("chunk", "chunk", ""), ("cache", "keys scored", ""),
+                             ("score_torch_ms", "score torch ms", "{:.3f}"),
+                             ("score_triton_ms", "score Triton ms", "{:.3f}"),
+                             ("score_speedup", "x", "{:.1f}"), ("compress_torch_ms", "gather torch ms", "{:.3f}"),
+                             ("compress_triton_ms", "gather Triton ms", "{:.3f}"),
+                             ("compress_speedup", "x", "{:.1f}"), ("score_max_diff", "max diff", "{:.1e}")])
+    print(table)
+    tune = []  # the scoring kernel's tiles at the middle chunk (how default_config was chosen)
+    n = args.budget + args.chunks[len(args.chunks) // 2]
+    for dtype in (torch.float32, torch.bfloat16):
+        q = torch.randn(1, h, w, d, device=device).to(dtype)
+        k = torch.randn(1, hk, n, d, device=device).to(dtype)
+        q_pos, k_pos = torch.arange(n - w, n, device=device), torch.arange(n, device=device)
+        for bm, bn, warps in ((128, 32, 4), (128, 64, 4), (128, 64, 8), (64, 128, 4)):
+            cfg = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK=64, num_warps=warps)
+            ms = bench_ms(lambda: h2o_scores_triton(q, k, d ** -0.5, q_pos, k_pos, config=cfg), args.time_budget)
+            tune.append({"dtype": str(dtype)[6:], "cache": n, **cfg, "ms": ms["ms"]})
+            print(tune[-1], flush=True)
+    report = {"device": device_info(), "shape": "SmolLM2-135M: 9 heads, 3 KV heads, dim 64, last 128 queries",
+              "budget": args.budget, "n_initial": args.n_initial, "n_recent": args.n_recent, "rows": rows,
+              "table": table, "tune": tune, "command": "python -m kvlab bench reform " + " ".join(args.argv)}
+    _write(args.out, report)
+    return 0
+
+
+def run_profile(args) -> int:
+    from kvlab.kernels.benchmarking import device_info, require_cuda
+    from kvlab.reform.api import load_heads, reform_gather
+
+    device = args.device or "cuda"  # --device cpu: a small smoke run (Triton then needs TRITON_INTERPRET=1)
+    if device == "cuda":
+        require_cuda()
+    dtype = getattr(torch, args.dtype)
+    model = _random_smollm2(device, dtype)
+    heads = load_heads(args.heads or str(Path(__file__).parent / "heads" / "smollm2-135m.json"), model)
+    settings = dict(chunk_size=args.chunk_size, budget=args.budget, recompute_budget=args.budget, heads=heads,
+                    n_initial=args.n_initial, n_recent=args.n_recent, n_final=args.n_final, progress=False)
+    gen = torch.Generator().manual_seed(0)
+    query = torch.randint(0, SMOLLM2_SHAPE["vocab_size"], (1, 32), generator=gen)
+    report: dict[str, Any] = {"device": device_info() if device == "cuda" else device, "rows": [], "dtype": args.dtype,
+                              "model": "SmolLM2-135M shape, random weights, random token ids",
+                              "command": "python -m kvlab bench reform " + " ".join(args.argv)}
+    for backend in args.backends:  # warm-up: compile the kernels, fill the allocator
+        reform_gather(model, None, torch.randint(0, 1000, (1, 3 * args.chunk_size), generator=gen), query,
+                      backend=backend, **settings)
+    for n in args.lengths:
+        ids = torch.randint(0, SMOLLM2_SHAPE["vocab_size"], (1, n), generator=gen)
+        for backend in args.backends:
+            _peak_reset(model)
+            base = torch.cuda.memory_allocated() / 2**30 if device == "cuda" else float("nan")
+            begin = time.perf_counter()
+            out = reform_gather(model, None, ids, query, backend=backend, profile=args.profile, **settings)
+            _sync(model)
+            gathered = time.perf_counter()
+            o = model(input_ids=out.input_ids.to(device), use_cache=True)
+            token = o.logits[:, -1:].argmax(-1)
+            for _ in range(args.new_tokens - 1):
+                token = model(input_ids=token, past_key_values=o.past_key_values, use_cache=True).logits.argmax(-1)
+            _sync(model)
+            end = time.perf_counter()
+            phases = dict(out.trace.timings)
+            phases["recompute_and_generate"] = end - gathered
+            forwarding = {k.split(".", 1)[1]: v for k, v in phases.items() if k.startswith("forwarding.")}
+            total = sum(forwarding.values())
+            row = {"backend": out.stats["backend"], "tokens": n, "seconds": round(end - begin, 2),
+                   "peak_gib": round(_peak(model), 3), "before_gib": round(base, 3),
+                   "phases": {k: round(v, 3) for k, v in phases.items()},
+                   "forwarding_share": {k: round(v / total, 3) for k, v in forwarding.items()} if total else {}}
+            report["rows"].append(row)
+            print(row, flush=True)
             _write(args.out, report)
     return 0
 
@@ -307,12 +449,21 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--n-final", type=int, default=256)
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--new-tokens", type=int, default=10)
-    p.add_argument("--profile", action="store_true", help="efficiency: time each step of chunked forwarding")
+    p.add_argument("--profile", action="store_true",
+                   help="efficiency, profile: time each step of chunked forwarding")
+    p.add_argument("--backend", default="auto", choices=["auto", "torch", "triton"],
+                   help="efficiency: REFORM's compression kernels (kvlab.reform.api)")
+    p.add_argument("--backends", nargs="+", default=["torch", "triton"], choices=["torch", "triton"],
+                   help="profile: the backends to run, one after the other")
+    p.add_argument("--chunks", type=int, nargs="+", default=[2048, 4096, 8192],
+                   help="scoring: chunk lengths added to the budget (keys scored = budget + chunk)")
+    p.add_argument("--time-budget", type=float, default=0.5, help="scoring: seconds of repeats per timing")
     p.add_argument("--baseline-max", type=int, default=262144, help="longest input the baselines run on")
     return p
 
 
-_RUNNERS = {"tasks": run_tasks, "heads": run_heads, "compare": run_compare, "efficiency": run_efficiency}
+_RUNNERS = {"tasks": run_tasks, "heads": run_heads, "compare": run_compare, "efficiency": run_efficiency,
+            "scoring": run_scoring, "profile": run_profile}
 #: ``python -m kvlab bench reform WHAT ...``: each entry takes the options after WHAT.
 COMMANDS = {what: (lambda argv, what=what: main([what, *argv])) for what in _RUNNERS}
 
@@ -321,7 +472,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = _parser().parse_args(argv)
     args.argv = argv
-    defaults = {"heads": (1024, 256), "compare": (2048, 2048), "efficiency": (2048, 2048), "tasks": (0, 0)}
+    defaults = {"heads": (1024, 256), "compare": (2048, 2048), "efficiency": (2048, 2048), "tasks": (0, 0),
+                "scoring": (2048, 2048), "profile": (2048, 2048)}
     chunk, budget = defaults[args.what]
     args.chunk_size = chunk if args.chunk_size is None else args.chunk_size
     args.budget = budget if args.budget is None else args.budget

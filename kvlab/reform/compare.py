@@ -10,19 +10,25 @@ it generates):
 ``streamingllm``   :class:`kvlab.baselines.StreamingLLM` (``n_initial`` sinks + window), streamed in chunks
 ``h2o``            :class:`kvlab.baselines.H2O` (``n_recent`` recent), streamed in chunks; its scores add up
                    the attention of every query of every chunk (kvlab's H2O)
+``tova``           :class:`kvlab.baselines.TOVA` (the entries the newest query attends to most), streamed in chunks
 ``compress_only``  REFORM's own recurrent compression through **all** layers, answering from the compressed
-                   cache: no gather, no recompute (an InfiniPot-like recurrent baseline and REFORM's "no
-                   gather / no recompute" ablation; InfiniPot's CaP and NuC scores are not implemented: it
-                   uses the H2O scores of the last queries of each chunk)
+                   cache: no gather, no recompute (REFORM's "no gather, no recompute" ablation)
+``infinipot``      InfiniPot (Kim et al., 2024) as :func:`infinipot_keep` reads it: recurrent compression through
+                   all layers, each chunk scored by CaP (attention from a catalyst prompt) and NuC (novelty:
+                   the token's surprisal), positions kept consecutive
 ``rag``            order-preserving RAG (OP-RAG, App. C.4): 128-token chunks, each encoded alone by the model
                    itself, mean-pooled hidden states of layer ``rag_layer`` (reading: "the model's own
                    hidden states" is the middle layer by default); the question encoded the same way; the most
                    similar chunks up to ``budget`` tokens, kept in input order
+``rag_bm25``       the same OP-RAG with BM25 (``rank_bm25.BM25Okapi``, k1 = 1.5, b = 0.75) over the chunks' words
+``reform_no_gather``  REFORM's compression, then the tokens the compressed cache holds (last layer below the exit)
+                   recomputed instead of the gathered ones (Table 6a-style ablation; ``reform`` minus the search)
 =================  ===================================================================================
 
-Each method gives a greedy answer (``correct``: the first 16 characters of the reference answer occur in
-it: a short answer whole, the first two groups of a UUID, which needs more tokens than a short generation
-holds) and the
+Each method gives a greedy answer, its ``score`` (:func:`task_score`: RULER's ``string_match_all`` for
+multi-answer tasks, RepoEval's edit similarity for code; otherwise 1 when the first 16 characters of the
+reference answer occur in it: a short answer whole, the first two groups of a UUID, which needs more tokens
+than a short generation holds; ``correct`` is ``score == 1``) and the
 teacher-forced NLL of the reference answer (nats/token), the proxy that separates methods when a small
 model rarely answers exactly.
 """
@@ -39,11 +45,14 @@ import torch.nn.functional as F
 
 from kvlab.core import KVCache, check_choice, check_int
 from kvlab.reform.api import load_heads, reform_gather
-from kvlab.reform.reference import CompressedCache, _decoder, chunk_spans, forward_chunk
+from kvlab.reform.reference import (CompressedCache, _decoder, _query_states, _rope, _window, chunk_spans,
+                                   forward_chunk, h2o_scores)
 
-__all__ = ["METHODS", "MethodResult", "run_method", "compare", "summarise", "truncation_ids", "rag_ids"]
+__all__ = ["METHODS", "MethodResult", "run_method", "compare", "summarise", "truncation_ids", "rag_ids", "bm25_ids",
+           "task_score", "infinipot_keep", "CATALYST_PROMPT"]
 
-METHODS = ("reform", "truncation", "streamingllm", "h2o", "compress_only", "rag")
+METHODS = ("reform", "truncation", "streamingllm", "h2o", "tova", "compress_only", "infinipot", "rag", "rag_bm25",
+           "reform_no_gather")
 
 
 @dataclass
@@ -57,9 +66,24 @@ class MethodResult:
     seconds: float
     context_tokens: int
     extra: dict[str, Any]
+    score: float = 0.0
 
 
 # --------------------------------------------------------------------------- answering from ids / caches
+
+
+def task_score(text: str, task) -> float:
+    """Score in [0, 1] of a generated ``text`` for ``task``: edit similarity of the first line (code), the
+    fraction of ``info["answers"]`` found (RULER's ``string_match_all``), or :func:`_is_correct`."""
+    from kvlab.reform.tasks import edit_similarity
+
+    if task.kind == "repo":
+        first = next((line for line in text.splitlines() if line.strip()), "")
+        return edit_similarity(first, task.answer)
+    answers = task.info.get("answers") if task.info else None
+    if answers:
+        return sum(a.lower() in text.lower() for a in answers) / len(answers)
+    return float(_is_correct(text, task.answer))
 
 
 def _is_correct(text: str, answer: str) -> bool:
@@ -115,34 +139,127 @@ class _Discard:
         pass
 
 
+class _Recurrent:
+    """A compressed cache run through **every** layer: ``step(ids)`` appends tokens, returns the last logits."""
+
+    def __init__(self, model, cache: CompressedCache, next_index: int, settings: dict):
+        self.model, self.cache, self.next, self.settings = model, cache, next_index, settings
+
+    def step(self, ids: torch.Tensor, compress: bool = False) -> torch.Tensor:
+        inner = _decoder(self.model)
+        hs = forward_chunk(self.model, ids, self.cache, _Discard(), chunk_start=self.next, compress=compress,
+                           **self.settings)
+        self.next += ids.shape[1]
+        return self.model.lm_head(inner.norm(hs[:, -1:]))[:, -1]
+
+    def answer(self, tokenizer, query_ids, target, max_new_tokens: int) -> tuple[str, float]:
+        """Greedy answer and teacher-forced NLL of ``target`` (token by token, the decoding path)."""
+        logits = self.step(query_ids)
+        saved = (copy.deepcopy(self.cache), self.next)
+        nll = -float(torch.log_softmax(logits.float(), dim=-1)[0, target[0, 0]])
+        for i in range(1, target.shape[1]):
+            nll -= float(torch.log_softmax(self.step(target[:, i - 1:i]).float(), dim=-1)[0, target[0, i]])
+        self.cache, self.next = saved
+        return _greedy(tokenizer, logits, self.step, max_new_tokens), nll / target.shape[1]
+
+
 @torch.no_grad()
 def _answer_compressed(model, tokenizer, context_ids, query_ids, target, *, chunk_size, budget, n_initial,
                        n_recent, max_new_tokens) -> tuple[str, float, int]:
     """Recurrent compression through every layer, then answer from the compressed cache."""
+    layers = len(_decoder(model).layers)
+    run = _Recurrent(model, CompressedCache(layers), 0,
+                     dict(early_exit_layer=layers, budget=budget, n_initial=n_initial, n_recent=n_recent))
+    for s, e in chunk_spans(context_ids.shape[1], chunk_size):
+        run.step(context_ids[:, s:e], compress=True)
+    held = run.cache.size
+    text, nll = run.answer(tokenizer, query_ids, target, max_new_tokens)
+    return text, nll, held
+
+
+# --------------------------------------------------------------------------- InfiniPot
+
+#: reading: InfiniPot's catalyst prompt is a short generic instruction appended to the pot when it is full, whose
+#: attention to the cached tokens scores them (CaP); its exact wording is not in the REFORM paper: ours.
+CATALYST_PROMPT = "\n\nSummarise the text above: its key facts, names and numbers."
+
+
+class _LastInputs:
+    """An embeddings sink keeping each layer's normalised input of the last ``w`` tokens (the catalyst's)."""
+
+    def __init__(self, w: int):
+        self.w, self.normed = w, {}
+
+    def save(self, layer_idx: int, layer, normed: torch.Tensor, output=None) -> None:
+        self.normed[layer_idx] = normed[:, -self.w:]
+
+    def end_chunk(self) -> None:
+        pass
+
+
+def infinipot_keep(cap: torch.Tensor, nuc: torch.Tensor, budget: int, n_initial: int, n_recent: int) -> torch.Tensor:
+    """Entries one layer keeps (ascending, ``min(n, budget)``): initial and recent, then CaP, then NuC.
+
+    cap ``(n,)``: attention from the catalyst prompt; nuc ``(n,)``: the token's surprisal ``-log p(x_t | x_<t)``.
+    reading: half of the room between the initial and recent entries goes to the highest CaP, the other half to
+    the highest NuC among the rest (InfiniPot combines both scores; how it splits them is not given in the REFORM
+    paper, which only names them)."""
+    n = cap.numel()
+    if n <= budget:
+        return torch.arange(n, device=cap.device)
+    heavy = budget - n_initial - n_recent
+    by_cap = cap[n_initial:n - n_recent].topk(heavy // 2).indices
+    novelty = nuc[n_initial:n - n_recent].to(cap.device).clone()
+    novelty[by_cap] = float("-inf")
+    by_nuc = novelty.topk(heavy - heavy // 2).indices
+    middle = torch.cat([by_cap, by_nuc]).sort().values + n_initial
+    return torch.cat([torch.arange(n_initial, device=cap.device), middle,
+                      torch.arange(n - n_recent, n, device=cap.device)])
+
+
+@torch.no_grad()
+def _answer_infinipot(model, tokenizer, context_ids, query_ids, target, *, chunk_size, budget, n_initial, n_recent,
+                      max_new_tokens) -> tuple[str, float, int]:
+    """InfiniPot: each chunk (with the catalyst prompt after it) through every layer; CaP from the catalyst's
+    queries (summed over heads and catalyst tokens, as :func:`h2o_scores`), NuC from the chunk's own logits;
+    the catalyst's entries dropped, then :func:`infinipot_keep` per layer, positions made consecutive."""
     inner = _decoder(model)
     layers = len(inner.layers)
+    device = context_ids.device
+    catalyst = tokenizer(CATALYST_PROMPT, return_tensors="pt", add_special_tokens=False).input_ids.to(device)
+    w = catalyst.shape[1]
     cache = CompressedCache(layers)
-    settings = dict(early_exit_layer=layers, budget=budget, n_initial=n_initial, n_recent=n_recent)
-
-    state = {"cache": cache, "next": 0}  # the cache in use and the input index of the next token
-
-    def run(ids, compress=False):
-        hs = forward_chunk(model, ids, state["cache"], _Discard(), chunk_start=state["next"], compress=compress,
-                           **settings)
-        state["next"] += ids.shape[1]
-        return model.lm_head(inner.norm(hs[:, -1:]))[:, -1]
-
+    nuc = torch.zeros(context_ids.shape[1])
+    last = None  # log-probabilities after the previous chunk's last token
     for s, e in chunk_spans(context_ids.shape[1], chunk_size):
-        run(context_ids[:, s:e], compress=True)
+        ids = context_ids[:, s:e]
+        sink = _LastInputs(w)
+        hs = forward_chunk(model, torch.cat([ids, catalyst], dim=1), cache, sink, early_exit_layer=layers,
+                           budget=None, n_initial=n_initial, n_recent=n_recent, chunk_start=s, compress=False)
+        logp = torch.log_softmax(model.lm_head(inner.norm(hs[:, :e - s])).float(), dim=-1)[0]
+        nuc[s + 1:e] = -logp[:-1].gather(1, ids[0, 1:, None]).squeeze(1).cpu()
+        if last is not None:
+            nuc[s] = -float(last[ids[0, 0]])
+        last = logp[-1]
+        m = cache.size
+        positions = torch.arange(m - w, m, device=device)
+        keep = {}
+        for l in range(layers):
+            layer = inner.layers[l]
+            cos, sin = _rope(model, l, hs, positions[None])
+            q = _query_states(layer, sink.normed[l], cos, sin)
+            cap = h2o_scores(q, cache.keys[l], layer.self_attn.scaling, positions, torch.arange(m, device=device),
+                             _window(model, l))[0, :m - w]
+            cache.keys[l], cache.values[l] = cache.keys[l][:, :, :m - w], cache.values[l][:, :, :m - w]
+            cache.origin[l] = cache.origin[l][:m - w]
+            if m - w > budget:
+                keep[l] = infinipot_keep(cap, nuc[cache.origin[l]], budget, n_initial, n_recent)
+        if keep:
+            cache.compress(model, keep)
     held = cache.size
-    logits = run(query_ids)
-    saved = copy.deepcopy(state)
-    nll = -float(torch.log_softmax(logits.float(), dim=-1)[0, target[0, 0]])
-    for i in range(1, target.shape[1]):  # token by token, the decoding path
-        nll -= float(torch.log_softmax(run(target[:, i - 1:i]).float(), dim=-1)[0, target[0, i]])
-    nll /= target.shape[1]
-    state.update(saved)
-    text = _greedy(tokenizer, logits, run, max_new_tokens)
+    run = _Recurrent(model, cache, context_ids.shape[1],
+                     dict(early_exit_layer=layers, budget=budget, n_initial=n_initial, n_recent=n_recent))
+    text, nll = run.answer(tokenizer, query_ids, target, max_new_tokens)
     return text, nll, held
 
 
@@ -185,8 +302,12 @@ def rag_ids(model, context_ids: torch.Tensor, query_ids: torch.Tensor, budget: i
         rows.append(_mean_pooled(model, context_ids[:, full * chunk:], layer))
     emb = F.normalize(torch.cat(rows), dim=-1)
     q = F.normalize(_mean_pooled(model, query_ids, layer), dim=-1)
-    order = (emb @ q[0]).argsort(descending=True)
-    spans = chunk_spans(n, chunk)
+    return _select_chunks(context_ids, (emb @ q[0]).argsort(descending=True), chunk, budget)
+
+
+def _select_chunks(context_ids: torch.Tensor, order: torch.Tensor, chunk: int, budget: int):
+    """The best chunks (``order``: best first) that fit in ``budget`` tokens, in input order (OP-RAG)."""
+    spans = chunk_spans(context_ids.shape[1], chunk)
     chosen, total = [], 0
     for i in order.tolist():
         size = spans[i][1] - spans[i][0]
@@ -197,6 +318,25 @@ def rag_ids(model, context_ids: torch.Tensor, query_ids: torch.Tensor, budget: i
     chosen.sort()
     ids = torch.cat([context_ids[:, spans[i][0]:spans[i][1]] for i in chosen], dim=1)
     return ids, torch.tensor(chosen)
+
+
+def bm25_ids(tokenizer, context_ids: torch.Tensor, question: str, budget: int, *,
+             chunk: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
+    """OP-RAG with BM25 (the paper's sparse retriever, App. C.4): ``(selected context ids, chosen chunks)``.
+
+    Each ``chunk``-token piece is decoded and split into lower-case words; ``rank_bm25.BM25Okapi`` (k1 = 1.5,
+    b = 0.75, the standard Okapi formula) scores them against the question's words; best chunks up to
+    ``budget`` tokens, input order kept."""
+    import re
+
+    from rank_bm25 import BM25Okapi
+
+    def words(text: str) -> list[str]:
+        return re.findall(r"\w+", text.lower()) or [""]
+
+    docs = [words(tokenizer.decode(context_ids[0, s:e])) for s, e in chunk_spans(context_ids.shape[1], chunk)]
+    scores = torch.tensor(BM25Okapi(docs).get_scores(words(question)))
+    return _select_chunks(context_ids, torch.sort(scores, descending=True, stable=True).indices, chunk, budget)
 
 
 # --------------------------------------------------------------------------- the harness
@@ -218,24 +358,30 @@ def run_method(method: str, model, tokenizer, task, *, budget: int, chunk_size: 
     target = tokenizer(task.answer, return_tensors="pt", add_special_tokens=False).input_ids.to(device)
     begin = time.perf_counter()
     extra: dict[str, Any] = {}
-    if method == "reform":
+    if method in ("reform", "reform_no_gather"):
         out = reform_gather(model, tokenizer, task.context, task.query, answer_prefix=task.answer_prefix,
                             chunk_size=chunk_size, budget=budget, early_exit_layer=early_exit_layer, heads=heads,
                             recompute_budget=budget, n_initial=n_initial, n_recent=n_recent, n_final=n_final,
                             pool=pool, progress=False)
-        text, nll = _answer_with_cache(model, tokenizer, out.input_ids, target, None, chunk_size, max_new_tokens)
+        picked = out.gathered
+        ids = out.input_ids
+        if method == "reform_no_gather":  # what compression kept at the last layer below the exit, recomputed
+            held = out.trace.cache.origin[out.settings["early_exit_layer"] - 1]
+            picked = held[held < context_ids.shape[1]].sort().values  # the query's entries follow anyway
+            ids = torch.cat([context_ids[:, picked.to(device)], query_ids], dim=1)
+        text, nll = _answer_with_cache(model, tokenizer, ids, target, None, chunk_size, max_new_tokens)
         gold = task.gold_tokens(tokenizer)
-        extra = {"gathered": int(out.gathered.numel()),
-                 "evidence_recall": float(gold[out.gathered].sum() / gold.sum().clamp(min=1)),
+        extra = {"gathered": int(picked.numel()),
+                 "evidence_recall": float(gold[picked].sum() / gold.sum().clamp(min=1)),
                  "cache_peak_bytes": out.stats["cache_peak_bytes"]}
     elif method == "truncation":
         ids = torch.cat([truncation_ids(context_ids, budget), query_ids], dim=1)
         text, nll = _answer_with_cache(model, tokenizer, ids, target, None, chunk_size, max_new_tokens)
-    elif method in ("streamingllm", "h2o"):
-        from kvlab.baselines import H2O, StreamingLLM
+    elif method in ("streamingllm", "h2o", "tova"):
+        from kvlab.baselines import H2O, TOVA, StreamingLLM
 
-        policy = (StreamingLLM(sink=n_initial, window=budget - n_initial) if method == "streamingllm"
-                  else H2O(budget, recent=n_recent))
+        policy = {"streamingllm": lambda: StreamingLLM(sink=n_initial, window=budget - n_initial),
+                  "h2o": lambda: H2O(budget, recent=n_recent), "tova": lambda: TOVA(budget)}[method]()
         ids = torch.cat([context_ids, query_ids], dim=1)
         text, nll = _answer_with_cache(model, tokenizer, ids, target, KVCache(model, policy), chunk_size,
                                        max_new_tokens)
@@ -244,13 +390,20 @@ def run_method(method: str, model, tokenizer, task, *, budget: int, chunk_size: 
                                              budget=budget, n_initial=n_initial, n_recent=n_recent,
                                              max_new_tokens=max_new_tokens)
         extra = {"held": held}
-    else:  # rag
-        ids, chosen = rag_ids(model, context_ids, question_ids, budget, layer=rag_layer)
+    elif method == "infinipot":
+        text, nll, held = _answer_infinipot(model, tokenizer, context_ids, query_ids, target, chunk_size=chunk_size,
+                                            budget=budget, n_initial=n_initial, n_recent=n_recent,
+                                            max_new_tokens=max_new_tokens)
+        extra = {"held": held}
+    else:  # rag, rag_bm25
+        ids, chosen = (rag_ids(model, context_ids, question_ids, budget, layer=rag_layer) if method == "rag"
+                       else bm25_ids(tokenizer, context_ids, task.query, budget))
         text, nll = _answer_with_cache(model, tokenizer, torch.cat([ids, query_ids], dim=1), target, None,
                                        chunk_size, max_new_tokens)
         extra = {"chunks": len(chosen)}
-    return MethodResult(method, task.kind, text, task.answer, _is_correct(text, task.answer), nll,
-                        time.perf_counter() - begin, int(context_ids.shape[1]), extra)
+    score = task_score(text, task)
+    return MethodResult(method, task.kind, text, task.answer, score == 1.0, nll, time.perf_counter() - begin,
+                        int(context_ids.shape[1]), extra, score)
 
 
 def compare(model, tokenizer, tasks: Iterable, methods: Iterable[str] = METHODS, *, progress: bool = False,
@@ -259,7 +412,7 @@ def compare(model, tokenizer, tasks: Iterable, methods: Iterable[str] = METHODS,
     tasks, methods = list(tasks), list(methods)
     for m in methods:
         check_choice("methods", m, METHODS)
-    if settings.get("heads") is not None or "reform" in methods:
+    if settings.get("heads") is not None or any(m.startswith("reform") for m in methods):
         settings["heads"] = load_heads(settings.get("heads"), model)
     pairs = [(t, m) for t in tasks for m in methods]
     if progress:
@@ -270,11 +423,11 @@ def compare(model, tokenizer, tasks: Iterable, methods: Iterable[str] = METHODS,
 
 
 def summarise(results: Iterable[MethodResult]) -> dict[str, dict[str, float]]:
-    """Per method: accuracy (%), mean answer NLL, mean seconds, examples."""
+    """Per method: accuracy (%: the mean :func:`task_score`), mean answer NLL, mean seconds, examples."""
     table: dict[str, dict[str, float]] = {}
     for r in results:
         row = table.setdefault(r.method, {"accuracy": 0.0, "answer_nll": 0.0, "seconds": 0.0, "examples": 0})
-        row["accuracy"] += 100.0 * r.correct
+        row["accuracy"] += 100.0 * r.score
         row["answer_nll"] += r.answer_nll
         row["seconds"] += r.seconds
         row["examples"] += 1

@@ -178,9 +178,12 @@ def head_states(layer, normed: torch.Tensor, kind: str, heads: Iterable[int] | N
     dim = attn.head_dim
     total = proj.out_features // dim
     chosen = list(range(total)) if heads is None else list(heads)
-    rows = torch.cat([torch.arange(h * dim, (h + 1) * dim) for h in chosen]).to(proj.weight.device)
-    bias = None if proj.bias is None else proj.bias[rows]
-    out = F.linear(normed, proj.weight[rows], bias)  # (batch, seq, h * dim)
+    if heads is None:  # every head: the whole weight (no index to build and copy to the device)
+        weight, bias = proj.weight, proj.bias
+    else:
+        rows = torch.cat([torch.arange(h * dim, (h + 1) * dim) for h in chosen]).to(proj.weight.device)
+        weight, bias = proj.weight[rows], None if proj.bias is None else proj.bias[rows]
+    out = F.linear(normed, weight, bias)  # (batch, seq, h * dim)
     return out.view(*normed.shape[:2], len(chosen), dim).transpose(1, 2)
 
 
@@ -193,9 +196,12 @@ class CompressedCache:
     ``keys[l]``/``values[l]``: ``(batch, kv_heads, n, dim)``, keys rotated at cache positions ``0..n-1``;
     ``origin[l]``: ``(n,)`` index in the input of the token each entry holds. A layer that never ran (at or
     above the exit) stays ``None``. ``update`` is the transformers cache protocol the attention layers call.
+    ``compress_fn(keys, values, index, inv_freq) -> (keys, values)``: a fused replacement of the gather and
+    re-rotation in :meth:`compress` (``kvlab.reform.triton.compress_kv_triton``); None: the eager code below.
     """
 
-    def __init__(self, num_layers: int):
+    def __init__(self, num_layers: int, compress_fn: Callable | None = None):
+        self.compress_fn = compress_fn
         self.keys: list[torch.Tensor | None] = [None] * num_layers
         self.values: list[torch.Tensor | None] = [None] * num_layers
         self.origin: list[torch.Tensor | None] = [None] * num_layers
@@ -229,10 +235,16 @@ class CompressedCache:
         position ``j`` (its key is re-rotated by ``j - keep[l][j]``): positions stay consecutive."""
         for layer_idx, index in keep.items():
             index = index.to(self.keys[layer_idx].device)
+            if self.compress_fn is not None:
+                self.keys[layer_idx], self.values[layer_idx] = self.compress_fn(
+                    self.keys[layer_idx], self.values[layer_idx], index, _inv_freq(model, layer_idx))
+                self.origin[layer_idx] = self.origin[layer_idx][index.to(self.origin[layer_idx].device)]
+                continue
             delta = (torch.arange(index.numel(), device=index.device) - index)[None]  # (1, m)
             keys = self.keys[layer_idx][:, :, index]
             if bool((delta != 0).any()):
-                keys = rerotate(keys.float(), delta, _inv_freq(model, layer_idx)).to(keys.dtype)
+                work = torch.promote_types(keys.dtype, torch.float32)  # float64 stays float64 (the oracle)
+                keys = rerotate(keys.to(work), delta, _inv_freq(model, layer_idx)).to(keys.dtype)
             self.keys[layer_idx] = keys
             self.values[layer_idx] = self.values[layer_idx][:, :, index]
             self.origin[layer_idx] = self.origin[layer_idx][index.to(self.origin[layer_idx].device)]
@@ -334,11 +346,13 @@ def h2o_scores(query: torch.Tensor, keys: torch.Tensor, scaling: float, q_pos: t
 
     query ``(batch, heads, w, dim)`` and keys ``(batch, kv_heads, n, dim)``, both RoPE-rotated (GQA: each
     query head reads the keys of its group); ``q_pos`` ``(w,)``, ``k_pos`` ``(n,)`` positions for the causal
-    mask. Returns ``(batch, n)`` float32: ``sum_{heads, queries} softmax(q k^T * scaling)``.
+    mask. Returns ``(batch, n)`` float32 (float64 for float64 inputs: the oracle of the Triton kernel):
+    ``sum_{heads, queries} softmax(q k^T * scaling)``.
     """
     groups = query.shape[1] // keys.shape[1]
     k = keys.repeat_interleave(groups, dim=1)
-    logits = torch.matmul(query.float(), k.float().transpose(-1, -2)) * scaling  # (batch, heads, w, n)
+    dtype = torch.promote_types(query.dtype, torch.float32)
+    logits = torch.matmul(query.to(dtype), k.to(dtype).transpose(-1, -2)) * scaling  # (batch, heads, w, n)
     diff = q_pos[:, None] - k_pos[None, :]
     visible = diff >= 0 if window is None else (diff >= 0) & (diff < window)
     probs = torch.softmax(logits.masked_fill(~visible, float("-inf")), dim=-1)
@@ -374,13 +388,15 @@ def _query_states(layer, normed: torch.Tensor, cos: torch.Tensor, sin: torch.Ten
 @torch.no_grad()
 def forward_chunk(model, chunk_ids: torch.Tensor, cache: CompressedCache, emb, *, early_exit_layer: int,
                   budget: int | None, n_initial: int, n_recent: int, score_window: int = 128,
-                  chunk_start: int = 0, compress: bool = True, profile: dict | None = None) -> torch.Tensor:
+                  chunk_start: int = 0, compress: bool = True, profile: dict | None = None,
+                  score_fn: Callable = h2o_scores) -> torch.Tensor:
     """Algorithm 1's FORWARDCHUNK: one chunk through layers ``[0, early_exit_layer)``, then compression.
 
     chunk_ids ``(1, c)``; ``chunk_start`` is the chunk's index in the input (for ``cache.origin``);
     ``emb`` has ``save(layer_idx, layer, normed, output)`` and ``end_chunk()``; ``budget=None`` never
     evicts. ``profile``: a dict that accumulates seconds per step (``layers``, ``embeddings``, ``scoring``,
-    ``compression``; the device is synchronised at each step, so only pass one to measure).
+    ``compression``; the device is synchronised at each step, so only pass one to measure). ``score_fn``: the
+    scoring with :func:`h2o_scores`'s arguments and result (``kvlab.reform.triton.h2o_scores_triton`` fuses it).
     Returns the hidden states ``(1, c, hidden)`` leaving layer ``early_exit_layer - 1``.
     """
     layers = _decoder(model).layers
@@ -404,9 +420,8 @@ def forward_chunk(model, chunk_ids: torch.Tensor, cache: CompressedCache, emb, *
         tick("embeddings")
         if compress and budget is not None and cache.keys[layer_idx].shape[-2] > budget:
             q = _query_states(layer, normed[:, -w:], cos[:, -w:], sin[:, -w:])
-            scores[layer_idx] = h2o_scores(q, cache.keys[layer_idx], layer.self_attn.scaling, positions[-w:],
-                                           torch.arange(start + c, device=hs.device),
-                                           _window(model, layer_idx))[0]
+            scores[layer_idx] = score_fn(q, cache.keys[layer_idx], layer.self_attn.scaling, positions[-w:],
+                                         torch.arange(start + c, device=hs.device), _window(model, layer_idx))[0]
             tick("scoring")
     emb.end_chunk()
     cache.peak_bytes = max(cache.peak_bytes, cache.nbytes())
@@ -503,16 +518,19 @@ def reform(model, context_ids: torch.Tensor, query_ids: torch.Tensor, *, heads: 
            n_recent: int = 256, n_final: int = 256, pool: int = 129, score_window: int = 128,
            query_mask: torch.Tensor | None = None, emb_dtype: torch.dtype = torch.float16,
            keep_hidden: bool = False, progress: Callable[[Iterable], Iterable] | None = None,
-           profile: bool = False) -> ReformTrace:
+           profile: bool = False, score_fn: Callable = h2o_scores,
+           compress_fn: Callable | None = None) -> ReformTrace:
     """REFORM (Algorithm 1): compress, gather; returns the ids to recompute (``trace.input_ids``).
 
     context_ids ``(1, n)``, query_ids ``(1, q)``. ``query_mask`` ``(q,)`` bool picks the query tokens used
     for the similarity (default: all). ``profile``: time the steps of chunked forwarding separately
     (``trace.timings``; synchronises the device at every step). The caller forwards ``trace.input_ids``
-    through the whole model (``model.generate``): that is the recompute step.
+    through the whole model (``model.generate``): that is the recompute step. ``score_fn``/``compress_fn``:
+    fused kernels for the scoring and the compression gather (see :func:`forward_chunk`, :class:`CompressedCache`;
+    ``kvlab.reform.api`` picks them by ``backend``).
     """
     heads = list(heads)
-    cache = CompressedCache(len(_decoder(model).layers))
+    cache = CompressedCache(len(_decoder(model).layers), compress_fn)
     n = context_ids.shape[1]
     emb = ContextEmbeddings(heads, dtype=emb_dtype, capacity=n + query_ids.shape[1])
     chunks = [(context_ids[:, s:e], s) for s, e in chunk_spans(n, chunk_size)] + [(query_ids, n)]
@@ -524,7 +542,7 @@ def reform(model, context_ids: torch.Tensor, query_ids: torch.Tensor, *, heads: 
         last = i == len(chunks) - 1
         hs = forward_chunk(model, ids, cache, emb, early_exit_layer=early_exit_layer, budget=budget,
                            n_initial=n_initial, n_recent=n_recent, score_window=score_window, chunk_start=start,
-                           compress=not last, profile=steps)
+                           compress=not last, profile=steps, score_fn=score_fn)
         if keep_hidden:
             hidden.append(hs)
     timings = {"chunked_forwarding": clock.lap(), **{f"forwarding.{k}": v for k, v in (steps or {}).items()}}

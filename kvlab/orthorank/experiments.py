@@ -1,0 +1,262 @@
+"""Experiments of the OrthoRank notebooks (11, 12) that are also run from the command line.
+
+Paper: OrthoRank (Shin, Oh and Oh, ICML 2025), Tables 1, 2 and 4, Figs. 2-3. What is here:
+
+* :func:`zero_shot` (Table 2): lm-eval's zero-shot ``acc`` / ``acc_norm`` (:mod:`kvlab.eval.zeroshot`) of each
+  plan (dense, SLEB, OrthoRank at 10% / 20%) on PIQA, WinoGrande, HellaSwag, ARC-e and ARC-c;
+* :func:`model_study` (Figs. 2-3 and Table 1 on another model): the sink layer and the cosine curves, then the
+  greedy SLEB and OrthoRank searches on a small calibration set and their perplexity on the C4 stand-in, with
+  the CPU time of each plan's evaluation beside it;
+* :func:`layer_token_table` (Table 4): at one sparsity, layers removed (token ratio 0) against layers routed
+  at each token ratio, every configuration with its own greedy search.
+
+Command line (each writes one JSON with its parameters; ``benchmarks/results/orthorank/README.md`` lists the
+commands behind the numbers quoted)::
+
+    python -m kvlab.orthorank.experiments zeroshot --questions 20 --layers notebook11.json --out t2.json
+    python -m kvlab.orthorank.experiments geometry --model qwen2.5-coder-0.5b --profile 4x128 --out q.json
+    python -m kvlab.orthorank.experiments model --model gemma3-270m --calib 2x128 --eval 4x128 --out g.json
+    python -m kvlab.orthorank.experiments table4 --calib 8x256 --eval 16x256 --layers notebook11.json --out t4.json
+
+Windows start with a BOS token where the model's tokenizer adds one (Gemma3: its sink is the BOS token).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+import torch
+
+from kvlab.core import check_float, check_int
+from kvlab.eval import zeroshot
+from kvlab.orthorank.api import after_sink, sink_profile
+from kvlab.orthorank.layers import Plan, layers_for_sparsity, perplexity, search_layers, text_windows, use_plan
+
+__all__ = ["standard_plans", "zero_shot", "mean_accuracy", "geometry", "model_study", "layer_token_table", "main"]
+
+
+def standard_plans(model: torch.nn.Module, calib: torch.Tensor, candidates: list[int], *,
+                   sparsities=(0.1, 0.2), token_ratio: float = 0.33, batch_size: int = 4,
+                   progress: bool = False) -> dict[str, Any]:
+    """Greedy SLEB (every layer a candidate) and OrthoRank (``candidates``) searches on ``calib`` deep enough for
+    the largest sparsity; returns ``{"plans": {"Dense": Plan(), "SLEB 10%": ..., "OrthoRank 10%": ...},
+    "sleb": LayerSearch, "orthorank": LayerSearch}``. The smaller sparsities use prefixes of the greedy order."""
+    num_layers = model.config.get_text_config().num_hidden_layers
+    n_remove = {s: layers_for_sparsity(num_layers, s) for s in sparsities}
+    n_route = {s: min(layers_for_sparsity(num_layers, s, token_ratio), len(candidates)) for s in sparsities}
+    sleb = search_layers(model, calib, max(n_remove.values()), action="remove", batch_size=batch_size,
+                         progress=progress)
+    ortho = search_layers(model, calib, max(n_route.values()), action="route", candidates=candidates,
+                          router={"token_ratio": token_ratio}, batch_size=batch_size, progress=progress)
+    plans: dict[str, Plan] = {"Dense": Plan()}
+    for s in sparsities:
+        plans[f"SLEB {s:.0%}"] = sleb.plan(n_remove[s])
+        plans[f"OrthoRank {s:.0%}"] = ortho.plan(n_route[s])
+    return {"plans": plans, "sleb": sleb, "orthorank": ortho}
+
+
+def zero_shot(model: torch.nn.Module, tokenizer, plans: dict[str, Plan], *, tasks=zeroshot.TASKS,
+              questions: int = 100, add_bos: bool = False, progress: bool = False) -> dict[str, dict[str, dict]]:
+    """Table 2: ``{plan name: {task: {"acc", "acc_norm", "acc_stderr", "acc_norm_stderr", "n"}}}`` on the first
+    ``questions`` of each task, the model running each plan in turn (one sequence per forward pass)."""
+    questions = check_int("questions", questions, 1)
+    loaded = {t: zeroshot.load_task(t, questions) for t in tasks}
+    table: dict[str, dict[str, dict]] = {}
+    for name, plan in plans.items():
+        table[name] = {}
+        for task, qs in loaded.items():
+            t0 = time.perf_counter()
+            with use_plan(model, plan):
+                r = zeroshot.evaluate_task(model, tokenizer, qs, add_bos=add_bos)
+            table[name][task] = {"acc": r.acc, "acc_norm": r.acc_norm, "acc_stderr": r.acc_stderr,
+                                 "acc_norm_stderr": r.acc_norm_stderr, "n": r.n,
+                                 "seconds": time.perf_counter() - t0}
+            if progress:
+                print(f"  {name:16s} {task:14s} acc {r.acc:.3f} acc_norm "
+                      f"{'-' if r.acc_norm is None else f'{r.acc_norm:.3f}'} ({time.perf_counter() - t0:.0f} s)",
+                      flush=True)
+    return table
+
+
+def mean_accuracy(row: dict[str, dict], metric: str = "acc") -> float:
+    """Mean over tasks of ``metric`` (``"acc"``, or ``"acc_norm"`` where the task has it and ``acc`` where it
+    does not, as WinoGrande)."""
+    values = [r[metric] if r.get(metric) is not None else r["acc"] for r in row.values()]
+    return sum(values) / len(values)
+
+
+@torch.no_grad()
+def model_study(model: torch.nn.Module, calib: torch.Tensor, evaluation: torch.Tensor, *, profile: torch.Tensor,
+                sparsities=(0.1, 0.2), token_ratio: float = 0.33, batch_size: int = 4,
+                progress: bool = False) -> dict[str, Any]:
+    """Figs. 2-3 and Table 1 on one model: ``l_sink`` and the curves from ``profile (n, seq)`` ids, greedy
+    SLEB / OrthoRank on ``calib``, perplexity of each plan on ``evaluation`` with its CPU/GPU seconds."""
+    prof = sink_profile(model, profile, attention=False)
+    candidates = after_sink(model, prof.sink_layer)
+    t0 = time.perf_counter()
+    found = standard_plans(model, calib, candidates, sparsities=sparsities, token_ratio=token_ratio,
+                           batch_size=batch_size, progress=progress)
+    search_seconds = time.perf_counter() - t0
+    num_layers = model.config.get_text_config().num_hidden_layers
+    rows = []
+    for name, plan in found["plans"].items():
+        t1 = time.perf_counter()
+        ppl = perplexity(model, evaluation, plan, batch_size=batch_size)
+        rows.append({"method": name, "sparsity": plan.sparsity(num_layers), "ppl": ppl,
+                     "removed": list(plan.removed), "routed": list(plan.routed),
+                     "seconds": time.perf_counter() - t1})
+        if progress:
+            print(f"  {name:16s} ppl {ppl:8.2f}", flush=True)
+    post = prof.cos_tokens[prof.sink_layer + 1:]
+    return {
+        "num_layers": num_layers, "l_sink": prof.sink_layer,
+        "norm_ratio": prof.norm_ratio.tolist(), "cos_to_sink": prof.cos_to_sink.tolist(),
+        "sink_self_cos": prof.sink_self_cos.tolist(), "token_self_cos": prof.token_self_cos.tolist(),
+        "rising_share": float((post[-1] >= post[0]).float().mean()) if len(post) > 1 else None,
+        "sleb_order": found["sleb"].order, "orthorank_order": found["orthorank"].order,
+        "search_seconds": search_seconds, "table": rows,
+    }
+
+
+@torch.no_grad()
+def geometry(model: torch.nn.Module, profile: torch.Tensor) -> dict[str, Any]:
+    """Figs. 2-3 in numbers: ``l_sink``, the norm ratio, attention mass on token 0, the cosine to the sink per
+    layer, and the self-similarity across layers after ``l_sink`` (sink vs other tokens)."""
+    prof = sink_profile(model, profile)
+    s = prof.sink_layer
+    num_layers = len(prof.cos_to_sink)
+    box = slice(s + 1, num_layers)
+    off = ~torch.eye(max(num_layers - s - 1, 0), dtype=torch.bool)
+    post = prof.cos_tokens[s + 1:]
+    return {
+        "num_layers": num_layers, "l_sink": s, "attention_layer": prof.attention_layer,
+        "norm_ratio": prof.norm_ratio.tolist(), "attention_mass": prof.attention_mass.tolist(),
+        "cos_to_sink": prof.cos_to_sink.tolist(), "norm_spread": prof.norm_spread.tolist(),
+        "sink_self_cos": prof.sink_self_cos.tolist(), "token_self_cos": prof.token_self_cos.tolist(),
+        "sink_self_after": float(prof.sink_self_cos[box, box][off].mean()) if off.numel() else None,
+        "token_self_after": float(prof.token_self_cos[box, box][off].mean()) if off.numel() else None,
+        "rising_share": float((post[-1] >= post[0]).float().mean()) if len(post) > 1 else None,
+    }
+
+
+def layer_token_table(model: torch.nn.Module, calib: torch.Tensor, evaluation: torch.Tensor, candidates: list[int],
+                      *, sparsity: float = 0.2, token_ratios=(0.0, 0.33, 0.5), batch_size: int = 4,
+                      known: dict[float, list[int]] | None = None, progress: bool = False) -> list[dict[str, Any]]:
+    """Table 4: at ``sparsity``, for each token ratio the fewest layers that reach it (ratio 0: removed, SLEB's
+    search over every layer; otherwise routed, OrthoRank's search over ``candidates``) and the perplexity.
+    ``known``: token ratio -> greedy order already found on the same ``calib`` and candidates (its prefix is
+    what the search would return), so that search is not run again."""
+    sparsity = check_float("sparsity", sparsity, 0.0, 1.0)
+    num_layers = model.config.get_text_config().num_hidden_layers
+    known = known or {}
+    rows = []
+    for ratio in token_ratios:
+        if ratio == 0:
+            n = layers_for_sparsity(num_layers, sparsity)
+        else:
+            n = min(layers_for_sparsity(num_layers, sparsity, ratio), len(candidates))
+        if ratio in known and len(known[ratio]) >= n:
+            chosen = tuple(sorted(known[ratio][:n]))
+            plan = Plan(removed=chosen) if ratio == 0 else Plan(routed=chosen, router={"token_ratio": ratio})
+        elif ratio == 0:
+            plan = search_layers(model, calib, n, action="remove", batch_size=batch_size, progress=progress).plan(n)
+        else:
+            plan = search_layers(model, calib, n, action="route", candidates=candidates,
+                                 router={"token_ratio": ratio}, batch_size=batch_size, progress=progress).plan(n)
+        ppl = perplexity(model, evaluation, plan, batch_size=batch_size)
+        rows.append({"layer_ratio": n / num_layers, "token_ratio": ratio, "layers": n,
+                     "sparsity": plan.sparsity(num_layers) if ratio else n / num_layers, "ppl": ppl,
+                     "chosen": list(plan.removed or plan.routed)})
+        if progress:
+            print(f"  token ratio {ratio:.2f}: {n} layers, ppl {ppl:.2f}", flush=True)
+    return rows
+
+
+def _windows(spec: str) -> tuple[int, int]:
+    n, _, length = spec.partition("x")
+    return check_int("windows", int(n), 1), check_int("window length", int(length), 2)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import kvlab
+
+    ap = argparse.ArgumentParser(prog="python -m kvlab.orthorank.experiments", description=__doc__.split("\n\n")[0])
+    ap.add_argument("what", choices=("zeroshot", "geometry", "model", "table4"))
+    ap.add_argument("--profile", default="4x256", help="sequences for the sink geometry (Figs. 2-3), N x LEN")
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--calib", default="8x256", help="calibration windows, N x LEN (WikiText stand-in)")
+    ap.add_argument("--calib-offset", type=int, default=1024, help="first calibration token (notebook 11: 1024)")
+    ap.add_argument("--eval", default="16x256", help="evaluation windows, N x LEN (C4 stand-in)")
+    ap.add_argument("--questions", type=int, default=100, help="zero-shot questions per task (lm-eval --limit)")
+    ap.add_argument("--tasks", default=",".join(zeroshot.TASKS))
+    ap.add_argument("--layers", default="", help="zeroshot, table4: JSON with sleb_order / orthorank_order found "
+                    "on the same calibration windows (e.g. notebook 11's results), reused instead of searching")
+    ap.add_argument("--token-ratio", type=float, default=0.33)
+    ap.add_argument("--batch-size", type=int, default=4)
+    ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    started = time.perf_counter()
+    model, tokenizer = kvlab.load_model(args.model)
+    calib_text = kvlab.datasets.load_text("wikitext")
+    # windows start with BOS where the tokenizer adds one (Gemma3); SmolLM2 and Qwen2.5 add none
+    calib = text_windows(tokenizer, calib_text, *reversed(_windows(args.calib)), offset=args.calib_offset, bos=None)
+    evaluation = text_windows(tokenizer, kvlab.datasets.load_text("c4-sample"), *reversed(_windows(args.eval)),
+                              bos=None)
+    out: dict[str, Any] = {"model": args.model, "calib": args.calib, "calib_offset": args.calib_offset,
+                           "eval": args.eval, "token_ratio": args.token_ratio,
+                           "command": "python -m kvlab.orthorank.experiments " + " ".join(sys.argv[1:] if argv is None
+                                                                                          else argv),
+                           "device": str(next(model.parameters()).device), "torch_threads": torch.get_num_threads()}
+    if args.what == "zeroshot":
+        num_layers = model.config.get_text_config().num_hidden_layers
+        if args.layers:
+            known = json.load(open(args.layers))
+            sleb_order, ortho_order = known["sleb_order"], known["orthorank_order"]
+            plans = {"Dense": Plan()}
+            for s in (0.1, 0.2):
+                plans[f"SLEB {s:.0%}"] = Plan(removed=tuple(sorted(sleb_order[:layers_for_sparsity(num_layers, s)])))
+                n = layers_for_sparsity(num_layers, s, args.token_ratio)
+                plans[f"OrthoRank {s:.0%}"] = Plan(routed=tuple(sorted(ortho_order[:n])),
+                                                   router={"token_ratio": args.token_ratio})
+        else:
+            sink = sink_profile(model, calib[:1], attention=False).sink_layer
+            plans = standard_plans(model, calib, after_sink(model, sink), token_ratio=args.token_ratio,
+                                   batch_size=args.batch_size, progress=True)["plans"]
+        out["plans"] = {k: {"removed": list(p.removed), "routed": list(p.routed)} for k, p in plans.items()}
+        out["table"] = zero_shot(model, tokenizer, plans, tasks=tuple(args.tasks.split(",")), questions=args.questions,
+                                 progress=True)
+        out["mean_acc"] = {k: mean_accuracy(v) for k, v in out["table"].items()}
+        out["mean_acc_norm"] = {k: mean_accuracy(v, "acc_norm") for k, v in out["table"].items()}
+    elif args.what == "geometry":
+        out.update(geometry(model, text_windows(tokenizer, calib_text, *reversed(_windows(args.profile)), bos=None)))
+    elif args.what == "model":
+        profile = text_windows(tokenizer, calib_text, *reversed(_windows(args.profile)), bos=None)
+        out.update(model_study(model, calib, evaluation, profile=profile, token_ratio=args.token_ratio,
+                               batch_size=args.batch_size, progress=True))
+    else:
+        sink = sink_profile(model, text_windows(tokenizer, calib_text, 256, 4, bos=None), attention=False).sink_layer
+        out["l_sink"] = sink
+        known = {}
+        if args.layers:
+            found = json.load(open(args.layers))
+            known = {0.0: found["sleb_order"], args.token_ratio: found["orthorank_order"]}
+        out["table4"] = layer_token_table(model, calib, evaluation, after_sink(model, sink),
+                                          token_ratios=(0.0, args.token_ratio, 0.5), batch_size=args.batch_size,
+                                          known=known, progress=True)
+    out["seconds"] = time.perf_counter() - started
+    with open(args.out, "w") as fh:
+        json.dump(out, fh, indent=1)
+    print(f"wrote {args.out} ({out['seconds']:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

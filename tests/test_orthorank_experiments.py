@@ -1,0 +1,81 @@
+"""OrthoRank's experiment drivers (kvlab.orthorank.experiments: Table 2 zero-shot, Table 4) and the BOS option of
+the calibration windows."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kvlab.eval import zeroshot
+from kvlab.eval.zeroshot import Question, evaluate_task
+from kvlab.orthorank.layers import text_windows
+from test_zeroshot import CharTokenizer
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def test_zero_shot_table_runs_each_plan(tiny_llama, monkeypatch):
+    """Table 2's driver: the dense plan scores what evaluate_task scores; a plan that removes every layer changes
+    the log-likelihoods; mean_accuracy averages acc (acc_norm where the task has it)."""
+    from kvlab.orthorank import Plan, use_plan
+    from kvlab.orthorank.experiments import mean_accuracy, zero_shot
+
+    tok = CharTokenizer()
+    questions = [Question(("ab",) * 2, (" a", " cc"), 0, (1, 2)), Question(("ca", "cb"), (" b", " b"), 1, None)]
+    monkeypatch.setattr(zeroshot, "load_task", lambda task, n=None: questions[:n])
+    table = zero_shot(tiny_llama, tok, {"Dense": Plan(), "none": Plan(removed=(0, 1, 2, 3))}, tasks=("piqa",),
+                      questions=2)
+    direct = evaluate_task(tiny_llama, tok, questions)
+    assert table["Dense"]["piqa"]["acc"] == direct.acc and table["Dense"]["piqa"]["n"] == 2
+    with use_plan(tiny_llama, Plan(removed=(0, 1, 2, 3))):
+        skipped = evaluate_task(tiny_llama, tok, questions)
+    assert skipped.lls != direct.lls
+    assert table["none"]["piqa"]["acc"] == skipped.acc
+    row = {"a": {"acc": 0.5, "acc_norm": 0.75}, "b": {"acc": 0.25, "acc_norm": None}}
+    assert mean_accuracy(row) == pytest.approx(0.375) and mean_accuracy(row, "acc_norm") == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="questions must be"):
+        zero_shot(tiny_llama, tok, {"Dense": Plan()}, tasks=("piqa",), questions=0)
+
+
+def test_layer_token_table_reuses_known_orders(tiny_llama):
+    """Table 4's driver: the fewest layers reaching the sparsity per token ratio; a known greedy order is used
+    as its prefix (no search), a missing one is searched."""
+    from kvlab.orthorank.experiments import layer_token_table
+
+    g = torch.Generator().manual_seed(0)
+    calib, evaluation = torch.randint(0, 96, (2, 24), generator=g), torch.randint(0, 96, (2, 24), generator=g)
+    rows = layer_token_table(tiny_llama, calib, evaluation, [1, 2, 3], sparsity=0.25, token_ratios=(0.0, 0.5),
+                             known={0.0: [3, 1, 2]})
+    assert rows[0]["layers"] == 1 and rows[0]["chosen"] == [3] and rows[0]["sparsity"] == pytest.approx(0.25)
+    assert rows[1]["layers"] == 2 and rows[1]["sparsity"] == pytest.approx(0.25)
+    assert set(rows[1]["chosen"]) <= {1, 2, 3} and all(r["ppl"] > 1 for r in rows)
+
+
+class WordTokenizer:
+    """Word ``wN`` -> id ``10 + N`` (any other word: 5); ``adds_bos`` puts BOS (id 1) first, as Gemma3's does."""
+
+    eos_token_id = None
+
+    def __init__(self, bos_token_id=1, adds_bos=False):
+        self.bos_token_id, self.adds_bos = bos_token_id, adds_bos
+
+    def __call__(self, text, return_tensors=None, add_special_tokens=True):
+        ids = [10 + int(w[1:]) if w[:1] == "w" and w[1:].isdigit() else 5 for w in text.split()]
+        if add_special_tokens and self.adds_bos:
+            ids = [self.bos_token_id] + ids
+        ids = torch.tensor([ids]) if return_tensors == "pt" else ids
+        return type("Encoding", (), {"input_ids": ids})()
+
+
+def test_text_windows_bos():
+    text = " ".join(f"w{i}" for i in range(40))
+    plain = text_windows(WordTokenizer(), text, 5, 3)
+    assert plain.tolist() == [[10, 11, 12, 13, 14], [15, 16, 17, 18, 19], [20, 21, 22, 23, 24]]
+    assert torch.equal(text_windows(WordTokenizer(), text, 5, 3, bos=None), plain)  # adds no BOS: unchanged
+    with_bos = text_windows(WordTokenizer(adds_bos=True), text, 5, 2, bos=None)
+    assert with_bos.tolist() == [[1, 10, 11, 12, 13], [1, 14, 15, 16, 17]]
+    assert torch.equal(text_windows(WordTokenizer(), text, 5, 2, bos=True), with_bos)
+    with pytest.raises(ValueError, match="no BOS token"):
+        text_windows(WordTokenizer(bos_token_id=None), text, 5, 2, bos=True)
+    with pytest.raises(ValueError, match="seq_len >= 3"):
+        text_windows(WordTokenizer(), text, 2, 2, bos=True)

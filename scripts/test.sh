@@ -10,6 +10,7 @@ if ! .venv/bin/python -c "import torch, sys; sys.exit(0 if torch.cuda.is_availab
 fi
 export MPLBACKEND=Agg
 .venv/bin/python -m pytest tests -q -p no:cacheprovider "$@"
+bash scripts/peers.sh   # the kvpress peer check, in its own environment (kvpress needs transformers<5.3)
 .venv/bin/python scripts/notebooks.py prepare --out build/notebooks
 .venv/bin/python -m pytest build/notebooks --nbval-lax --nbval-current-env -q -p no:cacheprovider \
   --nbval-cell-timeout=900

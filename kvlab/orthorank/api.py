@@ -10,9 +10,11 @@
     with orthorank(model, layers=[12, 17, 20], token_ratio=0.33) as router:
         logits = model(ids).logits                             # those layers compute 33% of the tokens
 
-OrthoRank changes *which tokens a layer computes*; attention itself is the model's own arithmetic on the
-selected queries (:func:`kvlab.orthorank.reference.routed_layer`), so there is no kernel backend to pick
-here (the GPU benchmark is :mod:`kvlab.orthorank.bench`). Layer choice and the baselines (SLEB, Shortened
+OrthoRank changes *which tokens a layer computes*. The routed layer has two backends (``backend=`` of
+:func:`orthorank`): ``"torch"``, :func:`kvlab.orthorank.reference.routed_layer` (the definition), and
+``"triton"``, :func:`kvlab.orthorank.triton.routed_layer_triton` (scores, top-k, gathers, attention of the
+selected queries and the scatter in Triton kernels); ``"auto"`` takes Triton on CUDA where it can run. The GPU
+benchmark is :mod:`kvlab.orthorank.bench`. Layer choice and the baselines (SLEB, Shortened
 LLaMA) live in :mod:`kvlab.orthorank.layers` and are re-exported here.
 """
 

@@ -1,0 +1,685 @@
+"""One leaderboard for every method: the same tasks, at matched mean KV or matched FLOPs, swept on Dask.
+
+Methods (:data:`METHODS`) and what they are matched on:
+
+=================  ==========  ============================================================================
+method             cost axis   the one parameter chosen to meet the budget
+=================  ==========  ============================================================================
+``Full``           reference   none (dense attention, every entry kept)
+``StreamingLLM``   mean KV     ``cache_size`` (4 sinks + window)
+``H2O``            mean KV     ``budget`` (heavy hitters + recent)
+``TOVA``           mean KV     ``budget``
+``SepLLM``         mean KV     ``cache`` of :class:`~kvlab.sepllm.policy.SepLLMStreaming` (init 4, separators
+                               ``cache // 4``, local ``cache // 2``)
+``LaCache``        mean KV     ``budget`` (ladder, strict accounting)
+``REFORM``         mean KV     compression and recompute budget: the model answers from that many context
+                               entries (``mean_kv`` = tokens gathered); question tasks only
+``kvpress:<P>``    mean KV     kvpress press ``P`` (prefill compression to exactly the budget, through
+                               :mod:`kvlab.eval.peers`); question tasks only, and only where kvpress imports
+``DHSA``           FLOPs       ``N_b``, keys per query: kept share of the causal attention FLOPs
+``OrthoRank``      FLOPs       routed layers at ``token_ratio = 0.33``: kept share of the decoder FLOPs
+                               (:func:`kvlab.orthorank.flop_sparsity`, which counts what routed layers still do)
+=================  ==========  ============================================================================
+
+Matched mean KV: the papers' "r.KV", entries a layer holds averaged over the steps of the run (each token
+counted once) and over layers. A capped cache fills up first, so its mean is below its cap; each cache method's
+parameter is found by bisection on a trace of what the policy keeps (:func:`held_trace`: the held counts
+depend on positions and token ids only, never on the weights), and the run reports the mean KV it really held.
+A parameter that misses the budget by more than :data:`KV_TOLERANCE` raises ValueError.
+
+Tasks (:data:`TASKS`): ``ppl`` streaming perplexity of WikiText (chunks of ``chunk`` tokens, the cache
+compacted after each); ``passkey`` the passkey grid (lengths x depths); ``kv_retrieval`` RULER-style
+key-value retrieval (UUID pairs in WikiText, the asked pair beyond the cache window); ``qa`` SQuAD questions over
+their article (single-document QA stand-in), scored by the teacher-forced answer NLL (a 135M model's exact
+answers are noise). A method that does not apply to a task gives the cell ``status = "n/a: why"``.
+
+Each cell is one :class:`kvlab.sweep.Task` (target :func:`run_cell`); its parameters hold the method, task,
+budget, model id and checksum, seed and sizes, so a finished cell is skipped on a rerun and a changed model file
+or kvlab version runs again::
+
+    python -m kvlab leaderboard --grid tiny --workers 2          # local Dask cluster
+    python -m kvlab leaderboard --grid default --scheduler tcp://10.0.0.5:8786
+"""
+from __future__ import annotations
+
+import copy
+import functools
+import importlib.util
+import json
+import math
+import os
+from pathlib import Path
+
+import torch
+
+__all__ = ["METHODS", "CACHE_METHODS", "FLOP_METHODS", "PRESSES", "TASKS", "GRIDS", "KV_TOLERANCE", "held_trace",
+           "match_cache", "match_dhsa", "match_orthorank", "check_budgets", "model_checksum", "cell_tasks",
+           "run_cell", "collect", "markdown", "pareto_plot", "run_leaderboard", "main"]
+
+PRESSES = ("SnapKVPress", "KnormPress", "ExpectedAttentionPress")
+CACHE_METHODS = ("StreamingLLM", "H2O", "TOVA", "SepLLM", "LaCache", "REFORM") + tuple(f"kvpress:{p}" for p in PRESSES)
+FLOP_METHODS = ("DHSA", "OrthoRank")
+METHODS = ("Full",) + CACHE_METHODS + FLOP_METHODS
+TASKS = ("ppl", "passkey", "kv_retrieval", "qa")
+#: the number each task is ranked by, and whether lower is better
+MAIN_METRIC = {"ppl": ("ppl", True), "passkey": ("accuracy", False), "kv_retrieval": ("accuracy", False),
+               "qa": ("answer_nll", True)}
+KV_TOLERANCE = 0.05  # relative: a matched cache method's mean KV lies within 5% of the budget
+TOKEN_RATIO = 0.33  # OrthoRank's share of tokens a routed layer computes (the paper's)
+
+#: grids: models, budget levels (mean KV entries for cache methods, kept FLOP share for DHSA / OrthoRank) and sizes
+GRIDS = {
+    "tiny": dict(models=["smollm2-135m"], kv_budgets=[40, 56], flop_budgets=[0.7, 0.85], tokens=160, lengths=[160],
+                 depths=[0.5], examples=1, chunk=32, max_new_tokens=6, seeds=[0]),
+    "default": dict(models=["smollm2-135m", "gemma3-270m"], kv_budgets=[64, 128], flop_budgets=[0.6, 0.8],
+                    tokens=512, lengths=[512], depths=[0.25, 0.75], examples=2, chunk=64, max_new_tokens=12,
+                    seeds=[0]),
+    "full": dict(models=["smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b"], kv_budgets=[256, 512, 1024],
+                 flop_budgets=[0.5, 0.7, 0.85], tokens=4096, lengths=[2048, 4096], depths=[0.0, 0.25, 0.5, 0.75, 1.0],
+                 examples=8, chunk=64, max_new_tokens=16, seeds=[0]),
+}
+
+
+# ================================================================================================
+# budgets and matching
+# ================================================================================================
+def check_budgets(kv_budgets, flop_budgets, tokens: int) -> None:
+    """Budgets the leaderboard can match, or ValueError naming the rule: mean KV budgets are ints in
+    [16, tokens / 2) (a stream of ``tokens`` tokens under a full cache holds about ``tokens / 2`` on average, so a
+    budget at or above that evicts nothing), FLOP budgets are kept fractions in (0, 1); two lists of equal length
+    (one level each)."""
+    if not kv_budgets or len(kv_budgets) != len(flop_budgets):
+        raise ValueError(f"kv_budgets and flop_budgets must be non-empty lists of equal length (one budget level "
+                         f"each), got {kv_budgets!r} and {flop_budgets!r}")
+    for b in kv_budgets:
+        if isinstance(b, bool) or not isinstance(b, int) or not 16 <= b < tokens // 2:
+            raise ValueError(f"mean KV budgets must be ints in [16, tokens // 2) = [16, {tokens // 2}) (a full cache "
+                             f"holds about tokens / 2 on average over a {tokens}-token stream), got {b!r}: lower the "
+                             "budget or raise tokens")
+    for f in flop_budgets:
+        if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0.0 < float(f) < 1.0:
+            raise ValueError(f"FLOP budgets are kept fractions in (0, 1) (1 is the dense model), got {f!r}")
+
+
+def held_trace(policy, num_layers: int, ids: torch.Tensor, chunk: int) -> torch.Tensor:
+    """``(T,)`` entries held per layer (averaged over layers) after the step of each of the ``T`` tokens of
+    ``ids`` ``(1, T)``, streamed ``chunk`` at a time through ``policy``, as :class:`kvlab.KVCache` would hold
+    them; simulated on positions and token ids (attention scores, which only H2O and TOVA read to choose *which*
+    entries, are zeros here: they do not change *how many*)."""
+    from kvlab.core.cache import LayerView
+
+    policy.check_model(num_layers)
+    if hasattr(policy, "check_vocab"):
+        policy.check_vocab(int(ids.max()) + 1)
+    n = ids.shape[1]
+    pos = [torch.empty(1, 0, dtype=torch.long) for _ in range(num_layers)]
+    tok = [torch.empty(1, 0, dtype=torch.long) for _ in range(num_layers)]
+    states = [{} for _ in range(num_layers)]
+    trace = []
+    for start in range(0, n, chunk):
+        end = min(start + chunk, n)
+        held = 0
+        for layer in range(num_layers):
+            p = torch.cat([pos[layer], torch.arange(start, end)[None]], dim=1)
+            t = torch.cat([tok[layer], ids[:, start:end].cpu()], dim=1)
+            zeros = torch.zeros(p.shape, dtype=torch.float32)
+            index = policy.keep(LayerView(layer, num_layers, end, p, t, zeros, zeros, states[layer]))
+            if index is not None:
+                index = index if index.dim() == 2 else index[None]
+                p, t = p.gather(1, index), t.gather(1, index)
+            pos[layer], tok[layer] = p, t
+            held += p.shape[1]
+        trace += [held / num_layers] * (end - start)
+    return torch.tensor(trace, dtype=torch.float64)
+
+
+def _cache_family(method: str, tokenizer):
+    """The one-parameter family of each cache method: cap -> policy (mean KV grows with the cap)."""
+    from kvlab.policies import H2O, TOVA, LaCache, SepLLMStreaming, StreamingLLM
+
+    return {
+        "StreamingLLM": lambda c: StreamingLLM(sink=4, cache_size=c),
+        "H2O": lambda c: H2O(c),
+        "TOVA": lambda c: TOVA(c),
+        "SepLLM": lambda c: SepLLMStreaming(init=4, sep=c // 4, local=c // 2, cache=c, separators=tokenizer),
+        "LaCache": lambda c: LaCache(c),
+    }[method]
+
+
+def match_cache(method: str, budget: int, ids: torch.Tensor, chunk: int, num_layers: int, tokenizer):
+    """``(cap, policy, mean_kv)``: the cap of ``method`` whose mean KV over streaming ``ids`` in chunks of
+    ``chunk`` is closest to ``budget`` (bisection: the mean grows with the cap). Raises ValueError when the
+    closest misses by more than :data:`KV_TOLERANCE`."""
+    make = _cache_family(method, tokenizer)
+    hi = ids.shape[1]
+
+    @functools.lru_cache(None)
+    def mean(c: int) -> float:
+        try:
+            return float(held_trace(make(c), num_layers, ids, chunk).mean())
+        except ValueError:  # a cap too small for the method's fixed parts (LaCache's ladder): below every budget
+            return -math.inf
+
+    if mean(hi) < budget:
+        raise ValueError(f"{method}: a full cache holds {mean(hi):.1f} entries on average over these "
+                         f"{hi} tokens, below the mean KV budget {budget}: lower the budget or lengthen the input")
+    a, b = 1, hi
+    while b - a > 1:  # invariant: mean(a) < budget <= mean(b) (or cap a is too small to be valid)
+        mid = (a + b) // 2
+        if mean(mid) < budget:
+            a = mid
+        else:
+            b = mid
+    cap = min((a, b), key=lambda c: abs(mean(c) - budget))
+    if abs(mean(cap) - budget) > KV_TOLERANCE * budget:
+        raise ValueError(f"{method}: no cap gives mean KV within {KV_TOLERANCE:.0%} of {budget} on this input "
+                         f"(closest: cap {cap}, mean KV {mean(cap):.1f}); choose another budget")
+    return cap, make(cap), mean(cap)
+
+
+def attention_fraction(n: int, keys_per_query: int) -> float:
+    """Kept share of causal attention FLOPs when each of ``n`` queries reads at most ``keys_per_query`` keys."""
+    i = torch.arange(1, n + 1, dtype=torch.float64)
+    return float(i.clamp(max=keys_per_query).sum() / i.sum())
+
+
+def match_dhsa(fraction: float, n: int, *, minimum: int = 20) -> tuple[int, float]:
+    """``(N_b, kept fraction)``: DHSA's keys per query whose kept attention FLOPs over an ``n``-token prefill are
+    closest to ``fraction``; ``minimum`` = initial (4) + the longest chunk (16)."""
+    best = min(range(minimum, n + 1), key=lambda b: abs(attention_fraction(n, b) - fraction))
+    return best, attention_fraction(n, best)
+
+
+def match_orthorank(config, fraction: float, n: int, token_ratio: float = TOKEN_RATIO) -> tuple[int, float]:
+    """``(routed layers, kept fraction)``: the number of routed layers whose kept decoder FLOPs over ``n`` tokens
+    (:func:`kvlab.orthorank.flop_sparsity`) are closest to ``fraction``."""
+    from kvlab.orthorank import flop_sparsity
+
+    cfg = config.get_text_config() if hasattr(config, "get_text_config") else config
+    kept = {r: 1.0 - flop_sparsity(config, routed=r, token_ratio=token_ratio, seq_len=n)
+            for r in range(1, cfg.num_hidden_layers)}
+    best = min(kept, key=lambda r: abs(kept[r] - fraction))
+    return best, kept[best]
+
+
+# ================================================================================================
+# models, tasks
+# ================================================================================================
+def model_checksum(model_id: str) -> str:
+    """The sha256 of a registered model's file (``kvlab/assets/registry.json``); ``"unregistered"`` for a hub id
+    or local directory (then the cell is keyed by the id alone)."""
+    from kvlab import assets
+
+    try:
+        return assets.get_asset(model_id).sha256
+    except (KeyError, ValueError):
+        return "unregistered"
+
+
+@functools.lru_cache(maxsize=1)
+def _model(model_id: str):
+    import kvlab
+
+    torch.set_num_threads(int(os.environ.get("KVLAB_LEADERBOARD_THREADS", "1")))
+    return kvlab.load_model(model_id, device="cpu" if not torch.cuda.is_available() else None)
+
+
+def _num_layers(model) -> int:
+    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    return int(cfg.num_hidden_layers)
+
+
+def _passkey_task(tokenizer, length: int, depth: float, seed: int):
+    from kvlab.datasets import passkey_prompt
+    from kvlab.reform.tasks import LongTask
+
+    p = passkey_prompt(tokenizer, length, depth, seed=seed + length + int(depth * 1000))
+    query, prefix = " What is the pass key?", " The pass key is"
+    context = p.prompt[: -len(query + prefix)]
+    if context + query + prefix != p.prompt:
+        raise RuntimeError("kvlab.datasets.passkey_prompt changed its layout; update kvlab.leaderboard")
+    return LongTask("passkey", context, query, prefix, p.answer, [], {"answers": [p.info["passkey"]]})
+
+
+def _qa_tasks(tokenizer, n: int, tokens: int, seed: int):
+    from kvlab.dhsa.experiments import qa_items
+    from kvlab.reform.tasks import LongTask
+
+    out = []
+    for item in qa_items(tokenizer, "single-doc", n, tokens, seed=seed):
+        cut = item.prompt.rindex("\n\nAnswer the question")
+        out.append(LongTask("qa", item.prompt[:cut], item.prompt[cut:], "", " " + item.answers[0], [],
+                            {"answers": item.answers}))
+    return out
+
+
+def _long_tasks(task: str, tokenizer, lengths, depths, examples: int, tokens: int, seed: int):
+    from kvlab.reform.tasks import kv_task
+
+    if task == "passkey":
+        return [_passkey_task(tokenizer, n, d, seed) for n in lengths for d in depths]
+    if task == "kv_retrieval":
+        return [kv_task(tokenizer, n, depth=d, seed=seed + i) for i, (n, d) in
+                enumerate((n, d) for n in lengths for d in depths)]
+    return _qa_tasks(tokenizer, examples, tokens, seed)
+
+
+# ================================================================================================
+# one cell
+# ================================================================================================
+def _na(why: str) -> dict:
+    return {"status": f"n/a: {why}"}
+
+
+def _applies(method: str, task: str) -> str | None:
+    """Why ``method`` does not apply to ``task`` (None: it does)."""
+    if task == "ppl" and (method == "REFORM" or method.startswith("kvpress:")):
+        what = "REFORM answers a question about a long input (compress, gather, recompute)" if method == "REFORM" \
+            else "kvpress compresses once after a prefill"
+        return f"{what}; it defines no streaming next-token loss"
+    if method.startswith("kvpress:"):
+        try:
+            from kvlab.eval.peers import require_kvpress
+
+            require_kvpress()
+        except ImportError:
+            return ("kvpress is not importable here (it needs transformers<5.3: run the leaderboard from "
+                    ".venv-peers, see kvlab.eval.peers)")
+    return None
+
+
+@torch.no_grad()
+def _nll_after(model, cache, ids: torch.Tensor, target: torch.Tensor) -> float:
+    """Teacher-forced mean NLL of ``target`` after ``ids`` appended to (a copy of) ``cache``."""
+    cache = copy.deepcopy(cache)
+    logits = model(input_ids=torch.cat([ids, target[:, :-1]], 1), past_key_values=cache).logits[0, ids.shape[1] - 1:]
+    return float(torch.nn.functional.cross_entropy(logits.float(), target[0]))
+
+
+def _press_answer(model, tokenizer, task, press_name: str, budget: int, max_new_tokens: int):
+    from kvlab.eval.peers import answer_from_cache, make_press, press_prefill
+
+    dev = next(model.parameters()).device
+    ctx = tokenizer(task.context, return_tensors="pt").input_ids.to(dev)
+    q = tokenizer(task.query + task.answer_prefix, return_tensors="pt", add_special_tokens=False).input_ids.to(dev)
+    target = tokenizer(task.answer, return_tensors="pt", add_special_tokens=False).input_ids.to(dev)
+    cache, logits = press_prefill(model, ctx, make_press(press_name, ctx.shape[1], budget))
+    nll = _nll_after(model, cache, q, target)
+    said = tokenizer.decode(answer_from_cache(model, cache, logits, q, max_new_tokens), skip_special_tokens=True)
+    return said, nll
+
+
+def _orthorank_layers(model_id: str, routed: int) -> list[int]:
+    """Routed layers: the ``routed`` best after the sink layer by the one-shot calibration perplexity
+    (Shortened LLaMA's PPL criterion, :func:`kvlab.orthorank.search_layers`) on two WikiText windows."""
+    return list(_orthorank_ranking(model_id)[:routed])
+
+
+@functools.lru_cache(maxsize=4)
+def _orthorank_ranking(model_id: str) -> tuple[int, ...]:
+    from kvlab.datasets import load_text
+    from kvlab.orthorank import after_sink, search_layers, sink_profile, text_windows
+
+    model, tok = _model(model_id)
+    text = load_text("wikitext")
+    l_sink = sink_profile(model, text_windows(tok, text, 64, 2), attention=False).sink_layer
+    calib = text_windows(tok, text, 64, 2, offset=256)
+    candidates = after_sink(model, l_sink)
+    found = search_layers(model, calib, len(candidates), action="route", search="one-shot", candidates=candidates,
+                          router={"token_ratio": TOKEN_RATIO}, batch_size=2)
+    return tuple(found.order)
+
+
+@torch.no_grad()
+def run_cell(method: str, task: str, level: int, kv_budget: int, flop_budget: float, model: str,
+             model_sha256: str, seed: int, tokens: int, lengths: list, depths: list, examples: int, chunk: int,
+             max_new_tokens: int, kvpress: str | None = None) -> dict:
+    """One leaderboard cell: ``method`` on ``task`` at budget level ``level`` (``kv_budget`` mean KV entries for
+    cache methods, ``flop_budget`` kept FLOP share for DHSA / OrthoRank) on ``model``. Returns a dict with
+    ``status`` (``"ok"`` or ``"n/a: why"``), the metrics, ``mean_kv`` / ``flop_fraction`` and ``method_params``
+    (what the method ran with). ``kvpress``: the installed kvpress version (part of the key of kvpress cells)."""
+    from kvlab import __version__
+    from kvlab.baselines import Full
+    from kvlab.core import use_pattern
+    from kvlab.eval import ask, chunked_perplexity
+
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    if task not in TASKS:
+        raise ValueError(f"task must be one of {TASKS}, got {task!r}")
+    check_budgets([kv_budget], [flop_budget], tokens)
+    if model_sha256 != model_checksum(model):
+        raise ValueError(f"model {model!r} has checksum {model_checksum(model)}, the cell was made for "
+                         f"{model_sha256}: rebuild the grid (python -m kvlab leaderboard)")
+    why = _applies(method, task)
+    base = {"kvlab": __version__, "method": method, "task": task, "level": level, "model": model}
+    if why:
+        return {**base, **_na(why)}
+    torch.manual_seed(seed)
+    net, tok = _model(model)
+    layers = _num_layers(net)
+    out = {**base, "status": "ok", "method_params": {}}
+
+    def flop_setup(n: int):
+        """The pattern or router context of a FLOP method for an ``n``-token input, and its kept fraction."""
+        if method == "DHSA":
+            from kvlab.dhsa.pattern import DHSAPattern, dhsa_layers
+
+            chosen = dhsa_layers(net)  # global layers; sliding-window layers (Gemma3) stay as they are
+            nb, _ = match_dhsa(1.0 - (1.0 - flop_budget) * layers / len(chosen), n) if len(chosen) < layers \
+                else match_dhsa(flop_budget, n)
+            frac = (len(chosen) * attention_fraction(n, nb) + layers - len(chosen)) / layers
+            out["method_params"] = {"budget": nb, "chunking": "fixed", "chunk_size": 16, "initial": 4,
+                                    "layers": len(chosen)}
+            return use_pattern(net, DHSAPattern(nb, chunking="fixed", chunk_size=16), chosen), frac
+        from kvlab.orthorank import orthorank
+
+        routed, frac = match_orthorank(net.config, flop_budget, n)
+        chosen = _orthorank_layers(model, routed)
+        out["method_params"] = {"layers": chosen, "token_ratio": TOKEN_RATIO, "decode": "threshold"}
+        return orthorank(net, chosen, TOKEN_RATIO), frac
+
+    if task == "ppl":
+        from kvlab.datasets import load_text
+        from kvlab.eval import stream_ids
+
+        ids = stream_ids(net, tok, load_text("wikitext"), tokens)
+        if method in FLOP_METHODS:
+            ctx, frac = flop_setup(ids.shape[1])
+            with ctx:
+                logits = net(input_ids=ids.to(net.device), use_cache=False).logits[0, :-1].float()
+            nll = torch.nn.functional.cross_entropy(logits, ids[0, 1:].to(logits.device))
+            out.update(ppl=math.exp(float(nll)), flop_fraction=frac)
+            return out
+        if method == "Full":
+            policy = Full()
+        else:
+            cap, policy, simulated = match_cache(method, kv_budget, ids, chunk, layers, tok)
+            out["method_params"] = {"cap": cap, "policy": repr(policy), "simulated_mean_kv": simulated}
+        r = chunked_perplexity(net, tok, ids, policy, max_tokens=tokens, chunk_size=chunk)
+        out.update(ppl=r.ppl, mean_kv=r.mean_kv, flop_fraction=1.0 if method == "Full" else None)
+        return out
+
+    # question tasks: every example a LongTask (context + query + answer prefix, reference answer)
+    from kvlab.reform.compare import run_method, task_score
+
+    items = _long_tasks(task, tok, lengths, depths, examples, tokens, seed)
+    acc, nlls, kv, fracs, answers = [], [], [], [], []
+    for item in items:
+        ids = tok(item.prompt, return_tensors="pt").input_ids
+        if method == "REFORM":
+            from kvlab.reform.api import heads_file
+
+            if heads_file(net) is None:
+                return {**base, **_na("kvlab ships REFORM heads for SmolLM2 only; choose this model's with "
+                                      "python -m kvlab.reform.heads")}
+            b = kv_budget
+            r = run_method("reform", net, tok, item, budget=b, chunk_size=max(chunk, b), n_initial=4,
+                           n_recent=b // 4, n_final=b // 4, max_new_tokens=max_new_tokens)
+            said, nll = r.text, r.answer_nll
+            kv.append(r.extra["gathered"])
+            out["method_params"] = {"budget": b, "recompute_budget": b, "chunk_size": max(chunk, b), "n_initial": 4,
+                                    "n_recent": b // 4, "n_final": b // 4}
+        elif method.startswith("kvpress:"):
+            said, nll = _press_answer(net, tok, item, method.split(":", 1)[1], kv_budget, max_new_tokens)
+            kv.append(kv_budget)
+            out["method_params"] = {"press": method.split(":", 1)[1], "n_kept": kv_budget}
+        elif method in FLOP_METHODS:
+            ctx, frac = flop_setup(ids.shape[1])
+            with ctx:  # the whole prompt in one prefill under the pattern / router
+                said, nll = ask(net, tok, item.prompt, item.answer, Full(), chunk_size=ids.shape[1] + 1,
+                                max_new_tokens=max_new_tokens)
+            fracs.append(frac)
+        else:
+            if method == "Full":
+                policy = Full()
+                kv.append(float(held_trace(policy, layers, ids, chunk).mean()))
+            else:
+                cap, policy, simulated = match_cache(method, kv_budget, ids, chunk, layers, tok)
+                kv.append(simulated)
+                out["method_params"] = {"cap": cap, "policy": repr(policy)}
+            said, nll = ask(net, tok, item.prompt, item.answer, policy, chunk_size=chunk, max_new_tokens=max_new_tokens)
+        acc.append(task_score(said, item))
+        nlls.append(nll)
+        answers.append(said)
+    out.update(accuracy=sum(acc) / len(acc), answer_nll=sum(nlls) / len(nlls), examples=len(items),
+               answers=answers, mean_kv=sum(kv) / len(kv) if kv else None,
+               flop_fraction=sum(fracs) / len(fracs) if fracs else (1.0 if method == "Full" else None))
+    return out
+
+
+# ================================================================================================
+# the grid, the table, the plot
+# ================================================================================================
+def _kvpress_version() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("kvpress")
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def cell_tasks(grid: str | dict = "tiny", *, methods=METHODS, tasks=TASKS):
+    """The :class:`kvlab.sweep.Task` s of a grid (a name of :data:`GRIDS` or a dict like them); checks the
+    budgets first."""
+    from kvlab.sweep import Task
+
+    spec = dict(GRIDS[grid]) if isinstance(grid, str) else dict(grid)
+    check_budgets(spec["kv_budgets"], spec["flop_budgets"], spec["tokens"])
+    for m in methods:
+        if m not in METHODS:
+            raise ValueError(f"methods must be among {METHODS}, got {m!r}")
+    sizes = {k: spec[k] for k in ("tokens", "lengths", "depths", "examples", "chunk", "max_new_tokens")}
+    out = []
+    for rank, model in enumerate(spec["models"]):  # one model after the other: a worker holds one model
+        sha = model_checksum(model)
+        for seed in spec["seeds"]:
+            for task in tasks:
+                for method in methods:
+                    levels = [0] if method == "Full" else range(len(spec["kv_budgets"]))
+                    for level in levels:
+                        params = dict(method=method, task=task, level=level, kv_budget=spec["kv_budgets"][level],
+                                      flop_budget=spec["flop_budgets"][level], model=model, model_sha256=sha,
+                                      seed=seed, **sizes)
+                        if method.startswith("kvpress:"):  # a cell made where kvpress is missing is redone where it is
+                            params["kvpress"] = _kvpress_version()
+                        name = f"{model}-s{seed}-{task}-{method.replace(':', '-')}-b{level}"
+                        if params.get("kvpress") == "not installed":  # never overwrites a cell run with kvpress
+                            name += "-no-kvpress"
+                        cost = 10.0 * (len(spec["models"]) - rank) + (
+                            0.2 if _applies(method, task) else 3.0 if method == "REFORM" else 1.0)
+                        out.append(Task(name, "kvlab.leaderboard:run_cell", params, cost=cost))
+    return out
+
+
+def _without_kvpress(params: dict) -> str:
+    return json.dumps({k: v for k, v in params.items() if k != "kvpress"}, sort_keys=True, default=str)
+
+
+def collect(out, cells=None) -> list[dict]:
+    """The rows of the tidy table from the cell records under ``out/cells``; with ``cells`` (the grid's
+    :class:`kvlab.sweep.Task` s) only theirs, made by this kvlab and these model files. A kvpress cell run where
+    kvpress imports (``.venv-peers``) replaces the same cell marked n/a where it does not."""
+    from kvlab.sweep import task_key
+
+    records = [json.loads(p.read_text()) for p in sorted(Path(out, "cells").glob("*.json"))]
+    if cells is not None:
+        wanted = {task_key(t) for t in cells}
+        peers = {_without_kvpress(t.params) for t in cells if t.params["method"].startswith("kvpress:")}
+        from kvlab import __version__
+
+        ran = {_without_kvpress(rec["params"]) for rec in records if rec["params"]["method"].startswith("kvpress:")
+               and rec["result"]["status"] == "ok" and rec["result"].get("kvlab") == __version__}
+        records = [rec for rec in records
+                   if (rec["key"] in wanted and not (_without_kvpress(rec["params"]) in ran
+                                                     and rec["result"]["status"] != "ok"))
+                   or (rec["result"]["status"] == "ok" and rec["result"].get("kvlab") == __version__
+                       and rec["params"]["method"].startswith("kvpress:") and _without_kvpress(rec["params"]) in peers)]
+    rows = []
+    for rec in records:
+        p, r = rec["params"], rec["result"]
+        kind = "reference" if p["method"] == "Full" else "flops" if p["method"] in FLOP_METHODS else "kv"
+        rows.append(dict(model=p["model"], model_sha256=p["model_sha256"], seed=p["seed"], task=p["task"],
+                         method=p["method"], kind=kind, level=p["level"],
+                         kv_budget=p["kv_budget"] if kind == "kv" else None,
+                         flop_budget=p["flop_budget"] if kind == "flops" else None,
+                         mean_kv=r.get("mean_kv"), flop_fraction=r.get("flop_fraction"), ppl=r.get("ppl"),
+                         accuracy=r.get("accuracy"), answer_nll=r.get("answer_nll"), status=r["status"],
+                         method_params=json.dumps(r.get("method_params", {}), sort_keys=True),
+                         kvlab=r.get("kvlab"), key=rec["key"], seconds=round(rec["wall_seconds"], 2)))
+    return rows
+
+
+def _fmt(x, digits=2):
+    return "" if x is None else f"{x:.{digits}f}"
+
+
+def markdown(rows: list[dict]) -> str:
+    """One table per model: a row per method and budget level, a column per task (its main metric)."""
+    lines = []
+    for model in sorted({r["model"] for r in rows}):
+        heads = " | ".join(f"{t} {MAIN_METRIC[t][0]} {'↓' if MAIN_METRIC[t][1] else '↑'}" for t in TASKS)
+        lines += [f"**{model}**", "", f"| method | level | cost | {heads} |",
+                  "|---|---|---|" + "---|" * len(TASKS)]
+        mine = [r for r in rows if r["model"] == model]
+        for method in METHODS:
+            for level in sorted({r["level"] for r in mine if r["method"] == method}):
+                cells = {r["task"]: r for r in mine if r["method"] == method and r["level"] == level}
+                ok = [r for r in cells.values() if r["status"] == "ok"]
+                cost = ""
+                if ok and ok[0]["kind"] != "flops":
+                    kvs = [r["mean_kv"] for r in ok if r["mean_kv"] is not None]
+                    cost = f"KV {min(kvs):.0f}-{max(kvs):.0f}" if kvs else ""
+                elif ok:
+                    cost = f"FLOPs {min(r['flop_fraction'] for r in ok):.2f}-{max(r['flop_fraction'] for r in ok):.2f}"
+                vals = []
+                for t in TASKS:
+                    r = cells.get(t)
+                    if r is None:
+                        vals.append("")
+                    elif r["status"] != "ok":
+                        vals.append("n/a")
+                    else:
+                        vals.append(_fmt(r[MAIN_METRIC[t][0]], 3 if t == "qa" else 2))
+                lines.append(f"| {method} | {'-' if method == 'Full' else level} | {cost} | " + " | ".join(vals) + " |")
+        lines.append("")
+    reasons = sorted({(r["method"], r["task"], r["status"][5:]) for r in rows if r["status"] != "ok"})
+    if reasons:
+        lines.append("n/a: " + "; ".join(f"{m} on {t}: {why}" for m, t, why in reasons))
+    return "\n".join(lines)
+
+
+def _pareto(points: list[tuple[float, float]], lower_better: bool) -> list[tuple[float, float]]:
+    """The non-dominated points (less cost, better quality), by cost."""
+    front, best = [], None
+    for x, y in sorted(points):
+        if best is None or (y < best if lower_better else y > best):
+            front.append((x, y))
+            best = y
+    return front
+
+
+def pareto_plot(rows: list[dict], path=None):
+    """Quality against cost per task: top row mean KV (cache methods, Full), bottom row kept FLOP share (DHSA,
+    OrthoRank, Full); one marker per model, the Pareto front of each model dashed. Saves to ``path`` if given."""
+    import matplotlib.pyplot as plt
+
+    models = sorted({r["model"] for r in rows})
+    markers = dict(zip(models, "os^Dv"))
+    colors = {m: plt.cm.tab20(i % 20) for i, m in enumerate(METHODS)}
+    fig, axes = plt.subplots(2, len(TASKS), figsize=(4 * len(TASKS), 7), squeeze=False)
+    for col, task in enumerate(TASKS):
+        metric, lower = MAIN_METRIC[task]
+        for row, (xkey, kinds, label) in enumerate([("mean_kv", ("kv", "reference"), "mean KV (entries)"),
+                                                    ("flop_fraction", ("flops", "reference"), "kept FLOP share")]):
+            ax = axes[row][col]
+            for model in models:
+                pts = [r for r in rows if r["task"] == task and r["model"] == model and r["kind"] in kinds
+                       and r["status"] == "ok" and r.get(xkey) is not None and r.get(metric) is not None]
+                for r in pts:
+                    ax.scatter(r[xkey], r[metric], color=colors[r["method"]], marker=markers[model], s=40,
+                               label=r["method"] if model == models[0] else None)
+                front = _pareto([(r[xkey], r[metric]) for r in pts], lower)
+                if len(front) > 1:
+                    ax.plot(*zip(*front), ls="--", color="grey", lw=0.8)
+            ax.set_xlabel(label)
+            ax.set_ylabel(f"{metric} ({'lower' if lower else 'higher'} is better)")
+            ax.set_title(task)
+            handles, labels = ax.get_legend_handles_labels()
+            uniq = dict(zip(labels, handles))
+            if uniq:
+                ax.legend(uniq.values(), uniq.keys(), fontsize=6)
+    fig.suptitle("kvlab leaderboard: " + ", ".join(f"{m} ({markers[m]})" for m in models))
+    fig.tight_layout()
+    if path is not None:
+        fig.savefig(path, dpi=110)
+    return fig
+
+
+def run_leaderboard(grid: str | dict = "tiny", out="benchmarks/results/leaderboard", *, workers: int | None = 2,
+                    scheduler: str | None = None, methods=METHODS, tasks=TASKS, progress: bool = True,
+                    run: bool = True):
+    """Run (or resume) a grid on a Dask cluster, then write ``leaderboard.csv`` (and ``.parquet`` where pyarrow
+    is installed), ``leaderboard.md`` and ``pareto.png`` under ``out``; ``run=False`` only writes them from the
+    cells already finished (a sweep cut short). Returns ``(report, rows)``."""
+    import csv
+
+    from kvlab.sweep import SweepReport, run_sweep
+
+    out = Path(out)
+    cells = cell_tasks(grid, methods=methods, tasks=tasks)
+    report = SweepReport()
+    if run and importlib.util.find_spec("distributed") is None:  # .venv-peers: kvpress, no Dask
+        from kvlab.sweep import _call, _finished
+
+        for t in cells:
+            if _finished(t, out / "cells"):
+                report.skipped.append(t.name)
+            else:
+                (out / "cells").mkdir(parents=True, exist_ok=True)
+                report.done.append(_call(t, str(out / "cells"), []))
+    elif run:
+        report = run_sweep(cells, out / "cells", scheduler=scheduler, workers=workers, progress=progress,
+                           python_path=[str(Path(__file__).resolve().parents[1])])
+    rows = collect(out, cells)
+    if rows:
+        with open(out / "leaderboard.csv", "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(rows[0]))
+            w.writeheader()
+            w.writerows(rows)
+        try:
+            import pandas as pd
+            import pyarrow  # noqa: F401
+
+            pd.DataFrame(rows).to_parquet(out / "leaderboard.parquet")
+        except ImportError:
+            pass
+        (out / "leaderboard.md").write_text(markdown(rows) + "\n")
+        import matplotlib.pyplot as plt
+
+        plt.close(pareto_plot(rows, out / "pareto.png"))
+    return report, rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m kvlab leaderboard", description=__doc__.split("\n\n")[0])
+    p.add_argument("--grid", default="tiny", choices=sorted(GRIDS))
+    p.add_argument("--out", default="benchmarks/results/leaderboard")
+    p.add_argument("--workers", type=int, default=None, help="local Dask worker processes (default: cores - 1)")
+    p.add_argument("--scheduler", help="address of a running Dask scheduler (default: a local cluster)")
+    p.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset of the methods")
+    p.add_argument("--tasks", default=",".join(TASKS), help="comma-separated subset of the tasks")
+    p.add_argument("--report-only", action="store_true", help="write the table and plot from finished cells only")
+    args = p.parse_args(argv)
+    tasks = args.tasks.split(",")
+    for t in tasks:
+        if t not in TASKS:
+            raise SystemExit(f"--tasks must be among {TASKS}, got {t!r}")
+    report, rows = run_leaderboard(args.grid, args.out, workers=args.workers, scheduler=args.scheduler,
+                                   methods=args.methods.split(","), tasks=tasks, run=not args.report_only)
+    print(report.summary())
+    print(markdown(rows))
+    return 1 if report.failed else 0

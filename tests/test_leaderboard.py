@@ -1,0 +1,113 @@
+"""kvlab.leaderboard: the tiny grid on a local Dask cluster of two workers, matched budgets, n/a cells, reruns."""
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+
+from kvlab import leaderboard as lb
+from kvlab.sweep import task_key
+
+TASKS = ("ppl", "passkey")  # two of the four tasks keep the run short; every method runs on both
+
+
+@pytest.fixture(scope="module")
+def board(tmp_path_factory):
+    out = tmp_path_factory.mktemp("leaderboard")
+    first, rows = lb.run_leaderboard("tiny", out, workers=2, tasks=TASKS, progress=False)
+    stamps = {p.name: p.stat().st_mtime_ns for p in (out / "cells").glob("*.json")}
+    again, rows_again = lb.run_leaderboard("tiny", out, workers=2, tasks=TASKS, progress=False)
+    return out, first, rows, again, rows_again, stamps
+
+
+def test_every_cell_finishes_ok_or_says_why_not(board):
+    out, first, rows, *_ = board
+    assert not first.failed, first.summary()
+    cells = lb.cell_tasks("tiny", tasks=TASKS)
+    assert len(rows) == len(cells) == len(first.done)
+    by = {(r["method"], r["task"], r["level"]): r for r in rows}
+    for method in lb.METHODS:
+        for task in TASKS:
+            assert (method, task, 0) in by, f"no cell for {method} on {task}"
+    for r in rows:
+        assert r["status"] == "ok" or (r["status"].startswith("n/a: ") and len(r["status"]) > 20), r
+        if r["status"] == "ok":
+            metric = lb.MAIN_METRIC[r["task"]][0]
+            assert r[metric] is not None and r[metric] == r[metric], r  # a number, not NaN
+    assert by[("REFORM", "ppl", 0)]["status"].startswith("n/a: REFORM answers a question")
+    assert by[("REFORM", "passkey", 0)]["status"] == "ok"
+    for press in lb.PRESSES:
+        status = by[(f"kvpress:{press}", "ppl", 0)]["status"]
+        assert status.startswith("n/a: ") and "streaming" in status
+    assert "n/a" in (out / "leaderboard.md").read_text()
+
+
+def test_cache_methods_hold_the_budget_and_flop_methods_keep_their_share(board):
+    _, _, rows, *_ = board
+    checked = set()
+    for r in rows:
+        if r["status"] != "ok" or r["method"] == "Full":
+            continue
+        if r["kind"] == "kv":
+            assert abs(r["mean_kv"] - r["kv_budget"]) <= lb.KV_TOLERANCE * r["kv_budget"], r
+        else:
+            assert abs(r["flop_fraction"] - r["flop_budget"]) <= 0.05, r
+        checked.add(r["method"])
+    assert checked >= {"StreamingLLM", "H2O", "TOVA", "SepLLM", "LaCache", "REFORM", "DHSA", "OrthoRank"}
+    full = [r for r in rows if r["method"] == "Full" and r["task"] == "ppl"][0]
+    assert full["mean_kv"] > max(lb.GRIDS["tiny"]["kv_budgets"])  # the budgets really evict
+
+
+def test_records_carry_method_model_checksum_seed_and_version(board):
+    out, _, rows, *_ = board
+    sha = lb.model_checksum("smollm2-135m")
+    assert len(sha) == 64
+    rec = json.loads(next((out / "cells").glob("*-ppl-StreamingLLM-b1.json")).read_text())
+    assert rec["params"]["model_sha256"] == sha and rec["params"]["seed"] == 0
+    assert rec["result"]["kvlab"] == __import__("kvlab").__version__
+    assert rec["result"]["method_params"]["cap"] >= 56  # a cap at least the mean KV it gives (level 1: 56)
+    with open(out / "leaderboard.csv") as f:
+        table = list(csv.DictReader(f))
+    needed = {"method", "method_params", "model", "model_sha256", "seed", "kvlab", "mean_kv", "flop_fraction"}
+    assert needed <= set(table[0])
+    assert (out / "pareto.png").stat().st_size > 10_000
+    # the key changes with the seed and with the model file
+    task = lb.cell_tasks("tiny", tasks=("ppl",))[0]
+    other = type(task)(task.name, task.target, {**task.params, "seed": 1})
+    assert task_key(other) != task_key(task)
+
+
+def test_rerun_skips_every_finished_cell(board):
+    out, first, rows, again, rows_again, stamps = board
+    assert not again.done and not again.failed
+    assert sorted(again.skipped) == sorted(first.done)
+    assert {p.name: p.stat().st_mtime_ns for p in (out / "cells").glob("*.json")} == stamps
+    assert rows_again == rows
+
+
+@pytest.mark.parametrize("kv, flops, rule", [
+    ([8], [0.5], r"ints in \[16, tokens // 2\)"),
+    ([100], [0.5], r"ints in \[16, tokens // 2\) = \[16, 80\)"),
+    ([40], [1.5], r"kept fractions in \(0, 1\)"),
+    ([40, 56], [0.5], "equal length"),
+])
+def test_bad_budgets_raise_naming_the_constraint(kv, flops, rule):
+    with pytest.raises(ValueError, match=rule):
+        lb.check_budgets(kv, flops, 160)
+    with pytest.raises(ValueError, match=rule):
+        lb.cell_tasks({**lb.GRIDS["tiny"], "kv_budgets": kv, "flop_budgets": flops})
+
+
+def test_unreachable_mean_kv_raises():
+    import torch
+
+    from kvlab.models import load_tokenizer
+
+    ids = torch.arange(100, 164)[None]
+    with pytest.raises(ValueError, match="a full cache holds"):
+        lb.match_cache("StreamingLLM", 50, ids, 16, 2, load_tokenizer())
+    cap, _, mean = lb.match_cache("StreamingLLM", 20, ids, 16, 2, load_tokenizer())
+    assert abs(mean - 20) <= lb.KV_TOLERANCE * 20 and cap > 20  # the cap sits above the mean: the cache fills up
+    with pytest.raises(ValueError, match="no cap gives mean KV within 5% of 16"):  # LaCache's ladder needs >= 41
+        lb.match_cache("LaCache", 16, ids, 16, 30, load_tokenizer())

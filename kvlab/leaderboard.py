@@ -39,6 +39,10 @@ or kvlab version runs again::
 
     python -m kvlab leaderboard --grid tiny --workers 2          # local Dask cluster
     python -m kvlab leaderboard --grid default --scheduler tcp://10.0.0.5:8786
+    .venv-peers/bin/python -m kvlab leaderboard --grid tiny --methods kvpress:SnapKVPress   # the peer's rows
+
+``.venv-peers`` (kvpress, transformers<5.3) has no Dask: there the cells run one after the other in-process, into
+the same folder, and replace the n/a cells the main environment made for the presses (:func:`collect`).
 """
 from __future__ import annotations
 
@@ -62,14 +66,14 @@ FLOP_METHODS = ("DHSA", "OrthoRank")
 METHODS = ("Full",) + CACHE_METHODS + FLOP_METHODS
 TASKS = ("ppl", "passkey", "kv_retrieval", "qa")
 #: the number each task is ranked by, and whether lower is better
-MAIN_METRIC = {"ppl": ("ppl", True), "passkey": ("accuracy", False), "kv_retrieval": ("accuracy", False),
-               "qa": ("answer_nll", True)}
+MAIN_METRIC = {"ppl": ("ppl", True), "passkey": ("accuracy", False), "kv_retrieval": ("answer_nll", True),
+               "qa": ("answer_nll", True)}  # a 135M model rarely spells out a UUID: the answer NLL separates methods
 KV_TOLERANCE = 0.05  # relative: a matched cache method's mean KV lies within 5% of the budget
 TOKEN_RATIO = 0.33  # OrthoRank's share of tokens a routed layer computes (the paper's)
 
 #: grids: models, budget levels (mean KV entries for cache methods, kept FLOP share for DHSA / OrthoRank) and sizes
 GRIDS = {
-    "tiny": dict(models=["smollm2-135m"], kv_budgets=[40, 56], flop_budgets=[0.7, 0.85], tokens=160, lengths=[160],
+    "tiny": dict(models=["smollm2-135m"], kv_budgets=[40, 56], flop_budgets=[0.7, 0.85], tokens=160, lengths=[200],
                  depths=[0.5], examples=1, chunk=32, max_new_tokens=6, seeds=[0]),
     "default": dict(models=["smollm2-135m", "gemma3-270m"], kv_budgets=[64, 128], flop_budgets=[0.6, 0.8],
                     tokens=512, lengths=[512], depths=[0.25, 0.75], examples=2, chunk=64, max_new_tokens=12,
@@ -190,14 +194,17 @@ def match_dhsa(fraction: float, n: int, *, minimum: int = 20) -> tuple[int, floa
     return best, attention_fraction(n, best)
 
 
-def match_orthorank(config, fraction: float, n: int, token_ratio: float = TOKEN_RATIO) -> tuple[int, float]:
-    """``(routed layers, kept fraction)``: the number of routed layers whose kept decoder FLOPs over ``n`` tokens
-    (:func:`kvlab.orthorank.flop_sparsity`) are closest to ``fraction``."""
+def match_orthorank(config, fraction: float, n: int, token_ratio: float = TOKEN_RATIO, *,
+                    candidates: int | None = None) -> tuple[int, float]:
+    """``(routed layers, kept fraction)``: the number of routed layers (at most ``candidates``, the layers after
+    the sink) whose kept decoder FLOPs over ``n`` tokens (:func:`kvlab.orthorank.flop_sparsity`) are closest to
+    ``fraction``."""
     from kvlab.orthorank import flop_sparsity
 
     cfg = config.get_text_config() if hasattr(config, "get_text_config") else config
+    most = cfg.num_hidden_layers - 1 if candidates is None else min(candidates, cfg.num_hidden_layers)
     kept = {r: 1.0 - flop_sparsity(config, routed=r, token_ratio=token_ratio, seq_len=n)
-            for r in range(1, cfg.num_hidden_layers)}
+            for r in range(1, most + 1)}
     best = min(kept, key=lambda r: abs(kept[r] - fraction))
     return best, kept[best]
 
@@ -374,8 +381,10 @@ def run_cell(method: str, task: str, level: int, kv_budget: int, flop_budget: fl
             return use_pattern(net, DHSAPattern(nb, chunking="fixed", chunk_size=16), chosen), frac
         from kvlab.orthorank import orthorank
 
-        routed, frac = match_orthorank(net.config, flop_budget, n)
+        routed, frac = match_orthorank(net.config, flop_budget, n, candidates=len(_orthorank_ranking(model)))
         chosen = _orthorank_layers(model, routed)
+        if len(chosen) != routed:
+            raise RuntimeError(f"OrthoRank: {routed} layers to route, {len(chosen)} ranked")
         out["method_params"] = {"layers": chosen, "token_ratio": TOKEN_RATIO, "decode": "threshold"}
         return orthorank(net, chosen, TOKEN_RATIO), frac
 
@@ -538,10 +547,12 @@ def _fmt(x, digits=2):
 def markdown(rows: list[dict]) -> str:
     """One table per model: a row per method and budget level, a column per task (its main metric)."""
     lines = []
+    tasks = [t for t in TASKS if any(r["task"] == t for r in rows)]  # the tasks this run has
     for model in sorted({r["model"] for r in rows}):
-        heads = " | ".join(f"{t} {MAIN_METRIC[t][0]} {'↓' if MAIN_METRIC[t][1] else '↑'}" for t in TASKS)
+        heads = " | ".join(f"{t}{'' if MAIN_METRIC[t][0] == t else ' ' + MAIN_METRIC[t][0]} "
+                           f"{'↓' if MAIN_METRIC[t][1] else '↑'}" for t in tasks)
         lines += [f"**{model}**", "", f"| method | level | cost | {heads} |",
-                  "|---|---|---|" + "---|" * len(TASKS)]
+                  "|---|---|---|" + "---|" * len(tasks)]
         mine = [r for r in rows if r["model"] == model]
         for method in METHODS:
             for level in sorted({r["level"] for r in mine if r["method"] == method}):
@@ -554,14 +565,14 @@ def markdown(rows: list[dict]) -> str:
                 elif ok:
                     cost = f"FLOPs {min(r['flop_fraction'] for r in ok):.2f}-{max(r['flop_fraction'] for r in ok):.2f}"
                 vals = []
-                for t in TASKS:
+                for t in tasks:
                     r = cells.get(t)
                     if r is None:
                         vals.append("")
                     elif r["status"] != "ok":
                         vals.append("n/a")
                     else:
-                        vals.append(_fmt(r[MAIN_METRIC[t][0]], 3 if t == "qa" else 2))
+                        vals.append(_fmt(r[MAIN_METRIC[t][0]], 3 if MAIN_METRIC[t][0] == "answer_nll" else 2))
                 lines.append(f"| {method} | {'-' if method == 'Full' else level} | {cost} | " + " | ".join(vals) + " |")
         lines.append("")
     reasons = sorted({(r["method"], r["task"], r["status"][5:]) for r in rows if r["status"] != "ok"})
@@ -586,10 +597,11 @@ def pareto_plot(rows: list[dict], path=None):
     import matplotlib.pyplot as plt
 
     models = sorted({r["model"] for r in rows})
+    tasks = [t for t in TASKS if any(r["task"] == t for r in rows)]
     markers = dict(zip(models, "os^Dv"))
     colors = {m: plt.cm.tab20(i % 20) for i, m in enumerate(METHODS)}
-    fig, axes = plt.subplots(2, len(TASKS), figsize=(4 * len(TASKS), 7), squeeze=False)
-    for col, task in enumerate(TASKS):
+    fig, axes = plt.subplots(2, len(tasks), figsize=(4 * len(tasks) + 1, 7), squeeze=False)
+    for col, task in enumerate(tasks):
         metric, lower = MAIN_METRIC[task]
         for row, (xkey, kinds, label) in enumerate([("mean_kv", ("kv", "reference"), "mean KV (entries)"),
                                                     ("flop_fraction", ("flops", "reference"), "kept FLOP share")]):
@@ -654,8 +666,13 @@ def run_leaderboard(grid: str | dict = "tiny", out="benchmarks/results/leaderboa
 
             pd.DataFrame(rows).to_parquet(out / "leaderboard.parquet")
         except ImportError:
-            pass
-        (out / "leaderboard.md").write_text(markdown(rows) + "\n")
+            (out / "leaderboard.parquet").unlink(missing_ok=True)  # never leave a stale copy beside the CSV
+        subset = "".join(f" --{what} {','.join(chosen)}" for what, chosen, every in
+                         (("tasks", tasks, TASKS), ("methods", methods, METHODS)) if tuple(chosen) != tuple(every))
+        how = (f"`python -m kvlab leaderboard --grid {grid}{subset} --out {out}`" if isinstance(grid, str)
+               else f"`kvlab.leaderboard.run_leaderboard({grid!r})`")
+        (out / "leaderboard.md").write_text(f"Made by {how} (kvlab {__import__('kvlab').__version__}); cells in "
+                                            f"`cells/`, every number in `leaderboard.csv`.\n\n{markdown(rows)}\n")
         import matplotlib.pyplot as plt
 
         plt.close(pareto_plot(rows, out / "pareto.png"))

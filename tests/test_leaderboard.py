@@ -111,3 +111,25 @@ def test_unreachable_mean_kv_raises():
     assert abs(mean - 20) <= lb.KV_TOLERANCE * 20 and cap > 20  # the cap sits above the mean: the cache fills up
     with pytest.raises(ValueError, match="no cap gives mean KV within 5% of 16"):  # LaCache's ladder needs >= 41
         lb.match_cache("LaCache", 16, ids, 16, 30, load_tokenizer())
+
+
+def test_a_kvpress_cell_run_in_the_peer_environment_replaces_its_na_twin(tmp_path):
+    """Cells of kvpress presses made where kvpress is missing are named apart and give way to the same cell run
+    in .venv-peers (records written by kvlab.sweep's own writer, as that environment does)."""
+    import kvlab
+    from kvlab.sweep import Task, _write_atomic
+
+    cells = lb.cell_tasks("tiny", methods=("kvpress:KnormPress",), tasks=("passkey",))
+    (tmp_path / "cells").mkdir()
+    here = {"status": "n/a: kvpress is not importable here", "kvlab": kvlab.__version__}
+    for t in cells:
+        assert t.params["kvpress"] == lb._kvpress_version()
+        peer = {"status": "ok", "kvlab": kvlab.__version__, "accuracy": 1.0, "answer_nll": 0.5,
+                "mean_kv": float(t.params["kv_budget"])}
+        for task, result in [(t, here), (Task(t.name + "-peer", t.target, {**t.params, "kvpress": "0.5.5"}), peer)]:
+            _write_atomic(tmp_path / "cells" / f"{task.name}.json",
+                          dict(name=task.name, key=task_key(task), target=task.target, params=task.params,
+                               wall_seconds=1.0, result=result))
+    rows = lb.collect(tmp_path, cells)
+    assert len(rows) == len(cells) and all(r["status"] == "ok" for r in rows)
+    assert len(lb.collect(tmp_path)) == 2 * len(cells)  # without a grid: every record

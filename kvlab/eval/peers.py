@@ -192,13 +192,25 @@ def compare_kept(model, ids: torch.Tensor, budget: int, methods=tuple(PAIRS), *,
 
 
 @torch.no_grad()
-def answer_from_cache(model, cache, logits: torch.Tensor, question_ids: torch.Tensor, max_new_tokens: int):
-    """Append the question to a compressed cache and decode greedily; returns the generated ids."""
-    out = model(question_ids, past_key_values=cache)
-    token = out.logits[:, -1:].argmax(-1)
-    generated = [token]
+def answer_from_cache(model, cache, question_ids: torch.Tensor, max_new_tokens: int, *, start: int):
+    """Append the question to a compressed cache and decode greedily; returns the generated ids.
+
+    ``start`` is the length of the compressed context: new tokens take positions ``start, start + 1, ...``
+    as they would without compression (kvpress's pipeline does the same; a plain transformers cache would
+    otherwise place them at its *compressed* length). kvlab's cache assigns positions itself."""
+    from kvlab.core import KVCache
+
+    def step(ids, at):
+        if isinstance(cache, KVCache):
+            return model(ids, past_key_values=cache).logits[:, -1:]
+        pos = torch.arange(at, at + ids.shape[1], device=ids.device)[None]
+        return model(ids, past_key_values=cache, position_ids=pos).logits[:, -1:]
+
+    token = step(question_ids, start).argmax(-1)
+    at, generated = start + question_ids.shape[1], [token]
     for _ in range(max_new_tokens - 1):
-        token = model(token, past_key_values=cache).logits[:, -1:].argmax(-1)
+        token = step(token, at).argmax(-1)
+        at += 1
         generated.append(token)
     return torch.cat(generated, dim=1)[0]
 
@@ -225,10 +237,10 @@ def retrieval_check(model, tokenizer, budget: int, *, lengths=(1024,), depths=(0
             q_ids = tokenizer(ex.prompt[cut:], return_tensors="pt", add_special_tokens=False).input_ids.to(device)
             for name, source in methods:
                 if source == "kvlab":
-                    cache, logits = kvlab_prefill(model, ids, kvlab_policy(name, budget, sink=sink))
+                    cache, _ = kvlab_prefill(model, ids, kvlab_policy(name, budget, sink=sink))
                 else:
-                    cache, logits = press_prefill(model, ids, make_press(name, ids.shape[1], budget, sink=sink))
-                said = tokenizer.decode(answer_from_cache(model, cache, logits, q_ids, 24))
+                    cache, _ = press_prefill(model, ids, make_press(name, ids.shape[1], budget, sink=sink))
+                said = tokenizer.decode(answer_from_cache(model, cache, q_ids, 24, start=ids.shape[1]))
                 scores[(name, source)].append(_needle_score(said, ex.answer))
     return [{"method": name, "source": source, "budget": budget, "score": sum(v) / len(v), "n": len(v)}
             for (name, source), v in scores.items()]

@@ -315,6 +315,9 @@ def _select_chunks(context_ids: torch.Tensor, order: torch.Tensor, chunk: int, b
             continue
         chosen.append(i)
         total += size
+    if not chosen:
+        raise ValueError(f"budget ({budget}) is smaller than every retrieval chunk (up to {chunk} tokens): OP-RAG "
+                         f"keeps whole chunks; raise budget to >= {chunk} or lower the chunk size")
     chosen.sort()
     ids = torch.cat([context_ids[:, spans[i][0]:spans[i][1]] for i in chosen], dim=1)
     return ids, torch.tensor(chosen)

@@ -34,7 +34,7 @@ doors it uses), ``triton.py`` / ``flex.py`` (fast paths), ``bench.py`` (``python
 its policies are re-exported from :mod:`kvlab.policies` so that the policy contract test covers them.
 """
 
-from kvlab.core.attention import SUPPORTED_ARCHITECTURES, attach, capture_attention
+from kvlab.core.attention import SUPPORTED_ARCHITECTURES, attach, capture_attention, eager_base
 from kvlab.core.cache import KVCache, KVLayer, LayerView, rerotate
 from kvlab.core.checks import check_choice, check_float, check_int, check_tensor, check_token_ids
 from kvlab.core.pattern import AttentionCall, AttentionPattern, MaskPattern, attend, causal_mask, kv_ratio, use_pattern
@@ -43,7 +43,7 @@ from kvlab.core.router import LayerRouter, RouteCall, use_router
 from kvlab.core.state import model_state
 
 __all__ = [
-    "SUPPORTED_ARCHITECTURES", "attach", "capture_attention", "model_state",
+    "SUPPORTED_ARCHITECTURES", "attach", "capture_attention", "eager_base", "model_state",
     "KVCache", "KVLayer", "LayerView", "rerotate",
     "Policy", "POSITION_MODES", "indices_from_mask",
     "AttentionCall", "AttentionPattern", "MaskPattern", "attend", "causal_mask", "kv_ratio", "use_pattern",

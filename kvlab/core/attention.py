@@ -30,7 +30,8 @@ row (Full, StreamingLLM, LaCache, H2O); padded batches raise.
 
 from __future__ import annotations
 
-from typing import Iterable
+import contextlib
+from typing import Iterable, Iterator
 
 import torch
 
@@ -39,7 +40,7 @@ from kvlab.core.pattern import AttentionCall, attend, causal_mask
 from kvlab.core.router import install_router_door
 from kvlab.core.state import ModelState, StepInfo, model_state
 
-__all__ = ["SUPPORTED_ARCHITECTURES", "attach", "capture_attention"]
+__all__ = ["SUPPORTED_ARCHITECTURES", "attach", "capture_attention", "eager_base"]
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "gemma3_text")
 _NAME = "kvlab"
@@ -227,3 +228,26 @@ def capture_attention(model: torch.nn.Module, input_ids: torch.Tensor,
     finally:
         state.capture = None
     return torch.stack(maps)
+
+
+@contextlib.contextmanager
+def eager_base(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
+    """Within the block, the attention kvlab falls back to is eager (full softmax weights returned), not SDPA.
+
+    For code that reads attention weights from transformers' outputs or hooks (kvpress's presses,
+    ``output_attentions=True``): transformers then prepares eager's additive mask (kvlab registers the name
+    ``kvlab_eager`` for it). Restores the previous implementation on exit, also after an error. A model not
+    attached to kvlab is switched with ``set_attn_implementation("eager")``.
+    """
+    state = getattr(model, "_kvlab_state", None)
+    before_name = model.config._attn_implementation
+    before_base = state.base_implementation if state is not None else None
+    if state is not None:
+        state.base_implementation = "eager"
+    model.set_attn_implementation(_NAME + "_eager" if state is not None else "eager")
+    try:
+        yield model
+    finally:
+        if state is not None:
+            state.base_implementation = before_base
+        model.set_attn_implementation(before_name)

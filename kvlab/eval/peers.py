@@ -40,10 +40,12 @@ from __future__ import annotations
 
 import argparse
 import json
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
+
+from kvlab.core import eager_base
 
 __all__ = ["PAIRS", "require_kvpress", "make_press", "press_prefill", "kvlab_prefill", "kvpress_kept", "kvlab_kept",
            "compare_kept", "answer_from_cache", "retrieval_check", "main"]
@@ -95,25 +97,6 @@ def kvlab_policy(name: str, budget: int, *, sink: int = 4):
     raise ValueError(f"no kvlab baseline {name!r}; choose one of {sorted(PAIRS)}")
 
 
-@contextmanager
-def _eager(model):
-    """kvpress reads eager attention weights where a press needs them: make the model's base attention eager
-    for the call (kvlab routes attention; without a kvlab cache it calls this base implementation, and the
-    mask transformers prepares must then be eager's additive one: kvlab registers ``kvlab_eager`` for that)."""
-    state = getattr(model, "_kvlab_state", None)
-    if state is None:
-        yield
-        return
-    before = (state.base_implementation, model.config._attn_implementation)
-    state.base_implementation = "eager"
-    model.set_attn_implementation("kvlab_eager")
-    try:
-        yield
-    finally:
-        state.base_implementation = before[0]
-        model.set_attn_implementation(before[1])
-
-
 @torch.no_grad()
 def press_prefill(model, ids: torch.Tensor, press=None):
     """The adapter: prefill ``ids`` under a kvpress press (``None``: no compression); returns (the
@@ -121,7 +104,7 @@ def press_prefill(model, ids: torch.Tensor, press=None):
     from transformers import DynamicCache
 
     cache = DynamicCache()
-    with _eager(model), (press(model) if press is not None else nullcontext()):
+    with eager_base(model), (press(model) if press is not None else nullcontext()):
         out = model(ids, past_key_values=cache)
     return cache, out.logits[:, -1]
 

@@ -297,10 +297,14 @@ def _applies(method: str, task: str) -> str | None:
 
 
 @torch.no_grad()
-def _nll_after(model, cache, ids: torch.Tensor, target: torch.Tensor) -> float:
-    """Teacher-forced mean NLL of ``target`` after ``ids`` appended to (a copy of) ``cache``."""
+def _nll_after(model, cache, ids: torch.Tensor, target: torch.Tensor, start: int | None = None) -> float:
+    """Teacher-forced mean NLL of ``target`` after ``ids`` appended to (a copy of) ``cache``. ``start``: the
+    position of the first appended token when the cache holds fewer entries than the context had (a kvpress
+    cache; kvlab's own cache assigns positions itself)."""
     cache = copy.deepcopy(cache)
-    logits = model(input_ids=torch.cat([ids, target[:, :-1]], 1), past_key_values=cache).logits[0, ids.shape[1] - 1:]
+    seq = torch.cat([ids, target[:, :-1]], 1)
+    pos = None if start is None else torch.arange(start, start + seq.shape[1], device=seq.device)[None]
+    logits = model(input_ids=seq, past_key_values=cache, position_ids=pos).logits[0, ids.shape[1] - 1:]
     return float(torch.nn.functional.cross_entropy(logits.float(), target[0]))
 
 
@@ -312,8 +316,9 @@ def _press_answer(model, tokenizer, task, press_name: str, budget: int, max_new_
     q = tokenizer(task.query + task.answer_prefix, return_tensors="pt", add_special_tokens=False).input_ids.to(dev)
     target = tokenizer(task.answer, return_tensors="pt", add_special_tokens=False).input_ids.to(dev)
     cache, logits = press_prefill(model, ctx, make_press(press_name, ctx.shape[1], budget))
-    nll = _nll_after(model, cache, q, target)
-    said = tokenizer.decode(answer_from_cache(model, cache, logits, q, max_new_tokens), skip_special_tokens=True)
+    nll = _nll_after(model, cache, q, target, start=ctx.shape[1])
+    said = tokenizer.decode(answer_from_cache(model, cache, q, max_new_tokens, start=ctx.shape[1]),
+                            skip_special_tokens=True)
     return said, nll
 
 

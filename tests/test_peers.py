@@ -57,3 +57,30 @@ def test_bad_budget_names_the_constraint():
         peers.make_press("KnormPress", 100, 100)
     with pytest.raises(ValueError, match="no press"):
         peers.make_press("NoSuchPress", 100, 10)
+
+
+def test_leaderboard_scores_a_press_cache_at_the_uncompressed_positions(model_and_ids):
+    """A kvpress cache holds fewer entries than the context had; the question must still sit right after the
+    context (position 200 here), as without compression. kvlab's StreamingLLM with original positions keeps the
+    same entries (test above) and places the question itself: both answer NLLs must agree."""
+    from kvlab.baselines import StreamingLLM
+    from kvlab.leaderboard import _nll_after
+
+    model, ids = model_and_ids
+    ctx, q, target = ids[:, :200], ids[:, 200:210], ids[:, 210:220]
+    pressed, _ = peers.press_prefill(model, ctx, peers.make_press("StreamingLLMPress", 200, 48))
+    ours, _ = peers.kvlab_prefill(model, ctx, StreamingLLM(sink=4, cache_size=48, positions="original"))
+    want = _nll_after(model, ours, q, target)
+    assert _nll_after(model, pressed, q, target, start=200) == pytest.approx(want, abs=1e-4)
+    assert abs(_nll_after(model, pressed, q, target) - want) > 1e-3  # at the compressed length it is another NLL
+
+
+def test_leaderboard_press_cell_runs():
+    from kvlab.leaderboard import GRIDS, _kvpress_version, model_checksum, run_cell
+
+    g = GRIDS["tiny"]
+    cell = run_cell("kvpress:KnormPress", "kv_retrieval", 0, g["kv_budgets"][0], g["flop_budgets"][0], "smollm2-135m",
+                    model_checksum("smollm2-135m"), 0, g["tokens"], g["lengths"], g["depths"], g["examples"],
+                    g["chunk"], g["max_new_tokens"], kvpress=_kvpress_version())
+    assert cell["status"] == "ok", cell
+    assert 0.0 < cell["answer_nll"] < 20.0 and cell["mean_kv"] == g["kv_budgets"][0]

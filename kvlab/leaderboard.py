@@ -426,8 +426,8 @@ def run_cell(method: str, task: str, level: int, kv_budget: int, flop_budget: fl
             from kvlab.reform.api import heads_file
 
             if heads_file(net) is None:
-                return {**base, **_na("kvlab ships REFORM heads for SmolLM2 only; choose this model's with "
-                                      "python -m kvlab.reform.heads")}
+                return {**base, **_na("kvlab ships no REFORM heads for this model (kvlab/reform/heads/); choose "
+                                      "them with python -m kvlab.reform.heads")}
             b = kv_budget
             r = run_method("reform", net, tok, item, budget=b, chunk_size=max(chunk, b), n_initial=4,
                            n_recent=b // 4, n_final=b // 4, max_new_tokens=max_new_tokens)

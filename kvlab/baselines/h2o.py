@@ -31,6 +31,7 @@ class H2O(Policy):
     """
 
     needs_scores = True
+    static_reason = "it ranks entries by attention scores, which the static engine does not record"
 
     def __init__(self, budget: int, recent: int | None = None, *, positions: str = "cache"):
         super().__init__(positions)

@@ -15,7 +15,12 @@ class Full(Policy):
     def __init__(self, positions: str = "original"):
         super().__init__(positions)
 
+    static_reason = None
+
     def keep(self, view: LayerView) -> torch.Tensor | None:
+        return None
+
+    def static_keep(self, view) -> torch.Tensor | None:
         return None
 
 
@@ -50,9 +55,16 @@ class StreamingLLM(Policy):
                                  f"({cache_size}); lower one of them or raise cache_size")
         self.window = check_int("window", window, 1)
 
+    static_reason = None
+
     @property
     def budget(self) -> int:
         return self.sink + self.window
+
+    def static_keep(self, view) -> torch.Tensor:
+        """Slot ``i`` of a row holding ``n`` is kept iff ``i < sink`` or ``i >= n - window`` (all when
+        ``n <= sink + window``, which the rule already gives)."""
+        return (view.slots < self.sink) | (view.slots >= view.length[:, None] - self.window)
 
     def keep(self, view: LayerView) -> torch.Tensor | None:
         n = view.size

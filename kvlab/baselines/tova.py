@@ -29,6 +29,7 @@ class TOVA(Policy):
     """
 
     needs_scores = True
+    static_reason = "it ranks entries by attention scores, which the static engine does not record"
 
     def __init__(self, budget: int, *, positions: str = "cache"):
         super().__init__(positions)

@@ -4,6 +4,9 @@ Three doors into a transformers model, all opened by :func:`attach` (``kvlab.loa
 
 * **KV policy** — what each layer's cache *keeps* after every step: :class:`Policy` (``keep(view) ->
   indices``) run by :class:`KVCache`, a transformers ``Cache`` that physically holds only the kept entries.
+  :class:`StaticKVCache` keeps the same entries in fixed-capacity buffers (the policy's
+  ``static_keep(view) -> (B, C) mask``), so a decode step can be captured in a CUDA graph
+  (``kvlab.eval.FastDecoder``, the default engine of ``streaming_perplexity``).
 * **Attention pattern** — what the queries of a layer *see* during prefill or training:
   :class:`AttentionPattern` / :class:`MaskPattern` under ``with use_pattern(model, pattern, layers)``.
 * **Layer router** — which tokens a decoder layer *computes* (or whether it runs at all):
@@ -40,11 +43,12 @@ from kvlab.core.checks import check_choice, check_float, check_int, check_tensor
 from kvlab.core.pattern import AttentionCall, AttentionPattern, MaskPattern, attend, causal_mask, kv_ratio, use_pattern
 from kvlab.core.policy import POSITION_MODES, Policy, indices_from_mask
 from kvlab.core.router import LayerRouter, RouteCall, use_router
+from kvlab.core.static import StaticKVCache, StaticView, static_support
 from kvlab.core.state import model_state
 
 __all__ = [
     "SUPPORTED_ARCHITECTURES", "attach", "capture_attention", "eager_base", "model_state",
-    "KVCache", "KVLayer", "LayerView", "rerotate",
+    "KVCache", "KVLayer", "LayerView", "rerotate", "StaticKVCache", "StaticView", "static_support",
     "Policy", "POSITION_MODES", "indices_from_mask",
     "AttentionCall", "AttentionPattern", "MaskPattern", "attend", "causal_mask", "kv_ratio", "use_pattern",
     "LayerRouter", "RouteCall", "use_router",

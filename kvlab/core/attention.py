@@ -18,7 +18,9 @@ The attention function does what the model's own implementation (sdpa or eager) 
 * a *prefill attention pattern* is active for the layer (``with use_pattern(model, pattern): ...``):
   the pattern computes attention itself, from the queries, keys, values and an :class:`AttentionCall`
   that carries positions and token ids (SepLLM's mask, DHSA's chunk mask, a Triton kernel);
-* attention maps are being captured (``capture_attention``) for pictures.
+* attention maps are being captured (``capture_attention``) for pictures;
+* a :class:`~kvlab.core.StaticKVCache` is in use (the fast decode engine): the cache attends over its
+  live slots itself.
 
 It also opens the door for layer routers (:mod:`kvlab.core.router`): every decoder layer first asks
 whether a router runs it (OrthoRank computes a subset of tokens, REFORM exits early).
@@ -38,6 +40,7 @@ import torch
 from kvlab.core.cache import KVCache
 from kvlab.core.pattern import AttentionCall, attend, causal_mask
 from kvlab.core.router import install_router_door
+from kvlab.core.static import StaticKVCache
 from kvlab.core.state import ModelState, StepInfo, model_state
 
 __all__ = ["SUPPORTED_ARCHITECTURES", "attach", "capture_attention", "eager_base"]
@@ -166,6 +169,9 @@ def _kvlab_attention(module, query, key, value, attention_mask, dropout=0.0, sca
     pattern = state.patterns.get(layer) if state is not None else None
     capture = state is not None and state.capture is not None
     cache = step.cache if step is not None else None
+    if isinstance(cache, StaticKVCache):  # the fast decode engine (kvlab.eval.fast): the cache attends itself
+        scaling = scaling if scaling is not None else query.shape[-1] ** -0.5
+        return cache.attend(query, key, value, layer, scaling).transpose(1, 2).contiguous(), None
     if state is None or step is None or (cache is None and pattern is None and not capture):
         if state is None:
             from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS

@@ -16,6 +16,7 @@ from kvlab.core.checks import check_choice
 
 if TYPE_CHECKING:
     from kvlab.core.cache import LayerView
+    from kvlab.core.static import StaticView
 
 __all__ = ["Policy", "POSITION_MODES", "indices_from_mask"]
 
@@ -38,6 +39,9 @@ class Policy:
 
     needs_scores: bool = False
     batch_rows: str = "equal"
+    #: Why the policy has no :meth:`static_keep` rule (the fast decode engine then falls back to the
+    #: hooks engine and says so); None once a subclass implements it.
+    static_reason: str | None = "it has no static keep rule (Policy.static_keep) yet"
 
     def __init__(self, positions: str = "original"):
         self.positions = check_choice("positions", positions, POSITION_MODES)
@@ -45,6 +49,20 @@ class Policy:
     def keep(self, view: "LayerView") -> torch.Tensor | None:
         """Indices ``(m,)`` or ``(batch, m)`` of the entries of ``view`` to keep, ascending; None keeps all."""
         raise NotImplementedError
+
+    def static_keep(self, view: "StaticView") -> torch.Tensor | None:
+        """The same decision as :meth:`keep`, as a ``(rows, C)`` bool mask over the fixed slots of a
+        :class:`~kvlab.core.StaticKVCache` (None keeps every live slot), for every layer and stream at once
+        (one row per pair; ``view.layer`` says each row's layer), computed with device tensors only: no
+        ``.item()``, no shape that depends on the data, so a decode step can be captured in a CUDA graph.
+        Called after every one-token step (a row then holds at most ``budget + 1`` entries). Scratch state
+        lives in ``view.state`` (``(rows, ...)`` tensors from :meth:`static_state`, updated in place).
+        """
+        raise NotImplementedError(f"{type(self).__name__}: {self.static_reason}")
+
+    def static_state(self, rows: int, device) -> dict[str, torch.Tensor]:
+        """Initial scratch tensors for :meth:`static_keep`, one entry per row (a StaticKVCache resets to them)."""
+        return {}
 
     def check_model(self, num_layers: int) -> None:
         """Raise if the policy cannot run on a model with ``num_layers`` layers (LaCache's span, ...)."""

@@ -5,8 +5,9 @@ choice scored by log-likelihood as the LM Evaluation Harness does (:mod:`kvlab.e
 from kvlab.eval.gsm8k import (GSM8KResult, cot_prompt, extract_answers, gsm8k_answer_nll, gsm8k_generate,
                               load_gsm8k, reference_solution)
 from kvlab.eval.retrieval import RetrievalResult, ask, needle_in_haystack, passkey
+from kvlab.eval.fast import FastDecoder
 from kvlab.eval.streaming import (StreamingResult, chunked_perplexity, decode_stepwise, parallel_nll, ppl_at_lengths,
-                                  stream_ids, streaming_perplexity)
+                                  stream_ids, streaming_perplexity, streaming_perplexity_batch)
 from kvlab.eval.throughput import decode_throughput
 from kvlab.eval.zeroshot import ZeroShotResult, evaluate_task, load_task
 
@@ -15,7 +16,7 @@ __all__ = [
     "reference_solution",
     "RetrievalResult", "ask", "needle_in_haystack", "passkey",
     "StreamingResult", "chunked_perplexity", "decode_stepwise", "parallel_nll", "ppl_at_lengths", "stream_ids",
-    "streaming_perplexity",
+    "streaming_perplexity", "streaming_perplexity_batch", "FastDecoder",
     "decode_throughput",
     "ZeroShotResult", "evaluate_task", "load_task",
 ]

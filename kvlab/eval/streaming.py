@@ -9,14 +9,20 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from dataclasses import dataclass
 
 import torch
 
-from kvlab.core import KVCache, Policy, check_int, check_token_ids
+from kvlab.core import KVCache, Policy, check_choice, check_int, check_token_ids
+from kvlab.eval.fast import decode_static, static_reason
 
-__all__ = ["StreamingResult", "chunked_perplexity", "decode_stepwise", "parallel_nll", "ppl_at_lengths",
-           "stream_ids", "streaming_perplexity"]
+__all__ = ["ENGINES", "StreamingResult", "chunked_perplexity", "decode_stepwise", "parallel_nll", "ppl_at_lengths",
+           "stream_ids", "streaming_perplexity", "streaming_perplexity_batch"]
+
+#: How a streaming run decodes: "static" (kvlab.eval.fast, CUDA graphs on a GPU), "hooks" (the model's own
+#: forward through a KVCache), "auto" (static when the model and policy allow it, else hooks with a warning).
+ENGINES = ("auto", "static", "hooks")
 
 
 @dataclass
@@ -25,8 +31,10 @@ class StreamingResult:
 
     nll: ``(T - 1,)`` negative log-likelihood (nats) of tokens ``1..T-1``.
     kv_trace_per_layer: ``(T, layers)`` entries each layer held after each step.
-    peak_memory: most bytes of keys and values the cache held after a step (what a policy saves);
+    peak_memory: most bytes of keys and values the cache held after a step (what a policy saves; the static
+    engine allocates ``capacity`` slots but counts the entries held, as the hooks engine does);
     peak_device_memory: ``torch.cuda.max_memory_allocated`` on CUDA (all tensors), None on CPU.
+    engine: which engine decoded ("static" or "hooks", see :data:`ENGINES`).
     """
 
     policy: str
@@ -35,6 +43,7 @@ class StreamingResult:
     seconds: float
     peak_memory: int
     peak_device_memory: int | None
+    engine: str = "hooks"
 
     @property
     def ppl(self) -> float:
@@ -58,7 +67,7 @@ class StreamingResult:
 
     def __repr__(self) -> str:
         return (f"StreamingResult({self.policy}: ppl={self.ppl:.3f}, mean_kv={self.mean_kv:.1f}, "
-                f"tokens={self.nll.numel() + 1}, seconds={self.seconds:.1f})")
+                f"tokens={self.nll.numel() + 1}, seconds={self.seconds:.1f}, engine={self.engine})")
 
 
 def _vocab_size(model) -> int | None:
@@ -103,11 +112,49 @@ def stream_ids(model, tokenizer, text: str | torch.Tensor, max_tokens: int | Non
     return ids
 
 
+def choose_engine(model, policy: Policy, engine: str, caller: str = "streaming_perplexity") -> str:
+    """``"static"`` or ``"hooks"`` for ``engine`` in :data:`ENGINES`: ``"static"`` raises when the fast engine
+    cannot run, ``"auto"`` falls back to the hooks engine with a one-line warning naming the reason."""
+    check_choice("engine", engine, ENGINES)
+    if engine == "hooks":
+        return engine
+    reason = static_reason(model, policy)
+    if reason is None:
+        return "static"
+    if engine == "static":
+        raise NotImplementedError(f"engine='static' cannot run {type(policy).__name__}: {reason}; "
+                                  "use engine='hooks' (or 'auto')")
+    warnings.warn(f"{caller}: {type(policy).__name__} runs on the slower hooks engine: {reason}", stacklevel=3)
+    return "hooks"
+
+
+def _static_results(model, ids, policy, progress, device) -> list[StreamingResult]:
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+    run = decode_static(model, ids, policy, progress=progress)
+    peak_device = torch.cuda.max_memory_allocated(device) if cuda else None
+    out = []
+    for b in range(ids.shape[0]):
+        trace = run["trace"][:, b]
+        out.append(StreamingResult(policy=repr(policy), nll=run["nll"][b], kv_trace_per_layer=trace,
+                                   seconds=run["seconds"],
+                                   peak_memory=int(trace.sum(dim=1).max()) * run["entry_bytes"],
+                                   peak_device_memory=peak_device, engine="static"))
+    return out
+
+
 @torch.no_grad()
 def streaming_perplexity(model, tokenizer, text: str | torch.Tensor, policy: Policy, max_tokens: int | None = 4096,
-                         *, progress: bool = True) -> StreamingResult:
+                         *, progress: bool = True, engine: str = "auto") -> StreamingResult:
     """Decode ``text`` (a string or token ids) token by token through ``policy``; returns a
     :class:`StreamingResult` with per-token NLL, perplexity, KV trace, time and memory.
+
+    ``engine`` (:data:`ENGINES`): ``"auto"`` (default) decodes with the static engine
+    (:mod:`kvlab.eval.fast`: fixed-capacity cache, CUDA graph on a GPU) when the model and policy allow it and
+    otherwise warns and uses ``"hooks"``, the model's own forward through a :class:`~kvlab.core.KVCache`.
+    Both give the same NLL (tested to 1e-5 relative in fp32); ``result.engine`` says which one ran.
 
     Pseudocode::
 
@@ -120,8 +167,11 @@ def streaming_perplexity(model, tokenizer, text: str | torch.Tensor, policy: Pol
     from tqdm.auto import tqdm
 
     _check_policy(policy)
+    engine = choose_engine(model, policy, engine)
     device = next(model.parameters()).device
     ids = stream_ids(model, tokenizer, text, max_tokens).to(device)
+    if engine == "static":
+        return _static_results(model, ids, policy, progress, device)[0]
     cache = KVCache(model, policy)
     n = ids.shape[1]
     nll = torch.empty(n - 1, dtype=torch.float64, device=device)  # filled on the device: no sync per step
@@ -144,6 +194,27 @@ def streaming_perplexity(model, tokenizer, text: str | torch.Tensor, policy: Pol
         peak_memory=max(cache.trace.nbytes, default=0),
         peak_device_memory=torch.cuda.max_memory_allocated(device) if cuda else None,
     )
+
+
+@torch.no_grad()
+def streaming_perplexity_batch(model, tokenizer, texts, policy: Policy, max_tokens: int | None = 4096, *,
+                               progress: bool = True) -> list[StreamingResult]:
+    """:func:`streaming_perplexity` of several texts at once, one batch row each, on the static engine.
+
+    Every row is fed one token per step (all texts are cut to the shortest one's length) and keeps its
+    own entries: the rows' caches may hold different counts (SepLLM's separators differ per text). Each
+    result equals a single run of its text (tested); ``seconds`` is the time of the whole batch.
+    """
+    _check_policy(policy)
+    choose_engine(model, policy, "static", "streaming_perplexity_batch")
+    texts = list(texts)
+    if not texts:
+        raise ValueError("texts is empty: pass at least one text (a string or token ids)")
+    device = next(model.parameters()).device
+    rows = [stream_ids(model, tokenizer, text, max_tokens) for text in texts]
+    n = min(row.shape[1] for row in rows)
+    ids = torch.cat([row[:, :n] for row in rows]).to(device)
+    return _static_results(model, ids, policy, progress, device)
 
 
 @torch.no_grad()

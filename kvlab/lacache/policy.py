@@ -129,6 +129,33 @@ class LaCache(Policy):
             return None
         return torch.tensor(index, dtype=torch.long, device=view.positions.device)
 
+    static_reason = None
+
+    def static_state(self, rows: int, device) -> dict[str, torch.Tensor]:
+        return {"cursor": torch.full((rows,), self.sink, dtype=torch.long, device=device)}
+
+    def static_keep(self, view) -> torch.Tensor:
+        """:func:`~kvlab.lacache.reference.compaction_step` for one-token steps (a layer holds at most
+        ``budget + 1`` entries, so one ladder application brings it back under the budget), as slot masks;
+        the cursor is a per-row tensor and each row's ladder offset is looked up by its layer."""
+        geometry, offsets, recent, budget = self.plan(view.num_layers)
+        n, slots = view.length[:, None], view.slots
+        over = n > budget  # (rows, 1)
+        if geometry.freed == 0:  # one rung over all layers: StreamingLLM
+            return (slots < self.sink) | (slots >= n - (budget - self.sink)) | ~over
+        cursor = view.state["cursor"][:, None]
+        G, A = geometry.group, geometry.keep
+        on_device = self.__dict__.setdefault("_device_offsets", {})  # copied once (not inside a graph capture)
+        key = (view.num_layers, view.layer.device)
+        if key not in on_device:
+            on_device[key] = offsets.to(view.layer.device)
+        off = on_device[key][view.layer][:, None]  # (rows, 1): off[l] of each row's layer
+        start = torch.where(cursor + G > n - recent, self.sink, cursor)  # a new pass starts at the sink
+        rung = (slots >= start + off) & (slots < start + off + A)
+        keep = (slots < start) | (slots >= start + G) | rung
+        view.state["cursor"].copy_(torch.where(over, start + A, cursor)[:, 0])
+        return keep | ~over
+
     def __repr__(self) -> str:
         # once the policy met a model, show the span, overlap and recent it really uses (not None)
         span, overlap, recent = self.span, self.overlap, self.recent

@@ -170,6 +170,39 @@ class SepLLMStreaming(Policy):
         view.state["past_start"] = int(pos[first_local[0, 0]]) if first_local.numel() else view.seen
         return keep.nonzero().squeeze(1)
 
+    static_reason = None
+
+    def static_state(self, rows: int, device) -> dict[str, torch.Tensor]:
+        return {"past_start": torch.full((rows,), self.init, dtype=torch.long, device=device)}
+
+    def _separator_lookup(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """:meth:`SeparatorSet.flags` as a table lookup (``torch.isin`` is not capturable on every backend)."""
+        table = self.__dict__.setdefault("_lookup", {}).get(token_ids.device)
+        if table is None:
+            top = int(self._sep.ids.max()) + 1 if len(self._sep) else 0
+            table = torch.zeros(top + 1, dtype=torch.bool)  # the last entry: "not a separator"
+            table[self._sep.ids] = True
+            table = self._lookup[token_ids.device] = table.to(token_ids.device)
+        outside = (token_ids < 0) | (token_ids >= table.numel() - 1)
+        return table[torch.where(outside, table.numel() - 1, token_ids)]
+
+    def static_keep(self, view) -> torch.Tensor:
+        """:meth:`keep` on the slots of every row (layer and stream) at once: the blocks are masks, "the newest ``sep``
+        separator candidates" counts candidates from the newest slot down (a reversed cumsum), and
+        ``past_start`` is a per-row tensor updated only in rows that compress."""
+        n, slots, pos, live = view.length[:, None], view.slots, view.positions, view.live
+        past_start = view.state["past_start"]
+        compress = n > self.cache  # (B, 1)
+        initial = pos < self.init
+        local = (slots >= n - self.local) & ~initial & live
+        candidates = live & ~initial & ~local & ((pos < past_start[:, None]) | self._separator_lookup(view.token_ids))
+        newer = candidates.flip(1).cumsum(1).flip(1)  # candidates at this slot or newer
+        keep = initial | local | (candidates & (newer <= self.sep))
+        first_local = pos.gather(1, local.long().argmax(dim=1, keepdim=True))[:, 0]
+        start = torch.where(local.any(dim=1), first_local, view.seen)
+        past_start.copy_(torch.where(compress[:, 0], start, past_start))
+        return keep | ~compress
+
     def __repr__(self) -> str:
         return (f"SepLLMStreaming(init={self.init}, sep={self.sep}, local={self.local}, cache={self.cache}, "
                 f"separators={len(self._sep)}, positions={self.positions!r})")

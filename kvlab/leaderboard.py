@@ -466,13 +466,16 @@ def run_cell(method: str, task: str, level: int, kv_budget: int, flop_budget: fl
 # ================================================================================================
 # the grid, the table, the plot
 # ================================================================================================
+NO_KVPRESS = "not installed"  # the kvpress version recorded in a cell made where kvpress does not import
+
+
 def _kvpress_version() -> str:
     from importlib import metadata
 
     try:
         return metadata.version("kvpress")
     except metadata.PackageNotFoundError:
-        return "not installed"
+        return NO_KVPRESS
 
 
 def cell_tasks(grid: str | dict = "tiny", *, methods=METHODS, tasks=TASKS):
@@ -500,7 +503,7 @@ def cell_tasks(grid: str | dict = "tiny", *, methods=METHODS, tasks=TASKS):
                         if method.startswith("kvpress:"):  # a cell made where kvpress is missing is redone where it is
                             params["kvpress"] = _kvpress_version()
                         name = f"{model}-s{seed}-{task}-{method.replace(':', '-')}-b{level}"
-                        if params.get("kvpress") == "not installed":  # never overwrites a cell run with kvpress
+                        if params.get("kvpress") == NO_KVPRESS:  # never overwrites a cell run with kvpress
                             name += "-no-kvpress"
                         cost = 10.0 * (len(spec["models"]) - rank) + (
                             0.2 if _applies(method, task) else 3.0 if method == "REFORM" else 1.0)
@@ -524,13 +527,14 @@ def collect(out, cells=None) -> list[dict]:
         peers = {_without_kvpress(t.params) for t in cells if t.params["method"].startswith("kvpress:")}
         from kvlab import __version__
 
-        ran = {_without_kvpress(rec["params"]) for rec in records if rec["params"]["method"].startswith("kvpress:")
-               and rec["result"]["status"] == "ok" and rec["result"].get("kvlab") == __version__}
-        records = [rec for rec in records
-                   if (rec["key"] in wanted and not (_without_kvpress(rec["params"]) in ran
-                                                     and rec["result"]["status"] != "ok"))
-                   or (rec["result"]["status"] == "ok" and rec["result"].get("kvlab") == __version__
-                       and rec["params"]["method"].startswith("kvpress:") and _without_kvpress(rec["params"]) in peers)]
+        # cells made where kvpress imports (their params name its version), ok or n/a (no streaming loss)
+        peer_made = [rec for rec in records if rec["params"]["method"].startswith("kvpress:")
+                     and rec["params"].get("kvpress") not in (None, NO_KVPRESS)
+                     and rec["result"].get("kvlab") == __version__
+                     and _without_kvpress(rec["params"]) in peers]
+        ran = {_without_kvpress(rec["params"]) for rec in peer_made}
+        records = [rec for rec in records if rec["key"] in wanted and not any(rec is q for q in peer_made)
+                   and _without_kvpress(rec["params"]) not in ran] + peer_made
     rows = []
     for rec in records:
         p, r = rec["params"], rec["result"]

@@ -133,3 +133,22 @@ def test_a_kvpress_cell_run_in_the_peer_environment_replaces_its_na_twin(tmp_pat
     rows = lb.collect(tmp_path, cells)
     assert len(rows) == len(cells) and all(r["status"] == "ok" for r in rows)
     assert len(lb.collect(tmp_path)) == 2 * len(cells)  # without a grid: every record
+
+
+def test_a_kvpress_na_cell_from_the_peer_environment_is_kept(tmp_path):
+    """A press on the streaming-loss task is n/a in both environments; the peer environment's record is the one
+    shown (its reason names the method, not a missing package), once per cell."""
+    import kvlab
+    from kvlab.sweep import Task, _write_atomic
+
+    cells = lb.cell_tasks("tiny", methods=("kvpress:KnormPress",), tasks=("ppl",))
+    (tmp_path / "cells").mkdir()
+    for t in cells:
+        here = {"status": "n/a: kvpress is not importable here", "kvlab": kvlab.__version__}
+        peer = {"status": "n/a: kvpress compresses once after a prefill", "kvlab": kvlab.__version__}
+        for task, result in [(t, here), (Task(t.name + "-peer", t.target, {**t.params, "kvpress": "0.5.5"}), peer)]:
+            _write_atomic(tmp_path / "cells" / f"{task.name}.json",
+                          dict(name=task.name, key=task_key(task), target=task.target, params=task.params,
+                               wall_seconds=1.0, result=result))
+    rows = lb.collect(tmp_path, cells)
+    assert len(rows) == len(cells) and all("compresses once" in r["status"] for r in rows)

@@ -20,8 +20,26 @@ import importlib
 import pkgutil
 
 __version__ = "0.1.0"
-__all__ = ["KVCache", "load_model", "check_parameters", "analysis", "assets", "baselines", "core", "datasets",
+__all__ = ["KVCache", "load_model", "check_parameters", "results_dir", "analysis", "assets", "baselines", "core", "datasets",
            "eval", "kernels", "lacache", "lessons", "memory", "models", "policies", "sepllm", "testing", "viz"]
+
+
+def results_dir(*parts: str):
+    """The committed results folder ``benchmarks/results`` (joined with ``parts``), for notebooks that print the
+    full-size numbers beside their own: ``$KVLAB_RESULTS`` if set, else the first ``benchmarks/results`` found from
+    the current directory upward (a notebook opened from the repository's ``notebooks/``, or its copy under
+    ``build/`` that CI runs). The results live in the repository, not in the installed package."""
+    import os
+    from pathlib import Path
+
+    env = os.environ.get("KVLAB_RESULTS")
+    here = Path.cwd().resolve()
+    found = Path(env) if env else next((d / "benchmarks" / "results" for d in (here, *here.parents)
+                                        if (d / "benchmarks" / "results").is_dir()), None)
+    if found is None or not found.is_dir():
+        raise FileNotFoundError(f"no benchmarks/results folder above {here}: open the notebook from the kvlab "
+                                "repository's notebooks/ folder, or set KVLAB_RESULTS to that folder")
+    return found.joinpath(*parts)
 
 
 def __getattr__(name: str):

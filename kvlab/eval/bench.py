@@ -23,7 +23,6 @@ pairs; tokens/s the best run) and keeps the best of R hooks runs: a shared CPU i
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import platform
 import sys
@@ -32,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["main"]
+__all__ = ["SMOLLM2_SHAPE", "main", "random_smollm2"]
 
 #: SmolLM2-135M's architecture (its config.json).
 SMOLLM2_SHAPE = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
@@ -40,8 +39,9 @@ SMOLLM2_SHAPE = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, 
                      rope_theta=100000.0, rms_norm_eps=1e-5, tie_word_embeddings=True)
 
 
-def _models(device, dtype):
-    """``(attached, plain)``: the same random weights, once attached to kvlab and once untouched."""
+def random_smollm2(device, dtype, *, attached: bool = True):
+    """A SmolLM2-135M-shaped Llama with random weights (seed 0; speed only, no model file), attached to kvlab
+    unless ``attached=False``."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from kvlab.core import attach
@@ -49,10 +49,14 @@ def _models(device, dtype):
     config = LlamaConfig(**SMOLLM2_SHAPE)
     config._attn_implementation = "sdpa"
     torch.manual_seed(0)
-    plain = LlamaForCausalLM(config).to(device=device, dtype=dtype).eval()
-    model = LlamaForCausalLM(copy.deepcopy(config)).to(device=device, dtype=dtype).eval()
-    model.load_state_dict(plain.state_dict())
-    return attach(model), plain
+    model = LlamaForCausalLM(config).to(device=device, dtype=dtype).eval()
+    return attach(model) if attached else model
+
+
+def _models(device, dtype):
+    """``(attached, plain)``: the same random weights, once attached to kvlab and once untouched."""
+    plain = random_smollm2(device, dtype, attached=False)
+    return random_smollm2(device, dtype), plain
 
 
 def _policies(tokens: int):

@@ -33,6 +33,8 @@ from typing import Any
 
 import torch
 
+from kvlab.eval.bench import SMOLLM2_SHAPE, random_smollm2
+
 __all__ = ["COMMANDS", "main"]
 
 
@@ -279,23 +281,6 @@ def run_efficiency(args) -> int:
 
 # --------------------------------------------------------------------------- kernels (random weights, no files)
 
-#: SmolLM2-135M's architecture (its config.json): the shapes the kernels are timed at.
-SMOLLM2_SHAPE = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-                     num_attention_heads=9, num_key_value_heads=3, head_dim=64, max_position_embeddings=8192,
-                     rope_theta=100000.0, rms_norm_eps=1e-5, tie_word_embeddings=True)
-
-
-def _random_smollm2(device, dtype):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from kvlab.core import attach
-
-    cfg = LlamaConfig(**SMOLLM2_SHAPE)
-    cfg._attn_implementation = "sdpa"
-    torch.manual_seed(0)
-    return attach(LlamaForCausalLM(cfg).to(device=device, dtype=dtype).eval())
-
-
 def run_scoring(args) -> int:
     from kvlab.kernels.benchmarking import bench_ms, device_info, fmt_table, require_cuda
     from kvlab.reform.reference import CompressedCache, h2o_keep, h2o_scores
@@ -303,7 +288,7 @@ def run_scoring(args) -> int:
 
     require_cuda()
     device = "cuda"
-    model = _random_smollm2(device, torch.float32)
+    model = random_smollm2(device, torch.float32)
     h, hk, d = (SMOLLM2_SHAPE[k] for k in ("num_attention_heads", "num_key_value_heads", "head_dim"))
     w = 128  # the paper's scoring window: the chunk's last 128 queries
     rows = []
@@ -370,7 +355,7 @@ def run_profile(args) -> int:
     if device == "cuda":
         require_cuda()
     dtype = getattr(torch, args.dtype)
-    model = _random_smollm2(device, dtype)
+    model = random_smollm2(device, dtype)
     heads = load_heads(args.heads or str(Path(__file__).parent / "heads" / "smollm2-135m.json"), model)
     settings = dict(chunk_size=args.chunk_size, budget=args.budget, recompute_budget=args.budget, heads=heads,
                     n_initial=args.n_initial, n_recent=args.n_recent, n_final=args.n_final, progress=False)

@@ -49,7 +49,7 @@ from dataclasses import dataclass
 import torch
 from transformers.cache_utils import Cache
 
-from kvlab.core.cache import rerotate
+from kvlab.core.cache import rerotate, rotate_half
 from kvlab.core.pattern import attend
 from kvlab.core.policy import Policy
 from kvlab.core.state import model_state
@@ -155,6 +155,17 @@ class StaticKVCache(Cache):
         self._init_state = self.policy.static_state(L * b, dev)
         self.state = {key: t.clone() for key, t in self._init_state.items()}
         self.inv_freq = [None if f is None else f.to(dev) for f in self.inv_freq]
+        if self.policy.positions == "cache":
+            # Re-rotation shifts lie in [-2C, 2C] (positions within the cache; garbage slots clamped): cos/sin of
+            # every shift once, gathered per step, instead of float64 trigonometry per layer and step. The values
+            # are rerotate's (float64 angles, then the key dtype), so the results are the same bits.
+            shifts = torch.arange(-2 * c, 2 * c + 1, device=dev, dtype=torch.float64)
+            self._tables = {}
+            for f in self.inv_freq:
+                if f is not None and id(f) not in self._tables:
+                    angles = shifts[:, None] * f.to(torch.float64)[None]
+                    emb = torch.cat((angles, angles), dim=-1)
+                    self._tables[id(f)] = (emb.cos().to(k.dtype), emb.sin().to(k.dtype))
         self.ready = True
 
     def prepare(self, device, dtype, kv_heads: int, head_dim: int) -> None:
@@ -213,8 +224,13 @@ class StaticKVCache(Cache):
         if self.policy.positions == "cache":
             slots = torch.arange(k.shape[2], device=self.device)[None]
             want = self.rope - self.length[layer_idx][:, None] + slots  # entry i at query - n + i
-            if not self.shortcuts or not torch.equal(want, rot):  # as KVCache: no host sync on a GPU
-                return rerotate(k, want - rot, self.inv_freq[layer_idx]), v
+            if self.shortcuts:  # eager (CPU): as KVCache, and only when something moves
+                if not torch.equal(want, rot):
+                    return rerotate(k, want - rot, self.inv_freq[layer_idx]), v
+                return k, v
+            cos, sin = self._tables[id(self.inv_freq[layer_idx])]
+            index = (want - rot).clamp(-2 * self.capacity, 2 * self.capacity) + 2 * self.capacity
+            return k * cos[index][:, None] + rotate_half(k) * sin[index][:, None], v
         return k, v
 
     def attend(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layer_idx: int,

@@ -214,6 +214,38 @@ def test_cuda_graph_replay_equals_eager_and_hooks(policy):
     assert decoder._graph is not None  # the step really was captured
 
 
+def test_compiled_layers_equal_eager_on_cpu():
+    """engine="compiled": the layers through torch.compile (inductor) give the eager step's logits; run with the
+    GPU path's arithmetic (shortcuts off), as on a GPU before the graph is captured."""
+    model = _tiny("llama")
+    policy = StreamingLLM(2, 6)
+    ids = _ids(20, 3)
+    logits = []
+    for compile in (False, True):
+        decoder = FastDecoder(model, policy, max_steps=19, graph=False, compile=compile)
+        decoder.cache.shortcuts = False
+        with torch.no_grad():
+            logits.append(torch.stack([decoder.step(ids[:, t:t + 1]) for t in range(19)]))
+    torch.testing.assert_close(logits[1], logits[0], rtol=1e-5, atol=1e-6)
+    result = streaming_perplexity(model, None, ids, policy, None, progress=False, engine="compiled")
+    assert result.engine == "compiled"
+    with pytest.raises(NotImplementedError, match="engine='compiled' cannot run H2O"):
+        streaming_perplexity(model, None, ids, H2O(6, 3), None, progress=False, engine="compiled")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+@pytest.mark.parametrize("policy", [_policies()[i] for i in (0, 1, 4, 7)], ids=repr)
+def test_cuda_compiled_graph_equals_hooks(policy):
+    """torch.compile'd layers captured in the CUDA graph: the hooks engine's NLL and kept counts."""
+    model = _tiny("llama").to("cuda")
+    ids = _ids(48, 6).cuda()
+    hooks = streaming_perplexity(model, None, ids, policy, None, progress=False, engine="hooks")
+    compiled = streaming_perplexity(model, None, ids, policy, None, progress=False, engine="compiled")
+    assert compiled.engine == "compiled"
+    torch.testing.assert_close(compiled.nll, hooks.nll, rtol=1e-5, atol=0)
+    assert torch.equal(compiled.kv_trace_per_layer, hooks.kv_trace_per_layer)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
 def test_cuda_graph_batch_bf16_runs():
     model = _tiny("qwen2").to("cuda", torch.bfloat16)

@@ -158,14 +158,21 @@ class StaticKVCache(Cache):
         if self.policy.positions == "cache":
             # Re-rotation shifts lie in [-2C, 2C] (positions within the cache; garbage slots clamped): cos/sin of
             # every shift once, gathered per step, instead of float64 trigonometry per layer and step. The values
-            # are rerotate's (float64 angles, then the key dtype), so the results are the same bits.
+            # are rerotate's (float64 angles, then the key dtype), so the results are the same bits. Layers that
+            # share their frequencies share a table; ``_base[l]`` is where layer l's table starts, shift 0.
             shifts = torch.arange(-2 * c, 2 * c + 1, device=dev, dtype=torch.float64)
-            self._tables = {}
+            tables, first = [], {}
             for f in self.inv_freq:
-                if f is not None and id(f) not in self._tables:
+                if f is not None and id(f) not in first:
+                    first[id(f)] = len(tables) * len(shifts) + 2 * c
                     angles = shifts[:, None] * f.to(torch.float64)[None]
-                    emb = torch.cat((angles, angles), dim=-1)
-                    self._tables[id(f)] = (emb.cos().to(k.dtype), emb.sin().to(k.dtype))
+                    tables.append(torch.cat((angles, angles), dim=-1))
+            emb = torch.cat(tables)
+            self._cos, self._sin = emb.cos().to(k.dtype), emb.sin().to(k.dtype)
+            self._base = torch.tensor([first[id(f)] for f in self.inv_freq], **long)[:, None, None]  # (L, 1, 1)
+            # The keys as attention reads them this step, every layer re-rotated at once in begin_step (a few
+            # kernels per step, not per layer); update() writes the new key into both buffers.
+            self.rotated = torch.zeros_like(self.keys)
         self.ready = True
 
     def prepare(self, device, dtype, kv_heads: int, head_dim: int) -> None:
@@ -203,6 +210,13 @@ class StaticKVCache(Cache):
         self.positions.scatter_(2, slot, self.seen.expand(shape))
         self.token_ids.scatter_(2, slot, self.new_ids[None].expand(shape))
         self.rot.scatter_(2, slot, self.rope[None].expand(shape))
+        if mode == "cache" and not self.shortcuts:
+            # entry i of a layer holding n goes to query - n + i (the new one, i = n, to the query: no move)
+            slots = torch.arange(self.capacity, device=self.device)
+            want = self.rope[None] - slot + slots  # (L, B, C)
+            index = (want - self.rot).clamp(-2 * self.capacity, 2 * self.capacity) + self._base
+            cos, sin = self._cos[index][:, :, None], self._sin[index][:, :, None]  # (L, B, 1, C, d)
+            torch.add(self.keys * cos, rotate_half(self.keys) * sin, out=self.rotated)
         self.in_step = True
         return self.rope
 
@@ -222,15 +236,15 @@ class StaticKVCache(Cache):
             live = int(self.length[layer_idx].max()) + 1
             k, v, rot = k[:, :, :live], v[:, :, :live], rot[:, :live]
         if self.policy.positions == "cache":
-            slots = torch.arange(k.shape[2], device=self.device)[None]
-            want = self.rope - self.length[layer_idx][:, None] + slots  # entry i at query - n + i
             if self.shortcuts:  # eager (CPU): as KVCache, and only when something moves
+                slots = torch.arange(k.shape[2], device=self.device)[None]
+                want = self.rope - self.length[layer_idx][:, None] + slots  # entry i at query - n + i
                 if not torch.equal(want, rot):
                     return rerotate(k, want - rot, self.inv_freq[layer_idx]), v
                 return k, v
-            cos, sin = self._tables[id(self.inv_freq[layer_idx])]
-            index = (want - rot).clamp(-2 * self.capacity, 2 * self.capacity) + 2 * self.capacity
-            return k * cos[index][:, None] + rotate_half(k) * sin[index][:, None], v
+            rotated = self.rotated[layer_idx]  # begin_step moved the kept keys; the new one needs no move
+            rotated.scatter_(2, slot[:, None, :, None].expand(-1, k.shape[1], 1, k.shape[3]), key_states)
+            return rotated, v
         return k, v
 
     def attend(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layer_idx: int,

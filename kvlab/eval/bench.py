@@ -10,6 +10,8 @@ weights), random token ids, one token per step:
 * ``hooks`` — ``kvlab.eval.streaming_perplexity(engine="hooks")``: the model's forward through a KVCache;
 * ``static`` — ``engine="static"``: :class:`kvlab.eval.FastDecoder` (CUDA graph on a GPU), timed after the
   capture (``static e2e`` is the whole ``streaming_perplexity`` call, capture included);
+* ``compiled`` (``--compile``) — ``engine="compiled"``: the same with the layers compiled by ``torch.compile``
+  before the capture, timed after compiling and capture;
 
 for Full, StreamingLLM, SepLLMStreaming and LaCache, batch 1, each dtype; then ``--streams`` streams in
 one batch (aggregate tokens/s), and the share of a step spent in the policy's keep + compaction
@@ -101,13 +103,13 @@ def _generate(plain, ids) -> None:
 
 
 @torch.no_grad()
-def _static_steady(model, policy, ids, device) -> tuple[float, float]:
+def _static_steady(model, policy, ids, device, compile: bool = False) -> tuple[float, float]:
     """Seconds of ``T - 1`` steps of a FastDecoder after its capture, and seconds of one ``end_step`` (the
     policy's keep + compaction) timed the same way."""
     from kvlab.eval import FastDecoder
 
-    decoder = FastDecoder(model, policy, ids.shape[0], max_steps=ids.shape[1])
-    decoder.step(ids[:, :1])  # capture (CUDA) / first step
+    decoder = FastDecoder(model, policy, ids.shape[0], max_steps=ids.shape[1], compile=compile)
+    decoder.step(ids[:, :1])  # compile and capture (CUDA) / first step
     decoder.reset()
 
     def run():
@@ -166,6 +168,10 @@ def run(args) -> dict:
             rows.append(dict(dtype=name, policy=type(policy).__name__, plain=1 / plain_s, hooks=hooks_tps,
                              static=1 / static_s, static_e2e=(args.tokens - 1) / e2e.seconds,
                              x_hooks=1 / static_s / hooks_tps, time_vs_plain=ratio, policy_share=keep_s / static_s))
+            if args.compile:
+                compiled_s = _static_steady(model, policy, ids, device, compile=True)[0] / (args.tokens - 1)
+                rows[-1].update(compiled=1 / compiled_s, x_hooks_compiled=1 / compiled_s / hooks_tps,
+                                compiled_share=keep_s / compiled_s)
             print(json.dumps(rows[-1]), flush=True)
         if cuda and not args.no_generate:  # last: its compilation may take long (rows above are printed)
             _generate(plain, ids)  # warm-up (and whatever compilation transformers does)
@@ -173,6 +179,8 @@ def run(args) -> dict:
             print(json.dumps(dict(dtype=name, generate=gen_tps)), flush=True)
             for row in rows[first:]:
                 row.update(generate=gen_tps, x_generate=row["static"] / gen_tps)
+                if "compiled" in row:
+                    row["x_generate_compiled"] = row["compiled"] / gen_tps
         del model, plain
     streams = []
     if args.streams:
@@ -182,6 +190,9 @@ def run(args) -> dict:
             steady, _ = _static_steady(model, policy, many, device)
             streams.append(dict(dtype=str(dtypes[-1]).replace("torch.", ""), policy=type(policy).__name__,
                                 streams=args.streams, tokens_per_s=args.streams * (args.tokens - 1) / steady))
+            if args.compile:
+                steady, _ = _static_steady(model, policy, many, device, compile=True)
+                streams[-1]["compiled_tokens_per_s"] = args.streams * (args.tokens - 1) / steady
             print(json.dumps(streams[-1]), flush=True)
     return dict(rows=rows, streams=streams, tokens=args.tokens, hooks_tokens=hook_ids.shape[1],
                 plain_tokens=args.plain_tokens, repeats=args.repeats)
@@ -202,11 +213,16 @@ def _table(rec: dict) -> str:
             ("static", "static tok/s", "{:.1f}"), ("static_e2e", "static e2e tok/s", "{:.1f}"),
             ("x_hooks", "static / hooks", "{:.2f}x"), ("x_generate", "static / generate", "{:.2f}x"),
             ("time_vs_plain", "static time / plain (paired)", "{:.3f}x"), ("policy_share", "keep+compact share", "{:.1%}")]
+    if any("compiled" in row for row in rec["rows"]):
+        cols[7:7] = [("compiled", "compiled tok/s", "{:.1f}"), ("x_hooks_compiled", "compiled / hooks", "{:.2f}x"),
+                     ("x_generate_compiled", "compiled / generate", "{:.2f}x")]
+        cols.append(("compiled_share", "keep+compact share (compiled)", "{:.1%}"))
     text = fmt_table(rec["rows"], cols)
     if rec["streams"]:
         text += "\n\n" + fmt_table(rec["streams"], [("dtype", "dtype", ""), ("policy", "policy", ""),
                                                     ("streams", "streams", ""),
-                                                    ("tokens_per_s", "aggregate tok/s", "{:.0f}")])
+                                                    ("tokens_per_s", "aggregate tok/s", "{:.0f}"),
+                                                    ("compiled_tokens_per_s", "compiled aggregate tok/s", "{:.0f}")])
     return text
 
 
@@ -221,6 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default=None)
     ap.add_argument("--repeats", type=int, default=1, help="best of this many runs (a shared CPU is noisy)")
     ap.add_argument("--no-generate", action="store_true", help="skip transformers' generate (GPU)")
+    ap.add_argument("--compile", action="store_true", help="also time engine='compiled' (torch.compile first)")
     ap.add_argument("--out", default="benchmarks/results", help="folder for JSON/table")
     ap.add_argument("--tag", default="")
     args = ap.parse_args(argv)

@@ -45,7 +45,9 @@ class FastDecoder:
     ``capacity``: slots per layer and row; default ``policy.budget + 1``, or ``max_steps`` (the most tokens
     that will be fed) when smaller; an unbounded policy (``Full``) needs one of the two. ``record``: steps
     whose per-layer entry counts are kept on the device (:meth:`trace`). ``graph``: capture a CUDA graph
-    (default: on CUDA). Several streams: ``batch=B`` rows, one token each per step, each row its own kept
+    (default: on CUDA). ``compile``: ``torch.compile`` the layers (inductor fuses each layer's norms, rotary,
+    SiLU and residual adds) before the graph is captured: about 1.8x the tokens/s on an H100, for roughly a
+    minute of compiling the first time a model shape, dtype and policy kind is seen (cached after that). Several streams: ``batch=B`` rows, one token each per step, each row its own kept
     entries.
 
     >>> dec = FastDecoder(model, StreamingLLM(4, 252))
@@ -53,7 +55,7 @@ class FastDecoder:
     """
 
     def __init__(self, model, policy: Policy, batch: int = 1, capacity: int | None = None, *,
-                 max_steps: int | None = None, record: int = 0, graph: bool | None = None):
+                 max_steps: int | None = None, record: int = 0, graph: bool | None = None, compile: bool = False):
         if not isinstance(policy, Policy):
             raise TypeError(f"policy must be a kvlab Policy, got {type(policy).__name__}")
         reason = static_reason(model, policy)
@@ -85,6 +87,15 @@ class FastDecoder:
         self._trace = torch.zeros((record, batch, self.state.num_layers), dtype=torch.long, device=self.device)
         self._index = torch.zeros(1, dtype=torch.long, device=self.device)
         self.graph = (self.device.type == "cuda") if graph is None else graph
+        # torch.compile (inductor) fuses each layer's elementwise chains (norms, rotary, SiLU, residuals) into a
+        # few kernels; the CUDA graph then replays those. Compiling happens in the first step (warm-up).
+        self._body = self._layers
+        if compile:
+            # every decoder shares the compiled code of _layers; each model shape, dtype, batch, capacity and
+            # position mode is one more specialisation of it (dynamo's default allows 8)
+            config = torch._dynamo.config
+            config.recompile_limit = max(config.recompile_limit, 64)
+            self._body = torch.compile(self._layers, dynamic=False)
         self._graph: torch.cuda.CUDAGraph | None = None
         self._logits: torch.Tensor | None = None
 
@@ -92,18 +103,22 @@ class FastDecoder:
     def steps(self) -> int:
         return self.cache.steps
 
+    def _layers(self, hidden: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
+        inner = self.inner
+        position_embeddings = inner.rotary_emb(hidden, position_ids=rope)
+        for layer in inner.layers[: self.state.num_layers]:
+            hidden = layer(hidden, attention_mask=None, position_embeddings=position_embeddings,
+                           position_ids=rope, past_key_values=self.cache, use_cache=True)
+            hidden = hidden[0] if isinstance(hidden, tuple) else hidden
+        return self.model.lm_head(inner.norm(hidden))[:, -1]
+
     def _forward(self) -> torch.Tensor:
-        cache, inner = self.cache, self.inner
-        hidden = inner.embed_tokens(self.ids)
+        cache = self.cache
+        hidden = self.inner.embed_tokens(self.ids)
         rope = cache.begin_step(self.ids)
         self.state.step = StepInfo(self.ids, rope, cache, False)
         try:
-            position_embeddings = inner.rotary_emb(hidden, position_ids=rope)
-            for layer in inner.layers[: self.state.num_layers]:
-                hidden = layer(hidden, attention_mask=None, position_embeddings=position_embeddings,
-                               position_ids=rope, past_key_values=cache, use_cache=True)
-                hidden = hidden[0] if isinstance(hidden, tuple) else hidden
-            logits = self.model.lm_head(inner.norm(hidden))[:, -1]
+            logits = self._body(hidden, rope)
         finally:
             self.state.step = None
         cache.end_step()
@@ -162,15 +177,16 @@ class FastDecoder:
 
 @torch.no_grad()
 def decode_static(model, ids: torch.Tensor, policy: Policy, *, progress: bool = False,
-                  graph: bool | None = None) -> dict:
+                  graph: bool | None = None, compile: bool = False) -> dict:
     """Decode ``ids`` ``(B, T)`` token by token with :class:`FastDecoder`; the NLL of tokens ``1..T-1``.
+    ``compile``: torch.compile the layers first (see :class:`FastDecoder`).
 
     Returns ``dict(nll=(B, T-1) float64, trace=(T-1, B, layers), seconds, entry_bytes)`` (host tensors).
     """
     from tqdm.auto import tqdm
 
     batch, n = ids.shape
-    decoder = FastDecoder(model, policy, batch, max_steps=n - 1, record=n - 1, graph=graph)
+    decoder = FastDecoder(model, policy, batch, max_steps=n - 1, record=n - 1, graph=graph, compile=compile)
     ids = ids.to(decoder.device)
     nll = torch.empty((n - 1, batch), dtype=torch.float64, device=decoder.device)
     cuda = decoder.device.type == "cuda"

@@ -6,8 +6,9 @@ from kvlab.eval.gsm8k import (GSM8KResult, cot_prompt, extract_answers, gsm8k_an
                               load_gsm8k, reference_solution)
 from kvlab.eval.retrieval import RetrievalResult, ask, needle_in_haystack, passkey
 from kvlab.eval.fast import FastDecoder
-from kvlab.eval.streaming import (StreamingResult, chunked_perplexity, decode_stepwise, parallel_nll, ppl_at_lengths,
-                                  stream_ids, streaming_perplexity, streaming_perplexity_batch)
+from kvlab.eval.streaming import (LongStreamResult, StreamingResult, chunked_perplexity, decode_stepwise,
+                                  long_stream_deviation, long_stream_perplexity, parallel_nll, ppl_at_lengths,
+                                  segment_rows, stream_ids, streaming_perplexity, streaming_perplexity_batch)
 from kvlab.eval.throughput import decode_throughput
 from kvlab.eval.zeroshot import ZeroShotResult, evaluate_task, load_task
 
@@ -17,6 +18,7 @@ __all__ = [
     "RetrievalResult", "ask", "needle_in_haystack", "passkey",
     "StreamingResult", "chunked_perplexity", "decode_stepwise", "parallel_nll", "ppl_at_lengths", "stream_ids",
     "streaming_perplexity", "streaming_perplexity_batch", "FastDecoder",
+    "LongStreamResult", "long_stream_deviation", "long_stream_perplexity", "segment_rows",
     "decode_throughput",
     "ZeroShotResult", "evaluate_task", "load_task",
 ]

@@ -20,7 +20,8 @@
 #      the last window): segmented vs one sequential pass on the first CHECK_TOKENS tokens (2 segments, same warm-up)
 # Results: $OUT/longstream/<policy>.json (perplexity at every REPORT_EVERY tokens, cumulative and per window, at
 # 1M / 1.5M / 2M, per-segment perplexity, mean KV, tokens, segments, warm-up, seconds), deviation_<policy>.json,
-# run.json (the plan and calibration), log.txt. Knobs (env): SEGMENTS=256 WARMUP=2048 MAX_TOKENS=2000001
+# run.json (the plan and calibration), log.txt. Knobs (env): POLICIES (a subset of the four names), DTYPE=float32,
+# SEGMENTS=256 WARMUP=2048 MAX_TOKENS=2000001
 # CHECK_TOKENS=8193 CHECK_POLICIES="sepllm_s32 lacache_official_s16o0" MIN_TOKENS=1000000 BUDGET_S=460 LIMIT=530
 # REPORT_EVERY=131072.
 # Runtime: ~30 s load + tokenize + calibration; 2 checks x ~75 s (8,193 steps at batch 1 at ~4.4 ms, 6.2K at batch 2);
@@ -67,7 +68,8 @@ t0 = time.perf_counter()
 torch.manual_seed(0)
 
 # 1. model (float32) and the stream
-model, tok = kvlab.load_model("smollm2-135m", dtype=torch.float32, device=device)
+dtype = getattr(torch, env("DTYPE", "float32"))
+model, tok = kvlab.load_model("smollm2-135m", dtype=dtype, device=device)
 text = kvlab.datasets.load_text("austen") + "\n\n" + kvlab.datasets.load_text("shakespeare")
 stream = tok(text, return_tensors="pt").input_ids[0]
 print(f"stream: {stream.numel():,} tokens (austen + shakespeare); load + tokenize {time.perf_counter() - t0:.0f} s",
@@ -79,6 +81,8 @@ policies = {  # priority order: the Table 4 pair first
     "lacache_official_s16o0": LaCache.official(C, 16, 0),
     f"sepllm_s{s_large}": SepLLMStreaming(4, s_large, local, C, separators=seps),
 }
+if env("POLICIES"):  # a subset (one device call may not hold all four at 1M+ tokens)
+    policies = {name: policies[name] for name in env("POLICIES").split()}
 
 
 # 2. calibration: steady-state seconds per step at this batch (and at batch 1, for the sequential check)
@@ -100,7 +104,9 @@ def step_seconds(batch: int, steps: int = 40) -> float:
 t_batch, t_one = step_seconds(segments), step_seconds(1)
 overhead = 1.15  # SepLLM / LaCache steps and graph captures cost a little more than StreamingLLM's
 checks = [n for n in env("CHECK_POLICIES", f"sepllm_s{s_small} lacache_official_s16o0").split() if n in policies]
-one_check = overhead * (check_tokens * t_one + ((check_tokens - 1) // 2 + warmup) * step_seconds(2))
+one_check = 0.0 if not checks else None
+one_check = one_check if one_check is not None else \
+    overhead * (check_tokens * t_one + ((check_tokens - 1) // 2 + warmup) * step_seconds(2))
 spent = time.perf_counter() - t0
 
 
@@ -116,7 +122,7 @@ seg_len = segment_length(len(checks))
 if seg_len < 1:
     raise SystemExit(f"no time for even one token per segment: {t_batch * 1e3:.1f} ms per step at batch {segments}")
 ids = stream[: segments * seg_len + 1]
-plan = dict(device=torch.cuda.get_device_name() if device == "cuda" else "cpu", dtype="float32",
+plan = dict(device=torch.cuda.get_device_name() if device == "cuda" else "cpu", dtype=str(dtype)[6:],
             tokens=ids.numel(), corpus_tokens=stream.numel(), segments=segments, segment_tokens=seg_len,
             warmup=warmup, sink=4, capacity=C, ms_per_step_batch=t_batch * 1e3,
             ms_per_step_one=t_one * 1e3, expected_seconds_per_policy=(seg_len + warmup) * t_batch * overhead,

@@ -41,7 +41,7 @@ LENGTHS = [1024, 2048, 4096, 5000, 8192, 10000, 15000, 16384, 20000, 32768, 6553
 @dataclass
 class Job:
     name: str
-    kind: str  # "ppl", "niah", "passkey", "gsm8k", "throughput", "mmlu"
+    kind: str  # "ppl", "niah", "passkey", "gsm8k", "throughput", "mmlu", "longtask"
     args: dict = field(default_factory=dict)
     device: str = "cpu"  # "cpu" or "gpu" (a GPU worker when there is one, else a CPU worker)
     cost: float = 1.0  # rough single-thread minutes, for longest-first ordering
@@ -116,6 +116,7 @@ def jobs(scale: str = "full") -> list[Job]:
                            cost=length / 800))
 
     fidelity_jobs(out, ppl, smoke)
+    lacache_task_jobs(out, smoke)
 
     # --- GSM8K 8-shot CoT generation (issue 3, Table 1 real benchmark) -------------------------------
     problems, shard = (2, 2) if smoke else (100, 10)
@@ -190,6 +191,47 @@ def fidelity_jobs(out, ppl, smoke) -> None:
                            cost=shard * cost))
 
 
+#: LaCache's long-input task tables at SmolLM2-135M's scale (issue 14): RULER kinds (Table 5; ``kvlab.reform.tasks``
+#: builders, answer tokens to generate) and the LongBench stand-in's QA tasks (Tables 3/4; ``kvlab.dhsa.experiments``)
+LACACHE_RULER = {"single": 12, "multikey": 12, "multivalue": 40, "multiquery": 40, "vt": 24}
+LACACHE_QA = {"single-doc": 16, "multi-doc": 16}
+
+
+def lacache_policies() -> dict[str, tuple[str, int]]:
+    """``{slug: (policy expression over n = the prompt's tokens and sink = the protocol's sinks, chunk)}``.
+
+    ``official-*``: LaCache's retrieval/LongBench protocol (full-attention prefill, compact once, first answer token
+    from the full-attention logits, ``sink`` initial tokens, S ~ L x budget = 15 / 8 of 30 layers, O = 0, official
+    accounting); ``ours-*``: the prompt streamed in chunks of 64 through the policy, 4 sinks, S=8/O=4 (L/4, S/2);
+    ``-o4`` / ``-o7``: Table 6's overlap O = S/4, S/2 at S = 15 (O = 0 is ``official-lacache50``)."""
+    one = 1 << 20  # one chunk: the whole prompt is prefilled with full attention, then compacted once
+    return {"full": ("Full()", one),
+            "official-lacache50": ("LaCache.official(n // 2, 15, 0, sink=sink)", one),
+            "official-strm50": ("StreamingLLM(sink=sink, cache_size=n // 2)", one),
+            "official-lacache25": ("LaCache.official(n // 4, 8, 0, sink=sink)", one),
+            "official-strm25": ("StreamingLLM(sink=sink, cache_size=n // 4)", one),
+            "ours-lacache50": ("LaCache(n // 2)", 64),
+            "ours-strm50": ("StreamingLLM(sink=4, cache_size=n // 2)", 64),
+            "official-lacache50-o4": ("LaCache.official(n // 2, 15, 4, sink=sink)", one),
+            "official-lacache50-o7": ("LaCache.official(n // 2, 15, 7, sink=sink)", one)}
+
+
+def lacache_task_jobs(out, smoke) -> None:
+    """LaCache Table 5 (RULER), Tables 3/4 (LongBench stand-in: SQuAD article / HotpotQA paragraphs padded with
+    distractor paragraphs) and Table 6 (overlap), 2K and 4K-token inputs; every policy sees the same examples."""
+    lengths, per_ruler, per_qa = ([512], 1, 1) if smoke else ([2048, 4096], 6, 8)
+    grids = [("ruler", kind, per_ruler, 64, new) for kind, new in LACACHE_RULER.items()]
+    grids += [("longqa", kind, per_qa, 128, new) for kind, new in LACACHE_QA.items()]  # LongBench keeps 128 tokens
+    for table, kind, examples, sink, new_tokens in grids:
+        sink = min(sink, 32) if smoke else sink  # 128 sinks would fill a 25% budget of a 512-token smoke input
+        for length in lengths:
+            for slug, (expr, chunk) in lacache_policies().items():
+                out.append(Job(f"lacache-{table}-{kind}-{slug}-{length}", "longtask",
+                               dict(task=f"{table}-{kind}", length=length, examples=examples, policy=expr, sink=sink,
+                                    chunk=chunk, max_new_tokens=new_tokens), device="gpu",
+                               cost=examples * length / (4000 if chunk > 64 else 800)))
+
+
 # ----------------------------------------------------------------------------------------------------
 # worker side
 
@@ -212,7 +254,7 @@ def _ensure_state(device: str, dtype: str = "float32") -> None:
                   seps_broad=separator_ids(tokenizer, match="suffix"), device=device, texts={})
 
 
-def _policy(expr: str):
+def _policy(expr: str, **values):
     from kvlab import policies
     from kvlab.baselines.h2o import H2O
     from kvlab.lacache.policy import LaCache
@@ -220,7 +262,7 @@ def _policy(expr: str):
 
     names = {"Full": policies.Full, "StreamingLLM": policies.StreamingLLM, "LaCache": LaCache, "H2O": H2O,
              "SepLLM": SepLLM, "SepLLMStreaming": SepLLMStreaming, "FixLLM": FixLLM, "seps": _STATE["seps"],
-             "seps_broad": _STATE["seps_broad"]}
+             "seps_broad": _STATE["seps_broad"], **values}  # values: e.g. n, the prompt's tokens
     return eval(expr, {"__builtins__": {}}, names)  # expressions come from jobs() above, not from users
 
 
@@ -261,6 +303,46 @@ def _run_retrieval(task, args):
            chunk_size=args.get("chunk", 64), progress=False)
     return dict(accuracy=r.accuracy[0].tolist(), answer_nll=r.answer_nll[0].tolist(), answers=r.answers,
                 policy_used=repr(policy))
+
+
+def _long_tasks(task: str, length: int, examples: int) -> list[tuple[str, str, list[str]]]:
+    """``(prompt, reference answer, answers scored)`` of ``examples`` inputs of about ``length`` tokens, seeds 0.."""
+    key = ("long", task, length, examples)  # a worker builds each set once for all the policies it runs
+    if key not in _STATE["texts"]:
+        tok = _STATE["tokenizer"]
+        table, kind = task.split("-", 1)
+        if table == "ruler":  # RULER's generators as REFORM's tables build them (Paul Graham haystack, its templates)
+            from kvlab.reform.tasks import ruler_task
+
+            tasks = [ruler_task(tok, length, kind, seed=s) for s in range(examples)]
+            _STATE["texts"][key] = [(t.prompt, t.answer, t.info["answers"]) for t in tasks]
+        else:
+            from kvlab.dhsa.experiments import qa_items
+
+            _STATE["texts"][key] = [(it.prompt, " " + it.answers[0], it.answers)
+                                    for it in qa_items(tok, kind, examples, length, seed=0)]
+    return _STATE["texts"][key]
+
+
+def _run_longtask(args):
+    """LaCache Tables 3-6: greedy answer (RULER ``string_match_all`` / QA token F1) and teacher-forced answer NLL."""
+    from kvlab.dhsa.experiments import qa_f1
+    from kvlab.eval import ask
+
+    tok, rows, policy = _STATE["tokenizer"], [], None
+    for prompt, answer, answers in _long_tasks(args["task"], args["length"], args["examples"]):
+        n = tok(prompt, return_tensors="pt").input_ids.shape[1]
+        policy = _policy(args["policy"], n=n, sink=args["sink"])
+        said, nll = ask(_STATE["model"], tok, prompt, answer, policy, chunk_size=args["chunk"],
+                        max_new_tokens=args["max_new_tokens"])
+        score = (sum(a.lower() in said.lower() for a in answers) / len(answers) if args["task"].startswith("ruler")
+                 else qa_f1(said, answers))
+        rows.append(dict(tokens=n, score=score, answer_nll=nll, said=said, answers=answers))
+    used = dict(policy_used=repr(policy))
+    if hasattr(policy, "settings"):
+        used["settings"] = policy.settings(_STATE["model"].config.num_hidden_layers)
+    mean = {key: sum(r[key] for r in rows) / len(rows) for key in ("score", "answer_nll")}
+    return dict(**mean, examples=rows, **used)
 
 
 def _gsm8k_method(method, tokenizer, exemplars, sample_ids):
@@ -351,7 +433,7 @@ def run_job(kind: str, args: dict, device: str = "cpu") -> dict:
     _ensure_state("cuda" if device == "gpu" and torch.cuda.is_available() else "cpu")
     runners = {"ppl": _run_ppl, "gsm8k": _run_gsm8k, "throughput": _run_throughput,
                "niah": lambda a: _run_retrieval("niah", a), "passkey": lambda a: _run_retrieval("passkey", a),
-               "mmlu": _run_mmlu}
+               "mmlu": _run_mmlu, "longtask": _run_longtask}
     if kind not in runners:
         raise ValueError(f"unknown job kind {kind!r}; known: {sorted(runners)}")
     result = runners[kind](args)

@@ -39,10 +39,10 @@ def test_job_names_unique_and_every_policy_valid(runs):
     runs._STATE["seps"], runs._STATE["seps_broad"] = separator_ids(tok), separator_ids(tok, match="suffix")
     full = runs.jobs("full")
     assert len({j.name for j in full}) == len(full)
-    assert {j.kind for j in full} == {"ppl", "niah", "passkey", "gsm8k", "throughput", "mmlu"}
+    assert {j.kind for j in full} == {"ppl", "niah", "passkey", "gsm8k", "throughput", "mmlu", "longtask"}
     for j in full:
-        if "policy" in j.args:
-            runs._policy(j.args["policy"])  # SepLLMStreaming rejects a + s + w >= c, LaCache bad spans, ...
+        if "policy" in j.args:  # longtask policies read n (the prompt's tokens) and sink
+            runs._policy(j.args["policy"], n=j.args.get("length", 0), sink=j.args.get("sink", 4))  # bad spans raise
     # the lengths the issues ask for are in the list
     assert max(j.args["tokens"] for j in full if j.name.startswith("sepllm-") and j.kind == "ppl") >= 65536
     assert max(j.args["tokens"] for j in full if j.name.startswith("lacache-t2")) >= 32768

@@ -8,13 +8,13 @@
 # Needs the model and corpora, which are not in git: stage .devw/st/01, 02 (model pieces), 03 (paul-graham, squad,
 # wheels incl. dask/distributed) and 04 (hotpotqa) as for gpujobs/fidelity2.sh, one call each:
 #   run(carry=[".devw/st/NN"], command="mkdir -p /tmp/devw && cp -a .devw/st/NN/. /tmp/devw/")
-# then:  run(command="bash /tmp/kv/gpu/lacache_tables.sh")   (or copy it to gpujobs/ first: /tmp does not travel)
+# then:  bash benchmarks/results/lacache_tables/run.sh
 # Results: one JSON per job in /tmp/devw/lct (finished jobs are skipped on a re-run, so a second call continues),
 # copied to $OUT/lacache_tables/, plus run.log and the rendered tables (tables.md).
 #   GPUW: GPU worker processes (default 8); LIMIT: seconds (default 480); ONLY: regex (default every new job).
 set -uo pipefail
 OUT=${OUT:-$PWD/out}; R="$OUT/lacache_tables"; mkdir -p "$R"
-source gpujobs/setup_devw.sh
+[ -f gpujobs/setup_devw.sh ] && source gpujobs/setup_devw.sh  # our GPU machine only: assets staged into a kvlab cache
 nvidia-smi -L || true
 ONLY=${ONLY:-'^lacache-(ruler|longqa)-'}
 timeout ${LIMIT:-480} python benchmarks/quality_runs.py run --out /tmp/devw/lct --only "$ONLY" --cpu-workers 1 \

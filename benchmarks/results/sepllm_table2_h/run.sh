@@ -9,7 +9,7 @@
 # About 100-130 s of training on an H100 (the H200 run took 85-104 s per SepLLM variant). Writes $OUT/sepllm_table2_h/.
 set -uo pipefail
 OUT=${OUT:-$PWD/out}; R="$OUT/sepllm_table2_h"; mkdir -p "$R"
-source gpujobs/setup_devw.sh
+[ -f gpujobs/setup_devw.sh ] && source gpujobs/setup_devw.sh  # our GPU machine only: assets staged into a kvlab cache
 timeout ${LIMIT:-230} python - "$R" "${ANCHOR:-0}" <<'PY' 2>&1 | tee "$R/run.log"
 import json, os, sys, time
 import torch

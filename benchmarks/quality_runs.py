@@ -305,39 +305,40 @@ def _run_retrieval(task, args):
                 policy_used=repr(policy))
 
 
-def _long_tasks(task: str, length: int, examples: int) -> list[tuple[str, str, list[str]]]:
-    """``(prompt, reference answer, answers scored)`` of ``examples`` inputs of about ``length`` tokens, seeds 0.."""
+def _long_tasks(task: str, length: int, examples: int) -> list[tuple]:
+    """``(prompt, reference answer, answers scored, score(said))`` of ``examples`` inputs of about ``length``
+    tokens, seeds 0.."""
     key = ("long", task, length, examples)  # a worker builds each set once for all the policies it runs
     if key not in _STATE["texts"]:
         tok = _STATE["tokenizer"]
         table, kind = task.split("-", 1)
-        if table == "ruler":  # RULER's generators as REFORM's tables build them (Paul Graham haystack, its templates)
+        if table == "ruler":  # RULER's generators as REFORM's tables build and score them (string_match_all)
+            from kvlab.reform.compare import task_score
             from kvlab.reform.tasks import ruler_task
 
             tasks = [ruler_task(tok, length, kind, seed=s) for s in range(examples)]
-            _STATE["texts"][key] = [(t.prompt, t.answer, t.info["answers"]) for t in tasks]
+            _STATE["texts"][key] = [(t.prompt, t.answer, t.info["answers"], lambda said, t=t: task_score(said, t))
+                                    for t in tasks]
         else:
-            from kvlab.dhsa.experiments import qa_items
+            from kvlab.dhsa.experiments import qa_f1, qa_items
 
-            _STATE["texts"][key] = [(it.prompt, " " + it.answers[0], it.answers)
+            _STATE["texts"][key] = [(it.prompt, " " + it.answers[0], it.answers,
+                                     lambda said, a=it.answers: qa_f1(said, a))
                                     for it in qa_items(tok, kind, examples, length, seed=0)]
     return _STATE["texts"][key]
 
 
 def _run_longtask(args):
     """LaCache Tables 3-6: greedy answer (RULER ``string_match_all`` / QA token F1) and teacher-forced answer NLL."""
-    from kvlab.dhsa.experiments import qa_f1
     from kvlab.eval import ask
 
     tok, rows, policy = _STATE["tokenizer"], [], None
-    for prompt, answer, answers in _long_tasks(args["task"], args["length"], args["examples"]):
+    for prompt, answer, answers, score in _long_tasks(args["task"], args["length"], args["examples"]):
         n = tok(prompt, return_tensors="pt").input_ids.shape[1]
         policy = _policy(args["policy"], n=n, sink=args["sink"])
         said, nll = ask(_STATE["model"], tok, prompt, answer, policy, chunk_size=args["chunk"],
                         max_new_tokens=args["max_new_tokens"])
-        score = (sum(a.lower() in said.lower() for a in answers) / len(answers) if args["task"].startswith("ruler")
-                 else qa_f1(said, answers))
-        rows.append(dict(tokens=n, score=score, answer_nll=nll, said=said, answers=answers))
+        rows.append(dict(tokens=n, score=score(said), answer_nll=nll, said=said, answers=answers))
     used = dict(policy_used=repr(policy))
     if hasattr(policy, "settings"):
         used["settings"] = policy.settings(_STATE["model"].config.num_hidden_layers)

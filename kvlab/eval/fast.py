@@ -47,8 +47,8 @@ class FastDecoder:
     whose per-layer entry counts are kept on the device (:meth:`trace`). ``graph``: capture a CUDA graph
     (default: on CUDA). ``compile``: ``torch.compile`` the layers (inductor fuses each layer's norms, rotary,
     SiLU and residual adds) before the graph is captured: about 1.8x the tokens/s on an H100, for roughly a
-    minute of compiling the first time a model shape, dtype and policy kind is seen (cached after that). Several streams: ``batch=B`` rows, one token each per step, each row its own kept
-    entries.
+    minute of compiling the first time a model shape, dtype and policy kind is seen (cached after that).
+    Several streams: ``batch=B`` rows, one token each per step, each row its own kept entries.
 
     >>> dec = FastDecoder(model, StreamingLLM(4, 252))
     >>> logits = dec.step(ids[:, t:t + 1])   # (B, vocab); on CUDA valid until the next step (clone to keep)

@@ -79,3 +79,49 @@ def test_text_windows_bos():
         text_windows(WordTokenizer(bos_token_id=None), text, 5, 2, bos=True)
     with pytest.raises(ValueError, match="seq_len >= 3"):
         text_windows(WordTokenizer(), text, 2, 2, bos=True)
+
+
+
+def _layer_on_subsequence(call, keys, queries):
+    """The layer computed for every token of the subsequence ``keys`` alone (original positions; the routed layer
+    with every token selected is the dense layer, tested in test_orthorank.py); its output rows at ``queries``."""
+    from kvlab.orthorank.reference import routed_layer
+
+    pe = tuple(t[:, keys] for t in call.kwargs["position_embeddings"])
+    out = routed_layer(call.layer, call.hidden_states[:, keys], torch.arange(len(keys))[None],
+                       position_embeddings=pe, positions=call.position_ids[:, keys])
+    return out[:, [keys.index(q) for q in queries]]
+
+
+@pytest.mark.parametrize("kv, keys_of", [("selected", lambda sel: [0] + sel), ("selected_no_sink", lambda sel: sel)])
+def test_table3_row4_keeps_the_sinks_kv_and_the_confounded_variant_drops_it(tiny_llama, kv, keys_of):
+    """Table 3 row 4 changes one thing against row 5: the unselected tokens give no K/V. The sink is never
+    selected (Algorithm 1), yet its K/V stay (``kv="selected"``: selected queries attend to the sink and the
+    selected tokens); ``kv="selected_no_sink"`` also drops the sink's K/V (two changes: its own named row)."""
+    from kvlab.core import LayerRouter, use_router
+    from kvlab.orthorank.reference import routed_layer
+
+    torch.manual_seed(4)
+    ids = torch.randint(0, 96, (1, 30))
+    selected = [3, 4, 9, 15, 16, 22, 29]  # the sink (0) is not selected, as under Algorithm 1
+    unselected = [i for i in range(30) if i not in selected]
+    checked = []
+
+    class Compare(LayerRouter):
+        def __call__(self, call):
+            out = routed_layer(call.layer, call.hidden_states, torch.tensor([selected]),
+                               position_embeddings=call.kwargs["position_embeddings"], positions=call.position_ids,
+                               kv=kv)
+            expected = _layer_on_subsequence(call, keys_of(selected), selected)
+            torch.testing.assert_close(out[:, selected], expected, rtol=0, atol=1e-10)
+            assert torch.equal(out[:, unselected], call.hidden_states[:, unselected])
+            checked.append(call.layer_idx)
+            return out
+
+    tiny_llama.double()
+    try:
+        with torch.no_grad(), use_router(tiny_llama, Compare()):
+            tiny_llama(input_ids=ids, use_cache=False)
+    finally:
+        tiny_llama.float()
+    assert checked == list(range(tiny_llama.config.num_hidden_layers))

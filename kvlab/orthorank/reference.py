@@ -36,7 +36,9 @@ Readings of the paper (each is used below and checked by a test)
 * **KV of unselected tokens** (Table 3, Sec. 4.3.3): in the paper's method every token's key and value are
   computed from its normalised state and used by the selected queries (and cached); the unselected tokens'
   own hidden states are not updated (attention output and MLP skipped). ``kv="selected"`` is the ablation
-  (row 4): keys and values of the selected tokens only.
+  (row 4): keys and values of the selected tokens *and of the sink*. Algorithm 1 never selects the sink, so
+  "no K/V for the unselected tokens" read literally also removes the sink's K/V, a second change that
+  Sec. 4.3.3 does not discuss; ``kv="selected_no_sink"`` is that confounded variant, reported as its own row.
 * **Sparsity accounting** (Sec. 4.1, Table 4): a layer that computes a fraction ``r`` of the tokens saves
   ``1 - r`` of a layer, so ``layer_ratio * (1 - token_ratio)`` of the layers' work is skipped: 15% of the
   layers at 33% tokens is 10%, 30% at 33% is 20%, 40% at 50% is 20% (K/V projections of the unselected
@@ -59,13 +61,14 @@ from dataclasses import dataclass
 import torch
 
 __all__ = [
-    "SCORES", "SINK_RULES", "STAGES", "SUPPORTED_LAYERS",
+    "SCORES", "SINK_RULES", "STAGES", "SUPPORTED_LAYERS", "KV_MODES",
     "normalized_states", "alignment", "cos_gradient", "select_topk", "selection_mask",
     "routed_layer", "attention", "project_qkv", "logit_softcap", "attention_update", "mlp_update",
     "sink_curves", "SinkCurves", "layer_kind", "tokens_for_ratio",
 ]
 
 SCORES = ("dot", "cos", "grad")
+KV_MODES = ("all", "selected", "selected_no_sink")
 SINK_RULES = ("skip", "select")
 STAGES = ("normalized", "raw")
 SUPPORTED_LAYERS = ("LlamaDecoderLayer", "Qwen2DecoderLayer", "Gemma3DecoderLayer")
@@ -258,8 +261,9 @@ def routed_layer(layer: torch.nn.Module, hidden_states: torch.Tensor, selected: 
             appended (``kv="all"``), exactly what the dense layer would cache. Key positions for the causal
             rule come from kvlab's ``KVCache`` (any policy) or, for a transformers cache, are taken as the
             contiguous run ending at this step's last token.
-        kv: ``"all"`` (the paper) or ``"selected"`` (Table 3 row 4: only the selected tokens give K and V;
-            prefill without a cache only).
+        kv: ``"all"`` (the paper), ``"selected"`` (Table 3 row 4: only the selected tokens and the sink,
+            token 0, give K and V) or ``"selected_no_sink"`` (the selected tokens only: row 4 with the sink's
+            K/V removed as well); the last two run in prefill without a cache only.
         valid: ``(batch, k)`` bool or None: entries of ``selected`` that are padding (False) are computed but
             not written back (rows that select different numbers of tokens, e.g. while decoding).
         normed: ``input_layernorm(hidden_states)`` if the caller has it already (the router scored it).
@@ -276,8 +280,8 @@ def routed_layer(layer: torch.nn.Module, hidden_states: torch.Tensor, selected: 
         h[sel] = a + mlp(post_attention_layernorm(a))
     """
     layer_kind(layer)  # raises for an unsupported layer
-    if kv not in ("all", "selected"):
-        raise ValueError(f"kv must be 'all' or 'selected', got {kv!r}")
+    if kv not in KV_MODES:
+        raise ValueError(f"kv must be one of {KV_MODES}, got {kv!r}")
     attn = layer.self_attn
     batch, seq, _ = hidden_states.shape
     cos, sin = position_embeddings
@@ -289,15 +293,22 @@ def routed_layer(layer: torch.nn.Module, hidden_states: torch.Tensor, selected: 
     h_sel = _gather_rows(hidden_states, selected)
     x_sel = _gather_rows(normed, selected)
 
-    # keys and values: every token (the paper) or the selected ones (ablation)
+    # keys and values: every token (the paper) or the selected ones, with or without the sink (ablations)
+    key_valid = None
     if kv == "all":
         x_kv, cos_kv, sin_kv, k_pos = normed, cos, sin, positions
     else:
         if past_key_values is not None:
-            raise ValueError("kv='selected' (Table 3's ablation) runs without a cache: call the model with "
+            raise ValueError(f"kv={kv!r} (Table 3's ablation) runs without a cache: call the model with "
                              "use_cache=False")
-        x_kv, cos_kv, sin_kv = x_sel, _gather_rows(cos, selected), _gather_rows(sin, selected)
-        k_pos = positions.gather(1, selected)
+        kv_index, key_valid = selected, valid
+        if kv == "selected":  # the sink (token 0) keeps its K/V; where it is selected already, the copy is masked
+            sel_valid = valid if valid is not None else torch.ones_like(selected, dtype=torch.bool)
+            has_sink = (selected[:, :1] == 0) & sel_valid[:, :1]
+            kv_index = torch.cat([torch.zeros_like(selected[:, :1]), selected], dim=1)
+            key_valid = torch.cat([~has_sink, sel_valid], dim=1)
+        x_kv, cos_kv, sin_kv = (_gather_rows(t, kv_index) for t in (normed, cos, sin))
+        k_pos = positions.gather(1, kv_index)
     query, key, value = project_qkv(layer, x_sel, _gather_rows(cos, selected), _gather_rows(sin, selected),
                                     x_kv, cos_kv, sin_kv)
     if past_key_values is not None:
@@ -313,8 +324,8 @@ def routed_layer(layer: torch.nn.Module, hidden_states: torch.Tensor, selected: 
     window = getattr(attn, "sliding_window", None)
     if window is not None:
         mask = mask & (q_pos - k_pos[:, None, :] < window)
-    if kv == "selected" and valid is not None:
-        mask = mask & valid[:, None, :]
+    if key_valid is not None:
+        mask = mask & key_valid[:, None, :]
     out = attention(query, key, value, mask[:, None], attn.scaling, logit_softcap(layer))
     out = attn.o_proj(out.transpose(1, 2).reshape(batch, selected.shape[1], -1))
 

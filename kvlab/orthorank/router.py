@@ -7,7 +7,9 @@ value (Table 3). Its options are the paper's ablations (Table 3):
 * ``criterion``: ``"orthogonal"`` (the method: smallest ``|h_bar_0 . h_bar_i|``), ``"least_orthogonal"``
   (Orthogonal-down, row 2: the largest), ``"random"`` (row 1);
 * ``stage``: ``"normalized"`` (the layer's input RMSNorm, row 5) or ``"raw"`` (the residual stream, row 3);
-* ``kv``: ``"all"`` (row 5) or ``"selected"`` (row 4, no K/V for the unselected tokens; prefill only);
+* ``kv``: ``"all"`` (row 5), ``"selected"`` (row 4, no K/V for the unselected tokens; the sink, never selected,
+  keeps its K/V, so row 4 differs from row 5 in that one thing) or ``"selected_no_sink"`` (row 4 read literally:
+  the sink's K/V go too, a second change reported as its own row); both ablations prefill only;
 * ``score``: ``"dot"`` (Eq. 4), ``"cos"`` (Eq. 3) or ``"grad"`` (Eq. 1 exactly);
 * ``sink``: ``"skip"`` (Algorithm 1: the sink's score is +inf, it is never selected) or ``"select"``.
 
@@ -16,7 +18,7 @@ Backends (``backend=``): ``"torch"`` runs :func:`kvlab.orthorank.reference.route
 attention of the selected queries and the scatter back in Triton kernels; inference, ``kv="all"``, no logit
 soft-capping; CUDA, or CPU under ``TRITON_INTERPRET=1``) and raises ValueError naming the fix where it cannot;
 ``"auto"`` (default) takes ``"triton"`` for CUDA tensors where it can run and ``"torch"`` otherwise (CPU,
-gradients, ``kv="selected"``, soft-capping, no Triton). Passes after the first (decoding) select in PyTorch.
+gradients, the ``kv`` ablations, soft-capping, no Triton). Passes after the first (decoding) select in PyTorch.
 
 Generation (our reading; the paper measures prefill throughput, perplexity and log-likelihood scoring only)
 ---------------------------------------------------------------------------------------------------------
@@ -42,15 +44,14 @@ import importlib
 import torch
 
 from kvlab.core import LayerRouter, RouteCall, check_choice, check_float, check_int
-from kvlab.orthorank.reference import (SCORES, SINK_RULES, STAGES, alignment, normalized_states, routed_layer,
-                                       select_topk, tokens_for_ratio)
+from kvlab.orthorank.reference import (KV_MODES, SCORES, SINK_RULES, STAGES, alignment, normalized_states,
+                                       routed_layer, select_topk, tokens_for_ratio)
 
 __all__ = ["BACKENDS", "CRITERIA", "DECODE_MODES", "KV_MODES", "OrthoRankRouter", "SkipLayer", "RecordInputs"]
 
 BACKENDS = ("auto", "torch", "triton")
 CRITERIA = ("orthogonal", "least_orthogonal", "random")
 DECODE_MODES = ("threshold", "dense", "topk")
-KV_MODES = ("all", "selected")
 
 
 class OrthoRankRouter(LayerRouter):

@@ -39,14 +39,24 @@ def _checked(nb) -> list:
     return [c for c in nb.cells if c.cell_type == "code" and c.source.lstrip().startswith(MARK)]
 
 
-def prepare(out: pathlib.Path, names: list[str]) -> None:
+CONFTEST = f"""# Written by scripts/notebooks.py prepare: checked cells compare their numbers with a stated tolerance.
+import sys
+sys.path.insert(0, {str(ROOT / "scripts")!r})
+from nbcheck import pytest_configure  # noqa: E402,F401
+"""
+
+
+def prepare(out: pathlib.Path, names: list[str], overrides: dict | None = None) -> None:
+    """Copy notebooks to ``out`` with their CI parameters (then ``overrides``) and their recorded checks."""
     out = out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     for old in out.glob("*.ipynb"):
         old.unlink()
+    (out / "conftest.py").write_text(CONFTEST)
     for path in _selected(names):
         target = out / path.name
-        papermill.execute_notebook(str(path), str(target), parameters=_parameters(path), prepare_only=True,
+        parameters = {**_parameters(path), **(overrides or {})}
+        papermill.execute_notebook(str(path), str(target), parameters=parameters, prepare_only=True,
                                    kernel_name="python3", cwd=str(NOTEBOOKS), progress_bar=False)
         nb = nbformat.read(target, as_version=4)
         checks_path = _sidecar(path, ".checks.json")
@@ -87,12 +97,14 @@ def main() -> None:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("prepare")
     p.add_argument("--out", type=pathlib.Path, default=ROOT / "build" / "notebooks")
+    p.add_argument("-p", "--parameter", nargs=2, action="append", default=[], metavar=("NAME", "YAML"),
+                   help="override a CI parameter, e.g. -p num_threads 1")
     p.add_argument("names", nargs="*")
     r = sub.add_parser("record")
     r.add_argument("names", nargs="*")
     args = parser.parse_args()
     if args.command == "prepare":
-        prepare(args.out, args.names)
+        prepare(args.out, args.names, {k: yaml.safe_load(v) for k, v in args.parameter})
     else:
         record(args.names)
 

@@ -1,7 +1,10 @@
-"""OrthoRank's experiment drivers (kvlab.orthorank.experiments: Table 2 zero-shot, Table 4) and the BOS option of
+"""OrthoRank's experiment drivers (kvlab.orthorank.experiments: Table 2 zero-shot, Table 4, Table 1 over one window
+per C4 document with paired intervals, Table 3's row 4 with and without the sink's K/V) and the BOS option of
 the calibration windows."""
 
 from __future__ import annotations
+
+import math
 
 import pytest
 import torch
@@ -125,3 +128,69 @@ def test_table3_row4_keeps_the_sinks_kv_and_the_confounded_variant_drops_it(tiny
     finally:
         tiny_llama.float()
     assert checked == list(range(tiny_llama.config.num_hidden_layers))
+
+
+def test_document_windows_one_per_long_enough_document():
+    from kvlab.orthorank.experiments import document_windows
+
+    docs = {"a": "w1 w2 w3 w4 w5 w6", "short": "w7 w8", "b": "w9 w10 w11 w12", "c": "w13 w14 w15 w16 w17"}
+    ids, names = document_windows(WordTokenizer(), docs, 4)
+    assert names == ["a", "b", "c"] and ids.tolist() == [[11, 12, 13, 14], [19, 20, 21, 22], [23, 24, 25, 26]]
+    ids, names = document_windows(WordTokenizer(), docs, 4, 2)
+    assert names == ["a", "b"]
+    ids, names = document_windows(WordTokenizer(adds_bos=True), docs, 5, bos=None)  # BOS + 4 tokens
+    assert names == ["a", "b", "c"] and ids[:, 0].tolist() == [1, 1, 1] and ids[1].tolist() == [1, 19, 20, 21, 22]
+    with pytest.raises(ValueError, match="shorter seq_len"):
+        document_windows(WordTokenizer(), docs, 6)
+
+
+def test_window_nll_is_the_perplexity_per_window(tiny_llama):
+    """exp(mean of the per-window NLLs) is the perplexity of the same windows, for the dense model and a plan
+    that routes layers; the windows are independent (one window alone scores the same)."""
+    from kvlab.orthorank import Plan, perplexity
+    from kvlab.orthorank.experiments import window_nll
+
+    g = torch.Generator().manual_seed(1)
+    windows = torch.randint(0, 96, (5, 20), generator=g)
+    for plan in (Plan(), Plan(routed=(1, 2), router={"token_ratio": 0.33}), Plan(removed=(3,))):
+        values = window_nll(tiny_llama, windows, plan, batch_size=2)
+        assert len(values) == 5
+        assert math.exp(sum(values) / 5) == pytest.approx(perplexity(tiny_llama, windows, plan), rel=1e-6)
+        assert window_nll(tiny_llama, windows[3:4], plan)[0] == pytest.approx(values[3], rel=1e-6)
+    with pytest.raises(ValueError, match="windows must be"):
+        window_nll(tiny_llama, windows[0])
+
+
+def test_paired_ppl_ratio_interval():
+    from kvlab.orthorank.experiments import paired_ppl_ratio
+
+    base = [2.0, 3.0, 4.0, 2.5, 3.5, 1.0]
+    shifted = [v - 0.1 for v in base]  # a constant difference: the interval is that one point
+    r = paired_ppl_ratio(shifted, base)
+    assert r["n"] == 6 and r["ratio"] == pytest.approx(math.exp(-0.1))
+    assert r["low"] == pytest.approx(r["ratio"]) and r["high"] == pytest.approx(r["ratio"])
+    g = torch.Generator().manual_seed(0)
+    noisy = (torch.tensor(base * 10) + 0.3 * torch.randn(60, generator=g, dtype=torch.float64)).tolist()
+    r, swapped = paired_ppl_ratio(noisy, base * 10), paired_ppl_ratio(base * 10, noisy)
+    assert r["low"] < r["ratio"] < r["high"]
+    assert swapped["ratio"] == pytest.approx(1 / r["ratio"]) and swapped["low"] == pytest.approx(1 / r["high"])
+    half = paired_ppl_ratio(noisy[:15], (base * 10)[:15])
+    assert half["high"] / half["low"] > r["high"] / r["low"]  # fewer windows, wider interval
+    with pytest.raises(ValueError, match="same >= 2 windows"):
+        paired_ppl_ratio([1.0, 2.0], [1.0])
+
+
+def test_plans_from_notebook11_results_and_table3_rows():
+    from kvlab.orthorank.experiments import plans_from_results, table3_plans
+
+    found = {"table": [{"method": "Dense", "target": 0.0, "removed": [], "routed": []},
+                       {"method": "SLEB", "target": 0.1, "removed": [3, 5], "routed": []},
+                       {"method": "+OrthoRank", "target": 0.2, "removed": [], "routed": [12, 13]},
+                       {"method": "+OrthoRank (one-shot)", "target": 0.1, "removed": [], "routed": [14]}]}
+    plans = plans_from_results(found)
+    assert list(plans) == ["Dense", "SLEB 10%", "OrthoRank 20%", "OrthoRank one-shot 10%"]
+    assert plans["SLEB 10%"].removed == (3, 5) and plans["OrthoRank 20%"].router == {"token_ratio": 0.33}
+    rows = table3_plans((12, 13))
+    assert rows["T3 4 no KV for unselected (sink K/V kept)"].router == {"token_ratio": 0.33, "kv": "selected"}
+    assert rows["T3 4b no KV for unselected nor the sink"].router["kv"] == "selected_no_sink"
+    assert all(p.routed == (12, 13) for p in rows.values())

@@ -8,7 +8,11 @@ Paper: OrthoRank (Shin, Oh and Oh, ICML 2025), Tables 1, 2 and 4, Figs. 2-3. Wha
   greedy SLEB and OrthoRank searches on a small calibration set and their perplexity on the C4 stand-in, with
   the CPU time of each plan's evaluation beside it;
 * :func:`layer_token_table` (Table 4): at one sparsity, layers removed (token ratio 0) against layers routed
-  at each token ratio, every configuration with its own greedy search.
+  at each token ratio, every configuration with its own greedy search;
+* :func:`table1_plans`, :func:`document_windows`, :func:`window_nll`, :func:`paired_ppl_ratio` (Table 1 with
+  intervals, and Table 3's rows on the same windows): one window from each of many C4 documents, the NLL of
+  every window under every plan (``*.examples.jsonl`` records), and a paired bootstrap over the windows for
+  each comparison of the paper (OrthoRank vs SLEB, OrthoRank one-shot vs Shortened LLaMA).
 
 Command line (each writes one JSON with its parameters; ``benchmarks/results/orthorank/README.md`` lists the
 commands behind the numbers quoted)::
@@ -17,6 +21,7 @@ commands behind the numbers quoted)::
     python -m kvlab.orthorank.experiments geometry --model qwen2.5-coder-0.5b --profile 4x128 --out q.json
     python -m kvlab.orthorank.experiments model --model gemma3-270m --calib 2x128 --eval 4x128 --out g.json
     python -m kvlab.orthorank.experiments table4 --calib 8x256 --eval 16x256 --layers notebook11.json --out t4.json
+    python -m kvlab.orthorank.experiments table1 --layers notebook11.json --doc-len 256 --table3 --out t1.json
 
 Windows start with a BOS token where the model's tokenizer adds one (Gemma3: its sink is the BOS token).
 """
@@ -25,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from typing import Any
@@ -36,7 +42,9 @@ from kvlab.eval import zeroshot
 from kvlab.orthorank.api import after_sink, sink_profile
 from kvlab.orthorank.layers import Plan, layers_for_sparsity, perplexity, search_layers, text_windows, use_plan
 
-__all__ = ["standard_plans", "zero_shot", "mean_accuracy", "geometry", "model_study", "layer_token_table", "main"]
+__all__ = ["standard_plans", "zero_shot", "mean_accuracy", "geometry", "model_study", "layer_token_table",
+           "table1_plans", "table3_plans", "document_windows", "window_nll", "paired_ppl_ratio", "TABLE1_PAIRS",
+           "table1_study", "main"]
 
 
 def standard_plans(model: torch.nn.Module, calib: torch.Tensor, candidates: list[int], *,
@@ -176,6 +184,162 @@ def layer_token_table(model: torch.nn.Module, calib: torch.Tensor, evaluation: t
     return rows
 
 
+# ---------------------------------------------------------------------------------------------------
+# Table 1 with intervals: one window per C4 document, per-window NLL, paired bootstrap over windows
+
+#: The comparisons of Table 1 (challenger, baseline): OrthoRank against the pruning it is paired with.
+TABLE1_PAIRS = (("OrthoRank 10%", "SLEB 10%"), ("OrthoRank 20%", "SLEB 20%"),
+                ("OrthoRank one-shot 10%", "Shortened LLaMA PPL 10%"),
+                ("OrthoRank one-shot 10%", "Shortened LLaMA Taylor+ 10%"))
+
+
+def table1_plans(model: torch.nn.Module, calib: torch.Tensor, candidates: list[int], *, token_ratio: float = 0.33,
+                 sparsities=(0.1, 0.2), batch_size: int = 4, progress: bool = False) -> dict[str, Plan]:
+    """Table 1's plans as notebook 11 finds them on ``calib``: dense; greedy SLEB and OrthoRank at each sparsity;
+    at the smallest sparsity Shortened LLaMA (one-shot PPL and Taylor+ removal) and OrthoRank one-shot (the
+    layers whose single-layer routing hurts least, among ``candidates``)."""
+    found = standard_plans(model, calib, candidates, sparsities=sparsities, token_ratio=token_ratio,
+                           batch_size=batch_size, progress=progress)
+    plans = dict(found["plans"])
+    num_layers = model.config.get_text_config().num_hidden_layers
+    s0 = min(sparsities)
+    n_remove = layers_for_sparsity(num_layers, s0)
+    n_route = min(layers_for_sparsity(num_layers, s0, token_ratio), len(candidates))
+    plans[f"Shortened LLaMA PPL {s0:.0%}"] = search_layers(model, calib, n_remove, action="remove", search="one-shot",
+                                                           batch_size=batch_size).plan(n_remove)
+    plans[f"Shortened LLaMA Taylor+ {s0:.0%}"] = search_layers(model, calib, n_remove, action="remove",
+                                                               search="taylor", batch_size=batch_size).plan(n_remove)
+    plans[f"OrthoRank one-shot {s0:.0%}"] = search_layers(
+        model, calib, n_route, action="route", search="one-shot", candidates=candidates,
+        router={"token_ratio": token_ratio}, batch_size=batch_size).plan(n_route)
+    return plans
+
+
+def plans_from_results(found: dict[str, Any], token_ratio: float = 0.33) -> dict[str, Plan]:
+    """Table 1's plans from a notebook-11 results JSON (its ``table``: method, target, removed, routed)."""
+    names = {"Dense": "Dense", "SLEB": "SLEB", "+OrthoRank": "OrthoRank",
+             "Shortened LLaMA (PPL)": "Shortened LLaMA PPL", "Shortened LLaMA (Taylor+)": "Shortened LLaMA Taylor+",
+             "+OrthoRank (one-shot)": "OrthoRank one-shot"}
+    plans: dict[str, Plan] = {}
+    for row in found["table"]:
+        base = names[row["method"]]
+        name = base if base == "Dense" else f"{base} {row['target']:.0%}"
+        routed = tuple(row["routed"])
+        plans[name] = Plan(removed=tuple(row["removed"]), routed=routed,
+                           router={"token_ratio": token_ratio} if routed else {})
+    return plans
+
+
+def table3_plans(routed: tuple[int, ...], token_ratio: float = 0.33) -> dict[str, Plan]:
+    """Table 3's rows on fixed ``routed`` layers (the method's), each one change against row 5, plus the
+    confounded row 4 (the sink's K/V removed as well) and two rows outside the paper (notebook 12)."""
+    rows = {"T3 1 random": {"criterion": "random"}, "T3 2 least orthogonal": {"criterion": "least_orthogonal"},
+            "T3 3 raw states": {"stage": "raw"}, "T3 4 no KV for unselected (sink K/V kept)": {"kv": "selected"},
+            "T3 4b no KV for unselected nor the sink": {"kv": "selected_no_sink"}, "T3 5 OrthoRank": {},
+            "T3 sink computed": {"sink": "select"}, "T3 Eq. 1 exactly": {"score": "grad"}}
+    return {name: Plan(routed=tuple(routed), router={"token_ratio": token_ratio, **opts})
+            for name, opts in rows.items()}
+
+
+def document_windows(tokenizer, documents: dict[str, str], seq_len: int, n: int | None = None, *,
+                     bos: bool | None = False) -> tuple[torch.Tensor, list[str]]:
+    """One window per document: ``(ids (m, seq_len), names)``, the first ``seq_len`` tokens of each document
+    (in the dict's order) that has that many; documents too short are skipped, ``n`` caps ``m``.
+
+    Windows from different documents are independent samples of the corpus, so an interval over windows means
+    something; consecutive windows of one document (:func:`~kvlab.orthorank.layers.text_windows`) are not.
+    ``bos``: as in :func:`~kvlab.orthorank.layers.text_windows` (None: BOS first where the tokenizer adds one).
+    Raises when fewer than 2 documents are long enough."""
+    seq_len = check_int("seq_len", seq_len, 2)
+    if n is not None:
+        n = check_int("n", n, 2)
+    if bos is None:
+        bos = tokenizer.bos_token_id is not None and tokenizer("a").input_ids[:1] == [tokenizer.bos_token_id]
+    if bos and tokenizer.bos_token_id is None:
+        raise ValueError("bos=True but the tokenizer has no BOS token: use bos=False")
+    body = seq_len - 1 if bos else seq_len
+    rows, names = [], []
+    for name, text in documents.items():
+        ids = tokenizer(text, add_special_tokens=False).input_ids
+        if len(ids) < body:
+            continue
+        rows.append(([tokenizer.bos_token_id] if bos else []) + list(ids[:body]))
+        names.append(name)
+        if n is not None and len(rows) == n:
+            break
+    if len(rows) < 2:
+        raise ValueError(f"only {len(rows)} of {len(documents)} documents have {body} tokens: use a shorter seq_len")
+    return torch.tensor(rows), names
+
+
+@torch.no_grad()
+def window_nll(model: torch.nn.Module, windows: torch.Tensor, plan: Plan | None = None, *,
+               batch_size: int = 4) -> list[float]:
+    """Mean NLL (nats per predicted token) of each window ``(n, seq_len)`` under ``plan``: one value per window,
+    ``exp(mean(values))`` is :func:`~kvlab.orthorank.layers.perplexity` of the same windows."""
+    if not isinstance(windows, torch.Tensor) or windows.dim() != 2 or windows.shape[1] < 2:
+        raise ValueError(f"windows must be token ids of shape (n, seq_len >= 2), got "
+                         f"{getattr(windows, 'shape', type(windows).__name__)}")
+    device = next(model.parameters()).device
+    out: list[float] = []
+    with use_plan(model, plan):
+        for ids in windows.split(check_int("batch_size", batch_size, 1)):
+            ids = ids.to(device)
+            logits = model(input_ids=ids, use_cache=False).logits
+            nll = torch.nn.functional.cross_entropy(logits[:, :-1].transpose(1, 2).float(), ids[:, 1:],
+                                                    reduction="none").double().mean(dim=1)
+            out.extend(nll.cpu().tolist())
+    return out
+
+
+def paired_ppl_ratio(challenger: list[float], baseline: list[float], *, resamples: int = 10000,
+                     seed: int = 0) -> dict[str, float]:
+    """Perplexity ratio ``exp(mean(challenger) - mean(baseline))`` of two methods' per-window NLLs on the same
+    windows, with a 95 % paired percentile bootstrap: windows are resampled with replacement (the same draw for
+    both methods) ``resamples`` times. Below 1: the challenger has the lower perplexity. Returns ``ratio``,
+    ``low``, ``high``, ``n``."""
+    a = torch.tensor(challenger, dtype=torch.float64)
+    b = torch.tensor(baseline, dtype=torch.float64)
+    if a.shape != b.shape or a.dim() != 1 or a.numel() < 2:
+        raise ValueError(f"challenger and baseline must hold one NLL per window, the same >= 2 windows; got "
+                         f"{tuple(a.shape)} and {tuple(b.shape)}")
+    diff = a - b
+    g = torch.Generator().manual_seed(check_int("seed", seed, 0))
+    idx = torch.randint(0, diff.numel(), (check_int("resamples", resamples, 100), diff.numel()), generator=g)
+    means = diff[idx].mean(dim=1)
+    low, high = torch.quantile(means, torch.tensor([0.025, 0.975], dtype=torch.float64)).tolist()
+    return {"ratio": math.exp(float(diff.mean())), "low": math.exp(low), "high": math.exp(high), "n": diff.numel()}
+
+
+def table1_study(model: torch.nn.Module, windows: torch.Tensor, names: list[str], plans: dict[str, Plan], *,
+                 batch_size: int = 4, pairs=TABLE1_PAIRS, resamples: int = 10000, config: dict | None = None,
+                 progress: bool = False) -> dict[str, Any]:
+    """Every plan on every window: ``{"table": [{method, ppl, removed, routed, seconds}], "pairs":
+    [{challenger, baseline, ratio, low, high, n}], "examples": [per-window records]}``. The records follow the
+    shared ``*.examples.jsonl`` format (``example``: the document's name and token range, ``metric``: ``"nll"``)."""
+    if len(names) != windows.shape[0]:
+        raise ValueError(f"names must name each of the {windows.shape[0]} windows, got {len(names)}")
+    num_layers = model.config.get_text_config().num_hidden_layers
+    nll: dict[str, list[float]] = {}
+    table, examples = [], []
+    for name, plan in plans.items():
+        t0 = time.perf_counter()
+        nll[name] = window_nll(model, windows, plan, batch_size=batch_size)
+        seconds = time.perf_counter() - t0
+        ppl = math.exp(sum(nll[name]) / len(names))
+        table.append({"method": name, "sparsity": plan.sparsity(num_layers), "ppl": ppl,
+                      "removed": list(plan.removed), "routed": list(plan.routed), "router": dict(plan.router),
+                      "seconds": seconds})
+        for doc, value in zip(names, nll[name]):
+            examples.append({"example": f"{doc}:0-{windows.shape[1]}", "method": name, "metric": "nll",
+                             "value": value, "config": config or {}})
+        if progress:
+            print(f"  {name:44s} ppl {table[-1]['ppl']:8.2f} ({seconds:.0f} s)", flush=True)
+    compared = [{"challenger": a, "baseline": b, **paired_ppl_ratio(nll[a], nll[b], resamples=resamples)}
+                for a, b in pairs if a in nll and b in nll]
+    return {"table": table, "pairs": compared, "examples": examples}
+
+
 def _windows(spec: str) -> tuple[int, int]:
     n, _, length = spec.partition("x")
     return check_int("windows", int(n), 1), check_int("window length", int(length), 2)
@@ -185,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
     import kvlab
 
     ap = argparse.ArgumentParser(prog="python -m kvlab.orthorank.experiments", description=__doc__.split("\n\n")[0])
-    ap.add_argument("what", choices=("zeroshot", "geometry", "model", "table4"))
+    ap.add_argument("what", choices=("zeroshot", "geometry", "model", "table4", "table1"))
     ap.add_argument("--profile", default="4x256", help="sequences for the sink geometry (Figs. 2-3), N x LEN")
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--calib", default="8x256", help="calibration windows, N x LEN (WikiText stand-in)")
@@ -196,6 +360,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--layers", default="", help="zeroshot, table4: JSON with sleb_order / orthorank_order found "
                     "on the same calibration windows (e.g. notebook 11's results), reused instead of searching")
     ap.add_argument("--token-ratio", type=float, default=0.33)
+    ap.add_argument("--doc-len", type=int, default=256, help="table1: tokens of the one window per C4 document")
+    ap.add_argument("--documents", type=int, default=0, help="table1: at most this many documents (0: every one "
+                    "with --doc-len tokens, in the corpus' order)")
+    ap.add_argument("--table3", action="store_true", help="table1: also Table 3's rows on OrthoRank's 20%% layers")
+    ap.add_argument("--examples", default="", help="table1: write the per-window records there (*.examples.jsonl)")
     ap.add_argument("--batch-size", type=int, default=4)
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--out", required=True)
@@ -241,6 +410,31 @@ def main(argv: list[str] | None = None) -> int:
         profile = text_windows(tokenizer, calib_text, *reversed(_windows(args.profile)), bos=None)
         out.update(model_study(model, calib, evaluation, profile=profile, token_ratio=args.token_ratio,
                                batch_size=args.batch_size, progress=True))
+    elif args.what == "table1":
+        if args.layers:  # the plans notebook 11 found (its results JSON)
+            plans = plans_from_results(json.load(open(args.layers)), args.token_ratio)
+            out["plans_from"] = args.layers
+        else:  # notebook 11's searches: sink profiled on the first 1,024 tokens, calibration after them
+            sink = sink_profile(model, text_windows(tokenizer, calib_text, 256, 4, bos=None), attention=False)
+            out["l_sink"] = sink.sink_layer
+            plans = table1_plans(model, calib, after_sink(model, sink.sink_layer), token_ratio=args.token_ratio,
+                                 batch_size=args.batch_size, progress=True)
+        if args.table3:
+            plans.update(table3_plans(plans["OrthoRank 20%"].routed, args.token_ratio))
+        windows, names = document_windows(tokenizer, kvlab.datasets.load_documents("c4-sample"), args.doc_len,
+                                          args.documents or None, bos=None)
+        out.update(eval_documents=len(names), doc_len=args.doc_len)
+        config = {"model": args.model, "doc_len": args.doc_len, "calib": args.calib,
+                  "plans_from": args.layers or "search"}
+        study = table1_study(model, windows, names, plans, batch_size=args.batch_size, config=config, progress=True)
+        out["table"], out["pairs"] = study["table"], study["pairs"]
+        for p in study["pairs"]:
+            print(f"  {p['challenger']} / {p['baseline']}: ppl ratio {p['ratio']:.3f} "
+                  f"[{p['low']:.3f}, {p['high']:.3f}] over {p['n']} windows")
+        examples = args.examples or args.out.removesuffix(".json") + ".examples.jsonl"
+        with open(examples, "w") as fh:
+            fh.writelines(json.dumps(r) + "\n" for r in study["examples"])
+        out["examples"] = examples
     else:
         sink = sink_profile(model, text_windows(tokenizer, calib_text, 256, 4, bos=None), attention=False).sink_layer
         out["l_sink"] = sink

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Stage kvlab's default model and corpora on a GPU machine that reaches no registry, through a tool that carries at
+# most 64 MiB per call (the workplace's device tool). Two halves:
+#
+#   here:   bash scripts/gpu_stage.sh pack      # writes .cache/gpu/{gguf.part1,gguf.part2,corpora.tar.xz} and .whl/
+#   there:  call 1 carries .cache/gpu/gguf.part1               and runs `bash scripts/gpu_stage.sh unpack`
+#           call 2 carries .cache/gpu/gguf.part2, corpora.tar.xz, .whl and runs `source scripts/gpu_stage.sh unpack`
+#           then the job (the machine must stay warm between the calls: ignored files survive only then).
+#
+# `unpack` assembles the GGUF under KVLAB_CACHE=$PWD/.cache/kvlab (checked against the registry's sha256 when kvlab
+# first loads it), unpacks the corpora, installs the carried wheels (gguf for the GGUF conversion, rank-bm25 for
+# REFORM's BM25 baseline) without dependencies, and exports KVLAB_CACHE and PYTHONPATH.
+set -eo pipefail
+GGUF=SmolLM2-135M-Instruct.Q4_1.gguf
+case "${1:-}" in
+  pack)
+    src="${KVLAB_CACHE:-$HOME/.cache/kvlab}"
+    mkdir -p .cache/gpu .whl
+    head -c 50000000 "$src/assets/smollm2-135m/$GGUF" > .cache/gpu/gguf.part1
+    tail -c +50000001 "$src/assets/smollm2-135m/$GGUF" > .cache/gpu/gguf.part2
+    tar -C "$src" -cJf .cache/gpu/corpora.tar.xz assets/austen assets/c4-sample assets/paul-graham assets/shakespeare \
+      assets/wikitext
+    .venv/bin/pip download -q --no-deps -d .whl gguf==0.19.0 rank-bm25==0.2.2
+    ls -la .cache/gpu .whl ;;
+  unpack)
+    export KVLAB_CACHE="$PWD/.cache/kvlab"
+    export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+    a="$KVLAB_CACHE/assets/smollm2-135m"
+    mkdir -p "$a"
+    if [ -f .cache/gpu/gguf.part1 ]; then mv .cache/gpu/gguf.part1 "$a/.part1"; fi
+    if [ -f .cache/gpu/gguf.part2 ] && [ -f "$a/.part1" ]; then
+      cat "$a/.part1" .cache/gpu/gguf.part2 > "$a/.$GGUF.tmp" && mv "$a/.$GGUF.tmp" "$a/$GGUF" && rm -f "$a/.part1"
+    fi
+    if [ -f .cache/gpu/corpora.tar.xz ]; then tar -C "$KVLAB_CACHE" -xJf .cache/gpu/corpora.tar.xz; fi
+    if ls .whl/*.whl >/dev/null 2>&1; then python -m pip install -q --no-deps --no-index .whl/*.whl 2>&1 | tail -1; fi
+    ls -la "$a" ;;
+  *) echo "usage: bash scripts/gpu_stage.sh pack|unpack" >&2; exit 2 ;;
+esac

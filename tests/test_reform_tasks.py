@@ -125,7 +125,7 @@ def test_repo_task_puts_the_definition_in_and_the_using_file_last(tok):
     assert _length(tok, task) <= 3000 + 50
     definition = _evidence(task)[0]
     assert definition.startswith(f"def {info['name']}(")
-    assert info["name"] + "(" in task.answer and task.answer.startswith("\n")
+    assert info["name"] + "(" in task.answer and task.prompt.endswith("\n")  # RepoEval: the target line starts next
     last_file = task.context.rindex("# file: ")
     assert task.context[last_file:].startswith(f"# file: {info['file']}")
     assert task.context.index(f"# file: {info['definition']}") < last_file

@@ -9,6 +9,12 @@ model answers greedily. Two numbers per cell:
   recall is our deterministic stand-in);
 * ``answer_nll`` — a proxy that still separates policies when a small model rarely answers right: the
   teacher-forced mean NLL (nats/token) of the reference answer after the streamed prompt.
+
+Answers are generated as RULER generates them (Hsieh et al. 2024, ``pred/call_api.py``): greedy, a fixed number of
+tokens per task (RULER: 128 for the needles, 30 for variable tracking), stopping only at the end-of-text token, never
+at a newline: a small model often starts with ``":\n"`` and names the value on the next line.
+:func:`greedy_answer` is that loop, shared by every retrieval harness of kvlab (REFORM's and LaCache's tables too);
+:func:`string_match_all` / :func:`string_match_part` are RULER's scores.
 """
 
 from __future__ import annotations
@@ -21,7 +27,11 @@ import torch
 
 from kvlab.core import KVCache, Policy
 
-__all__ = ["RetrievalResult", "needle_in_haystack", "passkey", "ask"]
+__all__ = ["RetrievalResult", "needle_in_haystack", "passkey", "ask", "greedy_answer", "string_match_all",
+           "string_match_part", "RULER_TOKENS"]
+
+#: RULER's ``tokens_to_generate`` (``data/synthetic/constants.py``): the needles (``niah``) and variable tracking.
+RULER_TOKENS = {"niah": 128, "vt": 30}
 
 _STOPWORDS = {"the", "and", "with", "that", "this", "for", "on", "in", "a", "to", "is", "of", "do", "thing",
               "best", "sit", "day", "eat"}
@@ -74,19 +84,50 @@ def ask(model, tokenizer, prompt: str, answer: str, policy: Policy, *, chunk_siz
         out = model(input_ids=target[:, :-1], past_key_values=forked, use_cache=True).logits[0].float()
         total += float(torch.nn.functional.cross_entropy(out, target[0, 1:], reduction="sum"))
     nll = total / target.shape[1]
-    # greedy answer
+    said = greedy_answer(tokenizer, last,
+                         lambda t: model(input_ids=t, past_key_values=cache, use_cache=True).logits[:, -1],
+                         max_new_tokens)
+    return said, nll
+
+
+@torch.no_grad()
+def greedy_answer(tokenizer, logits: torch.Tensor, step, max_new_tokens: int) -> str:
+    """Greedy generation as RULER does it: ``max_new_tokens`` tokens, stopping only at the end-of-text token.
+
+    logits ``(1, vocab)``: the last position's logits after the prompt; ``step(token (1, 1)) -> (1, vocab)``
+    feeds one token and returns the next logits (through whatever cache the caller holds). No stop at a
+    newline: an answer that starts with ``":\n"`` goes on to the value, and the score looks for the
+    reference anywhere in the text (:func:`string_match_all`)."""
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1 (tokens generated per answer), got {max_new_tokens}")
     generated = []
-    token = last.argmax(dim=-1, keepdim=True)
-    eos = tokenizer.eos_token_id
-    for _ in range(max_new_tokens):
+    token = logits.argmax(dim=-1, keepdim=True)
+    eos = getattr(tokenizer, "eos_token_id", None)
+    for i in range(max_new_tokens):
         if eos is not None and int(token) == eos:
             break
         generated.append(int(token))
-        text = tokenizer.decode(generated)
-        if "\n" in text.lstrip():
-            break
-        token = model(input_ids=token, past_key_values=cache, use_cache=True).logits[:, -1].argmax(-1, keepdim=True)
-    return tokenizer.decode(generated, skip_special_tokens=True), nll
+        if i + 1 < max_new_tokens:
+            token = step(token).argmax(dim=-1, keepdim=True)
+    return tokenizer.decode(generated, skip_special_tokens=True)
+
+
+def string_match_all(text: str, references) -> float:
+    """RULER's ``string_match_all``: the fraction of ``references`` found in ``text`` (case aside)."""
+    references = list(references)
+    if not references:
+        raise ValueError("references must hold at least one reference answer")
+    low = text.lower()
+    return sum(r.lower() in low for r in references) / len(references)
+
+
+def string_match_part(text: str, references) -> float:
+    """RULER's ``string_match_part``: 1 when any of ``references`` is in ``text`` (case aside), else 0."""
+    references = list(references)
+    if not references:
+        raise ValueError("references must hold at least one reference answer")
+    low = text.lower()
+    return float(any(r.lower() in low for r in references))
 
 
 def _needle_score(answer: str, needle: str) -> float:
@@ -134,7 +175,7 @@ def passkey(model, tokenizer, policy: Policy, lengths=(1024, 2048), depths=(0.0,
         return p.prompt, p.answer
 
     return _grid("passkey", model, tokenizer, policy, lengths, depths, make,
-                 lambda said, answer: float(answer.strip() in said), chunk_size, 8, progress)
+                 lambda said, answer: string_match_all(said, [answer.strip()]), chunk_size, 8, progress)
 
 
 def needle_in_haystack(model, tokenizer, policy: Policy, lengths=(1024, 2048), depths=(0.0, 0.5, 1.0), *,

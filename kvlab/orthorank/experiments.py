@@ -39,6 +39,7 @@ import torch
 
 from kvlab.core import check_float, check_int
 from kvlab.eval import zeroshot
+from kvlab.eval.stats import paired_bootstrap
 from kvlab.orthorank.api import after_sink, sink_profile
 from kvlab.orthorank.layers import Plan, layers_for_sparsity, perplexity, search_layers, text_windows, use_plan
 
@@ -295,20 +296,14 @@ def window_nll(model: torch.nn.Module, windows: torch.Tensor, plan: Plan | None 
 def paired_ppl_ratio(challenger: list[float], baseline: list[float], *, resamples: int = 10000,
                      seed: int = 0) -> dict[str, float]:
     """Perplexity ratio ``exp(mean(challenger) - mean(baseline))`` of two methods' per-window NLLs on the same
-    windows, with a 95 % paired percentile bootstrap: windows are resampled with replacement (the same draw for
-    both methods) ``resamples`` times. Below 1: the challenger has the lower perplexity. Returns ``ratio``,
-    ``low``, ``high``, ``n``."""
-    a = torch.tensor(challenger, dtype=torch.float64)
-    b = torch.tensor(baseline, dtype=torch.float64)
-    if a.shape != b.shape or a.dim() != 1 or a.numel() < 2:
+    windows, with the 95 % paired percentile bootstrap of :func:`kvlab.eval.stats.paired_bootstrap` (windows
+    resampled with replacement, the same draw for both methods) mapped through ``exp``. Below 1: the challenger
+    has the lower perplexity. Returns ``ratio``, ``low``, ``high``, ``n``."""
+    if len(challenger) != len(baseline) or len(challenger) < 2:
         raise ValueError(f"challenger and baseline must hold one NLL per window, the same >= 2 windows; got "
-                         f"{tuple(a.shape)} and {tuple(b.shape)}")
-    diff = a - b
-    g = torch.Generator().manual_seed(check_int("seed", seed, 0))
-    idx = torch.randint(0, diff.numel(), (check_int("resamples", resamples, 100), diff.numel()), generator=g)
-    means = diff[idx].mean(dim=1)
-    low, high = torch.quantile(means, torch.tensor([0.025, 0.975], dtype=torch.float64)).tolist()
-    return {"ratio": math.exp(float(diff.mean())), "low": math.exp(low), "high": math.exp(high), "n": diff.numel()}
+                         f"{len(challenger)} and {len(baseline)}")
+    diff = paired_bootstrap(challenger, baseline, resamples=resamples, seed=seed)
+    return {"ratio": math.exp(diff.estimate), "low": math.exp(diff.low), "high": math.exp(diff.high), "n": diff.n}
 
 
 def table1_study(model: torch.nn.Module, windows: torch.Tensor, names: list[str], plans: dict[str, Plan], *,

@@ -203,6 +203,7 @@ def _peak(model) -> float:
 def _efficiency_one(method, model, tok, task, args, heads) -> dict[str, Any]:
     from kvlab.core import KVCache
     from kvlab.reform import compare as C
+    from kvlab.eval.retrieval import greedy_answer
     from kvlab.reform.api import reform_gather
 
     device = next(model.parameters()).device
@@ -223,7 +224,7 @@ def _efficiency_one(method, model, tok, task, args, heads) -> dict[str, Any]:
         t1 = time.perf_counter()
         ids = out.input_ids
         o = model(input_ids=ids, use_cache=True)
-        text = C._greedy(tok, o.logits[:, -1], lambda t: model(input_ids=t, past_key_values=o.past_key_values,
+        text = greedy_answer(tok, o.logits[:, -1], lambda t: model(input_ids=t, past_key_values=o.past_key_values,
                                                               use_cache=True).logits[:, -1], args.new_tokens)
         _sync(model)
         phases["recompute_and_generate"] = time.perf_counter() - t1
@@ -234,19 +235,20 @@ def _efficiency_one(method, model, tok, task, args, heads) -> dict[str, Any]:
                                              budget=args.budget, n_initial=args.n_initial, n_recent=args.n_recent,
                                              max_new_tokens=args.new_tokens)
         extra = {"held": held}
-    else:
-        from kvlab.baselines import H2O, StreamingLLM
-
-        policy = (StreamingLLM(sink=args.n_initial, window=args.budget - args.n_initial) if method == "streamingllm"
-                  else H2O(args.budget, recent=args.n_recent))
+    elif method in ("streamingllm", "h2o", "tova"):
+        policy = C.baseline_policy(method, args.budget, args.n_initial, args.n_recent,
+                                    question=(n, n + int(query_ids.shape[1])))
         cache = KVCache(model, policy)
         ids = torch.cat([context_ids, query_ids], dim=1)
         logits = None
         for s in range(0, ids.shape[1], args.chunk_size):
             logits = model(input_ids=ids[:, s:s + args.chunk_size], past_key_values=cache, use_cache=True).logits[:, -1]
-        text = C._greedy(tok, logits, lambda t: model(input_ids=t, past_key_values=cache, use_cache=True).logits[:, -1],
+        text = greedy_answer(tok, logits, lambda t: model(input_ids=t, past_key_values=cache, use_cache=True).logits[:, -1],
                          args.new_tokens)
         extra = {}
+    else:
+        raise ValueError(f"efficiency times reform, compress_only, streamingllm, h2o and tova; got method={method!r} "
+                         "(drop it from --methods)")
     _sync(model)
     seconds = time.perf_counter() - begin
     return {"method": method, "tokens": n, "seconds": round(seconds, 2), "peak_gib": round(_peak(model), 3),
@@ -270,6 +272,9 @@ def run_efficiency(args) -> int:
         task = kv_task(tok, None, n_filler=int(n / per_sentence), text=filler, seed=7, n_pairs=16, depth=0.4)
         for method in args.methods:
             if method != "reform" and n > args.baseline_max:
+                continue
+            if method in ("truncation", "rag", "rag_bm25", "infinipot", "reform_no_gather"):
+                print(f"efficiency: {method} is not timed (reform, compress_only and the eviction baselines are)")
                 continue
             row = _efficiency_one(method, model, tok, task, args, heads)
             row["backend"] = args.backend if method == "reform" else None

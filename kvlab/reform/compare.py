@@ -8,8 +8,8 @@ it generates):
 ``truncation``     the first and last ``budget / 2`` context tokens, full attention (the paper's "drop the
                    middle")
 ``streamingllm``   :class:`kvlab.baselines.StreamingLLM` (``n_initial`` sinks + window), streamed in chunks
-``h2o``            :class:`kvlab.baselines.H2O` (``n_recent`` recent), streamed in chunks; its scores add up
-                   the attention of every query of every chunk (kvlab's H2O)
+``h2o``            :class:`kvlab.baselines.H2O`, streamed in chunks; its scores add up the attention of every
+                   query of every chunk (kvlab's H2O)
 ``tova``           :class:`kvlab.baselines.TOVA` (the entries the newest query attends to most), streamed in chunks
 ``compress_only``  REFORM's own recurrent compression through **all** layers, answering from the compressed
                    cache: no gather, no recompute (REFORM's "no gather, no recompute" ablation)
@@ -25,17 +25,23 @@ it generates):
                    recomputed instead of the gathered ones (Table 6a-style ablation; ``reform`` minus the search)
 =================  ===================================================================================
 
-Each method gives a greedy answer, its ``score`` (:func:`task_score`: RULER's ``string_match_all`` for
-multi-answer tasks, RepoEval's edit similarity for code; otherwise 1 when the first 16 characters of the
-reference answer occur in it: a short answer whole, the first two groups of a UUID, which needs more tokens
-than a short generation holds; ``correct`` is ``score == 1``) and the
-teacher-forced NLL of the reference answer (nats/token), the proxy that separates methods when a small
-model rarely answers exactly.
+Every eviction baseline keeps the same ``n_initial`` initial and ``n_recent`` recent entries, and the question
+(REFORM App. C.3: "initial and recent 256 tokens for all baselines"): :func:`baseline_policy` wraps H2O and TOVA
+in :class:`KeepInitialRecent`, which also keeps every token of the question (and answer prefix), so no method
+can evict the question it must answer (StreamingLLM's window and InfiniPot's rule keep them by construction).
+
+Each method gives a greedy answer of ``max_new_tokens`` tokens, generated as RULER does
+(:func:`kvlab.eval.retrieval.greedy_answer`: no stop at a newline), its ``score`` (:func:`task_score`: RULER's
+``string_match_all`` for multi-answer tasks, RepoEval's edit similarity for code; otherwise 1 when the first 16
+characters of the reference answer occur in it: a short answer whole, the first two groups of a UUID;
+``correct`` is ``score == 1``) and the teacher-forced NLL of the reference answer (nats/token), the proxy that
+separates methods when a small model rarely answers exactly.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import time
 from dataclasses import asdict, dataclass
 from typing import Any, Iterable
@@ -43,13 +49,14 @@ from typing import Any, Iterable
 import torch
 import torch.nn.functional as F
 
-from kvlab.core import KVCache, check_choice, check_int
+from kvlab.core import KVCache, LayerView, Policy, check_choice, check_int
+from kvlab.eval.retrieval import greedy_answer, string_match_all
 from kvlab.reform.api import load_heads, reform_gather
 from kvlab.reform.reference import (CompressedCache, _decoder, _query_states, _rope, _window, chunk_spans,
                                    forward_chunk, h2o_scores)
 
 __all__ = ["METHODS", "MethodResult", "run_method", "compare", "summarise", "truncation_ids", "rag_ids", "bm25_ids",
-           "task_score", "infinipot_keep", "CATALYST_PROMPT"]
+           "task_score", "infinipot_keep", "CATALYST_PROMPT", "KeepInitialRecent", "baseline_policy"]
 
 METHODS = ("reform", "truncation", "streamingllm", "h2o", "tova", "compress_only", "infinipot", "rag", "rag_bm25",
            "reform_no_gather")
@@ -67,22 +74,26 @@ class MethodResult:
     context_tokens: int
     extra: dict[str, Any]
     score: float = 0.0
+    example: str = ""  # a stable id of the task (kind, length, seed), set by the table runners
 
 
 # --------------------------------------------------------------------------- answering from ids / caches
 
 
 def task_score(text: str, task) -> float:
-    """Score in [0, 1] of a generated ``text`` for ``task``: edit similarity of the first line (code), the
-    fraction of ``info["answers"]`` found (RULER's ``string_match_all``), or :func:`_is_correct`."""
-    from kvlab.reform.tasks import edit_similarity
+    """Score in [0, 1] of a generated ``text`` for ``task``: RepoEval's edit similarity (code: the first
+    non-empty generated lines, as many as the reference has, against the reference), BABILong's rule (the
+    answer is the only place named: :func:`kvlab.reform.tasks.babilong_score`), the fraction of
+    ``info["answers"]`` found (RULER's ``string_match_all``), or :func:`_is_correct`."""
+    from kvlab.reform.tasks import babilong_score, edit_similarity, repo_prediction
 
     if task.kind == "repo":
-        first = next((line for line in text.splitlines() if line.strip()), "")
-        return edit_similarity(first, task.answer)
+        return edit_similarity(repo_prediction(text, task.answer), task.answer)
+    if task.kind.startswith("babilong"):
+        return babilong_score(text, task.answer)
     answers = task.info.get("answers") if task.info else None
     if answers:
-        return sum(a.lower() in text.lower() for a in answers) / len(answers)
+        return string_match_all(text, answers)
     return float(_is_correct(text, task.answer))
 
 
@@ -115,18 +126,8 @@ def _answer_with_cache(model, tokenizer, ids: torch.Tensor, target: torch.Tensor
                    max_new_tokens), nll
 
 
-def _greedy(tokenizer, logits, step, max_new_tokens: int) -> str:
-    generated = []
-    token = logits.argmax(dim=-1, keepdim=True)
-    eos = getattr(tokenizer, "eos_token_id", None)
-    for _ in range(max_new_tokens):
-        if eos is not None and int(token) == eos:
-            break
-        generated.append(int(token))
-        if "\n" in tokenizer.decode(generated).lstrip():
-            break
-        token = step(token).argmax(dim=-1, keepdim=True)
-    return tokenizer.decode(generated, skip_special_tokens=True)
+#: RULER's generation loop, shared by every retrieval harness of kvlab (no stop at a newline)
+_greedy = greedy_answer
 
 
 class _Discard:
@@ -175,6 +176,87 @@ def _answer_compressed(model, tokenizer, context_ids, query_ids, target, *, chun
     held = run.cache.size
     text, nll = run.answer(tokenizer, query_ids, target, max_new_tokens)
     return text, nll, held
+
+
+# --------------------------------------------------------------------------- eviction baselines
+
+
+class KeepInitialRecent(Policy):
+    """``inner`` (H2O, TOVA: a score-ranked policy) made to keep, in every layer, the ``n_initial`` oldest
+    entries, the ``n_recent`` newest and every entry whose stream position is in ``question = (start, end)``.
+
+    The protected entries' scores are raised to ``+inf`` in the view the inner policy ranks, so it keeps
+    them and fills the rest of its budget by its own rule (REFORM App. C.3 gives every baseline the initial
+    and recent tokens). The cached scores are not changed. Raises when the protected entries exceed the
+    inner policy's budget."""
+
+    def __init__(self, inner: Policy, n_initial: int, n_recent: int, question: tuple[int, int] | None = None):
+        super().__init__(inner.positions)
+        self.inner = inner
+        self.n_initial = check_int("n_initial", n_initial, 0)
+        self.n_recent = check_int("n_recent", n_recent, 0)
+        if question is not None and not 0 <= question[0] <= question[1]:
+            raise ValueError(f"question must be (start, end) stream positions with 0 <= start <= end, got {question}")
+        self.question = None if question is None else (int(question[0]), int(question[1]))
+        self.needs_scores = inner.needs_scores
+        self.batch_rows = inner.batch_rows
+
+    @property
+    def budget(self) -> int | None:
+        return self.inner.budget
+
+    def check_model(self, num_layers: int) -> None:
+        self.inner.check_model(num_layers)
+
+    def check_vocab(self, vocab_size: int) -> None:
+        self.inner.check_vocab(vocab_size)
+
+    def keep(self, view: LayerView) -> torch.Tensor | None:
+        n = view.size
+        if self.inner.budget is not None and n <= self.inner.budget:
+            return None
+        index = torch.arange(n, device=view.positions.device)
+        protected = (index < self.n_initial) | (index >= n - self.n_recent)
+        if self.question is not None:
+            protected = protected | ((view.positions >= self.question[0]) & (view.positions < self.question[1]))
+        protected = protected.expand(view.positions.shape)
+        count = int(protected.sum(dim=-1).max())
+        if self.inner.budget is not None and count > self.inner.budget:
+            raise ValueError(f"{count} protected entries (n_initial={self.n_initial}, n_recent={self.n_recent} and "
+                             f"the question at positions {self.question}) exceed the budget "
+                             f"({self.inner.budget}): raise budget or lower n_initial / n_recent")
+
+        def lifted(scores):
+            return None if scores is None else scores.masked_fill(protected, float("inf"))
+
+        return self.inner.keep(dataclasses.replace(view, scores=lifted(view.scores),
+                                                   last_scores=lifted(view.last_scores)))
+
+    def __repr__(self) -> str:
+        return (f"KeepInitialRecent({self.inner!r}, n_initial={self.n_initial}, n_recent={self.n_recent}, "
+                f"question={self.question})")
+
+
+def baseline_policy(method: str, budget: int, n_initial: int, n_recent: int,
+                    question: tuple[int, int] | None = None) -> Policy:
+    """The cache policy of an eviction baseline at ``budget`` entries per layer, with the same initial /
+    recent entries for all (``streamingllm``: ``n_initial`` sinks + a window of the rest; ``h2o``: H2O with
+    ``n_recent`` recent entries, plus the initial ones; ``tova``: TOVA plus both), the question (stream
+    positions ``question = (start, end)``) kept."""
+    from kvlab.baselines import H2O, TOVA, StreamingLLM
+
+    check_choice("method", method, ("streamingllm", "h2o", "tova"))
+    if n_initial + n_recent >= budget:
+        raise ValueError(f"n_initial + n_recent ({n_initial} + {n_recent}) must be smaller than budget ({budget}) "
+                         "to leave room for the entries a method chooses")
+    asked = 0 if question is None else question[1] - question[0]
+    if n_initial + n_recent + asked >= budget:
+        raise ValueError(f"n_initial + n_recent + the question's {asked} tokens ({n_initial} + {n_recent} + {asked}) "
+                         f"must be smaller than budget ({budget}): raise budget or lower n_initial / n_recent")
+    if method == "streamingllm":
+        return StreamingLLM(sink=n_initial, window=budget - n_initial)
+    inner = H2O(budget, recent=n_recent) if method == "h2o" else TOVA(budget)
+    return KeepInitialRecent(inner, n_initial, n_recent, question)
 
 
 # --------------------------------------------------------------------------- InfiniPot
@@ -381,10 +463,8 @@ def run_method(method: str, model, tokenizer, task, *, budget: int, chunk_size: 
         ids = torch.cat([truncation_ids(context_ids, budget), query_ids], dim=1)
         text, nll = _answer_with_cache(model, tokenizer, ids, target, None, chunk_size, max_new_tokens)
     elif method in ("streamingllm", "h2o", "tova"):
-        from kvlab.baselines import H2O, TOVA, StreamingLLM
-
-        policy = {"streamingllm": lambda: StreamingLLM(sink=n_initial, window=budget - n_initial),
-                  "h2o": lambda: H2O(budget, recent=n_recent), "tova": lambda: TOVA(budget)}[method]()
+        start = int(context_ids.shape[1])
+        policy = baseline_policy(method, budget, n_initial, n_recent, question=(start, start + query_ids.shape[1]))
         ids = torch.cat([context_ids, query_ids], dim=1)
         text, nll = _answer_with_cache(model, tokenizer, ids, target, KVCache(model, policy), chunk_size,
                                        max_new_tokens)

@@ -20,11 +20,12 @@ import time
 from pathlib import Path
 from typing import Any, Iterable
 
+from kvlab.eval.retrieval import RULER_TOKENS
 from kvlab.reform.compare import METHODS, as_dicts, run_method, summarise
 from kvlab.reform.tasks import RULER_KINDS, LongTask, babilong_task, repo_task, ruler_task
 
 __all__ = ["PAPER", "TABLE1_KINDS", "TABLE1_METHODS", "TABLE5_KINDS", "build_tasks", "ablations", "run_table",
-           "averages", "side_by_side", "efficiency_rows"]
+           "averages", "side_by_side", "efficiency_rows", "answer_tokens", "example_id", "example_records"]
 
 #: Table 1's tasks here: RULER's four needle groups and variable tracking, BABILong qa1/qa2.
 TABLE1_KINDS = (*RULER_KINDS, "babilong-qa1", "babilong-qa2")
@@ -57,6 +58,40 @@ PAPER: dict[str, Any] = {
 }
 
 
+def answer_tokens(kind: str) -> int:
+    """Tokens generated per answer (no stop at a newline): RULER's ``tokens_to_generate`` (128 for the needles,
+    30 for variable tracking), 20 for BABILong (its harness's ``max_new_tokens``), 32 for code (one line is
+    scored; reading: RepoEval's generation length is not in the REFORM paper)."""
+    kind = kind.removeprefix("ruler-")
+    if kind == "vt":
+        return RULER_TOKENS["vt"]
+    if kind.startswith("babilong"):
+        return 20
+    if kind == "repo":
+        return 32
+    return RULER_TOKENS["niah"]
+
+
+def example_id(task: LongTask, length: int | str) -> str:
+    """A stable id of one example: ``kind/length/seed`` (the same id for every method, so runs pair up)."""
+    return f"{task.kind}/{length}/{task.info.get('seed', 0)}"
+
+
+def example_records(results: Iterable[dict[str, Any]], config: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Per-example records (``*.examples.jsonl``) of :func:`run_table`'s ``results``: per result one ``score``
+    record (the task's metric: string_match_all, BABILong's rule, RepoEval ES) and one ``answer_nll`` record,
+    with the raw output (untruncated) and the target."""
+    out = []
+    for r in results:
+        common = {"example": r["example"], "method": r["method"], "output": r["text"], "target": r["answer"],
+                  "task": r["task"], "context_tokens": r["context_tokens"], "seconds": round(r["seconds"], 3)}
+        if config:
+            common["config"] = config
+        out.append({**common, "metric": "score", "value": float(r["score"])})
+        out.append({**common, "metric": "answer_nll", "value": float(r["answer_nll"])})
+    return out
+
+
 def build_tasks(tokenizer, n_tokens: int, kinds: Iterable[str] = TABLE1_KINDS, samples: int = 1,
                 seed: int = 0) -> dict[str, list[LongTask]]:
     """``samples`` examples of every kind (RULER kinds, ``babilong-qa1``/``-qa2``, ``repo``) of ~``n_tokens``."""
@@ -77,7 +112,9 @@ def ablations(model, heads_data: dict | None = None, seed: int = 0) -> dict[str,
 
     ``no gather``: the tokens compression kept are recomputed instead of the gathered ones; ``no recompute``:
     answer from the compressed cache (REFORM's compression through every layer: ``compress_only``); ``no early
-    exit``: chunked forwarding through every layer (the same tokens gathered, more time and cache); ``random
+    exit``: chunked forwarding through every layer. That row is a consistency check, not a finding: the
+    layers at and below the exit do not read the layers above it, so the embeddings and the gathered tokens
+    are identical by construction (the paper's early exit saves time and cache, Table 6b); ``random
     heads`` / ``worst heads`` (the paper's other embeddings: four random Q/K/V heads below 70% depth, the four
     with the worst MNR); ``kernel 5``: max-pooling over 5 tokens instead of 129."""
     from kvlab.reform.heads import worst_heads
@@ -99,9 +136,11 @@ def ablations(model, heads_data: dict | None = None, seed: int = 0) -> dict[str,
 
 
 def run_table(model, tokenizer, tasks: dict[str, list[LongTask]], rows: dict[str, tuple[str, dict[str, Any]]],
-              *, progress: bool = False, **settings) -> dict[str, Any]:
+              *, progress: bool = False, length: int | str = "", **settings) -> dict[str, Any]:
     """Every row (``name -> (method, overrides)``) on every task: ``{"summary": {kind: {row: {...}}},
-    "results": [...]}``; ``settings`` go to :func:`kvlab.reform.compare.run_method`."""
+    "results": [...]}``; ``settings`` go to :func:`kvlab.reform.compare.run_method`. ``max_new_tokens`` left
+    out (or None): :func:`answer_tokens` of each task. Each result carries :func:`example_id` (``length``
+    names the input length in it)."""
     from kvlab.reform.api import load_heads
 
     settings = dict(settings)
@@ -114,8 +153,11 @@ def run_table(model, tokenizer, tasks: dict[str, list[LongTask]], rows: dict[str
     results, by_kind = [], {}
     for kind, task, name in pairs:
         method, overrides = rows[name]
-        r = run_method(method, model, tokenizer, task, **{**settings, **overrides})
-        r.method, r.task = name, kind
+        given = {**settings, **overrides}
+        if given.get("max_new_tokens") is None:
+            given["max_new_tokens"] = answer_tokens(task.kind)
+        r = run_method(method, model, tokenizer, task, **given)
+        r.method, r.task, r.example = name, kind, example_id(task, length)
         results.append(r)
         by_kind.setdefault(kind, []).append(r)
     return {"summary": {kind: summarise(rs) for kind, rs in by_kind.items()}, "results": as_dicts(results)}
@@ -199,7 +241,7 @@ def _cmd_run(args) -> int:
             parts += [(n + "-ablations", k, ablate, small) for k in args.ablation_kinds if k in by_kind]
     for name, kind, rows, overrides in parts:  # one kind at a time, the report written after each
         tasks = {kind: [LongTask.from_dict(t) for t in data[name.split("-")[0]][kind][:args.samples]]}
-        part = run_table(model, tok, tasks, rows, **{**settings, **overrides})
+        part = run_table(model, tok, tasks, rows, length=name.split("-")[0], **{**settings, **overrides})
         into = report["sets"].setdefault(name, {"summary": {}, "results": [], "settings": overrides})
         into["summary"].update(part["summary"])
         into["results"] += part["results"]
@@ -236,7 +278,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--n-initial", type=int, default=256)
     p.add_argument("--n-recent", type=int, default=256)
     p.add_argument("--n-final", type=int, default=256)
-    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--max-new-tokens", type=int, default=None,
+                   help="tokens per answer (default: RULER's per task, answer_tokens)")
     args = p.parse_args(argv)
     args.argv = argv
     return {"tasks": _cmd_tasks, "run": _cmd_run}[args.what](args)

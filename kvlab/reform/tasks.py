@@ -17,7 +17,7 @@
 * :func:`babilong_task` — BABILong-style: bAbI qa1/qa2 facts (generated, seeded: :func:`babi_story`) in book
   text.
 * :func:`repo_task` — repository-level code completion (RepoEval api-level stand-in) from an installed
-  package, scored by :func:`edit_similarity`.
+  package, scored by :func:`edit_similarity` (RepoEval's) of :func:`repo_prediction`.
 
 Multi-answer tasks list their answers in ``info["answers"]`` (scored as RULER's ``string_match_all``: the
 fraction of them in the output).
@@ -40,8 +40,9 @@ import torch
 from kvlab.datasets import kv_retrieval_prompt, load_records, load_text, split_sentences
 
 __all__ = ["LongTask", "kv_task", "multihop_task", "filler_text", "gold_token_mask", "RULER_NEEDLES", "RULER_KINDS",
-           "needle_task", "variable_tracking_task", "ruler_task", "babi_story", "babilong_task", "edit_similarity",
-           "api_uses", "repo_task"]
+           "needle_task", "variable_tracking_task", "ruler_task", "babi_story", "babilong_task", "babilong_score",
+           "edit_similarity",
+           "repo_prediction", "api_uses", "repo_task"]
 
 
 @dataclass
@@ -342,6 +343,13 @@ def babi_story(rng: random.Random, task: str = "qa1", n_facts: int = 8) -> tuple
     return facts, f"Where is the {obj}?", f"The {obj} is in the", f" {place}", sorted({picked, i})
 
 
+def babilong_score(text: str, answer: str) -> float:
+    """BABILong's ``compare_answers`` for qa1/qa2: 1 when the answer's place is the only place of bAbI's six
+    named in ``text`` (a generation that lists several places scores 0), else 0."""
+    found = {place for place in _PLACES if place in text.lower()}
+    return float(found == {answer.strip().lower()})
+
+
 def babilong_task(tokenizer, n_tokens: int, *, task: str = "qa1", seed: int = 0, n_facts: int = 8,
                   filler: str = "austen") -> LongTask:
     """A BABILong-style example: the facts of :func:`babi_story`, in story order, at random sentence boundaries
@@ -362,17 +370,25 @@ def babilong_task(tokenizer, n_tokens: int, *, task: str = "qa1", seed: int = 0,
 # --------------------------------------------------------------------------- repository-level code completion
 
 def edit_similarity(prediction: str, reference: str) -> float:
-    """RepoEval's edit similarity of two lines (stripped): ``1 - levenshtein(a, b) / max(len(a), len(b))``."""
+    """RepoEval's edit similarity (RepoCoder's ``compute_ES``: ``fuzz.ratio``) of two stripped strings: the
+    normalised indel similarity ``2 * LCS(a, b) / (len(a) + len(b))`` (1 for two empty strings)."""
     a, b = prediction.strip(), reference.strip()
     if not a and not b:
         return 1.0
-    previous = list(range(len(b) + 1))
-    for i, ca in enumerate(a, 1):
-        current = [i]
+    previous = [0] * (len(b) + 1)  # longest common subsequence, row by row
+    for ca in a:
+        current = [0]
         for j, cb in enumerate(b, 1):
-            current.append(min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (ca != cb)))
+            current.append(previous[j - 1] + 1 if ca == cb else max(previous[j], current[j - 1]))
         previous = current
-    return 1.0 - previous[-1] / max(len(a), len(b))
+    return 2.0 * previous[-1] / (len(a) + len(b))
+
+
+def repo_prediction(generated: str, reference: str) -> str:
+    """What RepoEval scores of a generation (RepoCoder's ``compute_ES``): its first non-empty lines, stripped,
+    as many as the reference has non-empty lines, joined by newlines."""
+    want = max(1, sum(1 for line in reference.splitlines() if line.strip()))
+    return "\n".join([line.strip() for line in generated.splitlines() if line.strip()][:want])
 
 
 def _python_files(root) -> dict[str, str]:
@@ -420,9 +436,10 @@ def repo_task(tokenizer, n_tokens: int, *, package: str = "click", seed: int = 0
     One use of a function defined in file A is chosen in file B (:func:`api_uses`, drawn from ``seed``); the
     input is other files of the package, file A among them at a random place, up to about ``n_tokens`` tokens,
     each after a ``# file: path`` line, then file B up to the target line, B last. The context ends
-    ``query_lines`` lines before the target: those lines are the query (REFORM's similarity search reads them);
-    the answer is the target line (``"\\n" + line``), scored by :func:`edit_similarity`. The evidence is the
-    definition of the function in A.
+    ``query_lines`` lines before the target: those lines are the query (REFORM's similarity search reads them).
+    As in RepoEval, the prompt ends with the newline that ends the line before the target, and the answer is
+    the target line itself (its indentation included); :func:`repo_prediction` picks the generated line that
+    :func:`edit_similarity` compares with it. The evidence is the definition of the function in A.
     """
     import ast
     import importlib.util
@@ -458,7 +475,7 @@ def repo_task(tokenizer, n_tokens: int, *, package: str = "click", seed: int = 0
         if first >= line_idx - query_lines or len(tokenizer(user_head)["input_ids"]) <= n_tokens // 2:
             break
         first += 20
-    query = "\n" + "\n".join(lines[line_idx - query_lines:line_idx])
+    query = "\n" + "\n".join(lines[line_idx - query_lines:line_idx]) + "\n"  # the target line starts next
     room = n_tokens - len(tokenizer(block(home) + user_head + query)["input_ids"])
     others = [p for p in files if p not in (home, user)]
     rng.shuffle(others)
@@ -475,7 +492,7 @@ def repo_task(tokenizer, n_tokens: int, *, package: str = "click", seed: int = 0
             gold.append((at + start, at + end))
         context += block(p)
     context += user_head
-    return LongTask("repo", context, query, "", "\n" + lines[line_idx], gold,
+    return LongTask("repo", context, query, "", lines[line_idx], gold,
                     {"package": str(root.name), "definition": home, "file": user, "line": line_idx, "name": name,
                      "files": len(chosen) + 1, "seed": seed})
 

@@ -15,6 +15,11 @@ fails, compares again number by number:
 ``scripts/notebooks.py prepare`` writes a ``conftest.py`` beside the prepared notebooks that loads this plugin,
 so ``pytest build/notebooks --nbval-lax`` uses it however it is started. ``tests/test_notebook_checks.py`` runs a
 checked notebook with one thread (CI records with two) and compares with :func:`texts_agree`.
+
+With ``KVLAB_EXECUTED_DIR=DIR`` in the environment, the plugin also writes each notebook as nbval executed it
+(outputs, figures as image/png, each cell's outcome in its metadata) to ``DIR/NN_name.ipynb`` when the session
+ends: ``scripts/test.sh`` sets ``build/executed``, and ``scripts/book.sh`` builds the book from those copies, so
+the notebooks run once.
 """
 
 from __future__ import annotations
@@ -80,6 +85,10 @@ def _streams(outputs) -> dict[str, str] | None:
 
 
 def pytest_configure(config):
+    import os
+
+    if os.environ.get(EXECUTED_ENV) and not config.pluginmanager.has_plugin("kvlab-save-executed"):
+        config.pluginmanager.register(SaveExecuted(os.path.abspath(os.environ[EXECUTED_ENV])), "kvlab-save-executed")
     try:
         from nbval.plugin import IPyNbCell
     except ImportError:  # nbval not installed: nothing to patch
@@ -104,3 +113,93 @@ def pytest_configure(config):
 
     compare_outputs._kvlab_tolerant = True
     IPyNbCell.compare_outputs = compare_outputs
+
+
+# --- Saving what nbval executed ----------------------------------------------------------------------------------
+# nbval runs each notebook in a kernel and compares, but keeps the outputs only in memory. With KVLAB_EXECUTED_DIR
+# set, this plugin writes every notebook it saw, as executed (streams, results, figures as image/png, errors), to
+# that folder under its own name at the end of the session, so that the book (scripts/book.sh) renders those very
+# outputs instead of executing the notebooks a second time. Each code cell's metadata records nbval's outcome
+# (``kvlab.nbval``: passed / failed / skipped / not run), and the notebook's metadata the run
+# (``kvlab.executed_by``), so the book can refuse a notebook that did not run through.
+
+EXECUTED_ENV = "KVLAB_EXECUTED_DIR"
+
+
+class SaveExecuted:
+    """A pytest plugin object: collects nbval's cell items and their outcomes, writes the notebooks at the end."""
+
+    def __init__(self, out):
+        import pathlib
+
+        self.out = pathlib.Path(out)
+        self.outcomes: dict[str, str] = {}
+
+    def pytest_runtest_logreport(self, report):
+        if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
+            self.outcomes[report.nodeid] = report.outcome
+
+    def pytest_sessionfinish(self, session):
+        try:
+            from nbval.plugin import IPyNbCell
+        except ImportError:
+            return
+        files: dict = {}
+        for item in session.items:
+            if isinstance(item, IPyNbCell):
+                files.setdefault(item.parent, []).append(item)
+        for parent, items in files.items():
+            import nbformat
+
+            self.out.mkdir(parents=True, exist_ok=True)
+            target = self.out / parent.path.name
+            nbformat.write(executed_notebook(parent.nb, items, self.outcomes), target)
+            terminal = session.config.pluginmanager.get_plugin("terminalreporter")
+            if terminal is not None:
+                terminal.write_line(f"kvlab: saved the executed notebook {target}")
+
+
+def executed_notebook(nb, items, outcomes: dict[str, str]):
+    """A copy of ``nb`` whose code cells hold what nbval's ``items`` produced (untouched cells: no outputs)."""
+    import copy
+    import datetime
+
+    import nbformat
+
+    ran = {id(item.cell): item for item in items}
+    out = copy.deepcopy(nb)
+    count = 0
+    statuses = []
+    for original, cell in zip(nb.cells, out.cells):
+        if cell.cell_type != "code":
+            continue
+        item = ran.get(id(original))
+        outputs = getattr(item, "test_outputs", None) if item is not None else None
+        status = outcomes.get(item.nodeid, "not run") if item is not None else "not run"
+        if outputs is None:  # skipped (NBVAL_SKIP), deselected, or never reached
+            cell.outputs, cell.execution_count = [], None
+            status = "skipped" if status == "skipped" else "not run"
+        else:
+            count += 1
+            cell.execution_count = count
+            cell.outputs = [nbformat.from_dict(_plain(o)) for o in outputs]
+            for o in cell.outputs:
+                if o.output_type == "execute_result":
+                    o.execution_count = count
+        cell.metadata.setdefault("kvlab", {})["nbval"] = status
+        statuses.append(status)
+    out.metadata["kvlab"] = {"executed_by": "nbval", "date": datetime.date.today().isoformat(),
+                             "cells": {s: statuses.count(s) for s in sorted(set(statuses))}}
+    return out
+
+
+def _plain(output) -> dict:
+    """An nbval output as a plain nbformat output dict (nbval builds them from kernel messages)."""
+    o = {k: v for k, v in dict(output).items()}
+    kind = o["output_type"]
+    if kind in ("display_data", "execute_result"):
+        o.setdefault("metadata", {})
+        o["data"] = dict(o.get("data", {}))
+    if kind == "execute_result":
+        o.setdefault("execution_count", None)
+    return o

@@ -12,6 +12,7 @@ commands:
   sweep GRID.yaml  run a grid of calls or notebooks on a Dask cluster (see `python -m kvlab sweep --help`)
   leaderboard      every method on the same tasks at matched mean KV / FLOPs, on Dask (`leaderboard --help`)
   lessons make|grade  student versions of the assignments, grading to a CSV (see `python -m kvlab lessons -h`)
+  claims           the claims ledger: --counts, --update, --write-readme, --check, --table PAPER (`claims -h`)
 """
 
 
@@ -42,6 +43,10 @@ def main(argv: list[str] | None = None) -> int:
         from kvlab.lessons import main as lessons_main
 
         return lessons_main(rest) or 0
+    if command == "claims":
+        from kvlab.claims import main as claims_main
+
+        return claims_main(rest) or 0
     print(f"unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
     return 2
 

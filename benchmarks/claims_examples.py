@@ -1,0 +1,196 @@
+"""Write the per-example outcomes already inside committed results as ``*.examples.jsonl`` files beside them.
+
+The claims ledger (``benchmarks/claims.csv``, :mod:`kvlab.claims`) recomputes every interval from per-example
+files: one JSON object per line, one line per (example, method, metric)::
+
+    {"example": "<stable id>", "method": "<name>", "metric": "<name>", "value": <float>,
+     "output": "<raw generation>", "target": ..., "config": ...}      # the last three when the source has them
+
+This script only *reformats* what the results files already hold (per needle depth, per question, per text
+window, per long-stream segment); it computes no score that the run did not record, except the natural log of a
+window's perplexity (its mean NLL, so that differences of windows add up to the log-ratio of perplexities).
+Results that hold only a mean (OrthoRank's tables, the DHSA and REFORM speed rows, ...) get no file; their
+ledger rows say so.
+
+Usage (deterministic; rerun after a results file changes, then ``python -m kvlab claims --update``)::
+
+    python benchmarks/claims_examples.py            # writes every file listed in SOURCES
+    python benchmarks/claims_examples.py --check    # exit 1 if a written file differs from a fresh conversion
+
+To add a new result: make the experiment write ``*.examples.jsonl`` itself (preferred), or add a converter here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RES = ROOT / "benchmarks" / "results"
+
+
+def _rec(example, method, metric, value, **extra):
+    r = {"example": example, "method": method, "metric": metric, "value": float(value)}
+    r.update({k: v for k, v in extra.items() if v is not None})
+    return r
+
+
+def _blocks(job, result, records):
+    """Perplexity runs: ``block_ppl_1024`` holds the perplexity of each 1,024-token window of the stream."""
+    args = job.get("args", {})
+    for i, ppl in enumerate(result.get("block_ppl_1024") or []):
+        records.append(_rec(f"{args['corpus']}-{args['tokens']}-w{i:03d}", job["job"], "window_nll",
+                            math.log(ppl), config=args.get("policy")))
+
+
+def _retrieval(job, result, records):
+    """Needle / passkey grids: one outcome per depth; the method is the job name without its length."""
+    args = job["args"]
+    method = job["job"].removesuffix(f"-{args['length']}")
+    answers = result.get("answers") or [[]]
+    outs = answers[0] if answers and isinstance(answers[0], list) else answers
+    for i, depth in enumerate(args["depths"]):
+        ex = f"{job['kind']}-{args['length']}-d{depth}"
+        out = outs[i] if i < len(outs) else None
+        records.append(_rec(ex, method, "correct", result["accuracy"][i], output=out, config=args.get("policy")))
+        records.append(_rec(ex, method, "answer_nll", result["answer_nll"][i], config=args.get("policy")))
+
+
+def _gsm8k(job, result, records):
+    """GSM8K chunks of 10 problems: jobs ``<method>-000``, ``-010``, ... are one method."""
+    args = job["args"]
+    method = job["job"].rsplit("-", 1)[0]
+    for i, gen in enumerate(result["generations"]):
+        ex = f"gsm8k-{args['start'] + i:04d}"
+        target = result["answers"][i] if i < len(result.get("answers", [])) else None
+        records.append(_rec(ex, method, "flexible", result["flexible"][i], output=gen, target=target,
+                            config=args.get("method")))
+        records.append(_rec(ex, method, "strict", result["strict"][i], config=args.get("method")))
+
+
+def _mmlu(job, result, records):
+    for i, (p, g) in enumerate(zip(result["predictions"], result["gold"])):
+        records.append(_rec(f"mmlu-{i:04d}", job["job"], "correct", float(p == g), output=p, target=g,
+                            subject=result["subjects"][i]))
+
+
+def convert_job_dict(path: Path) -> list[dict]:
+    """``fullsize_runs.json`` / ``fidelity_gpu_h100*.json``: a dict of quality_runs jobs."""
+    data = json.loads(path.read_text())
+    records: list[dict] = []
+    for name in sorted(data):
+        job = dict(data[name])
+        job.setdefault("job", name)
+        result = job.get("result") or {}
+        kind = job.get("kind")
+        if "block_ppl_1024" in result:
+            _blocks(job, result, records)
+        elif kind in ("niah", "passkey"):
+            _retrieval(job, result, records)
+        elif kind == "gsm8k":
+            _gsm8k(job, result, records)
+        elif "predictions" in result and "gold" in result:
+            _mmlu(job, result, records)
+    return records
+
+
+def convert_longstream(folder: Path) -> list[dict]:
+    """``longstream/*.json``: ``segment_ppl`` per segment of the 805,889-token stream (same segments each run)."""
+    records = []
+    for path in sorted(folder.glob("*.json")):
+        d = json.loads(path.read_text())
+        if "segment_ppl" not in d:
+            continue
+        for i, ppl in enumerate(d["segment_ppl"]):
+            records.append(_rec(f"segment-{i:03d}", d["name"], "segment_nll", math.log(ppl), config=d["policy"],
+                                tokens=d["segment_tokens"]))
+    return records
+
+
+def convert_longtask(folder: Path) -> list[dict]:
+    """``lacache_tables/lacache-<task>-<method>-<length>.json``: one record per prompt (RULER-style / QA)."""
+    records = []
+    for path in sorted(folder.glob("lacache-*.json")):
+        d = json.loads(path.read_text())
+        args = d["params"]["args"]
+        task, length = args["task"], args["length"]
+        method = d["name"][len(f"lacache-{task}-"):-len(f"-{length}")]
+        for i, e in enumerate(d["result"]["examples"]):
+            ex = f"{task}-{length}-{i}"
+            records.append(_rec(ex, method, "score", e["score"], output=e.get("said"), target=e.get("answers"),
+                                config=args["policy"]))
+            records.append(_rec(ex, method, "answer_nll", e["answer_nll"], config=args["policy"]))
+    return records
+
+
+def convert_reform(path: Path) -> list[dict]:
+    """REFORM ``experiments run`` / ``bench reform compare`` files: ``sets[<name>]["results"]`` in task order; the
+    k-th record of a (set, task, method) is example k (the same prompt for every method: checked by its answer)."""
+    data = json.loads(path.read_text())
+    records = []
+    for set_name in sorted(data["sets"]):
+        seen: dict = defaultdict(int)
+        targets: dict = {}
+        for r in data["sets"][set_name]["results"]:
+            task = r.get("task", set_name.split("-")[0])
+            k = seen[(task, r["method"])]
+            seen[(task, r["method"])] += 1
+            ex = f"{set_name}/{task}-{k}"
+            if ex in targets and targets[ex] != r.get("answer"):
+                raise ValueError(f"{path}: example {ex} has different answers across methods; cannot pair")
+            targets.setdefault(ex, r.get("answer"))
+            score = r.get("score", float(bool(r.get("correct"))))
+            records.append(_rec(ex, r["method"], "score", score, output=r.get("text"), target=r.get("answer")))
+            if r.get("answer_nll") is not None:
+                records.append(_rec(ex, r["method"], "answer_nll", r["answer_nll"]))
+    return records
+
+
+# results file (relative to the repository) -> (converter, examples file written)
+SOURCES = {
+    "benchmarks/results/fullsize_runs.json": (convert_job_dict, "benchmarks/results/fullsize_runs.examples.jsonl"),
+    "benchmarks/results/fidelity_gpu_h100.json": (convert_job_dict,
+                                                  "benchmarks/results/fidelity_gpu_h100.examples.jsonl"),
+    "benchmarks/results/fidelity_gpu_h100_sweep.json": (convert_job_dict,
+                                                        "benchmarks/results/fidelity_gpu_h100_sweep.examples.jsonl"),
+    "benchmarks/results/longstream": (convert_longstream, "benchmarks/results/longstream/segments.examples.jsonl"),
+    "benchmarks/results/lacache_tables": (convert_longtask,
+                                          "benchmarks/results/lacache_tables/longtask.examples.jsonl"),
+    "benchmarks/results/reform/table1.json": (convert_reform, "benchmarks/results/reform/table1.examples.jsonl"),
+    "benchmarks/results/reform/qwen2.5-coder-0.5b/table1_ruler.json": (
+        convert_reform, "benchmarks/results/reform/qwen2.5-coder-0.5b/table1_ruler.examples.jsonl"),
+    "benchmarks/results/reform/qwen2.5-coder-0.5b/table1_rest.json": (
+        convert_reform, "benchmarks/results/reform/qwen2.5-coder-0.5b/table1_rest.examples.jsonl"),
+    "kvlab/reform/data/fullsize_smollm2.json": (convert_reform,
+                                                "benchmarks/results/reform/fullsize_smollm2.examples.jsonl"),
+}
+
+
+def render(records: list[dict]) -> str:
+    return "".join(json.dumps(r, sort_keys=True, ensure_ascii=False) + "\n" for r in records)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--check", action="store_true", help="compare with the committed files instead of writing")
+    args = p.parse_args(argv)
+    bad = 0
+    for src, (convert, dst) in SOURCES.items():
+        text = render(convert(ROOT / src))
+        out = ROOT / dst
+        if args.check:
+            if not out.exists() or out.read_text() != text:
+                print(f"differs: {dst} (run python benchmarks/claims_examples.py)")
+                bad += 1
+            continue
+        out.write_text(text)
+        print(f"{dst}: {text.count(chr(10))} records from {src}")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -192,8 +192,9 @@ def fidelity_jobs(out, ppl, smoke) -> None:
 
 
 #: LaCache's long-input task tables at SmolLM2-135M's scale (issue 14): RULER kinds (Table 5; ``kvlab.reform.tasks``
-#: builders, answer tokens to generate) and the LongBench stand-in's QA tasks (Tables 3/4; ``kvlab.dhsa.experiments``)
-LACACHE_RULER = {"single": 12, "multikey": 12, "multivalue": 40, "multiquery": 40, "vt": 24}
+#: builders; answer tokens to generate: RULER's, 128 for the needles and 30 for variable tracking, no newline stop)
+#: and the LongBench stand-in's QA tasks (Tables 3/4; ``kvlab.dhsa.experiments``)
+LACACHE_RULER = {"single": 128, "multikey": 128, "multivalue": 128, "multiquery": 128, "vt": 30}
 LACACHE_QA = {"single-doc": 16, "multi-doc": 16}
 
 
@@ -203,7 +204,8 @@ def lacache_policies() -> dict[str, tuple[str, int]]:
     ``official-*``: LaCache's retrieval/LongBench protocol (full-attention prefill, compact once, first answer token
     from the full-attention logits, ``sink`` initial tokens, S ~ L x budget = 15 / 8 of 30 layers, O = 0, official
     accounting); ``ours-*``: the prompt streamed in chunks of 64 through the policy, 4 sinks, S=8/O=4 (L/4, S/2);
-    ``-o4`` / ``-o7``: Table 6's overlap O = S/4, S/2 at S = 15 (O = 0 is ``official-lacache50``)."""
+    ``-o4`` / ``-o8``: Table 6's overlap O = S/4, S/2 (rounded up) at S = 15 (O = 0 is ``official-lacache50``): on 30
+    layers O = 0, 4, 8 give three different ladders (G/A = 2/1, 3/2, 4/3), where O = 7 gave O = 4's."""
     one = 1 << 20  # one chunk: the whole prompt is prefilled with full attention, then compacted once
     return {"full": ("Full()", one),
             "official-lacache50": ("LaCache.official(n // 2, 15, 0, sink=sink)", one),
@@ -213,7 +215,7 @@ def lacache_policies() -> dict[str, tuple[str, int]]:
             "ours-lacache50": ("LaCache(n // 2)", 64),
             "ours-strm50": ("StreamingLLM(sink=4, cache_size=n // 2)", 64),
             "official-lacache50-o4": ("LaCache.official(n // 2, 15, 4, sink=sink)", one),
-            "official-lacache50-o7": ("LaCache.official(n // 2, 15, 7, sink=sink)", one)}
+            "official-lacache50-o8": ("LaCache.official(n // 2, 15, 8, sink=sink)", one)}
 
 
 def lacache_task_jobs(out, smoke) -> None:

@@ -34,7 +34,7 @@ def test_every_table_cell_has_all_policies_with_the_papers_settings(runs):
     assert {n for _, n in cells} == {2048, 4096}
     assert len(jobs) == len(cells) * len(runs.lacache_policies())
     expect = {"official-lacache50": (15, 0), "official-lacache25": (8, 0), "official-lacache50-o4": (15, 4),
-              "official-lacache50-o7": (15, 7), "ours-lacache50": (8, 4)}  # S ~ L x budget; Table 6: O = S/4, S/2
+              "official-lacache50-o8": (15, 8), "ours-lacache50": (8, 4)}  # S ~ L x budget; Table 6: O = S/4, S/2
     for j in jobs:
         n = j.args["length"] + 3  # the prompt's real token count, not a round number
         policy = runs._policy(j.args["policy"], n=n, sink=j.args["sink"])
@@ -66,5 +66,24 @@ def test_a_smoke_job_answers_and_renders_beside_the_paper(runs):
     cell = f"{100 * res['score']:.1f} ({res['answer_nll']:.2f})"
     assert f"| single (single_2) | LaCache, official protocol (S=15, O=0) | 50% | 43.00 | {cell} |" in text
     assert "| single (single_2) | StreamingLLM, official protocol | 50% | 49.00 | not run |" in text
-    assert f"| synthetic (single) | 0 | 5.17 | {cell} |" in text  # Table 6's O = 0 row is this job
+    assert f"| RULER (single) | 0 | not testable here (LongBench synthetic: 5.17) | {cell} |" in text  # O = 0 is this job
     assert "Tables 3/4 stand-in" not in text  # no QA job ran
+
+
+def test_table6_overlaps_give_different_ladders(runs):
+    """Issue 23: on 30 layers O = 4 and O = 7 at S = 15 gave the same ladder (every record bit-identical); the
+    three overlap rows must keep different entries."""
+    from kvlab.lacache.reference import LadderGeometry, ladder_mask
+
+    masks = {}
+    for slug in ("official-lacache50", "official-lacache50-o4", "official-lacache50-o8"):
+        s = runs._policy(runs.lacache_policies()[slug][0], n=2051, sink=64).settings(30)
+        masks[slug] = ladder_mask(LadderGeometry(30, s["span"], s["overlap"]), 64, layout=s["layout"])
+    slugs = list(masks)
+    for i, a in enumerate(slugs):
+        for b in slugs[i + 1:]:
+            assert not bool((masks[a] == masks[b]).all()), (a, b)
+
+
+def test_ruler_jobs_generate_rulers_token_counts(runs):
+    assert runs.LACACHE_RULER == {"single": 128, "multikey": 128, "multivalue": 128, "multiquery": 128, "vt": 30}

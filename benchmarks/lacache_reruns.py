@@ -1,0 +1,205 @@
+"""Issue 23: LaCache's RULER long-task jobs (Table 5 analogue, Table 6's overlap rows) and the passkey grid again,
+with the fixed answer loop (kvlab.eval.retrieval.greedy_answer: RULER's token counts, no stop at a newline), at
+>= 20 prompts per cell, on SmolLM2-135M (float32).
+
+    python benchmarks/lacache_reruns.py --out DIR [--workers 10] [--limit 540] [--scale smoke]
+
+Cells: the five RULER kinds (seeds 0..19, ~2,048-token prompts) x the policies of ``quality_runs.lacache_policies``
+that Tables 5 and 6 use (Full; official protocol: full prefill, compact once, 64 sinks, 50 % budget, LaCache S=15
+O=0 / StreamingLLM; ours: streamed in chunks of 64, 4 sinks; Table 6's overlaps O = 4 and O = 8 at S = 15, which
+give three different ladders on 30 layers: G/A = 2/1, 3/2, 4/3); passkey (5 depths x 4 seeds = 20 prompts of
+2,048 tokens) under the official protocol at 50 % and 25 % and Full. Writes ``DIR/lacache.examples.jsonl`` (one
+record per prompt, policy and metric, raw output included), ``DIR/summary.json`` / ``summary.md`` (means, no
+verdicts) and ``DIR/raw_outputs.md`` (five generations per cell). Units done in ``DIR/parts`` are skipped, so a
+run cut by ``--limit`` goes on when called again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+RULER_POLICIES = ("full", "official-lacache50", "official-strm50", "ours-lacache50", "ours-strm50",
+                  "official-lacache50-o4", "official-lacache50-o8")
+PASSKEY_POLICIES = {  # LaCache's retrieval protocol (as quality_runs' officialprotocol jobs): b = frac x length
+    "full": ("Full()", 64),
+    "official-lacache50": ("LaCache.official(length // 2, 15, 0, sink=64)", 1 << 20),
+    "official-strm50": ("StreamingLLM(sink=64, cache_size=length // 2)", 1 << 20),
+    "official-lacache25": ("LaCache.official(length // 4, 8, 0, sink=64)", 1 << 20),
+    "official-strm25": ("StreamingLLM(sink=64, cache_size=length // 4)", 1 << 20),
+}
+SCALES = {"full": dict(length=2048, examples=20, depths=(0.1, 0.3, 0.5, 0.7, 0.9), seeds=4, sink=64),
+          "smoke": dict(length=512, examples=1, depths=(0.5,), seeds=1, sink=32)}
+
+
+def _policy(expr: str, **values):
+    from kvlab.lacache.policy import LaCache
+    from kvlab.policies import Full, StreamingLLM
+
+    return eval(expr, {"__builtins__": {}}, {"Full": Full, "StreamingLLM": StreamingLLM, "LaCache": LaCache, **values})
+
+
+def _units(scale: dict) -> list[tuple]:
+    from quality_runs import LACACHE_RULER
+
+    out = [("ruler", kind, seed, slug) for kind in LACACHE_RULER for seed in range(scale["examples"])
+           for slug in RULER_POLICIES]
+    out += [("passkey", depth, seed, slug) for depth in scale["depths"] for seed in range(scale["seeds"])
+            for slug in PASSKEY_POLICIES]
+    return out
+
+
+def _unit_id(unit: tuple, length: int) -> str:
+    table, what, seed, slug = unit
+    example = f"ruler-{what}/{length}/{seed}" if table == "ruler" else f"passkey/{length}/d{what}/s{seed}"
+    return f"{example}|{slug}"
+
+
+def _worker(rank: int, units: list, args_d: dict) -> None:
+    import torch
+
+    torch.set_num_threads(1)
+    import kvlab
+    from kvlab.eval.retrieval import ask, passkey
+    from kvlab.reform.compare import task_score
+    from kvlab.reform.tasks import ruler_task
+    from quality_runs import LACACHE_RULER, lacache_policies
+
+    scale = SCALES[args_d["scale"]]
+    length = scale["length"]
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model, tok = kvlab.load_model("smollm2-135m", device=device, dtype="float32")
+    layers = model.config.num_hidden_layers
+    exprs = lacache_policies()
+    out = Path(args_d["out"]) / "parts" / f"worker{rank}.jsonl"
+    built: dict = {}
+    with out.open("a") as f:
+        for unit in units:
+            if time.time() > args_d["deadline"]:
+                break
+            table, what, seed, slug = unit
+            begin = time.perf_counter()
+            if table == "ruler":
+                if (what, seed) not in built:
+                    built = {(what, seed): ruler_task(tok, length, what, seed=seed)}
+                task = built[(what, seed)]
+                expr, chunk = exprs[slug]
+                n = tok(task.prompt, return_tensors="pt").input_ids.shape[1]
+                policy = _policy(expr, n=n, sink=scale["sink"])
+                said, nll = ask(model, tok, task.prompt, task.answer, policy, chunk_size=chunk,
+                                max_new_tokens=LACACHE_RULER[what])
+                score, target, metric = task_score(said, task), task.info["answers"], "string_match_all"
+            else:
+                expr, chunk = PASSKEY_POLICIES[slug]
+                policy = _policy(expr, length=length)
+                r = passkey(model, tok, policy, lengths=[length], depths=[what], seed=seed * 7919, chunk_size=chunk,
+                            progress=False)
+                said, nll, score = r.answers[0][0], float(r.answer_nll[0, 0]), float(r.accuracy[0, 0])
+                target, metric, n = None, "passkey_found", None
+            config = {"table": "5/6" if table == "ruler" else "passkey (Fig. 9)", "policy": repr(policy),
+                      "chunk": chunk, "length": length, "tokens": n, "device": device}
+            if hasattr(policy, "settings"):
+                config["settings"] = policy.settings(layers)
+            common = {"example": _unit_id(unit, length).split("|")[0], "method": slug, "output": said,
+                      "target": target, "config": config, "seconds": round(time.perf_counter() - begin, 3),
+                      "unit": _unit_id(unit, length)}
+            f.write(json.dumps({**common, "metric": metric, "value": float(score)}) + "\n")
+            f.write(json.dumps({**common, "metric": "answer_nll", "value": float(nll)}) + "\n")
+            f.flush()
+
+
+def _records(out: Path) -> list[dict]:
+    seen, records = set(), []
+    for p in sorted((out / "parts").glob("*.jsonl")):
+        for line in p.read_text().splitlines():
+            try:
+                r = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line cut by the time limit
+            if (r["unit"], r["metric"]) not in seen:
+                seen.add((r["unit"], r["metric"]))
+                records.append(r)
+    return records
+
+
+def _summarise(out: Path) -> None:
+    records = sorted(_records(out), key=lambda r: (r["example"].split("/")[0], r["method"], r["example"], r["metric"]))
+    with (out / "lacache.examples.jsonl").open("w") as f:
+        for r in records:
+            f.write(json.dumps({k: v for k, v in r.items() if k != "unit"}) + "\n")
+    cells: dict = {}
+    for r in records:
+        task = r["example"].split("/")[0]
+        cell = cells.setdefault(task, {}).setdefault(r["method"], {"score": [], "answer_nll": [], "outputs": []})
+        if r["metric"] == "answer_nll":
+            cell["answer_nll"].append(r["value"])
+        else:
+            cell["score"].append(r["value"])
+            cell["outputs"].append((r["example"], r["output"], r["target"]))
+    summary = {t: {m: {"n": len(c["score"]), "score_mean": round(100 * sum(c["score"]) / max(len(c["score"]), 1), 2),
+                       "answer_nll_mean": round(sum(c["answer_nll"]) / max(len(c["answer_nll"]), 1), 3)}
+                   for m, c in by_m.items()} for t, by_m in cells.items()}
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    methods = [*RULER_POLICIES, *(m for m in PASSKEY_POLICIES if m not in RULER_POLICIES)]
+    lines = ["# LaCache re-run (issue 23): mean score % / mean answer NLL (n prompts); intervals: the claims ledger, "
+             "from lacache.examples.jsonl", "", "| task | " + " | ".join(methods) + " |", "|---" * (len(methods) + 1) + "|"]
+    raw = ["# First five generations per policy and task (repr; references after the arrow)", ""]
+    for t, by_m in sorted(cells.items()):
+        lines.append(f"| {t} | " + " | ".join(
+            "-" if m not in summary[t] else
+            f"{summary[t][m]['score_mean']:.1f} / {summary[t][m]['answer_nll_mean']:.2f} ({summary[t][m]['n']})"
+            for m in methods) + " |")
+        for m in methods:
+            if m in by_m:
+                raw.append(f"- {t}, {m}: " + "; ".join(f"{e}: {o!r} -> {g!r}"
+                                                        for e, o, g in sorted(by_m[m]["outputs"])[:5]))
+    (out / "summary.md").write_text("\n".join(lines) + "\n")
+    (out / "raw_outputs.md").write_text("\n".join(raw) + "\n")
+    print("\n".join(lines))
+
+
+def main(argv=None) -> int:
+    import multiprocessing as mp
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", required=True)
+    p.add_argument("--scale", choices=sorted(SCALES), default="full")
+    p.add_argument("--workers", type=int, default=10, help="worker processes (one model copy each)")
+    p.add_argument("--limit", type=float, default=540, help="seconds; units not started by then wait for a rerun")
+    p.add_argument("--summary-only", action="store_true")
+    args = p.parse_args(argv)
+    out = Path(args.out)
+    (out / "parts").mkdir(parents=True, exist_ok=True)
+    if not args.summary_only:
+        scale = SCALES[args.scale]
+        done = {r["unit"] for r in _records(out)}
+        units = [u for u in _units(scale) if _unit_id(u, scale["length"]) not in done]
+        print(f"{len(units)} units to run ({len(done)} done before), {args.workers} workers", flush=True)
+        begin = time.time()
+        groups: dict = {}  # the units of one example stay together (its input is built once)
+        for u in units:
+            groups.setdefault(u[:3], []).append(u)
+        shards = [[u for g in list(groups.values())[i::args.workers] for u in g] for i in range(args.workers)]
+        ctx = mp.get_context("spawn")
+        args_d = {"scale": args.scale, "out": str(out), "deadline": begin + args.limit}
+        procs = [ctx.Process(target=_worker, args=(i, s, args_d)) for i, s in enumerate(shards) if s]
+        for proc in procs:
+            proc.start()
+        for proc in procs:
+            proc.join()
+        left = len(units) - (len({r["unit"] for r in _records(out)}) - len(done))
+        print(f"{time.time() - begin:.0f} s; {left} units left" + (" (run again to finish)" if left else ""),
+              flush=True)
+    _summarise(out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,253 @@
+"""Issue 23: REFORM's Tables 1, 4 (code stand-in), 5 and 6a again on SmolLM2-135M, with the fixed harness (answers
+generated as RULER does, no stop at a newline; every baseline keeps the same initial/recent tokens and the question;
+the code prompt ending at the target line's start), at >= 20 examples per cell.
+
+    python benchmarks/reform_reruns.py tasks --out benchmarks/inputs/reform_repo_8192.json.gz   # CPU, once
+    python benchmarks/reform_reruns.py run --out DIR [--workers 12] [--limit 540] [--scale smoke]
+
+``run`` builds the RULER / BABILong inputs from the corpora (seeds 0..N-1), reads the code-completion inputs from the
+committed file (built from the ``click`` package here, which the GPU machine does not have), shards every
+(example, row) unit over worker processes (one model copy each, one thread each; on a GPU they share it), and
+writes ``DIR/reform.examples.jsonl`` (one record per example, method and metric, raw output included),
+``DIR/summary.json`` / ``summary.md`` (means per cell, no verdicts) and ``DIR/raw_outputs.md`` (the first five
+generations per method and cell). Units already in ``DIR/parts/*.jsonl`` are skipped, so a run cut by ``--limit``
+(seconds) goes on where it stopped when called again.
+
+Settings (the paper's beside ours): input 8,192 tokens (paper: 64k-1M, 0.5-8x a 128k window; here 1x SmolLM2's 8k
+window); eviction budget and chunk 2,048 (paper: 32k, 1/4 of the window: the same ratio); REFORM's recompute budget
+2,048 (paper: 8k, a quarter of its 32k cache budget); initial / recent / final 256 tokens for every method (paper:
+256); Table 6a's rows at a recompute budget of 512 (where rows separate), on multi-key and multi-query needles.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+REPO_FILE = ROOT / "benchmarks" / "inputs" / "reform_repo_8192.json.gz"
+TABLE1 = ("truncation", "streamingllm", "tova", "h2o", "infinipot", "reform")
+TABLE5 = ("rag", "rag_bm25")  # beside Table 1's reform row, on the four needle kinds
+ABLATION_KINDS = ("multikey", "multiquery")
+SCALES = {  # length, examples per cell, budget = chunk, initial/recent/final, ablation budget
+    "full": dict(length=8192, examples=20, budget=2048, keep=256, ablation_budget=512),
+    "smoke": dict(length=1024, examples=1, budget=256, keep=32, ablation_budget=128),
+}
+
+
+def _units(scale: dict, with_repo: bool) -> list[tuple[str, int, str]]:
+    """``(kind, seed, row)``: every example of every kind with the rows that table runs on it."""
+    from kvlab.reform.experiments import TABLE1_KINDS, TABLE5_KINDS
+
+    rows_ablation = ("reform", "no gather", "no recompute", "random heads", "worst heads", "kernel 5")
+    out = []
+    for kind in (*TABLE1_KINDS, *(("repo",) if with_repo else ())):
+        for seed in range(scale["examples"]):
+            rows = list(TABLE1) + (list(TABLE5) if kind in TABLE5_KINDS or kind == "repo" else [])
+            out += [(kind, seed, r) for r in rows]
+            if kind in ABLATION_KINDS:
+                out += [(kind, seed, "ablation:" + r) for r in rows_ablation]
+    return out
+
+
+def _build_task(tok, kind: str, seed: int, length: int, repo: dict):
+    from kvlab.reform.experiments import build_tasks
+    from kvlab.reform.tasks import LongTask
+
+    if kind == "repo":
+        return LongTask.from_dict(repo[str(seed)])
+    return build_tasks(tok, length, [kind], samples=1, seed=seed)[kind][0]
+
+
+def _worker(rank: int, units: list, args_d: dict) -> None:
+    import torch
+
+    torch.set_num_threads(1)
+    import kvlab
+    from kvlab.reform.api import heads_file, load_heads
+    from kvlab.reform.experiments import ablations, example_id, example_records, run_table
+
+    scale = SCALES[args_d["scale"]]
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model, tok = kvlab.load_model("smollm2-135m", device=device, dtype="float32")
+    heads_path = heads_file(model)
+    heads_data = json.loads(Path(heads_path).read_text())
+    rows = ablations(model, heads_data)
+    heads = load_heads(str(heads_path), model)
+    repo = {}
+    if args_d["repo_file"]:
+        with gzip.open(args_d["repo_file"], "rt") as f:
+            repo = json.load(f)["tasks"]
+    settings = dict(budget=scale["budget"], chunk_size=scale["budget"], n_initial=scale["keep"],
+                    n_recent=scale["keep"], n_final=scale["keep"], heads=heads)
+    out = Path(args_d["out"]) / "parts" / f"worker{rank}.jsonl"
+    deadline = args_d["deadline"]
+    tasks = {}
+    with out.open("a") as f:
+        for kind, seed, row in units:
+            if time.time() > deadline:
+                break
+            key = (kind, seed)
+            if key not in tasks:
+                tasks = {key: _build_task(tok, kind, seed, scale["length"], repo)}  # one example in memory
+            task = tasks[key]
+            if row.startswith("ablation:"):
+                name = row.split(":", 1)[1]
+                table, spec = "6a", {name: rows[name]}
+                overrides = {"budget": scale["ablation_budget"]}
+            else:
+                table, spec, overrides = ("5" if row in TABLE5 else "4" if kind == "repo" else "1"), {row: (row, {})}, {}
+            part = run_table(model, tok, {kind: [task]}, spec, length=scale["length"], **{**settings, **overrides})
+            config = {"table": table, "length": scale["length"], "device": device,
+                      **{k: v for k, v in {**settings, **overrides}.items() if k != "heads"},
+                      "heads": [str(h) for h in heads]}
+            for rec in example_records(part["results"], config):
+                rec["method"] = ("ablation:" if table == "6a" else "") + rec["method"]
+                rec["unit"] = f"{example_id(task, scale['length'])}|{row}"
+                f.write(json.dumps(rec) + "\n")
+            f.flush()
+
+
+def _done(out: Path) -> set[str]:
+    done = set()
+    for p in (out / "parts").glob("*.jsonl"):
+        for line in p.read_text().splitlines():
+            try:
+                done.add(json.loads(line)["unit"])
+            except (json.JSONDecodeError, KeyError):
+                pass  # a line cut by the time limit
+    return done
+
+
+def _summarise(out: Path) -> None:
+    records = []
+    for p in sorted((out / "parts").glob("*.jsonl")):
+        for line in p.read_text().splitlines():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                pass
+    seen, unique = set(), []
+    for r in records:
+        key = (r["unit"], r["metric"])
+        if key not in seen:
+            seen.add(key)
+            unique.append(r)
+    unique.sort(key=lambda r: (r["config"]["table"], r["task"], r["method"], r["example"], r["metric"]))
+    with (out / "reform.examples.jsonl").open("w") as f:
+        for r in unique:
+            f.write(json.dumps({k: v for k, v in r.items() if k != "unit"}) + "\n")
+    cells: dict = {}
+    for r in unique:
+        cell = cells.setdefault(r["config"]["table"], {}).setdefault(r["task"], {}).setdefault(
+            r["method"], {"score": [], "answer_nll": [], "outputs": []})
+        cell[r["metric"]].append(r["value"])
+        if r["metric"] == "score":
+            cell["outputs"].append((r["example"], r["output"], r["target"]))
+    summary = {t: {k: {m: {"n": len(c["score"]), "score_mean": round(100 * sum(c["score"]) / max(len(c["score"]), 1), 2),
+                           "answer_nll_mean": round(sum(c["answer_nll"]) / max(len(c["answer_nll"]), 1), 3)}
+                       for m, c in by_m.items()} for k, by_m in by_k.items()} for t, by_k in cells.items()}
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    lines = ["# REFORM re-run (issue 23): mean score % / mean answer NLL (n examples) per cell; intervals: the claims "
+             "ledger, from reform.examples.jsonl", ""]
+    raw = ["# First five generations per method and cell (repr; target after the arrow)", ""]
+    for t, by_k in sorted(cells.items()):
+        methods = sorted({m for by_m in by_k.values() for m in by_m})
+        lines += [f"## Table {t}", "", "| task | " + " | ".join(methods) + " |", "|---" * (len(methods) + 1) + "|"]
+        for k, by_m in sorted(by_k.items()):
+            row = []
+            for m in methods:
+                s = summary[t][k].get(m)
+                row.append("-" if s is None else f"{s['score_mean']:.1f} / {s['answer_nll_mean']:.2f} ({s['n']})")
+            lines.append(f"| {k} | " + " | ".join(row) + " |")
+            for m in methods:
+                if m in by_m:
+                    raw.append(f"- table {t}, {k}, {m}: " + "; ".join(
+                        f"{e}: {o!r} -> {g!r}" for e, o, g in sorted(by_m[m]["outputs"])[:5]))
+        lines.append("")
+    (out / "summary.md").write_text("\n".join(lines) + "\n")
+    (out / "raw_outputs.md").write_text("\n".join(raw) + "\n")
+    print("\n".join(lines))
+
+
+def run(args) -> int:
+    import multiprocessing as mp
+
+    import torch
+
+    scale = SCALES[args.scale]
+    out = Path(args.out)
+    (out / "parts").mkdir(parents=True, exist_ok=True)
+    repo_file = args.repo_file if Path(args.repo_file).is_file() else None
+    if repo_file is None:
+        print(f"no {args.repo_file}: the code-completion rows (Table 4) are left out; build it with `tasks`")
+    elif json.loads(gzip.open(repo_file, "rt").read())["length"] != scale["length"]:
+        print(f"{repo_file} was built for another length than {scale['length']}: code rows left out")
+        repo_file = None
+    done = _done(out)
+    units = [u for u in _units(scale, repo_file is not None) if f"{u[0] if u[0] == 'repo' else _kind_name(u[0])}/"
+             f"{scale['length']}/{u[1]}|{u[2]}" not in done]
+    print(f"{len(units)} units to run ({len(done)} done before), {args.workers} workers, "
+          f"{'cuda: ' + torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu'}", flush=True)
+    begin = time.time()
+    groups: dict = {}  # the units of one example stay together (its input is built once)
+    for u in units:
+        groups.setdefault(u[:2], []).append(u)
+    shards = [[u for g in list(groups.values())[i::args.workers] for u in g] for i in range(args.workers)]
+    ctx = mp.get_context("spawn")
+    args_d = {"scale": args.scale, "out": str(out), "repo_file": repo_file, "deadline": begin + args.limit}
+    procs = [ctx.Process(target=_worker, args=(i, s, args_d)) for i, s in enumerate(shards) if s]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join()
+    left = len([u for u in _units(scale, repo_file is not None)]) - len(_done(out))
+    print(f"{time.time() - begin:.0f} s; {left} units left" + (" (run again to finish)" if left else ""), flush=True)
+    _summarise(out)
+    return 1 if any(p.exitcode for p in procs) else 0
+
+
+def _kind_name(kind: str) -> str:
+    """The task's ``kind`` field for a kind name of the command line (``single`` -> ``ruler-single``)."""
+    return kind if kind.startswith("babilong") or kind == "repo" else f"ruler-{kind}"
+
+
+def tasks(args) -> int:
+    from kvlab.models import load_tokenizer
+    from kvlab.reform.tasks import repo_task
+
+    scale = SCALES[args.scale]
+    tok = load_tokenizer("smollm2-135m")
+    data = {"length": scale["length"], "package": "click",
+            "tasks": {str(s): repo_task(tok, scale["length"], seed=s).to_dict() for s in range(scale["examples"])}}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    with gzip.open(args.out, "wt") as f:
+        json.dump(data, f)
+    print(f"-> {args.out} ({os.path.getsize(args.out)} bytes)")
+    return 0
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("what", choices=["tasks", "run", "summary"])
+    p.add_argument("--out", required=True, help="run: the results folder; tasks: the inputs file")
+    p.add_argument("--scale", choices=sorted(SCALES), default="full")
+    p.add_argument("--workers", type=int, default=12, help="worker processes (one model copy each)")
+    p.add_argument("--limit", type=float, default=540, help="seconds; units not started by then wait for a rerun")
+    p.add_argument("--repo-file", default=str(REPO_FILE))
+    args = p.parse_args(argv)
+    if args.what == "summary":
+        _summarise(Path(args.out))
+        return 0
+    return {"tasks": tasks, "run": run}[args.what](args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,10 +1,13 @@
 """DHSA (https://arxiv.org/abs/2508.02124): dynamic chunks, chunk-level similarity, token-level TopK.
 
-Public names: :func:`dhsa_attention` (prefill attention, backends ``"torch" | "flex" | "triton"``),
+Public names: :func:`dhsa_attention` (prefill attention, backends ``"torch" | "flex" | "triton"``;
+:func:`dhsa_selection` builds its kept set apart, to share it across layers),
 :func:`dhsa_decode` (one decode step, App. A; :class:`DHSADecode` keeps the full cache and
 :func:`decode_attention` runs App. A for every new token, :mod:`.policy`), :class:`DHSAPattern` (DHSA in
 a model's global layers, chunks fixed / oracle / predicted; :func:`block_sparse_pattern` and
-:func:`sliding_window_pattern` are the baselines), :class:`BoundaryPredictor` (Eq. 1-3). The
+:func:`sliding_window_pattern` are the baselines; :func:`authors_pattern` is the protocol of the authors'
+code: dense question tail, dense decode, shared boundaries, initial + recent keys), :class:`BoundaryPredictor`
+(Eq. 1-3; :func:`predict_boundaries` runs it once per call, batched, with a vectorised NMS). The
 specification, with the chunkings, Eq. 4, the labels (Eq. 5-8) and the focal loss (Eq. 9), is
 :mod:`.reference`; predictor training (App. B) is :mod:`.training` (``python -m kvlab.dhsa.training --help``;
 :func:`.training.shipped_predictor` loads the trained SmolLM2 predictor kvlab ships); the Eq. 4 bias and
@@ -12,17 +15,19 @@ attention recall are :mod:`.theory`; the experiments of notebooks 07-08 are :mod
 benchmarks are ``python -m kvlab bench dhsa``.
 """
 from . import experiments, reference, theory, training
-from .api import BACKENDS, dhsa_attention, dhsa_decode, resolve_chunks
-from .pattern import CHUNKINGS, DHSAPattern, block_sparse_pattern, dhsa_layers, sliding_window_pattern
+from .api import BACKENDS, Selection, dhsa_attention, dhsa_decode, dhsa_selection, resolve_chunks
+from .pattern import (CHUNKINGS, DECODES, DHSAPattern, authors_pattern, block_sparse_pattern, dhsa_layers,
+                      sliding_window_pattern)
 from .policy import DHSADecode, decode_attention, decode_memory
 from .reference import (BoundaryPredictor, attention_recall, best_recall, chunk_representation, dhsa_mask,
-                        fixed_boundaries, oracle_boundaries, predict_boundaries)
+                        fixed_boundaries, local_starts, nms_boundaries, oracle_boundaries, predict_boundaries)
 
 __all__ = [
-    "BACKENDS", "dhsa_attention", "dhsa_decode", "resolve_chunks",
-    "CHUNKINGS", "DHSAPattern", "block_sparse_pattern", "dhsa_layers", "sliding_window_pattern",
+    "BACKENDS", "Selection", "dhsa_attention", "dhsa_decode", "dhsa_selection", "resolve_chunks",
+    "CHUNKINGS", "DECODES", "DHSAPattern", "authors_pattern", "block_sparse_pattern", "dhsa_layers",
+    "sliding_window_pattern",
     "DHSADecode", "decode_attention", "decode_memory",
     "BoundaryPredictor", "attention_recall", "best_recall", "chunk_representation", "dhsa_mask",
-    "fixed_boundaries", "oracle_boundaries", "predict_boundaries",
+    "fixed_boundaries", "local_starts", "nms_boundaries", "oracle_boundaries", "predict_boundaries",
     "experiments", "reference", "theory", "training",
 ]

@@ -15,22 +15,62 @@ PyTorch code in float32 before any attention. Backends are imported only when us
 """
 from __future__ import annotations
 
+import math
+import numbers
+from dataclasses import dataclass
 from typing import Sequence
 
 import torch
 
 from kvlab.core import check_int
 
-from .reference import (AGGREGATIONS, dhsa_attention_reference, dhsa_decode_reference, fixed_boundaries,
-                        max_forced)
+from .reference import (AGGREGATIONS, _masked_attention, dhsa_attention_reference, dhsa_decode_reference, dhsa_mask,
+                        fixed_boundaries, max_forced)
 
-__all__ = ["dhsa_attention", "dhsa_decode", "resolve_chunks", "BACKENDS"]
+__all__ = ["dhsa_attention", "dhsa_decode", "dhsa_selection", "Selection", "resolve_chunks", "BACKENDS"]
 
 BACKENDS = ("auto", "torch", "flex", "triton")
 
 
 def _int(name, value, minimum):
     return check_int(name, value, minimum)
+
+
+def check_flag(name: str, value) -> bool:
+    """``value`` if it is a bool, else TypeError (a string such as ``'no'`` is truthy and would pass silently)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {type(value).__name__} {value!r}; pass a bool")
+    return value
+
+
+def check_scale(scale) -> float | None:
+    """``scale`` as a float, or None (the default ``dim ** -0.5``); TypeError / ValueError otherwise."""
+    if scale is None:
+        return None
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
+        raise TypeError(f"scale must be a positive finite number (the softmax scale) or None for dim ** -0.5, "
+                        f"got {type(scale).__name__} {scale!r}")
+    if not math.isfinite(float(scale)) or float(scale) <= 0:
+        raise ValueError(f"scale must be a positive finite number (the softmax scale), got {scale!r}: a NaN or "
+                         "non-positive scale gives NaN or inverted attention; pass None for dim ** -0.5")
+    return float(scale)
+
+
+@dataclass
+class Selection:
+    """The kept set of one DHSA prefill, built once by :func:`dhsa_selection` and reusable by
+    :func:`dhsa_attention` (``selection=``) in other layers of the same forward pass (the authors share one
+    mask across layers). ``mask`` (``"torch"``: ``(batch, heads | 1, seq, seq)`` bool), ``plan``
+    (``"flex"`` / ``"triton"``: :class:`~kvlab.dhsa.reference.ChunkPlan`), ``tables`` (``"triton"``) and
+    ``block_mask`` (``"flex"``) hold what the backend consumes."""
+
+    backend: str
+    n: int
+    heads: int
+    mask: torch.Tensor | None = None
+    plan: object = None
+    tables: object = None
+    block_mask: object = None
 
 
 def resolve_chunks(chunks, bsz: int, n: int, device=None) -> list[torch.Tensor]:
@@ -74,23 +114,78 @@ def _check_qkv(q, k, v, same_len=True):
         raise ValueError("q, k and v must be on the same device")
 
 
-def _check_budget(budget, initial, per, keep_diagonal):
+def _check_budget(budget, initial, per, keep_diagonal, local=0):
     if budget is not None:
         _int("budget", budget, 1)
     _int("initial", initial, 0)
+    _int("local", local, 0)
     if budget is None:
         return
     n = int(per[0][-1])
     if budget >= n:
         return
     for i, bd in enumerate(per):
-        need = max_forced(bd, initial, keep_diagonal)
+        need = max_forced(bd, initial, keep_diagonal, local)
         if need > budget:
             longest = int((bd[1:] - bd[:-1]).max())
             raise ValueError(
-                f"budget={budget} must be >= the always-kept keys of every query: initial ({initial}) + the "
-                f"longest chunk ({longest}) = {need} for sequence {i}. Raise budget, lower initial, or use "
-                "shorter chunks (kvlab.dhsa.reference.split_long_chunks)")
+                f"budget={budget} must be >= the always-kept keys of every query: initial ({initial}) + local "
+                f"({local}) + the longest chunk ({longest}), {need} for sequence {i}. Raise budget, lower initial "
+                "or local, or use shorter chunks (kvlab.dhsa.reference.split_long_chunks)")
+
+
+def _resolve_backend(backend, q):
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    return ("triton" if q.is_cuda else "torch") if backend == "auto" else backend
+
+
+def dhsa_selection(q: torch.Tensor, k: torch.Tensor, *, chunks, budget: int | None, initial: int = 0, local: int = 0,
+                   keep_diagonal: bool = True, aggregation: str = "eq4", share_heads: bool = False,
+                   causal_query: bool = False, backend: str = "auto") -> Selection:
+    """The kept set of :func:`dhsa_attention` (same arguments) without the attention: pass it as
+    ``selection=`` to attend with it, e.g. in every layer of a forward pass (masks shared across layers)."""
+    _check_qkv(q, k, k)
+    backend = _resolve_backend(backend, q)
+    if aggregation not in AGGREGATIONS:
+        raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {aggregation!r}")
+    check_flag("share_heads", share_heads)
+    check_flag("keep_diagonal", keep_diagonal)
+    check_flag("causal_query", causal_query)
+    bsz, h, n, _ = q.shape
+    per = resolve_chunks(chunks, bsz, n, q.device)
+    _check_budget(budget, initial, per, keep_diagonal, local)
+    kw = dict(initial=initial, aggregation=aggregation, share_heads=share_heads)
+    if backend == "torch":
+        return Selection("torch", n, h, mask=dhsa_mask(q, k, per, budget, keep_diagonal=keep_diagonal, local=local,
+                                                       causal_query=causal_query, **kw))
+    if not keep_diagonal:
+        raise ValueError(f"backend={backend!r} needs keep_diagonal=True (its kept set is a ranked list per "
+                         "chunk plus the diagonal); use backend='torch'")
+    if causal_query:
+        raise ValueError(f"causal_query=True ranks keys per query row, which backend={backend!r} (one ranked list "
+                         "per query chunk) cannot express; use backend='torch' (perplexity evaluation)")
+    from .reference import chunk_plan
+
+    if backend == "flex":
+        if local:
+            raise ValueError("local > 0 is not supported by backend='flex' (its mask_mod has no local range); use "
+                             "backend='triton' or 'torch'")
+        from .flex import dhsa_block_mask
+
+        plan = chunk_plan(q, k, per, budget, **kw)
+        return Selection("flex", n, h, plan=plan, block_mask=dhsa_block_mask(plan))
+    from .triton import launch_tables
+
+    plan = chunk_plan(q, k, per, budget, local=local, **kw)
+    return Selection("triton", n, h, plan=plan, tables=launch_tables(plan, "lists", dtype=q.dtype))
+
+
+def _dense_rows(q_tail, k, v, scale):
+    """Dense causal attention of the last ``q_tail.shape[2]`` queries over all ``n`` keys."""
+    t, n = q_tail.shape[2], k.shape[2]
+    visible = torch.arange(n, device=k.device)[None, :] <= torch.arange(n - t, n, device=k.device)[:, None]
+    return _masked_attention(q_tail, k, v, visible[None, None], scale)
 
 
 def dhsa_attention(
@@ -106,6 +201,10 @@ def dhsa_attention(
     share_heads: bool = False,
     scale: float | None = None,
     backend: str = "auto",
+    local: int = 0,
+    dense_tail: int = 0,
+    causal_query: bool = False,
+    selection: Selection | None = None,
 ) -> torch.Tensor:
     """DHSA prefill attention: each query keeps its ``budget`` best keys by chunk similarity.
 
@@ -124,42 +223,54 @@ def dhsa_attention(
         share_heads: one selection for all heads (query and key heads averaged), as the authors' code.
         scale: softmax scale, default ``dim ** -0.5``.
         backend: ``"auto" | "torch" | "flex" | "triton"`` (module docstring).
+        local: also keep the ``local`` keys before each query's chunk, inside the budget (the authors keep
+            128 "recent" keys; :func:`kvlab.dhsa.reference.local_starts`). Not with ``"flex"``.
+        dense_tail: the last ``dense_tail`` queries attend to every causal key (the authors keep the
+            question / instruction tokens dense at prefill); computed densely beside the sparse rows.
+        causal_query: each row's chunk query from its chunk's queries up to the row (no later query
+            enters the selection; :func:`kvlab.dhsa.reference.dhsa_mask`): for teacher-forced perplexity.
+            ``"torch"`` only.
+        selection: a :func:`dhsa_selection` of this sequence to reuse (e.g. from an earlier layer); the
+            selection arguments are then taken from it.
 
     Returns:
         ``(batch, heads, seq, dim)`` in ``q.dtype``.
     """
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     _check_qkv(q, k, v)
-    if aggregation not in AGGREGATIONS:
-        raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {aggregation!r}")
+    backend = _resolve_backend(backend, q)
+    scale = check_scale(scale)
+    _int("dense_tail", dense_tail, 0)
     bsz, h, n, d = q.shape
-    per = resolve_chunks(chunks, bsz, n, q.device)
-    _check_budget(budget, initial, per, keep_diagonal)
-    if backend == "auto":
-        backend = "triton" if q.is_cuda else "torch"
-    kw = dict(initial=initial, aggregation=aggregation, share_heads=share_heads, scale=scale)
-    if backend == "torch":
-        return dhsa_attention_reference(q, k, v, per, budget, keep_diagonal=keep_diagonal, **kw)
-    if not keep_diagonal:
-        raise ValueError(f"backend={backend!r} needs keep_diagonal=True (its kept set is a ranked list per "
-                         "chunk plus the diagonal); use backend='torch'")
-    if backend == "flex":
+    if selection is None:
+        selection = dhsa_selection(q, k, chunks=chunks, budget=budget, initial=initial, local=local,
+                                   keep_diagonal=keep_diagonal, aggregation=aggregation, share_heads=share_heads,
+                                   causal_query=causal_query, backend=backend)
+    elif not isinstance(selection, Selection) or selection.n != n or selection.heads != h:
+        raise ValueError(f"selection must be a dhsa_selection(...) of a sequence of {n} tokens and {h} heads; "
+                         f"got {selection!r:.120}")
+    if selection.backend == "torch":
+        out = _masked_attention(q, k, v, selection.mask, scale)
+    elif selection.backend == "flex":
         if q.dtype == torch.float64 and q.is_cuda:
             raise ValueError("backend='flex' on CUDA takes bf16/fp16/fp32; use backend='torch' for float64")
         from .flex import dhsa_attention_flex
 
-        return dhsa_attention_flex(q, k, v, per, budget, **kw)
-    # backend == "triton"
-    from kvlab.kernels.triton_utils import check_triton_inputs
+        out = dhsa_attention_flex(q, k, v, None, None, scale=scale, block_mask=selection.block_mask)
+    else:
+        from kvlab.kernels.triton_utils import check_triton_inputs
 
-    check_triton_inputs(q, d, fallback="backend='flex' or 'torch'")
-    if torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v)):
-        raise ValueError("backend='triton' is forward only (no backward kernel yet); use backend='torch' or "
-                         "'flex' to train, or call it under torch.no_grad()")
-    from .triton import dhsa_attention_triton
+        check_triton_inputs(q, d, fallback="backend='flex' or 'torch'")
+        if torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v)):
+            raise ValueError("backend='triton' is forward only (no backward kernel yet); use backend='torch' or "
+                             "'flex' to train, or call it under torch.no_grad()")
+        from .triton import dhsa_attention_triton
 
-    return dhsa_attention_triton(q, k, v, per, budget, **kw)
+        out = dhsa_attention_triton(q, k, v, None, None, scale=scale, tables=selection.tables)
+    if dense_tail:
+        t = min(dense_tail, n)
+        out = out.clone() if out.requires_grad else out
+        out[:, :, n - t:] = _dense_rows(q[:, :, n - t:], k, v, scale).to(out.dtype)
+    return out
 
 
 def dhsa_decode(
@@ -170,7 +281,7 @@ def dhsa_decode(
     prompt_chunks: torch.Tensor,
     budget: int | None,
     initial: int = 0, keep_diagonal: bool = True, aggregation: str = "eq4",  # as in dhsa_attention
-    share_heads: bool = False, scale: float | None = None,
+    share_heads: bool = False, scale: float | None = None, local: int = 0,
 ) -> torch.Tensor:
     """One DHSA decode step (App. A): the new token's query against the whole cache, sparsely.
 
@@ -178,7 +289,8 @@ def dhsa_decode(
         q: ``(batch, heads, 1, dim)``; k, v: ``(batch, kv_heads, total, dim)``, the new token last.
         prompt_chunks: offsets ``[0, ..., prompt_len]`` of the prompt's chunks (shared by the batch);
             the tokens generated before this one form one chunk, the new token its own.
-        budget, initial, keep_diagonal, aggregation, share_heads, scale: as :func:`dhsa_attention`.
+        budget, initial, keep_diagonal, aggregation, share_heads, scale, local: as :func:`dhsa_attention`
+            (``local``: the ``local`` keys before the new token are always kept).
 
     Returns:
         ``(batch, heads, 1, dim)``.
@@ -201,9 +313,17 @@ def dhsa_decode(
     if budget is not None:
         _int("budget", budget, 1)
     _int("initial", initial, 0)
-    if budget is not None and budget < total and budget < min(initial, total - 1) + int(keep_diagonal):
-        raise ValueError(f"budget={budget} must be >= initial ({initial}) + 1 (the new token's own chunk) at decode")
+    _int("local", local, 0)
+    check_flag("share_heads", share_heads)
+    check_flag("keep_diagonal", keep_diagonal)
+    scale = check_scale(scale)
+    if local and not keep_diagonal:
+        raise ValueError("local > 0 needs keep_diagonal=True; set keep_diagonal=True or local=0")
+    need = min(initial, total - 1) + (min(local, max(total - 1 - initial, 0)) + 1 if keep_diagonal else 0)
+    if budget is not None and budget < total and budget < need:
+        raise ValueError(f"budget={budget} must be >= initial ({initial}) + local ({local}) + 1 (the new token) at "
+                         "decode; raise budget or lower initial / local")
     return dhsa_decode_reference(q, k, v, prompt_chunks.to(q.device), budget, initial=initial,
                                  keep_diagonal=keep_diagonal, aggregation=aggregation, share_heads=share_heads,
-                                 scale=scale)
+                                 scale=scale, local=local)
 

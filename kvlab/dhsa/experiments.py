@@ -2,8 +2,11 @@
 
 Paper: DHSA (arXiv:2508.02124), Sec. 3 and App. C-D. What is here:
 
-* queries/keys of a layer (:func:`record_qk`), perplexity under prefill patterns (:func:`pattern_perplexity`);
-* needle-in-a-haystack under patterns (Fig. 2/6: :func:`needle_under_patterns`);
+* queries/keys of a layer (:func:`record_qk`), perplexity under prefill patterns (:func:`pattern_perplexity`:
+  DHSA patterns must use the causal query (``causal_query=True``), :func:`position_nll` for the leak);
+* needle-in-a-haystack under patterns (Fig. 2/6: :func:`needle_under_patterns`), and per example with raw
+  answers and either protocol (:func:`needle_records`, written as ``*.examples.jsonl`` by
+  :func:`write_examples`; ``python -m kvlab.dhsa.experiments needle --help`` runs the grid);
 * the LongBench stand-in of Table 1 (:func:`qa_items`, :func:`qa_under_patterns`): single-document QA
   from SQuAD (one Wikipedia article, the question's paragraph inside), multi-document QA from HotpotQA
   (its ten paragraphs, more from other questions to fill the length), few-shot QA (SQuAD passage / question
@@ -32,7 +35,8 @@ import torch
 
 from kvlab.core import AttentionCall, AttentionPattern, attend, check_choice, check_int, use_pattern
 
-__all__ = ["QKRecorder", "record_qk", "pattern_perplexity", "needle_under_patterns",
+__all__ = ["QKRecorder", "record_qk", "pattern_perplexity", "position_nll", "needle_under_patterns",
+           "question_tail_tokens", "needle_records", "records_grid", "write_examples", "read_examples",
            "QA_TASKS", "QAItem", "qa_items", "qa_f1", "qa_under_patterns",
            "peak_bytes", "prefill_cost", "decode_cost", "random_model", "MODEL_SHAPES"]
 
@@ -61,18 +65,46 @@ def record_qk(model, ids: torch.Tensor, layers) -> QKRecorder:
     return rec
 
 
+def _check_causal(name, pattern):
+    from .pattern import DHSAPattern
+
+    if isinstance(pattern, DHSAPattern) and pattern.budget is not None and not pattern.causal_query:
+        raise ValueError(
+            f"pattern {name!r} ranks keys with whole-chunk query vectors, which average the queries of *later* "
+            "tokens of the chunk: under teacher forcing a position's prediction then depends on the tokens it "
+            "predicts (a leak). Build it with causal_query=True for perplexity, or pass causal=False to measure "
+            "the leak on purpose")
+
+
 @torch.no_grad()
-def pattern_perplexity(model, ids: torch.Tensor, patterns: dict, layers, *, skip: int = 0) -> dict[str, float]:
+def position_nll(model, ids: torch.Tensor, pattern, layers) -> torch.Tensor:
+    """``(seq - 1,)`` float64 teacher-forced NLL of every next token of ``ids`` ``(1, seq)`` with ``pattern`` in
+    ``layers`` (``None``: dense) during one prefill: what perplexity averages, per position (the leak test)."""
+    ids = ids.to(model.device)
+    with use_pattern(model, pattern, layers) if pattern is not None else nullcontext():
+        logits = model(input_ids=ids, use_cache=False).logits[0, :-1].double()
+    return torch.nn.functional.cross_entropy(logits, ids[0, 1:], reduction="none")
+
+
+@torch.no_grad()
+def pattern_perplexity(model, ids: torch.Tensor, patterns: dict, layers, *, skip: int = 0,
+                       causal: bool = True) -> dict[str, float]:
     """Teacher-forced perplexity of ``ids`` ``(1, seq)`` when each pattern computes attention in ``layers``
     during one prefill forward pass (``None``: dense). Tokens at positions ``< skip`` are not scored
-    (e.g. those whose queries fit the budget and are dense anyway)."""
+    (e.g. those whose queries fit the budget and are dense anyway).
+
+    ``causal`` (default): a sparse :class:`~kvlab.dhsa.pattern.DHSAPattern` must build its query chunk
+    vectors causally (``causal_query=True``), else ValueError: the whole-chunk query vector averages later
+    queries of the chunk, so the kept set of position ``i`` depends on tokens after ``i`` and teacher-forced
+    perplexity sees the future. Chunk boundaries are not made causal: a predicted boundary at ``t`` reads the
+    keys up to ``t + w`` (``w = 4``), and oracle boundaries read the whole attention map; notebook 07 measures
+    what that leaves."""
     out = {}
-    ids = ids.to(model.device)
     for name, pattern in patterns.items():
-        with use_pattern(model, pattern, layers):
-            logits = model(input_ids=ids, use_cache=False).logits[0, :-1].float()
-        nll = torch.nn.functional.cross_entropy(logits[skip:], ids[0, 1 + skip:], reduction="mean")
-        out[name] = math.exp(float(nll))
+        if causal:
+            _check_causal(name, pattern)
+        nll = position_nll(model, ids, pattern, layers)[skip:]
+        out[name] = math.exp(float(nll.mean()))
     return out
 
 
@@ -91,6 +123,110 @@ def needle_under_patterns(model, tokenizer, patterns: dict, layers, lengths, dep
             results[name] = needle_in_haystack(model, tokenizer, Full(), lengths=list(lengths), depths=list(depths),
                                                chunk_size=chunk, progress=False)
     return results
+
+
+def question_tail_tokens(tokenizer, prompt: str, marker: str = "\n\nQuestion:") -> int:
+    """Tokens of ``prompt`` from the last ``marker`` on (the question / instruction the authors keep dense at
+    prefill); ValueError if the marker is absent."""
+    at = prompt.rfind(marker)
+    if at < 0:
+        raise ValueError(f"the prompt has no {marker!r}: cannot find its question; pass dense_tail as an int")
+    total = len(tokenizer(prompt).input_ids)
+    return total - len(tokenizer(prompt[:at]).input_ids)
+
+
+def _rotated_haystack(text: str, trial: int, trials: int) -> str:
+    """The haystack started at the ``trial``-th of ``trials`` paragraph breaks spread over ``text`` (trial 0: as is)."""
+    if trial == 0:
+        return text
+    breaks = [m.end() for m in re.finditer(r"\n\n", text)]
+    if not breaks:
+        return text
+    at = breaks[(trial * len(breaks)) // trials]
+    return text[at:] + "\n\n" + text[:at]
+
+
+def needle_records(model, tokenizer, methods: dict, layers, lengths, depths, *, trials: int = 1,
+                   max_new_tokens: int = 32, model_name: str = "", haystack: str | None = None,
+                   progress: bool = False) -> list[dict]:
+    """Needle-in-a-haystack (Fig. 2/6), one record per (prompt, method) for the claims ledger.
+
+    Prompts: :func:`kvlab.datasets.niah_prompt` for every length x depth x trial; trial ``t`` starts the Paul
+    Graham haystack at a different paragraph, so each (length, depth) cell has ``trials`` different
+    haystacks. Each method (``{name: pattern or None}``, installed in ``layers``) prefills the prompt in one
+    piece with a full cache and decodes greedily (:func:`kvlab.eval.ask`, which also scores the
+    teacher-forced answer NLL). A pattern with ``dense_tail="question"`` gets the prompt's question length
+    (:func:`question_tail_tokens`) before its prefill: the authors' protocol.
+
+    Returns records ``{"example", "method", "metric", "value", "output", "target", "config"}``: metric
+    ``"needle_recall"`` (share of the needle's words in the answer, kvlab's needle score) and ``"answer_nll"``
+    (nats per answer token), ``example`` = ``"niah/<model>/L<length>/d<depth>/t<trial>"``.
+    """
+    from kvlab import datasets
+    from kvlab.baselines import Full
+    from kvlab.eval import ask
+    from kvlab.eval.retrieval import _needle_score
+
+    check_int("trials", trials, 1)
+    text = haystack if haystack is not None else datasets.load_text("paul-graham")
+    records = []
+    cells = [(n, d, t) for n in lengths for d in depths for t in range(trials)]
+    for i, (n, depth, trial) in enumerate(cells):
+        p = datasets.niah_prompt(tokenizer, _rotated_haystack(text, trial, trials), n, depth)
+        tail = question_tail_tokens(tokenizer, p.prompt)
+        n_tok = len(tokenizer(p.prompt).input_ids)
+        example = f"niah/{model_name}/L{n}/d{depth:.2f}/t{trial}"
+        for name, pattern in methods.items():
+            if getattr(pattern, "dense_tail", None) == "question":
+                pattern.question_tokens = tail
+            with use_pattern(model, pattern, layers) if pattern is not None else nullcontext():
+                said, nll = ask(model, tokenizer, p.prompt, p.answer, Full(), chunk_size=n_tok + 8,
+                                max_new_tokens=max_new_tokens)
+            config = {"model": model_name, "length": n, "depth": depth, "trial": trial, "prompt_tokens": n_tok,
+                      "question_tokens": tail, "pattern": repr(pattern) if pattern is not None else "dense"}
+            for metric, value in (("needle_recall", _needle_score(said, p.answer)), ("answer_nll", nll)):
+                records.append({"example": example, "method": name, "metric": metric, "value": float(value),
+                                "output": said, "target": p.answer, "config": config})
+        if progress:
+            print(f"[{i + 1}/{len(cells)}] {example}: " + ", ".join(
+                f"{r['method']} {r['value']:.2f}" for r in records[-2 * len(methods)::2]), flush=True)
+    return records
+
+
+def records_grid(records: list[dict], method: str, metric: str = "needle_recall"):
+    """``(lengths, depths, grid)``: the mean of ``metric`` over trials per (length, depth) for one method
+    (a heat map of Fig. 2/6)."""
+    cells: dict = {}
+    for r in records:
+        if r["method"] == method and r["metric"] == metric:
+            cells.setdefault((r["config"]["length"], r["config"]["depth"]), []).append(r["value"])
+    lengths = sorted({k[0] for k in cells})
+    depths = sorted({k[1] for k in cells})
+    grid = torch.tensor([[statistics.mean(cells[(n, d)]) if (n, d) in cells else float("nan") for d in depths]
+                         for n in lengths])
+    return lengths, depths, grid
+
+
+def write_examples(path, records: list[dict]) -> None:
+    """Write records as JSON Lines (``*.examples.jsonl``, one record per line)."""
+    import json
+    from pathlib import Path
+
+    path = Path(path)
+    if not path.name.endswith(".examples.jsonl"):
+        raise ValueError(f"per-example results are named *.examples.jsonl, got {path.name}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as f:
+        for r in records:
+            f.write(json.dumps(r) + "\n")
+
+
+def read_examples(path) -> list[dict]:
+    """Records of a ``*.examples.jsonl`` file."""
+    import json
+    from pathlib import Path
+
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
 
 
 # ================================================================================================

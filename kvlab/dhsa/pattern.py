@@ -25,27 +25,85 @@ Gemma2 (inside the window). Our choice follows the issue: only global layers, wh
 see the whole context; a sliding-window layer raises.
 
 Decode: when the same pattern sees new tokens after its prefill (one-token steps, or several at once
-as in a teacher-forced answer), it applies the decode rule of App. A to each new token in turn with
-the chunks it found at prefill (earlier new tokens form one chunk, the token itself another).
-Reading (authors' legacy code): their Gemma runs decode densely ("TODO: add support for decoding
-stage"); leave the pattern's block before decoding to do the same.
+as in a teacher-forced answer), ``decode="app_a"`` applies the decode rule of App. A to each new token
+in turn with the chunks it found at prefill (earlier new tokens form one chunk, the token itself
+another); ``decode="dense"`` attends to the whole cache, as the authors' code does.
+
+Two protocols (notebook 08 puts them side by side):
+
+============================  ==========================================  ==========================================
+                              the text (App. A): kvlab's default          the authors' code (:func:`authors_pattern`)
+============================  ==========================================  ==========================================
+question / instruction        sparse like every query                     ``dense_tail``: its queries attend densely
+decode                        App. A, sparse (``decode="app_a"``)         dense (``decode="dense"``)
+boundaries                    per layer, from its own keys                once per forward, shared by all layers
+                                                                          (``share_boundaries=True``)
+always-kept keys              ``initial`` + the query's chunk             128 initial + 128 recent (``local``)
+============================  ==========================================  ==========================================
+
+The default is the text's: it is what the paper describes, and it makes every query and every
+generated token go through the selection, so the mechanism is what is measured. The authors' numbers
+(Fig. 2/6, Table 1) come from their code; with its protocol the needle test measures whether the
+*context* survives a sparse prefill, which is an easier test (the question and the answer see
+everything). ``share_selection=True`` also shares the kept set (computed in the first DHSA layer of
+the forward) with every later layer.
+
+Readings (authors' legacy code and the issue that re-ran it): "instruction" tokens dense at prefill,
+decode dense ("TODO: add support for decoding stage"), one set of boundaries for all layers, 128 initial
+and 128 recent keys forced. Ours: the shared boundaries come from the keys of the first DHSA layer of the
+forward; the recent keys are the ``local`` keys before the query's chunk (a query keeps between
+``local`` and ``local`` + its chunk length recent keys: what a chunk-granular kernel can list).
 """
 from __future__ import annotations
 
 import math
+import time
+from collections import defaultdict
+from contextlib import contextmanager
 
 import torch
 
-from kvlab.core import AttentionCall, AttentionPattern, MaskPattern, causal_mask, model_state
+from kvlab.core import AttentionCall, AttentionPattern, MaskPattern, attend, causal_mask, model_state
 
-from .api import dhsa_attention
+from .api import check_flag, dhsa_attention, dhsa_selection
 from .policy import decode_attention
 from .reference import (BoundaryPredictor, attention_recall, dhsa_mask, fixed_boundaries, oracle_boundaries,
                         predict_boundaries, split_long_chunks)
 
-__all__ = ["DHSAPattern", "block_sparse_pattern", "sliding_window_pattern", "dhsa_layers", "CHUNKINGS"]
+__all__ = ["DHSAPattern", "authors_pattern", "block_sparse_pattern", "sliding_window_pattern", "dhsa_layers",
+           "CHUNKINGS", "DECODES"]
 
 CHUNKINGS = ("fixed", "oracle", "predictor", "predictor+fixed")
+DECODES = ("app_a", "dense")
+
+
+class _PhaseTimer:
+    """Milliseconds per phase (chunking / selection / attention), CUDA events on a GPU (no sync until read)."""
+
+    def __init__(self):
+        self.events: list = []
+        self.cpu: dict[str, float] = defaultdict(float)
+
+    @contextmanager
+    def phase(self, name: str, device: torch.device):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            yield
+            end.record()
+            self.events.append((name, start, end))
+        else:
+            t0 = time.perf_counter()
+            yield
+            self.cpu[name] += (time.perf_counter() - t0) * 1e3
+
+    def totals(self) -> dict[str, float]:
+        out = defaultdict(float, self.cpu)
+        if self.events:
+            torch.cuda.synchronize()
+            for name, start, end in self.events:
+                out[name] += start.elapsed_time(end)
+        return dict(out)
 
 
 def dhsa_layers(model) -> list[int]:
@@ -81,15 +139,47 @@ class DHSAPattern(AttentionPattern):
         backend: ``"auto" | "torch" | "flex" | "triton"``.
         record: keep, per layer, the chunk offsets of the last call (always) and the share of dense
             attention mass the mask keeps (``self.recall``; computes the dense map: small inputs).
+        local: keys before each query's chunk always kept (the authors' 128 "recent" keys), in the budget.
+        dense_tail: at prefill, the last ``dense_tail`` queries attend densely (the authors' dense question
+            / instruction). An int, or ``"question"``: the length is found per prompt by the harness, which
+            sets ``pattern.question_tokens`` before the prefill (:func:`kvlab.dhsa.experiments.needle_records`
+            does, from the prompt's ``"Question:"`` line); a prefill without it raises.
+        decode: ``"app_a"`` (App. A, sparse; default) or ``"dense"`` (the authors' code) for tokens after
+            the prefill.
+        share_boundaries: chunk once per forward (the first DHSA layer's keys) and reuse the boundaries in
+            every later layer (the authors' code); False: every layer chunks its own keys.
+        share_selection: also reuse the first DHSA layer's kept set in every later layer of the forward.
+        causal_query: each query's chunk vector from its chunk's queries up to itself (no later token
+            enters its selection): the variant teacher-forced perplexity needs (notebook 07); ``"torch"``.
+        profile: accumulate the time of chunking / selection / attention (``self.timings()``; CUDA events).
     """
 
     def __init__(self, budget: int | None, *, chunking: str = "fixed", chunk_size: int = 64,
                  predictor: BoundaryPredictor | None = None, max_chunks: int | None = None,
                  threshold: float | None = None, nms_window: int = 8, window: int = 4, max_len: int | None = None,
                  initial: int = 4, keep_diagonal: bool = True, aggregation: str = "eq4", share_heads: bool = False,
-                 backend: str = "auto", record: bool = False, name: str | None = None):
+                 backend: str = "auto", record: bool = False, name: str | None = None, local: int = 0,
+                 dense_tail: int = 0, decode: str = "app_a", share_boundaries: bool = False,
+                 share_selection: bool = False, causal_query: bool = False, profile: bool = False):
         if budget is not None:
             _pos_int("budget", budget)
+        _pos_int("local", local, 0)
+        if dense_tail != "question":
+            _pos_int("dense_tail", dense_tail, 0)
+        if decode not in DECODES:
+            raise ValueError(f"decode must be one of {DECODES} ('app_a': App. A sparse decode, 'dense': the authors' "
+                             f"code), got {decode!r}")
+        for flag, val in (("keep_diagonal", keep_diagonal), ("share_heads", share_heads), ("record", record),
+                          ("share_boundaries", share_boundaries), ("share_selection", share_selection),
+                          ("causal_query", causal_query), ("profile", profile)):
+            check_flag(flag, val)
+        if threshold is not None and (isinstance(threshold, bool) or not isinstance(threshold, (int, float))
+                                      or not math.isfinite(threshold)):
+            raise ValueError(f"threshold must be a finite number (a ratio for the oracle, a probability in [0, 1) "
+                             f"for the predictor) or None for the default, got {threshold!r}")
+        if chunking.startswith("predictor") and threshold is not None and not 0 <= threshold < 1:
+            raise ValueError(f"threshold={threshold!r} is a probability for chunking={chunking!r}: it must be in "
+                             "[0, 1) (p > threshold ends a chunk; >= 1 keeps none)")
         if chunking not in CHUNKINGS:
             raise ValueError(f"chunking must be one of {CHUNKINGS}, got {chunking!r}")
         _pos_int("chunk_size", chunk_size)
@@ -102,7 +192,7 @@ class DHSAPattern(AttentionPattern):
             raise ValueError(f"chunking={chunking!r} needs predictor=BoundaryPredictor(...) (train one with "
                              "kvlab.dhsa.training, or load one with kvlab.dhsa.training.load_predictor / "
                              "shipped_predictor)")
-        room = None if budget is None else budget - (initial if keep_diagonal else 0)
+        room = None if budget is None else budget - (initial + local if keep_diagonal else 0)
         if max_len is None:
             max_len = 2 * chunk_size if room is None else max(1, min(2 * chunk_size, room))
         _pos_int("max_len", max_len)
@@ -110,16 +200,23 @@ class DHSAPattern(AttentionPattern):
             longest = chunk_size if chunking == "fixed" else max_len
             if longest > room:
                 what = "chunk_size" if chunking == "fixed" else "max_len"
-                raise ValueError(f"budget={budget} must be >= initial ({initial}) + the longest chunk ({what}="
-                                 f"{longest}): every query keeps its own chunk; raise budget or lower {what}")
+                raise ValueError(f"budget={budget} must be >= initial ({initial}) + local ({local}) + the longest "
+                                 f"chunk ({what}={longest}): every query keeps its own chunk; raise budget or lower "
+                                 f"{what}")
         self.budget, self.chunking, self.chunk_size, self.predictor = budget, chunking, chunk_size, predictor
         self.max_chunks, self.nms_window, self.window, self.max_len = max_chunks, nms_window, window, max_len
         self.threshold = threshold if threshold is not None else (1.1 if chunking == "oracle" else 0.5)
         self.initial, self.keep_diagonal, self.aggregation = initial, keep_diagonal, aggregation
         self.share_heads, self.backend, self.record = share_heads, backend, record
+        self.local, self.dense_tail, self.decode = local, dense_tail, decode
+        self.question_tokens: int | None = None  # set per prompt when dense_tail == "question"
+        self.share_boundaries, self.share_selection, self.causal_query = share_boundaries, share_selection, causal_query
         self.name = name or f"DHSA({chunking}, budget={budget})"
         self.boundaries: dict[int, list[torch.Tensor]] = {}
         self.recall: dict[int, float] = {}
+        self.chunk_calls = 0  # how many times boundaries were computed (once per forward when shared)
+        self._timer = _PhaseTimer() if profile else None
+        self._shared: dict = {}  # per forward: "n", "layer" (last seen), "bds", "selection"
 
     def __repr__(self) -> str:
         return self.name
@@ -152,9 +249,47 @@ class DHSAPattern(AttentionPattern):
         return out
 
     # -- attention --------------------------------------------------------------------------------
+    def _tail(self) -> int:
+        if self.dense_tail != "question":
+            return self.dense_tail
+        if self.question_tokens is None:
+            raise ValueError("dense_tail='question' needs pattern.question_tokens (the question's length in tokens) "
+                             "set before the prefill; kvlab.dhsa.experiments.question_tail_tokens finds it")
+        return self.question_tokens
+
     def _kw(self):
         return dict(budget=self.budget, initial=self.initial, keep_diagonal=self.keep_diagonal,
-                    aggregation=self.aggregation, share_heads=self.share_heads)
+                    aggregation=self.aggregation, share_heads=self.share_heads, local=self.local)
+
+    def timings(self, reset: bool = False) -> dict[str, float]:
+        """Milliseconds spent in ``"chunking"``, ``"selection"`` and ``"attention"`` since the last reset
+        (``profile=True``; on a GPU, CUDA events read with one synchronisation here)."""
+        if self._timer is None:
+            raise ValueError("timings() needs DHSAPattern(..., profile=True)")
+        out = self._timer.totals()
+        if reset:
+            self._timer = _PhaseTimer()
+        return out
+
+    def _phase(self, name, device):
+        return self._timer.phase(name, device) if self._timer is not None else _nothing()
+
+    def _prefill_boundaries(self, query, key, call):
+        """Boundaries of this layer: computed here, or (``share_boundaries``) once per forward."""
+        st = self._shared
+        new_forward = (not st or call.layer_idx <= st["layer"] or st["n"] != key.shape[2]
+                       or st["bsz"] != key.shape[0])
+        if new_forward:
+            self._shared = st = {"n": key.shape[2], "bsz": key.shape[0], "layer": call.layer_idx, "bds": None,
+                                 "selection": None}
+        st["layer"] = call.layer_idx
+        if self.share_boundaries and st["bds"] is not None:
+            return st["bds"]
+        with self._phase("chunking", query.device):
+            bds = self.chunks(query, key, call.scaling)
+        self.chunk_calls += 1
+        st["bds"] = bds
+        return bds
 
     def __call__(self, query, key, value, call: AttentionCall) -> torch.Tensor:
         if call.sliding_window is not None:
@@ -162,14 +297,25 @@ class DHSAPattern(AttentionPattern):
                              "install the pattern with layers=dhsa_layers(model)")
         q_len, n = query.shape[2], key.shape[2]
         if q_len == n:
-            bds = self.chunks(query, key, call.scaling)
+            bds = self._prefill_boundaries(query, key, call)
             self.boundaries[call.layer_idx] = [b.detach().cpu() for b in bds]
+            kw = self._kw()
             if self.record:
-                mask = dhsa_mask(query, key, bds, self.budget, initial=self.initial, keep_diagonal=self.keep_diagonal,
-                                 aggregation=self.aggregation, share_heads=self.share_heads)
+                mask = dhsa_mask(query, key, bds, kw.pop("budget"), dense_tail=self._tail(),
+                                 causal_query=self.causal_query, **kw)
                 self.recall[call.layer_idx] = float(attention_recall(query, key, mask, call.scaling).mean())
-            return dhsa_attention(query, key, value, chunks=bds, scale=call.scaling, backend=self.backend,
-                                  **self._kw())
+            sel = self._shared["selection"] if self.share_selection else None
+            if sel is None:
+                with self._phase("selection", query.device):
+                    sel = dhsa_selection(query, key, chunks=bds, causal_query=self.causal_query,
+                                         backend=self.backend, **self._kw())
+                if self.share_selection:
+                    self._shared["selection"] = sel
+            with self._phase("attention", query.device):
+                return dhsa_attention(query, key, value, chunks=bds, scale=call.scaling, backend=self.backend,
+                                      selection=sel, dense_tail=self._tail(), **self._kw())
+        if self.decode == "dense":  # the authors' code: every generated token sees the whole cache
+            return attend(query, key, value, call.causal_mask(), call.scaling)[0]
         prompt = self.boundaries.get(call.layer_idx)
         if prompt is None or int(prompt[0][-1]) > n - q_len:
             raise ValueError(f"layer {call.layer_idx}: {q_len} new queries over {n} keys, but no prefill of the first "
@@ -178,6 +324,23 @@ class DHSAPattern(AttentionPattern):
         # decode (App. A), one new token after the other: earlier new tokens form one chunk
         return decode_attention(query, key, value, [b.to(query.device) for b in prompt], scale=call.scaling,
                                 **self._kw())
+
+
+@contextmanager
+def _nothing():
+    yield
+
+
+def authors_pattern(budget: int | None, *, chunking: str = "predictor", dense_tail: int | str = "question",
+                    initial: int = 128,
+                    local: int = 128, share_selection: bool = False, **kw) -> DHSAPattern:
+    """DHSA as the authors' code runs it: dense question tail at prefill (``dense_tail`` tokens, or
+    ``"question"``: found per prompt by the harness), dense decode, boundaries predicted once per forward
+    and shared by all layers, ``initial`` first and ``local`` recent keys always kept (128 + 128 in their
+    code). Other arguments as :class:`DHSAPattern`; ``name`` defaults to ``"DHSA authors(...)"``."""
+    kw.setdefault("name", f"DHSA authors({chunking}, budget={budget})")
+    return DHSAPattern(budget, chunking=chunking, dense_tail=dense_tail, initial=initial, local=local, decode="dense",
+                       share_boundaries=True, share_selection=share_selection, **kw)
 
 
 def block_sparse_pattern(budget: int | None, block: int = 64, *, initial: int = 4, backend: str = "auto",

@@ -53,11 +53,11 @@ __all__ = [
     "decode_boundaries",
     # Eq. 4, similarity, upsampling, selection, attention
     "AGGREGATIONS", "chunk_representation", "chunk_similarity", "upsample", "dhsa_mask",
-    "dhsa_attention_reference", "dhsa_decode_reference", "kept_per_row", "max_forced",
+    "dhsa_attention_reference", "dhsa_decode_reference", "kept_per_row", "max_forced", "local_starts",
     # chunk form of the kept set (what the kernels consume)
     "ChunkPlan", "chunk_plan", "plan_mask",
     # labels, boundary selection, predictor, loss (App. B)
-    "label_ratios", "label_valid", "soft_labels", "select_boundaries", "oracle_boundaries",
+    "label_ratios", "label_valid", "soft_labels", "select_boundaries", "nms_boundaries", "oracle_boundaries",
     "key_features", "BoundaryPredictor", "focal_bce_loss", "predict_boundaries",
     # what a mask keeps of dense attention
     "attention_recall", "best_recall",
@@ -130,13 +130,14 @@ def split_long_chunks(boundaries: torch.Tensor, max_len: int) -> torch.Tensor:
     Ours, not the paper's: NMS with a cap on the number of chunks can leave a long stretch without a
     boundary; the diagonal chunk is always kept, so its length must fit the budget (``dhsa_mask``).
     """
-    if max_len < 1:
-        raise ValueError(f"max_len must be >= 1, got {max_len}")
-    out = [0]
-    for s, e in zip(boundaries[:-1].tolist(), boundaries[1:].tolist()):
-        out.extend(range(s + max_len, e, max_len))
-        out.append(e)
-    return torch.tensor(out, dtype=torch.long, device=boundaries.device)
+    if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 1:
+        raise ValueError(f"max_len must be an int >= 1 (longest chunk in tokens), got {max_len!r}")
+    st, en = boundaries[:-1].long(), boundaries[1:].long()
+    pieces = (en - st + max_len - 1) // max_len  # (C,) pieces of each chunk
+    first = torch.repeat_interleave(st, pieces)
+    offset = torch.arange(int(pieces.sum()), device=boundaries.device) - torch.repeat_interleave(
+        pieces.cumsum(0) - pieces, pieces)
+    return torch.cat([first + offset * max_len, boundaries[-1:].long()])
 
 
 def decode_boundaries(prompt_boundaries: torch.Tensor, total: int) -> torch.Tensor:
@@ -284,9 +285,46 @@ def _select_rows(token_scores: torch.Tensor, q_pos: torch.Tensor, diag_start: to
     return forced | (cand & (rank < room))
 
 
+def local_starts(boundaries: torch.Tensor, local: int, initial: int) -> torch.Tensor:
+    """``(C,)`` first key of each chunk's always-kept range before it: ``max(b_c - local, initial)``, at
+    most ``b_c`` (ours, for the authors' "recent" keys: the ``local`` keys before the query's chunk are kept
+    with the chunk, so a query keeps between ``local`` and ``local + |C|`` recent keys)."""
+    st = boundaries[:-1]
+    return torch.minimum(st, (st - local).clamp(min=initial))
+
+
+def _causal_query_scores(q: torch.Tensor, k: torch.Tensor, bd: torch.Tensor, aggregation: str, share_heads: bool,
+                         dtype: torch.dtype) -> torch.Tensor:
+    """``(1, heads | 1, n, C)`` scores of each query row against every key chunk, with the row's chunk
+    vector built from the queries of its chunk *up to the row* (Eq. 4 on ``[b_c, i]``): nothing after
+    ``i`` enters row ``i``'s selection."""
+    n = q.shape[-2]
+    qs, ks = q.to(dtype), k.to(dtype)
+    if share_heads:
+        qs, ks = qs.mean(1, keepdim=True), ks.mean(1, keepdim=True)
+    kc = chunk_representation(ks, bd, aggregation)
+    kc = kc.repeat_interleave(qs.shape[1] // kc.shape[1], dim=1)
+    cidx = chunk_index(bd, n).to(q.device)
+    pos = torch.arange(n, device=q.device)
+    csum = F.pad(qs.cumsum(-2), (0, 0, 1, 0))  # csum[..., i, :] = sum of rows < i
+    start = bd.to(q.device)[cidx]
+    sums = csum[..., pos + 1, :] - csum[..., start, :]  # sum over [b_c, i]
+    length = (pos - start + 1).to(dtype)[:, None]
+    if aggregation == "sum":
+        rep = sums
+    elif aggregation == "padded_mean":
+        rep = sums / chunk_lengths(bd).max().to(dtype)
+    elif aggregation == "mean":
+        rep = sums / length
+    else:
+        rep = sums / length * length.sqrt()
+    return rep @ kc.transpose(-1, -2)
+
+
 def dhsa_mask(q: torch.Tensor, k: torch.Tensor, boundaries, budget: int | None, *, initial: int = 0,
               keep_diagonal: bool = True, aggregation: str = "eq4", share_heads: bool = False,
-              score_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+              score_dtype: torch.dtype = torch.float32, local: int = 0, dense_tail: int = 0,
+              causal_query: bool = False) -> torch.Tensor:
     """The token-level sparsity mask ``M`` of DHSA prefill (Sec. 2.1, App. A "prefill stage").
 
     Args:
@@ -297,43 +335,62 @@ def dhsa_mask(q: torch.Tensor, k: torch.Tensor, boundaries, budget: int | None, 
         initial: first tokens always kept (attention sinks).
         keep_diagonal: always keep the query's own chunk up to the query (the local, causal part).
         aggregation, share_heads, score_dtype: see :func:`chunk_similarity`.
+        local: also always keep the ``local`` keys before the query's chunk (:func:`local_starts`; the
+            authors' code keeps 128 "recent" keys); needs ``keep_diagonal``.
+        dense_tail: the last ``dense_tail`` queries keep every causal key (the authors' dense question /
+            "instruction" tokens at prefill).
+        causal_query: build each row's chunk query from the queries of its chunk up to the row only
+            (the row's own prefix, Eq. 4 on ``[b_c, i]``) instead of the whole chunk. The whole-chunk
+            vector averages *later* queries, so under teacher forcing the selection of row ``i`` depends
+            on tokens after ``i``: a leak in perplexity (notebook 07). Needs ``keep_diagonal``.
 
     Returns:
         ``(batch, heads | 1, seq, seq)`` bool, True = kept. Each row keeps exactly
-        ``min(budget, row + 1)`` keys, all at positions ``<= row``.
+        ``min(budget, row + 1)`` keys, all at positions ``<= row`` (every causal key in the dense tail).
 
     Reading (text, Sec. 2.1): "TopK selection with a per-query token budget N_b" over the upsampled
     scores, causal. The text does not say that initial tokens or the local chunk are always kept;
     the authors' code always keeps 128 initial ("global") and the 128 most recent ("local") tokens
-    and splices them into the budget. Here both are parameters (``initial``, ``keep_diagonal``)
-    and count against the budget, as in the code. Ties (whole chunks share a score) go to the
-    earlier position.
+    and splices them into the budget. Here both are parameters (``initial``, ``keep_diagonal`` and
+    ``local``) and count against the budget, as in the code. Ties (whole chunks share a score) go to
+    the earlier position.
     """
     bsz, _, n, _ = q.shape
     per = _per_batch(boundaries, bsz, n)
+    if (local or causal_query) and not keep_diagonal:
+        raise ValueError("local > 0 and causal_query=True need keep_diagonal=True (the query's own chunk is kept, "
+                         "so its incomplete chunk vector never ranks keys); set keep_diagonal=True")
     if budget is not None and budget >= n:
         budget = None
     out = []
+    pos = torch.arange(n, device=q.device)
     for b in range(bsz):
         bd = per[b].to(q.device)
-        s = chunk_similarity(q[b:b + 1], k[b:b + 1], bd, aggregation, share_heads, score_dtype)
-        tok = upsample(s, bd, n)
-        pos = torch.arange(n, device=q.device)
         cidx = chunk_index(bd, n).to(q.device)
-        diag = bd[cidx] if keep_diagonal else pos + 1
-        out.append(_select_rows(tok, pos, diag, budget, initial))
+        if causal_query:
+            rows = _causal_query_scores(q[b:b + 1], k[b:b + 1], bd, aggregation, share_heads, score_dtype)
+            tok = rows[..., cidx]
+        else:
+            s = chunk_similarity(q[b:b + 1], k[b:b + 1], bd, aggregation, share_heads, score_dtype)
+            tok = upsample(s, bd, n)
+        diag = local_starts(bd, local, initial)[cidx] if keep_diagonal else pos + 1
+        m = _select_rows(tok, pos, diag, budget, initial)
+        if dense_tail:
+            m[..., n - min(dense_tail, n):, :] = pos[None, :] <= pos[n - min(dense_tail, n):, None]
+        out.append(m)
     return torch.cat(out, dim=0)
 
 
-def max_forced(boundaries: torch.Tensor, initial: int, keep_diagonal: bool = True) -> int:
+def max_forced(boundaries: torch.Tensor, initial: int, keep_diagonal: bool = True, local: int = 0) -> int:
     """The most always-kept keys of any query: ``max_c (b_{c+1} - max(b_c - initial, 0))`` with the
-    diagonal chunk (the last row of each chunk), ``min(initial, seq)`` without. A budget below this
-    cannot be met."""
+    diagonal chunk (the last row of each chunk), plus the ``local`` keys before the chunk
+    (:func:`local_starts`), ``min(initial, seq)`` without. A budget below this cannot be met."""
     n = int(boundaries[-1])
     if not keep_diagonal:
         return min(initial, n)
     st, en = boundaries[:-1], boundaries[1:]
-    return int((en - (st - initial).clamp(min=0)).max())
+    extra = st - local_starts(boundaries, local, initial)
+    return int((en - (st - initial).clamp(min=0) + extra).max())
 
 
 def kept_per_row(mask: torch.Tensor) -> torch.Tensor:
@@ -354,7 +411,8 @@ def _masked_attention(q, k, v, mask, scale):
 def dhsa_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, boundaries, budget: int | None,
                              *, initial: int = 0, keep_diagonal: bool = True, aggregation: str = "eq4",
                              share_heads: bool = False, scale: float | None = None,
-                             score_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+                             score_dtype: torch.dtype = torch.float32, local: int = 0, dense_tail: int = 0,
+                             causal_query: bool = False) -> torch.Tensor:
     """DHSA prefill attention, eager and materialised (any dtype; pass float64 for the oracle).
 
     ``O = softmax(Q K^T * scale, masked by dhsa_mask(...)) @ V``; arguments as in :func:`dhsa_mask`.
@@ -365,21 +423,23 @@ def dhsa_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
         ``(batch, heads, seq, dim)`` in ``q.dtype``.
     """
     mask = dhsa_mask(q, k, boundaries, budget, initial=initial, keep_diagonal=keep_diagonal,
-                     aggregation=aggregation, share_heads=share_heads, score_dtype=score_dtype)
+                     aggregation=aggregation, share_heads=share_heads, score_dtype=score_dtype, local=local,
+                     dense_tail=dense_tail, causal_query=causal_query)
     return _masked_attention(q, k, v, mask, scale)
 
 
 def dhsa_decode_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prompt_boundaries: torch.Tensor,
                           budget: int | None, *, initial: int = 0, keep_diagonal: bool = True,
                           aggregation: str = "eq4", share_heads: bool = False, scale: float | None = None,
-                          score_dtype: torch.dtype = torch.float32, return_mask: bool = False):
+                          score_dtype: torch.dtype = torch.float32, return_mask: bool = False, local: int = 0):
     """One decode step of DHSA (App. A, "decode stage").
 
     Args:
         q: ``(batch, heads, 1, dim)``, the current token's query.
         k, v: ``(batch, kv_heads, total, dim)``: the whole cache, the current token last.
         prompt_boundaries: offsets of the prompt's chunks (shared by the batch).
-        budget, initial, keep_diagonal, aggregation, share_heads, scale, score_dtype: as in prefill.
+        budget, initial, keep_diagonal, aggregation, share_heads, scale, score_dtype, local: as in prefill
+            (``local``: the ``local`` keys before the new token are always kept).
 
     Only the last row of ``S`` is computed: the current token's chunk (itself, ``q_C = q``)
     against every chunk of :func:`decode_boundaries`; it is upsampled and TopK-ed like a prefill row.
@@ -400,7 +460,7 @@ def dhsa_decode_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pro
     row = (qc @ kc.transpose(-1, -2))  # (batch, heads|1, 1, C)
     tok = row[..., chunk_index(bd, total).to(q.device)]
     pos = torch.tensor([total - 1], device=q.device)
-    diag = pos if keep_diagonal else pos + 1
+    diag = local_starts(pos.new_tensor([total - 1, total]), local, initial) if keep_diagonal else pos + 1
     if budget is not None and budget >= total:
         budget = None
     mask = _select_rows(tok, pos, diag, budget, initial)
@@ -438,13 +498,17 @@ class ChunkPlan:
 
 def chunk_plan(q: torch.Tensor, k: torch.Tensor, boundaries, budget: int | None, *, initial: int = 0,
                aggregation: str = "eq4", share_heads: bool = False,
-               score_dtype: torch.dtype = torch.float32) -> ChunkPlan:
+               score_dtype: torch.dtype = torch.float32, local: int = 0) -> ChunkPlan:
     """Rank the candidate chunks of every query chunk and list their tokens (:class:`ChunkPlan`).
 
     Same similarity and tie rule as :func:`dhsa_mask` (with ``keep_diagonal=True``); the list of a
     query chunk is cut at the room of its first row, the largest of the chunk. ``budget=None`` keeps
     every causal key (the list holds all earlier tokens). Memory: ``heads x C x L`` int32 per
     sequence with ``L <= budget``.
+
+    ``local``: the keys ``[local_starts(b)[c], b_c)`` before query chunk ``c`` head its list (every row's
+    room holds them: :func:`max_forced` counts them), then the ranked chunks' other tokens; the kernels
+    take list prefixes, so they keep them without a change.
     """
     bsz, _, n, _ = q.shape
     per = _per_batch(boundaries, bsz, n)
@@ -457,11 +521,13 @@ def chunk_plan(q: torch.Tensor, k: torch.Tensor, boundaries, budget: int | None,
         C = st.numel()
         s = chunk_similarity(q[b:b + 1], k[b:b + 1], bd, aggregation, share_heads, score_dtype)[0]  # (H, C, C)
         cstart = st.clamp(min=initial)
-        clen = (en - cstart).clamp(min=0)  # candidate tokens of each key chunk
+        ls = local_starts(bd, local, initial)  # (C,) first local key before each query chunk
+        # candidate tokens of key chunk c' for query chunk c, outside c's local range: (C query, C key)
+        clen = (torch.minimum(en[None, :], ls[:, None]) - cstart[None, :]).clamp(min=0)
         ci = torch.arange(C, device=q.device)
-        is_cand = (ci[None, :] < ci[:, None]) & (clen[None, :] > 0)  # (C query, C key)
+        is_cand = (ci[None, :] < ci[:, None]) & (clen > 0)  # (C query, C key)
         forced_first = torch.minimum(st, torch.full_like(st, initial)) + 1  # |forced| of row b_c
-        need = max_forced(bd, initial)
+        need = max_forced(bd, initial, local=local)
         if need > budget:
             raise ValueError(f"budget={budget} is smaller than the always-kept keys of some query ({need} = "
                              "initial tokens + its diagonal chunk): the budget must be at least initial + the "
@@ -469,7 +535,12 @@ def chunk_plan(q: torch.Tensor, k: torch.Tensor, boundaries, budget: int | None,
         room = budget - forced_first
         scores = s.masked_fill(~is_cand[None], float("-inf"))
         order = torch.sort(scores, dim=-1, descending=True, stable=True).indices  # (H, C, C)
-        olen = torch.where(torch.gather(is_cand[None].expand_as(order), -1, order), clen[order], 0)
+        olen = torch.where(torch.gather(is_cand[None].expand_as(order), -1, order),
+                           torch.gather(clen[None].expand_as(order), -1, order), 0)
+        # rank 0 is the local range [ls_c, b_c) (empty without local), rank m >= 1 the chunk order[m - 1]
+        loc = (st - ls)[None, :, None].expand(order.shape[0], C, 1)
+        olen = torch.cat([loc, olen], -1)
+        order = torch.cat([torch.full_like(order[..., :1], -1), order], -1)
         cum_after = olen.cumsum(-1)  # tokens listed up to and including rank m
         total = cum_after[..., -1]  # (H, C)
         n_tok = torch.minimum(total, room[None, :])
@@ -477,10 +548,11 @@ def chunk_plan(q: torch.Tensor, k: torch.Tensor, boundaries, budget: int | None,
         slot = torch.arange(L, device=q.device)
         m = torch.searchsorted(cum_after.contiguous(), slot.expand(*cum_after.shape[:-1], L).contiguous(),
                                right=True)  # rank whose range holds the slot
-        m = m.clamp(max=C - 1)
+        m = m.clamp(max=C)
         before = torch.gather(cum_after, -1, m) - torch.gather(olen, -1, m)
         chunk = torch.gather(order, -1, m)
-        tok = cstart[chunk] + (slot - before)
+        first = torch.where(chunk < 0, ls[:, None].expand_as(chunk), cstart[chunk.clamp(min=0)])
+        tok = first + (slot - before)
         tok = torch.where(slot < n_tok[..., None], tok, torch.full_like(tok, -1))
         starts.append(st)
         ends.append(en)
@@ -659,6 +731,63 @@ def select_boundaries(scores: torch.Tensor, *, max_chunks: int, threshold: float
     return torch.tensor([0] + ends + [n], dtype=torch.long, device=scores.device)
 
 
+def nms_boundaries(scores: torch.Tensor, *, max_chunks: int, threshold: float | None, nms_window: int = 8,
+                   valid: torch.Tensor | None = None, sure: torch.Tensor | None = None) -> list[torch.Tensor]:
+    """:func:`select_boundaries` for a batch ``(batch, n)`` of scores, on their device, without a loop over
+    positions: the same offsets (a test pins it), one tensor per sequence.
+
+    Greedy NMS in rank order (sure positions first, then score descending, ties to the lower position)
+    selects exactly the positions that, round after round, rank first among the live candidates within
+    ``nms_window`` of them; each round keeps those, removes every candidate within the window of a kept
+    one, and repeats until none is live (a few rounds on predictor outputs). The ``max_chunks - 1``
+    best-ranked kept positions are the boundaries (greedy keeps positions in rank order, so its cap is a
+    prefix of that order).
+    """
+    if scores.dim() != 2:
+        raise ValueError(f"scores must be (batch, n), got {tuple(scores.shape)}")
+    if max_chunks < 1:
+        raise ValueError(f"max_chunks must be >= 1, got {max_chunks}")
+    if nms_window < 0:
+        raise ValueError(f"nms_window must be >= 0, got {nms_window}")
+    bsz, n = scores.shape
+    dev = scores.device
+    ok = torch.ones(bsz, n, dtype=torch.bool, device=dev) if valid is None else valid.to(dev).bool().expand(bsz, n)
+    ok = ok.clone()
+    ok[:, n - 1] = False  # the sequence end is a boundary anyway
+    sc = scores.detach().float()
+    cand = ok if threshold is None else ok & (sc > threshold)
+    firsts = torch.zeros_like(cand) if sure is None else sure.to(dev).bool().expand(bsz, n) & ok
+    live = cand | firsts
+    # rank: sure positions by index, then candidates by score (descending), ties to the lower index
+    key = torch.where(firsts, torch.full_like(sc, float("inf")), sc)
+    order = torch.sort(key, dim=-1, descending=True, stable=True).indices
+    rank = torch.empty(bsz, n, dtype=torch.float32, device=dev)
+    rank.scatter_(-1, order, torch.arange(n, device=dev, dtype=torch.float32).expand(bsz, n).contiguous())
+    chosen = torch.zeros_like(live)
+    width = 2 * nms_window + 1
+    rounds = 0
+    while True:
+        r = torch.where(live, rank, torch.full_like(rank, float("inf")))
+        low = -F.max_pool1d(-r[:, None], width, stride=1, padding=nms_window)[:, 0]  # window minimum
+        pick = live & (r == low)
+        chosen |= pick
+        near = F.max_pool1d(pick[:, None].float(), width, stride=1, padding=nms_window)[:, 0] > 0
+        live &= ~near
+        rounds += 1
+        if rounds % 4 == 0 and not bool(live.any()):
+            break
+    out = []
+    r = torch.where(chosen, rank, torch.full_like(rank, float("inf")))
+    keep = min(max_chunks - 1, n)
+    best = torch.topk(r, keep, dim=-1, largest=False).indices if keep else torch.zeros(bsz, 0, dtype=torch.long,
+                                                                                       device=dev)
+    for b in range(bsz):
+        t = best[b][chosen[b, best[b]]]
+        ends = torch.sort(t + 1).values
+        out.append(torch.cat([ends.new_zeros(1), ends, ends.new_full((1,), n)]))
+    return out
+
+
 def oracle_boundaries(attn: torch.Tensor, *, window: int = 4, max_chunks: int, threshold: float | None = 1.1,
                       nms_window: int = 8, rule: str = "code", horizon: int | None = None) -> torch.Tensor:
     """Boundaries from a layer's own attention (``(n, n)`` or ``(heads, n, n)``, heads averaged):
@@ -755,7 +884,7 @@ class BoundaryPredictor(nn.Module):
 
     def encode(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(batch, seq, C)`` key features -> ``l, r``, each ``(batch, seq, C)`` (Eq. 1)."""
-        x = self.norm_in(x.float())
+        x = self.norm_in(x.to(self.qkv.weight.dtype))  # float32, or the predictor's dtype (a bf16 fast path)
         b, n, c = x.shape
         w, h = self.window, self.heads
         xp = F.pad(x, (0, 0, w - 1, w))  # zero padding at both ends, as the authors' unfold
@@ -811,29 +940,48 @@ def focal_bce_loss(logits: torch.Tensor, targets: torch.Tensor, *, pos_weight: f
     return (loss * m).sum() / m.sum().clamp(min=1.0)
 
 
+def _check_prediction_args(threshold, max_chunks, nms_window, max_len):
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0.0 <= float(threshold) < 1.0:
+        raise ValueError(f"threshold must be a probability in [0, 1) (boundaries are positions with p > threshold), "
+                         f"got {threshold!r}: a value >= 1 or NaN keeps no boundary and gives one chunk; the default "
+                         "is 0.5, the authors' logit threshold 1.1 is p = 0.75")
+    for name, val, lo in (("max_chunks", max_chunks, 1), ("nms_window", nms_window, 0)):
+        if isinstance(val, bool) or not isinstance(val, int) or val < lo:
+            raise ValueError(f"{name} must be an int >= {lo}, got {val!r}")
+    if max_len is not None and (isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 1):
+        raise ValueError(f"max_len must be None (no cut) or an int >= 1 (longest chunk in tokens), got {max_len!r}")
+
+
 @torch.no_grad()
 def predict_boundaries(predictor: BoundaryPredictor, k: torch.Tensor, *, max_chunks: int, threshold: float = 0.5,
                        nms_window: int = 8, max_len: int | None = None) -> list[torch.Tensor]:
-    """Chunkings of a batch from its keys: predictor probabilities, then :func:`select_boundaries`.
+    """Chunkings of a batch from its keys: predictor probabilities, then NMS (:func:`nms_boundaries`).
 
     Args:
         k: ``(batch, kv_heads, seq, dim)`` keys of the layer (RoPE applied, as the authors' code).
-        max_chunks: ``N_c``. threshold: on the probability (the authors' code thresholds the logit
-            at 1.1, i.e. ``p > 0.75``). nms_window: App. B ("e.g. 8 or 64").
-        max_len: cut chunks longer than this (:func:`split_long_chunks`; ours).
+        max_chunks: ``N_c``. threshold: on the probability, in ``[0, 1)`` (the authors' code thresholds
+            the logit at 1.1, i.e. ``p > 0.75``). nms_window: App. B ("e.g. 8 or 64").
+        max_len: cut chunks longer than this (:func:`split_long_chunks`; ours); None: no cut.
+
+    One predictor call for the whole batch and every position; the NMS runs on the keys' device
+    (no loop over positions), so ``torch.compile(predictor)`` can be passed as ``predictor`` (it
+    must be a :class:`BoundaryPredictor` or a compiled one). The predictor runs in its own dtype
+    (``predictor.to(torch.bfloat16)`` is the fast path on a GPU).
 
     Returns:
-        one offsets tensor per sequence.
+        one offsets tensor per sequence, on ``k``'s device.
     """
+    _check_prediction_args(threshold, max_chunks, nms_window, max_len)
+    module = getattr(predictor, "_orig_mod", predictor)  # torch.compile wraps the module
+    if not isinstance(module, BoundaryPredictor):
+        raise TypeError(f"predictor must be a BoundaryPredictor (or torch.compile of one), got "
+                        f"{type(predictor).__name__}")
     x = key_features(k)
-    p = torch.sigmoid(predictor(x))
+    p = torch.sigmoid(predictor(x).float())
     n = x.shape[1]
-    valid = label_valid(n, predictor.window, x.device)
-    out = []
-    for b in range(x.shape[0]):
-        bd = select_boundaries(p[b], max_chunks=max_chunks, threshold=threshold, nms_window=nms_window, valid=valid)
-        out.append(split_long_chunks(bd, max_len) if max_len else bd)
-    return out
+    valid = label_valid(n, module.window, x.device)
+    out = nms_boundaries(p, max_chunks=max_chunks, threshold=threshold, nms_window=nms_window, valid=valid)
+    return [split_long_chunks(bd, max_len) for bd in out] if max_len else out
 
 
 # ================================================================================================

@@ -1,0 +1,337 @@
+"""DHSA as its authors run it (issue 24): local + initial keys, dense question tail, dense decode, boundaries
+and masks shared across layers; the causal query for teacher-forced perplexity; the batched NMS of the
+predictor's fast path; clear errors for bad arguments."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from kvlab.dhsa import reference as R
+from kvlab.dhsa.api import dhsa_attention, dhsa_decode, dhsa_selection
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def _qkv(b=1, h=4, hk=2, n=64, d=16, dtype=torch.float64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(b, h, n, d, generator=g).to(dtype), torch.randn(b, hk, n, d, generator=g).to(dtype),
+            torch.randn(b, hk, n, d, generator=g).to(dtype))
+
+
+def _random_chunks(n, seed, lo=1, hi=9):
+    g = torch.Generator().manual_seed(seed)
+    ends = torch.cumsum(torch.randint(lo, hi, (n,), generator=g), 0)
+    return torch.cat([torch.tensor([0]), ends[ends < n], torch.tensor([n])])
+
+
+# ------------------------------------------------------------------------------ local window + initial keys
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("local, initial", [(5, 0), (12, 3), (40, 2)])
+def test_local_keys_are_kept_and_the_plan_is_the_mask(seed, local, initial):
+    q, k, _ = _qkv(seed=seed)
+    n = q.shape[2]
+    bd = _random_chunks(n, seed)
+    budget = R.max_forced(bd, initial, local=local) + 3
+    m = R.dhsa_mask(q, k, bd, budget, initial=initial, local=local)
+    assert torch.equal(R.plan_mask(R.chunk_plan(q, k, bd, budget, initial=initial, local=local)), m)
+    assert torch.equal(m.sum(-1), torch.minimum(torch.tensor(budget), torch.arange(n) + 1).expand(m.shape[:-1]))
+    ls = R.local_starts(bd, local, initial)
+    cidx = R.chunk_index(bd)
+    for i in range(n):
+        c = int(cidx[i])
+        want = set(range(min(initial, i + 1))) | set(range(int(ls[c]), i + 1))
+        kept = set(torch.nonzero(m[0, 0, i]).flatten().tolist())
+        assert want <= kept, (i, want - kept)
+
+
+def test_local_budget_error_names_local():
+    q, k, v = _qkv()
+    with pytest.raises(ValueError, match=r"local \(16\)"):
+        dhsa_attention(q, k, v, chunks=8, budget=20, initial=2, local=16, backend="torch")
+
+
+def test_local_decode_keeps_recent_keys():
+    q, k, v = _qkv(n=40)
+    prompt = torch.tensor([0, 6, 15, 22, 30])
+    _, mask = R.dhsa_decode_reference(q[:, :, 39:40], k, v, prompt, 12, initial=2, local=5, return_mask=True)
+    kept = set(torch.nonzero(mask[0, 0, 0]).flatten().tolist())
+    assert {0, 1, 34, 35, 36, 37, 38, 39} <= kept and len(kept) == 12
+    with pytest.raises(ValueError, match=r"local \(5\)"):
+        dhsa_decode(q[:, :, 39:40], k, v, prompt_chunks=prompt, budget=7, initial=2, local=5)
+
+
+@pytest.mark.triton
+def test_triton_with_local_matches_reference():
+    q, k, v = _qkv(n=96, d=16, dtype=torch.float32, seed=3)
+    bd = _random_chunks(96, 3, 4, 17)
+    want = R.dhsa_attention_reference(q.double(), k.double(), v.double(), bd, 48, initial=4, local=8)
+    got = dhsa_attention(q, k, v, chunks=bd, budget=48, initial=4, local=8, backend="triton")
+    torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-4)
+
+
+# ------------------------------------------------------------------------------ dense question tail
+def test_dense_tail_rows_are_dense_and_the_rest_sparse():
+    q, k, v = _qkv()
+    n = q.shape[2]
+    g = q.shape[1] // k.shape[1]
+    dense = torch.nn.functional.scaled_dot_product_attention(q, k.repeat_interleave(g, 1), v.repeat_interleave(g, 1),
+                                                             is_causal=True)
+    sparse = dhsa_attention(q, k, v, chunks=8, budget=20, initial=2, backend="torch")
+    tail = dhsa_attention(q, k, v, chunks=8, budget=20, initial=2, dense_tail=10, backend="torch")
+    torch.testing.assert_close(tail[:, :, n - 10:], dense[:, :, n - 10:])
+    torch.testing.assert_close(tail[:, :, : n - 10], sparse[:, :, : n - 10])
+    assert not torch.allclose(sparse[:, :, n - 10:], dense[:, :, n - 10:])
+    m = R.dhsa_mask(q, k, R.fixed_boundaries(n, 8), 20, initial=2, dense_tail=10)
+    assert bool(m[..., n - 10:, :].eq(torch.ones(n, n, dtype=torch.bool).tril()[n - 10:]).all())
+
+
+# ------------------------------------------------------------------------------ pattern protocol (tiny models)
+def _predictor(model):
+    nk = model.config.num_key_value_heads * (model.config.hidden_size // model.config.num_attention_heads)
+    torch.manual_seed(0)
+    return R.BoundaryPredictor(nk, window=2, heads=2, hidden=16).eval()
+
+
+@pytest.mark.parametrize("share, calls", [(True, 1), (False, 4)])
+def test_shared_boundaries_are_predicted_once_per_forward(tiny_llama, ids, share, calls):
+    from kvlab.core import use_pattern
+    from kvlab.dhsa.pattern import DHSAPattern
+
+    pred = _predictor(tiny_llama)
+    seen = []
+    hook = pred.register_forward_hook(lambda mod, inp, out: seen.append(inp[0].shape))
+    p = DHSAPattern(24, chunking="predictor", predictor=pred, chunk_size=4, initial=2, share_boundaries=share)
+    try:
+        with torch.no_grad(), use_pattern(tiny_llama, p):
+            for _ in range(2):  # two forward passes
+                tiny_llama(ids)
+    finally:
+        hook.remove()
+    assert len(seen) == 2 * calls and p.chunk_calls == 2 * calls
+    bds = [b[0].tolist() for b in p.boundaries.values()]
+    assert len(bds) == 4 and (all(b == bds[0] for b in bds) if share else True)
+
+
+def test_shared_selection_is_built_once_and_reused(tiny_llama, ids, monkeypatch):
+    import kvlab.dhsa.pattern as P
+    from kvlab.core import use_pattern
+
+    built = []
+    real = P.dhsa_selection
+    monkeypatch.setattr(P, "dhsa_selection", lambda *a, **kw: built.append(1) or real(*a, **kw))
+    outs = {}
+    for share in (False, True):
+        built.clear()
+        p = P.DHSAPattern(16, chunk_size=4, initial=2, share_boundaries=True, share_selection=share)
+        with torch.no_grad(), use_pattern(tiny_llama, p):
+            outs[share] = tiny_llama(ids).logits
+        assert len(built) == (1 if share else 4)
+    assert not torch.allclose(outs[True], outs[False])  # later layers keep the first layer's keys
+
+
+def test_dense_decode_equals_the_models_own_step(tiny_llama, ids):
+    from kvlab.core import use_pattern
+    from kvlab.dhsa.pattern import DHSAPattern
+
+    with torch.no_grad():
+        with use_pattern(tiny_llama, DHSAPattern(12, chunk_size=4, initial=2, decode="dense")):
+            out = tiny_llama(ids[:, :30], use_cache=True)
+            import copy
+            cache = copy.deepcopy(out.past_key_values)
+            step = tiny_llama(ids[:, 30:31], past_key_values=out.past_key_values, use_cache=True).logits
+        own = tiny_llama(ids[:, 30:31], past_key_values=cache, use_cache=True).logits  # no pattern: dense
+        with use_pattern(tiny_llama, DHSAPattern(12, chunk_size=4, initial=2)):
+            out2 = tiny_llama(ids[:, :30], use_cache=True)
+            app_a = tiny_llama(ids[:, 30:31], past_key_values=out2.past_key_values, use_cache=True).logits
+    torch.testing.assert_close(step, own, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(app_a, own, atol=1e-4)
+
+
+def test_question_tail_needs_its_length(tiny_llama, ids):
+    from kvlab.core import use_pattern
+    from kvlab.dhsa.pattern import authors_pattern
+
+    p = authors_pattern(16, chunking="fixed", chunk_size=4, initial=2, local=4)
+    with pytest.raises(ValueError, match="question_tokens"):
+        with torch.no_grad(), use_pattern(tiny_llama, p):
+            tiny_llama(ids)
+    p.question_tokens = 6
+    with torch.no_grad(), use_pattern(tiny_llama, p):
+        tiny_llama(ids)
+    assert p.decode == "dense" and p.share_boundaries
+
+
+def test_profile_times_the_phases(tiny_llama, ids):
+    from kvlab.core import use_pattern
+    from kvlab.dhsa.pattern import DHSAPattern
+
+    p = DHSAPattern(16, chunking="predictor", predictor=_predictor(tiny_llama), chunk_size=4, initial=2,
+                    share_boundaries=True, profile=True)
+    with torch.no_grad(), use_pattern(tiny_llama, p):
+        tiny_llama(ids)
+    t = p.timings()
+    assert set(t) == {"chunking", "selection", "attention"} and all(v > 0 for v in t.values())
+    with pytest.raises(ValueError, match="profile=True"):
+        DHSAPattern(16, chunk_size=4).timings()
+
+
+@pytest.mark.slow
+def test_authors_protocol_answers_the_needle_where_app_a_fails():
+    """SmolLM2 + the shipped predictor, 1024 tokens, budget 64: App. A (sparse question, sparse decode)
+    loses the needle, the authors' protocol (dense question tail, dense decode, shared boundaries) finds it as
+    dense attention does."""
+    import kvlab
+    from kvlab.dhsa.experiments import needle_records
+    from kvlab.dhsa.pattern import DHSAPattern, authors_pattern, dhsa_layers
+    from kvlab.dhsa.training import shipped_predictor
+
+    model, tok = kvlab.load_model("smollm2-135m", device="cpu", dtype=torch.float32)
+    pred, _ = shipped_predictor("smollm2-135m")
+    kw = dict(predictor=pred, chunk_size=16, initial=4, max_len=32)
+    methods = {"dense": None, "app_a": DHSAPattern(64, chunking="predictor", **kw),
+               "authors": authors_pattern(64, local=0, **kw)}
+    rec = needle_records(model, tok, methods, dhsa_layers(model), [1024], [0.5], max_new_tokens=16)
+    acc = {r["method"]: r["value"] for r in rec if r["metric"] == "needle_recall"}
+    assert acc["dense"] == 1.0 and acc["authors"] == 1.0 and acc["app_a"] < 0.5, acc
+
+
+# ------------------------------------------------------------------------------ causal query (perplexity)
+def test_causal_query_rows_ignore_later_queries():
+    q, k, _ = _qkv(n=48, seed=5)
+    bd = _random_chunks(48, 5, 3, 12)
+    for causal in (False, True):
+        base = R.dhsa_mask(q, k, bd, 14, initial=2, causal_query=causal)
+        changed = 0
+        for j in range(1, 48):
+            q2 = q.clone()
+            q2[:, :, j] = torch.randn_like(q2[:, :, j]) * 3  # another query at j: rows < j must not move
+            m = R.dhsa_mask(q2, k, bd, 14, initial=2, causal_query=causal)
+            changed += int((m[..., :j, :] != base[..., :j, :]).any())
+        assert (changed == 0) if causal else (changed > 0), (causal, changed)
+
+
+def test_causal_query_equals_whole_chunk_on_the_last_row():
+    q, k, _ = _qkv(n=40, seed=2)
+    bd = _random_chunks(40, 2, 3, 12)
+    a = R.dhsa_mask(q, k, bd, 16, initial=2)
+    b = R.dhsa_mask(q, k, bd, 16, initial=2, causal_query=True)
+    last = bd[1:] - 1  # the last row of a chunk sees the whole chunk: the same vector
+    assert torch.equal(a[..., last, :], b[..., last, :])
+
+
+def test_teacher_forced_leak_and_its_fix(tiny_llama):
+    """A token after position i changes the loss at i under the whole-chunk query (the leak), never under the
+    causal query."""
+    from kvlab.dhsa.experiments import position_nll
+    from kvlab.dhsa.pattern import DHSAPattern
+
+    torch.manual_seed(3)
+    ids = torch.randint(0, 96, (1, 64))
+    for causal in (False, True):
+        p = DHSAPattern(12, chunk_size=8, initial=2, aggregation="mean", causal_query=causal)
+        base = position_nll(tiny_llama, ids, p, None)
+        moved = 0.0
+        for j in range(20, 64, 3):
+            other = ids.clone()
+            other[0, j] = (other[0, j] + 7) % 96
+            nll = position_nll(tiny_llama, other, p, None)
+            moved = max(moved, float((nll[: j - 1] - base[: j - 1]).abs().max()))  # losses before token j
+        assert (moved < 1e-9) if causal else (moved > 1e-4), (causal, moved)
+
+
+def test_perplexity_refuses_a_leaking_pattern(tiny_llama, ids):
+    from kvlab.dhsa.experiments import pattern_perplexity
+    from kvlab.dhsa.pattern import DHSAPattern
+
+    with pytest.raises(ValueError, match="causal_query=True"):
+        pattern_perplexity(tiny_llama, ids, {"x": DHSAPattern(12, chunk_size=4, initial=2)}, None)
+    ok = pattern_perplexity(tiny_llama, ids, {"x": DHSAPattern(12, chunk_size=4, initial=2, causal_query=True),
+                                              "dense": None}, None)
+    assert all(math.isfinite(v) for v in ok.values())
+    with pytest.raises(ValueError, match="backend='torch'"):
+        dhsa_selection(*_qkv()[:2], chunks=8, budget=20, causal_query=True, backend="flex")
+
+
+# ------------------------------------------------------------------------------ predictor fast path
+def test_batched_nms_is_the_greedy_loop():
+    g = torch.Generator().manual_seed(0)
+    for trial in range(200):
+        n = int(torch.randint(2, 120, (1,), generator=g))
+        sc = torch.rand(n, generator=g)
+        if trial % 3 == 0:
+            sc = (sc * 5).round() / 5  # ties
+        valid = torch.rand(n, generator=g) > 0.2
+        sure = (torch.rand(n, generator=g) > 0.9) if trial % 2 else None
+        mc, w = int(torch.randint(1, 30, (1,), generator=g)), int(torch.randint(0, 10, (1,), generator=g))
+        th = [None, 0.3, 0.7][trial % 3]
+        want = R.select_boundaries(sc, max_chunks=mc, threshold=th, nms_window=w, valid=valid, sure=sure)
+        got = R.nms_boundaries(sc[None], max_chunks=mc, threshold=th, nms_window=w, valid=valid, sure=sure)[0]
+        assert torch.equal(want, got), trial
+
+
+def test_split_long_chunks_vectorised():
+    bd = torch.tensor([0, 3, 40, 41, 100])
+    assert R.split_long_chunks(bd, 16).tolist() == [0, 3, 19, 35, 40, 41, 57, 73, 89, 100]
+    assert R.split_long_chunks(bd, 100).tolist() == bd.tolist()
+
+
+def test_predict_boundaries_batched_compiled_and_bf16():
+    torch.manual_seed(0)
+    pred = R.BoundaryPredictor(32, window=4, heads=4, hidden=16).eval()
+    k = torch.randn(2, 2, 200, 16)
+    loop = []
+    with torch.no_grad():
+        p = torch.sigmoid(pred(R.key_features(k)))
+    valid = R.label_valid(200, 4)
+    for b in range(2):
+        loop.append(R.split_long_chunks(R.select_boundaries(p[b], max_chunks=40, threshold=0.5, valid=valid), 24))
+    got = R.predict_boundaries(pred, k, max_chunks=40, max_len=24)
+    assert all(torch.equal(a, b) for a, b in zip(loop, got))
+    half = R.predict_boundaries(pred.to(torch.bfloat16), k.to(torch.bfloat16), max_chunks=40, max_len=24)
+    assert all(int(b[-1]) == 200 for b in half)
+    pred.float()
+    with pytest.raises(TypeError, match="BoundaryPredictor"):
+        R.predict_boundaries(torch.nn.Linear(2, 2), k, max_chunks=4)
+
+
+# ------------------------------------------------------------------------------ clear errors (robustness issue)
+@pytest.mark.parametrize("scale, err, match", [
+    ("x", TypeError, "scale must be a positive finite number"),
+    (float("nan"), ValueError, "scale must be a positive finite number"),
+    (-1.0, ValueError, "scale must be a positive finite number"),
+])
+def test_bad_scale_raises(scale, err, match):
+    q, k, v = _qkv()
+    with pytest.raises(err, match=match):
+        dhsa_attention(q, k, v, chunks=8, budget=20, scale=scale, backend="torch")
+    with pytest.raises(err, match=match):
+        dhsa_decode(q[:, :, -1:], k, v, prompt_chunks=torch.tensor([0, 8, 32]), budget=20, scale=scale)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(threshold=2.0), r"threshold must be a probability in \[0, 1\)"),
+    (dict(threshold=float("nan")), r"threshold must be a probability in \[0, 1\)"),
+    (dict(max_len=0), "max_len must be None .* or an int >= 1"),
+    (dict(max_chunks=0), "max_chunks must be an int >= 1"),
+])
+def test_predict_boundaries_bad_arguments_raise(kwargs, match):
+    pred = R.BoundaryPredictor(32, window=4, heads=4, hidden=16).eval()
+    kw = dict(max_chunks=8) | kwargs
+    with pytest.raises(ValueError, match=match):
+        R.predict_boundaries(pred, torch.randn(1, 2, 40, 16), **kw)
+
+
+def test_share_heads_must_be_a_bool():
+    from kvlab.dhsa.pattern import DHSAPattern
+
+    q, k, v = _qkv()
+    with pytest.raises(TypeError, match="share_heads must be True or False"):
+        dhsa_attention(q, k, v, chunks=8, budget=20, share_heads="no", backend="torch")
+    with pytest.raises(TypeError, match="share_heads must be True or False"):
+        DHSAPattern(20, chunk_size=8, share_heads="no")
+    with pytest.raises(ValueError, match="threshold=2.0 is a probability"):
+        DHSAPattern(64, chunking="predictor", predictor=R.BoundaryPredictor(32, heads=4, hidden=8), threshold=2.0)
+    with pytest.raises(ValueError, match="decode must be one of"):
+        DHSAPattern(20, chunk_size=8, decode="sparse")

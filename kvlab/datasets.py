@@ -154,6 +154,10 @@ def load_documents(corpus_id: str, documents: Iterable[str] | None = None) -> di
     if documents is None:
         return docs
     wanted = [documents] if isinstance(documents, str) else list(documents)
+    twice = sorted({d for d in wanted if wanted.count(d) > 1})
+    if twice:
+        raise ValueError(f"documents names {', '.join(map(repr, twice))} more than once; each document is given once "
+                         f"(to repeat a text, repeat the string: load_text({corpus_id!r}, [name]) * 2)")
     missing = [d for d in wanted if d not in docs]
     if missing:
         raise KeyError(f"{corpus_id} has no document {', '.join(map(repr, missing))}; "
@@ -404,8 +408,11 @@ def niah_prompt(tokenizer, haystack: str, context_length: int, depth: float, *,
 
     fixed = _count(tokenizer, head + " " + needle + " " + tail)
     text = haystack
+    # short haystack: repeat it, as the original does. Doubling the copies keeps this linear in the prompt length
+    # (one copy at a time re-tokenises the growing text each time: quadratic); the prompt is a token prefix of
+    # the text, so extra copies change nothing.
     while _count_upto(tokenizer, text, context_length) < context_length - fixed:
-        text = text + "\n\n" + haystack  # short haystack: repeat it, as the original does
+        text = text + "\n\n" + text
 
     def build(n_hay: int) -> tuple[str, int]:
         context = _token_prefix(tokenizer, text, n_hay).rstrip()

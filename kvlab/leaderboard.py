@@ -52,6 +52,7 @@ import importlib.util
 import json
 import math
 import os
+import sys
 from pathlib import Path
 
 import torch
@@ -521,7 +522,22 @@ def collect(out, cells=None) -> list[dict]:
     kvpress imports (``.venv-peers``) replaces the same cell marked n/a where it does not."""
     from kvlab.sweep import task_key
 
-    records = [json.loads(p.read_text()) for p in sorted(Path(out, "cells").glob("*.json"))]
+    paths = sorted(Path(out, "cells").glob("*.json"))
+    if cells is not None:  # only this grid's files (and their kvpress / no-kvpress twins): other grids' are not read
+        stems = {t.name for t in cells}
+        stems |= {n + "-no-kvpress" for n in stems} | {n[:-len("-no-kvpress")] for n in stems
+                                                      if n.endswith("-no-kvpress")}
+        paths = [p for p in paths if p.stem in stems]
+    records = []
+    for path in paths:
+        try:
+            rec = json.loads(path.read_text())
+            rec["params"]["method"], rec["result"]["status"], rec["key"]  # noqa: B018 - the fields rows need
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"leaderboard cell file {path} is damaged or not a cell record ({type(exc).__name__}: "
+                             f"{exc}); delete it and run the leaderboard again (without --report-only) to "
+                             "recompute that cell") from None
+        records.append(rec)
     if cells is not None:
         wanted = {task_key(t) for t in cells}
         peers = {_without_kvpress(t.params) for t in cells if t.params["method"].startswith("kvpress:")}
@@ -639,7 +655,11 @@ def pareto_plot(rows: list[dict], path=None):
     return fig
 
 
-def run_leaderboard(grid: str | dict = "tiny", out="benchmarks/results/leaderboard", *, workers: int | None = 2,
+#: where a run writes unless told: never over the committed ``benchmarks/results/leaderboard`` (pass ``--out`` for that)
+DEFAULT_OUT = "build/leaderboard"
+
+
+def run_leaderboard(grid: str | dict = "tiny", out=DEFAULT_OUT, *, workers: int | None = 2,
                     scheduler: str | None = None, methods=METHODS, tasks=TASKS, progress: bool = True,
                     run: bool = True):
     """Run (or resume) a grid on a Dask cluster, then write ``leaderboard.csv`` (and ``.parquet`` where pyarrow
@@ -694,19 +714,31 @@ def main(argv: list[str] | None = None) -> int:
 
     p = argparse.ArgumentParser(prog="python -m kvlab leaderboard", description=__doc__.split("\n\n")[0])
     p.add_argument("--grid", default="tiny", choices=sorted(GRIDS))
-    p.add_argument("--out", default="benchmarks/results/leaderboard")
+    p.add_argument("--out", default=DEFAULT_OUT,
+                   help=f"result folder (default {DEFAULT_OUT}; the committed table is benchmarks/results/leaderboard, "
+                        "written only when named here)")
     p.add_argument("--workers", type=int, default=None, help="local Dask worker processes (default: cores - 1)")
     p.add_argument("--scheduler", help="address of a running Dask scheduler (default: a local cluster)")
     p.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset of the methods")
     p.add_argument("--tasks", default=",".join(TASKS), help="comma-separated subset of the tasks")
     p.add_argument("--report-only", action="store_true", help="write the table and plot from finished cells only")
     args = p.parse_args(argv)
-    tasks = args.tasks.split(",")
-    for t in tasks:
-        if t not in TASKS:
-            raise SystemExit(f"--tasks must be among {TASKS}, got {t!r}")
-    report, rows = run_leaderboard(args.grid, args.out, workers=args.workers, scheduler=args.scheduler,
-                                   methods=args.methods.split(","), tasks=tasks, run=not args.report_only)
+    tasks, methods = args.tasks.split(","), args.methods.split(",")
+    problems = [f"--tasks must be among {', '.join(TASKS)}, got {t!r}" for t in tasks if t not in TASKS]
+    problems += [f"--methods must be among {', '.join(METHODS)}, got {m!r}" for m in methods if m not in METHODS]
+    if args.workers is not None and args.workers < 1:
+        problems.append(f"--workers must be >= 1, got {args.workers}")
+    if problems:
+        print("kvlab leaderboard: " + "; ".join(problems), file=sys.stderr)
+        return 2
+    try:
+        report, rows = run_leaderboard(args.grid, args.out, workers=args.workers, scheduler=args.scheduler,
+                                       methods=methods, tasks=tasks, run=not args.report_only)
+    except (ValueError, OSError) as exc:
+        print(f"kvlab leaderboard: {exc}", file=sys.stderr)
+        return 2
     print(report.summary())
+    if not rows:
+        print(f"kvlab leaderboard: no finished cells of this grid under {args.out}/cells", file=sys.stderr)
     print(markdown(rows))
     return 1 if report.failed else 0

@@ -21,10 +21,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 import urllib.parse
 import urllib.request
 from pathlib import Path
@@ -76,6 +79,8 @@ def fetch(asset_id: str, *, progress: bool = True, verify: bool = False) -> Path
     asset = get_asset(asset_id)
     checked_cache_dir()
     final = asset_path(asset_id)
+    for folder in (cache_dir() / "downloads", final.parent):
+        clean_stale_temporaries(folder)
     if final.exists():
         trouble = problem(asset_id, digest="fresh" if verify else "once", progress=progress)
         if trouble is None:
@@ -128,8 +133,59 @@ def _mismatch(asset: Asset, what: str, quantity: str, expected, actual) -> Check
     )
 
 
+# Temporary names carry the pid of the process that made them (``.NAME.kvlab<pid>.<random>``), so the next fetch
+# can tell a live fetch's temporaries from those a killed one left behind (kill -9 runs no cleanup).
+_STALE_AFTER = 24 * 3600  # seconds: a hidden temporary without a pid (made by an older kvlab) counts as stale
+_PID_TAG = re.compile(r"\.kvlab(\d+)\.")
+
+
+def _tmp_prefix(name: str) -> str:
+    return f".{name}.kvlab{os.getpid()}."
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
+
+
+def clean_stale_temporaries(folder: Path) -> list[Path]:
+    """Remove the temporaries an interrupted fetch left in ``folder`` (``downloads/`` or an asset's folder): hidden
+    entries whose pid tag names a process that no longer runs, and untagged hidden ``*.tmp`` entries (older
+    kvlab) after a day. Returns what was removed; a folder that cannot be listed or written is left alone."""
+    removed = []
+    try:
+        entries = list(folder.iterdir()) if folder.is_dir() else []
+    except OSError:
+        return removed
+    for entry in entries:
+        name = entry.name
+        if not name.startswith(".") or name.startswith(".kvlab-write-test."):
+            continue
+        tag = _PID_TAG.search(name)
+        if tag is not None:
+            stale = int(tag.group(1)) != os.getpid() and not _process_alive(int(tag.group(1)))
+        else:
+            try:
+                old = time.time() - entry.lstat().st_mtime > _STALE_AFTER
+            except OSError:
+                continue
+            stale = old and (name.endswith(".tmp") or folder.name == "downloads")
+        if stale:
+            try:
+                _remove(entry)
+                removed.append(entry)
+            except OSError:
+                pass
+    return removed
+
+
 def _tmp_file(final: Path) -> Path:
-    fd, name = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent)
+    fd, name = tempfile.mkstemp(prefix=_tmp_prefix(final.name), suffix=".tmp", dir=final.parent)
     os.close(fd)
     _make_readable(Path(name))
     return Path(name)
@@ -148,7 +204,7 @@ def put_in_place(tmp: Path, final: Path) -> None:
     if not (tmp.is_dir() or final.is_dir()) or not (final.exists() or final.is_symlink()):
         os.replace(tmp, final)
         return
-    aside = Path(tempfile.mkdtemp(prefix=f".{final.name}.old.", suffix=".tmp", dir=final.parent))
+    aside = Path(tempfile.mkdtemp(prefix=_tmp_prefix(f"{final.name}.old"), suffix=".tmp", dir=final.parent))
     try:
         os.replace(final, aside / final.name)
         os.replace(tmp, final)
@@ -177,7 +233,7 @@ def _build_file(asset: Asset, archives: dict[str, Path], final: Path, progress: 
 
 def _build_collection(asset: Asset, archives: dict[str, Path], final: Path) -> None:
     """Write one file per document into a temporary folder, check the manifest, rename it."""
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=_tmp_prefix(final.name), suffix=".tmp", dir=final.parent))
     try:
         _make_readable(tmp)
         raw = read_members(asset.sources, archives)
@@ -218,7 +274,7 @@ def _archive(source: Source, *, progress: bool) -> Path:
         if sha256_file(final) == source.archive_sha256:
             return final
         final.unlink()
-    tmp_dir = Path(tempfile.mkdtemp(prefix=f".{source.filename}.", dir=downloads))
+    tmp_dir = Path(tempfile.mkdtemp(prefix=_tmp_prefix(source.filename), dir=downloads))
     try:
         got = _download_archive(source, tmp_dir, progress=progress)
         actual = sha256_file(got)
@@ -268,8 +324,7 @@ def _pip_download(source: Source, dest_dir: Path, progress: bool) -> bool:
     if not progress:
         cmd.append("--quiet")
     try:
-        done = subprocess.run(cmd, stdout=None if progress else subprocess.DEVNULL,
-                              stderr=subprocess.PIPE, text=True, check=False)
+        done = _run_child(cmd, progress=progress)
     except OSError:
         return False
     if done.returncode != 0 and progress:
@@ -279,13 +334,51 @@ def _pip_download(source: Source, dest_dir: Path, progress: bool) -> bool:
     return done.returncode == 0
 
 
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
+    """Linux: the child gets SIGTERM when the process that started it dies, even by kill -9."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _run_child(cmd: list[str], *, progress: bool, cwd=None) -> subprocess.CompletedProcess:
+    """Run a download helper (pip, apt-get) so that it never outlives kvlab: it is stopped when kvlab is
+    interrupted or terminated (here) or killed outright (Linux: the parent-death signal)."""
+    linux = sys.platform.startswith("linux")
+    child = subprocess.Popen(cmd, stdout=None if progress else subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                             cwd=cwd, preexec_fn=_die_with_parent if linux else None)
+    previous = None
+    if hasattr(signal, "SIGTERM"):
+        def stop(signum, frame):  # SIGTERM to kvlab: stop the child, then die as SIGTERM would
+            child.terminate()
+            raise SystemExit(128 + signum)
+
+        try:
+            previous = signal.signal(signal.SIGTERM, stop)
+        except ValueError:  # not the main thread: the parent-death signal still covers kill
+            previous = None
+    try:
+        _, err = child.communicate()
+    except BaseException:  # KeyboardInterrupt, SystemExit: never leave the child running
+        child.kill()
+        child.wait()
+        raise
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+    return subprocess.CompletedProcess(cmd, child.returncode, None, err)
+
+
 def _apt_get_download(source: Source, dest_dir: Path, progress: bool) -> bool:
     if shutil.which("apt-get") is None:
         return False
     try:
-        done = subprocess.run(["apt-get", "download", f"{source.package}={source.version}"],
-                              cwd=dest_dir, stdout=None if progress else subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL, check=False)
+        done = _run_child(["apt-get", "download", f"{source.package}={source.version}"], progress=progress,
+                          cwd=dest_dir)
     except OSError:
         return False
     return done.returncode == 0

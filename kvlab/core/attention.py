@@ -131,6 +131,7 @@ def _pre_hook(model, args, kwargs):
                 "kvlab policies do not support padded batches: pass sequences of equal length "
                 "(or batch size 1) without padding."
             )
+        cache.check_model(state)  # a cache made for another model (layers, RoPE) fails here, not silently
         fresh = cache.seen == 0
         positions = cache.begin_step(input_ids, batch, length, ref.device)
         kwargs = dict(kwargs)

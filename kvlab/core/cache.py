@@ -254,6 +254,7 @@ class KVCache(Cache):
 
     def __init__(self, model: torch.nn.Module, policy: Policy):
         state = model_state(model)
+        self._built_for = state  # the model this cache was made for (check_model compares another one with it)
         self.policy = policy
         self.seen = 0
         self.batch: int | None = None  # rows of the streams this cache holds (fixed by the first step)
@@ -272,6 +273,29 @@ class KVCache(Cache):
             policy.check_vocab(int(vocab))
 
     # -- step protocol (called by kvlab.core.attention's hooks) -------------------------------------------
+    def check_model(self, state) -> None:
+        """Raise unless the model running this step (its kvlab ``ModelState``) is the kind this cache was made
+        for: the same number of layers, RoPE frequencies and sliding windows. Keys re-rotated with another
+        model's frequencies, or layers left empty, would give wrong logits silently."""
+        mine = self._built_for
+        if state is mine:
+            return
+        fix = "make a KVCache for each model: KVCache(model, policy)"
+        if state.num_layers != mine.num_layers:
+            raise ValueError(f"this KVCache was made for a model with {mine.num_layers} layers, but the model running "
+                             f"it has {state.num_layers}: {fix}")
+        if state.sliding_window != mine.sliding_window:
+            raise ValueError(f"this KVCache was made for a model with sliding windows {mine.sliding_window} per "
+                             f"layer, but the model running it has {state.sliding_window}: {fix}")
+        for i, (a, b) in enumerate(zip(mine.inv_freq, state.inv_freq)):
+            same = (a is None and b is None) or (a is not None and b is not None and a.shape == b.shape
+                                                  and torch.equal(a.cpu(), b.cpu()))
+            if not same:
+                raise ValueError(f"this KVCache was made for a model with other RoPE frequencies (layer {i}: "
+                                 "rope_theta or rope scaling differ), so its keys would be moved with the wrong "
+                                 f"angles: {fix}")
+        self._built_for = state  # an equal model: later steps take the fast path
+
     def held(self) -> list[int]:
         return [layer.size for layer in self.layers]
 

@@ -278,7 +278,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m kvlab bench dhsa", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("what", choices=sorted(COMMANDS))
-    ap.add_argument("--out", default="benchmarks/results", help="folder for the JSON and table")
+    ap.add_argument("--out", default="build/bench",
+                    help="folder for the JSON and table (default build/bench; the committed "
+                         "benchmarks/results only when named)")
     ap.add_argument("--tag", default="", help="suffix for output names (e.g. the device)")
     ap.add_argument("--seqs", type=ints, default=[4096, 8192, 16384, 32768])
     ap.add_argument("--seq", type=int, default=32768)

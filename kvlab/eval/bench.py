@@ -238,7 +238,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=1, help="best of this many runs (a shared CPU is noisy)")
     ap.add_argument("--no-generate", action="store_true", help="skip transformers' generate (GPU)")
     ap.add_argument("--compile", action="store_true", help="also time engine='compiled' (torch.compile first)")
-    ap.add_argument("--out", default="benchmarks/results", help="folder for JSON/table")
+    ap.add_argument("--out", default="build/bench",
+                    help="folder for JSON/table (default build/bench; the committed "
+                         "benchmarks/results only when named)")
     ap.add_argument("--tag", default="")
     args = ap.parse_args(argv)
     for name in ("tokens", "hooks_tokens", "plain_tokens"):

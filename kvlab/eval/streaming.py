@@ -64,7 +64,12 @@ class StreamingResult:
         return float(self.kv_trace.mean())
 
     def ppl_curve(self, every: int = 256) -> torch.Tensor:
-        """Perplexity of consecutive blocks of ``every`` tokens: how quality evolves along the stream."""
+        """Perplexity of consecutive blocks of ``every`` tokens: how quality evolves along the stream (a last
+        block shorter than ``every`` is left out). ``every`` is an int in ``[1, scored tokens]``."""
+        every = check_int("every", every, 1)
+        if every > self.nll.numel():
+            raise ValueError(f"every must be <= {self.nll.numel()} (the tokens this run scored), got {every}: "
+                             "no block of that size fits; pass a smaller every")
         usable = (self.nll.numel() // every) * every
         return self.nll[:usable].double().view(-1, every).mean(dim=1).exp()
 
@@ -202,11 +207,14 @@ def streaming_perplexity(model, tokenizer, text: str | torch.Tensor, policy: Pol
 
 @torch.no_grad()
 def streaming_perplexity_batch(model, tokenizer, texts, policy: Policy, max_tokens: int | None = 4096, *,
-                               progress: bool = True, compile: bool = False) -> list[StreamingResult]:
+                               progress: bool = True, compile: bool = False,
+                               truncate: bool = False) -> list[StreamingResult]:
     """:func:`streaming_perplexity` of several texts at once, one batch row each, on the static engine.
 
-    Every row is fed one token per step (all texts are cut to the shortest one's length) and keeps its
-    own entries: the rows' caches may hold different counts (SepLLM's separators differ per text).
+    Every row is fed one token per step and keeps its own entries: the rows' caches may hold different
+    counts (SepLLM's separators differ per text). The texts must give the same number of tokens (after
+    ``max_tokens``); texts of different lengths raise ValueError listing them, unless ``truncate=True``
+    cuts every text to the shortest one (each result then scores only that many tokens).
     ``compile``: the layers compiled first (``engine="compiled"`` of :func:`streaming_perplexity`). Each
     result equals a single run of its text (tested); ``seconds`` is the time of the whole batch.
     """
@@ -216,8 +224,16 @@ def streaming_perplexity_batch(model, tokenizer, texts, policy: Policy, max_toke
     if not texts:
         raise ValueError("texts is empty: pass at least one text (a string or token ids)")
     device = next(model.parameters()).device
+    if not isinstance(truncate, bool):
+        raise TypeError(f"truncate must be True or False, got {type(truncate).__name__} {truncate!r}")
     rows = [stream_ids(model, tokenizer, text, max_tokens) for text in texts]
-    n = min(row.shape[1] for row in rows)
+    lengths = [row.shape[1] for row in rows]
+    n = min(lengths)
+    if n != max(lengths) and not truncate:
+        raise ValueError(f"texts have different lengths in tokens ({lengths}); a batch feeds every row the same "
+                         f"number of tokens, so each would be scored on its first {n} only: pass texts of equal "
+                         "length (e.g. max_tokens=N with every text at least N tokens long), call "
+                         "streaming_perplexity once per text, or pass truncate=True to cut every text to the shortest")
     ids = torch.cat([row[:, :n] for row in rows]).to(device)
     return _static_results(model, ids, policy, progress, device, engine)
 

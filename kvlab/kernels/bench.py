@@ -143,7 +143,9 @@ def print_decode(rec: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="kvlab bench kernels", description=__doc__.split("\n\n")[0])
     ap.add_argument("what", choices=["decode"])
-    ap.add_argument("--out", default="benchmarks/results", help="folder for JSON/table")
+    ap.add_argument("--out", default="build/bench",
+                    help="folder for JSON/table (default build/bench; the committed "
+                         "benchmarks/results only when named)")
     ap.add_argument("--tag", default="", help="suffix for output names (e.g. the device)")
     ap.add_argument("--heads", type=int, default=32)
     ap.add_argument("--kv-heads", type=int, default=8)

@@ -29,7 +29,7 @@ import torch
 
 from kvlab.core import capture_attention, check_float, check_int, check_token_ids, model_state, use_router
 from kvlab.orthorank.layers import (Plan, LayerSearch, layers_for_sparsity, nominal_sparsity, perplexity,
-                                    search_layers, taylor_importance, text_windows, use_plan)
+                                    refusing_padding, search_layers, taylor_importance, text_windows, use_plan)
 from kvlab.orthorank.reference import SinkCurves, sink_curves
 from kvlab.orthorank.router import CRITERIA, DECODE_MODES, KV_MODES, OrthoRankRouter, RecordInputs, SkipLayer
 
@@ -61,7 +61,9 @@ def orthorank(model: torch.nn.Module, layers: Iterable[int] | None = None, token
     ``kv``, ``sink``, ``decode``, ``seed``; see :mod:`kvlab.orthorank.router`).
 
     Raises ValueError for a ``token_ratio`` outside [0, 1] and for a token ratio without layers (which layers
-    select tokens is part of the method: pick them with :func:`search_layers`).
+    select tokens is part of the method: pick them with :func:`search_layers`). Within the block the model
+    refuses a padded batch (an ``attention_mask`` with zeros): each row's first token is its sink and every
+    token counts towards the ratio, so pads would be scored as tokens.
     """
     if isinstance(token_ratio, bool) or not isinstance(token_ratio, (int, float)):
         raise TypeError(f"token_ratio must be a number in [0, 1], got {type(token_ratio).__name__} {token_ratio!r}")
@@ -74,12 +76,15 @@ def orthorank(model: torch.nn.Module, layers: Iterable[int] | None = None, token
                          "select tokens; pass layers=[...] (at least one, after the sink layer; "
                          "search_layers(...) picks them as the paper does)")
     router = OrthoRankRouter(token_ratio, **options)
-    return _installed(model, router, chosen)
+    return _installed(model, router, chosen, refuse_padding=True)
 
 
 @contextlib.contextmanager
-def _installed(model, router, layers):
-    with use_router(model, router, layers):
+def _installed(model, router, layers, refuse_padding: bool = False):
+    with contextlib.ExitStack() as stack:
+        if refuse_padding:
+            stack.enter_context(refusing_padding(model))
+        stack.enter_context(use_router(model, router, layers))
         yield router
 
 

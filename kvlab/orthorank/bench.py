@@ -212,7 +212,9 @@ def run_layer(args) -> dict:
 
 def _parser(what: str) -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog=f"kvlab bench orthorank {what}", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", default="benchmarks/results", help="folder for the JSON and Markdown record")
+    ap.add_argument("--out", default="build/bench",
+                    help="folder for the JSON and Markdown record (default build/bench; the committed "
+                         "benchmarks/results only when named)")
     ap.add_argument("--tag", default="", help="suffix for output names (e.g. the device)")
     ap.add_argument("--shapes", default="1b,8b", help=f"comma-separated model shapes: {', '.join(SHAPES)}")
     for flag, kind, default in (("--batch", int, 32), ("--seq", int, 2048), ("--token-ratio", float, 0.33)):

@@ -51,7 +51,8 @@ import torch
 from kvlab.core import LayerRouter, RouteCall, check_choice, check_float, check_int, model_state, use_router
 from kvlab.orthorank.router import OrthoRankRouter, SkipLayer
 
-__all__ = ["ACTIONS", "SEARCHES", "Plan", "LayerSearch", "text_windows", "perplexity", "use_plan", "search_layers",
+__all__ = ["ACTIONS", "SEARCHES", "Plan", "LayerSearch", "text_windows", "perplexity", "use_plan", "refusing_padding",
+           "search_layers",
            "taylor_importance", "layers_for_sparsity", "nominal_sparsity"]
 
 ACTIONS = ("remove", "route")
@@ -84,13 +85,39 @@ class Plan:
                                 token_ratio=self.router.get("token_ratio", 0.33))
 
 
+def _refuse_padding(model, args, kwargs):
+    """Forward pre-hook while OrthoRank routes: a padding mask (zeros) is refused, never scored silently.
+
+    Algorithm 1 takes each row's first token as the sink and counts every token towards ``k``; in a left-padded
+    row the sink would be a pad and pads would take token slots (row 0's logits moved by 10 on SmolLM2)."""
+    mask = kwargs.get("attention_mask", args[1] if len(args) > 1 else None)
+    if isinstance(mask, torch.Tensor) and mask.dim() == 2 and not bool(mask.bool().all()):
+        pads = (~mask.bool()).sum(dim=1).tolist()
+        raise ValueError(f"OrthoRank does not take padded batches (attention_mask has zeros: {pads} pad tokens per "
+                         "row): the sink is each row's first token and every token counts towards the token ratio, "
+                         "so a pad would be the sink. Run rows of equal length without padding, or one row at a time")
+
+
+@contextlib.contextmanager
+def refusing_padding(model: torch.nn.Module):
+    """Within the block the model refuses an ``attention_mask`` with zeros (see :func:`_refuse_padding`)."""
+    handle = model.register_forward_pre_hook(_refuse_padding, with_kwargs=True)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
 @contextlib.contextmanager
 def use_plan(model: torch.nn.Module, plan: Plan | None):
     """Within the block the model runs ``plan`` (None or the empty plan: the dense model). Yields the router of
-    the routed layers (or None)."""
+    the routed layers (or None). A plan with routed layers refuses padded batches (``attention_mask`` with
+    zeros)."""
     plan = plan or Plan()
     router = OrthoRankRouter(**plan.router) if plan.routed else None
     with contextlib.ExitStack() as stack:
+        if plan.routed:
+            stack.enter_context(refusing_padding(model))
         if plan.removed:
             stack.enter_context(use_router(model, SkipLayer(), plan.removed))
         if plan.routed:

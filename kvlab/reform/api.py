@@ -36,7 +36,7 @@ from typing import Any, Iterable
 
 import torch
 
-from kvlab.core import check_choice, check_int
+from kvlab.core import check_choice, check_int, check_token_ids
 from kvlab.reform.reference import HEAD_KINDS, Head, _decoder, reform
 
 __all__ = ["ReformOutput", "reform_generate", "reform_answer_nll", "reform_gather", "load_heads", "parse_heads",
@@ -88,7 +88,10 @@ def parse_heads(heads: Iterable[Any], model=None) -> list[Head]:
                 raise ValueError(f"heads: {h!r} must read 'kind:layer:head', e.g. 'v:12:1'")
             item = Head(parts[0], int(parts[1]), int(parts[2]))
         elif isinstance(h, (tuple, list)) and len(h) == 3:
-            item = Head(str(h[0]), int(h[1]), int(h[2]))
+            if not isinstance(h[0], str):
+                raise TypeError(f"heads: the kind of {h!r} must be a string in {HEAD_KINDS}, got {type(h[0]).__name__}")
+            item = Head(h[0], check_int(f"heads: the layer of {h!r}", h[1]),
+                        check_int(f"heads: the head of {h!r}", h[2]))
         else:
             raise TypeError(f"heads: each head must be a Head, a (kind, layer, head) tuple or 'kind:layer:head', "
                             f"got {h!r}")
@@ -117,9 +120,15 @@ def heads_file(model) -> Path | None:
     return None
 
 
-def load_heads(heads: Any, model) -> list[Head]:
+def load_heads(heads: Any, model, *, any_model: bool = False) -> list[Head]:
     """Resolve ``heads``: None (the shipped file for this model), a path to a heads JSON file (written by
-    ``python -m kvlab.reform.heads``), or a list of heads (see :func:`parse_heads`)."""
+    ``python -m kvlab.reform.heads``), or a list of heads (see :func:`parse_heads`).
+
+    A heads file must carry the ``signature`` of the model it was chosen for, and it must match ``model``;
+    ``any_model=True`` applies a file without one (heads chosen elsewhere, checked only against the model's
+    layer and head counts)."""
+    if not isinstance(any_model, bool):
+        raise TypeError(f"any_model must be True or False, got {type(any_model).__name__} {any_model!r}")
     if heads is None:
         path = heads_file(model)
         if path is None:
@@ -139,7 +148,12 @@ def load_heads(heads: Any, model) -> list[Head]:
         except (json.JSONDecodeError, KeyError, TypeError) as exc:
             raise ValueError(f"heads file {str(path)!r} is not a heads file (a JSON object with a 'heads' list, as "
                              f"`python -m kvlab.reform.heads` writes): {exc}") from None
-        sig = data.get("signature")
+        sig = data.get("signature") if isinstance(data, dict) else None
+        if sig is None and not any_model:
+            raise ValueError(f"heads file {str(path)!r} has no 'signature' (the model its heads were chosen for), so "
+                             "it could be applied to any model; write it with `python -m kvlab.reform.heads --model "
+                             "MODEL`, add the signature kvlab.reform.model_signature(model) gives, or load it with "
+                             "kvlab.reform.api.load_heads(path, model, any_model=True) and pass that list as heads")
         if sig is not None and sig != model_signature(model):
             raise ValueError(f"heads file {str(path)!r} was chosen for a different model ({sig}); this model is "
                              f"{model_signature(model)}: choose heads for it with `python -m kvlab.reform.heads`")
@@ -152,13 +166,13 @@ def load_heads(heads: Any, model) -> list[Head]:
 # --------------------------------------------------------------------------- settings and checks
 
 
-def _ids(tokenizer, text: Any, name: str, special: bool) -> torch.Tensor:
+def _ids(tokenizer, text: Any, name: str, special: bool, vocab_size: int | None = None) -> torch.Tensor:
     if isinstance(text, torch.Tensor):
-        ids = text if text.dim() == 2 else text[None]
-        if ids.is_floating_point() or ids.shape[0] != 1:
+        if text.dim() not in (1, 2) or (text.dim() == 2 and text.shape[0] != 1) or text.is_floating_point():
             raise ValueError(f"{name} must be a string or token ids of shape (seq,) or (1, seq), "
-                             f"got {tuple(text.shape)} {text.dtype}")
-        return ids.long()
+                             f"got {tuple(text.shape)} {text.dtype}; e.g. ids.reshape(1, -1)")
+        ids = check_token_ids(name, text, vocab_size)
+        return ids if ids.dim() == 2 else ids[None]
     if not isinstance(text, str):
         raise TypeError(f"{name} must be a string or a tensor of token ids, got {type(text).__name__}")
     return tokenizer(text, return_tensors="pt", add_special_tokens=special).input_ids
@@ -269,9 +283,10 @@ def reform_gather(model, tokenizer, context, query, *, answer_prefix: str = "", 
     Every other argument: see the module docstring and :func:`kvlab.reform.reference.reform`.
     """
     device = next(model.parameters()).device
-    context_ids = _ids(tokenizer, context, "context", True).to(device)
-    query_ids = _ids(tokenizer, query, "query", False).to(device)
-    prefix_ids = _ids(tokenizer, answer_prefix, "answer_prefix", False).to(device) if answer_prefix else \
+    vocab = getattr(_decoder(model).config, "vocab_size", None)
+    context_ids = _ids(tokenizer, context, "context", True, vocab).to(device)
+    query_ids = _ids(tokenizer, query, "query", False, vocab).to(device)
+    prefix_ids = _ids(tokenizer, answer_prefix, "answer_prefix", False, vocab).to(device) if answer_prefix else \
         query_ids[:, :0]
     settings, heads = _settings(model, context_ids.shape[1], query_ids.shape[1] + prefix_ids.shape[1], chunk_size,
                                 budget, early_exit_layer, heads, recompute_budget, n_initial, n_recent, n_final,

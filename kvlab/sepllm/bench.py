@@ -360,7 +360,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="kvlab bench sepllm", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("what", choices=["ops", "prefill", "train", "tune"])
-    ap.add_argument("--out", default="benchmarks/results", help="folder for JSON/PNG/table")
+    ap.add_argument("--out", default="build/bench",
+                    help="folder for JSON/PNG/table (default build/bench; the committed "
+                         "benchmarks/results only when named)")
     ap.add_argument("--tag", default="", help="suffix for output names (e.g. the device)")
     ap.add_argument("--seqs", type=ints, default=None, help="comma-separated sequence lengths")
     ap.add_argument("--seq", type=int, default=None)

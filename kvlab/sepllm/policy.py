@@ -15,6 +15,8 @@ they take batch size 1. FixLLM only looks at positions and runs batched.
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 from kvlab.core import LayerView, Policy, check_int, indices_from_mask
@@ -31,6 +33,14 @@ def _single_row(view: LayerView, name: str) -> None:
             f"cache needs equal counts per row: run batch size 1")
     if bool((view.token_ids < 0).any()):
         raise ValueError(f"{name} needs token ids to find separators; the model was fed inputs_embeds")
+
+
+def _warn_no_separators(name: str, instead: str) -> None:
+    # Kept legal on purpose: the window-only rows of the papers' ablations (e.g. with full_layers) use it.
+    warnings.warn(f"{name}(separators=[]) has no separator ids: it keeps only the initial and neighbouring entries, "
+                  f"a sink + window cache (StreamingLLM) reported under {name}'s name. Pass separator ids "
+                  f"(kvlab.sepllm.separator_ids(tokenizer)) for SepLLM, or kvlab.policies.{instead} for the window "
+                  "cache", UserWarning, stacklevel=3)
 
 
 class SepLLM(Policy):
@@ -59,6 +69,8 @@ class SepLLM(Policy):
         self.init = check_int("init", init, 0)
         self.neighbors = check_int("neighbors", neighbors, 1)
         self._sep = SeparatorSet(separators)
+        if not len(self._sep) and type(self).far is SepLLM.far:
+            _warn_no_separators(type(self).__name__, "StreamingLLM(init, neighbors)")
         self.full_layers = tuple(check_int("full_layers entry", i) for i in full_layers)
 
     def check_model(self, num_layers: int) -> None:
@@ -142,6 +154,8 @@ class SepLLMStreaming(Policy):
         check_sizes(init, sep, local, cache)
         self.init, self.sep, self.local, self.cache = init, sep, local, cache
         self._sep = SeparatorSet(separators)
+        if not len(self._sep):
+            _warn_no_separators(type(self).__name__, "StreamingLLM(init, cache - init)")
 
     @property
     def budget(self) -> int:

@@ -337,7 +337,7 @@ def test_papermill_negative_parameter_fails_in_the_check_cell(tmp_path):
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     src, out = tmp_path / "nb.ipynb", tmp_path / "out.ipynb"
     nbformat.write(nb, src)
-    with pytest.raises(papermill.PapermillExecutionError, match="max_tokens must be >= 0.*default 4096.*got -5"):
+    with pytest.raises(papermill.PapermillExecutionError, match="max_tokens must be >= 0 .its default is 4096.*got -5"):
         papermill.execute_notebook(str(src), str(out), parameters={"max_tokens": -5}, progress_bar=False,
                                    kernel_name="python3")
     papermill.execute_notebook(str(src), str(out), parameters={"max_tokens": 5}, progress_bar=False,

@@ -100,7 +100,9 @@ def check_parameters(namespace: dict) -> None:
     import typing
 
     annotations = namespace.get("__annotations__", {})
+    defaults = _declared_defaults(namespace.get("In"), annotations)
     bad = []
+    signs = []
     for name, declared in annotations.items():
         if name not in namespace:
             continue
@@ -122,8 +124,46 @@ def check_parameters(namespace: dict) -> None:
             bad.append((name, declared, value))
         elif not isinstance(value, allowed):
             bad.append((name, declared, value))
+        elif _negative_against_default(value, defaults.get(name)):
+            signs.append(f"  {name} must be >= 0 (its default is {defaults[name]!r}: a count, size, rate or "
+                         f"fraction), got {value!r}")
+    if signs and not bad:
+        raise ValueError("notebook parameters out of range (checked before any work):\n" + "\n".join(signs))
     if bad:
         lines = "\n".join(f"  {name}: expected {getattr(t, '__name__', t)}, got {type(v).__name__} {v!r}"
                           for name, t, v in bad)
         raise TypeError(f"notebook parameters of the wrong type (papermill: -p NAME VALUE parses numbers, "
                         f"true/false and None; quote nothing else):\n{lines}")
+
+
+def _negative_against_default(value: Any, default: Any) -> bool:
+    numbers = (int, float)
+    return (isinstance(value, numbers) and not isinstance(value, bool) and isinstance(default, numbers)
+            and not isinstance(default, bool) and default >= 0 and value < 0)
+
+
+def _declared_defaults(history: Any, annotations: dict) -> dict[str, Any]:
+    """The defaults the notebook's parameters cell declares (``max_tokens: int = 4096``), read from IPython's
+    input history ``In`` (papermill's injected cell assigns without annotations, so it is not taken). A
+    parameter whose declared default is a non-negative number must not be negative: ``-p max_tokens -5`` then
+    fails in the check cell instead of many cells later."""
+    import ast
+
+    found: dict[str, Any] = {}
+    if not isinstance(history, (list, tuple)):
+        return found
+    for source in history:
+        if not isinstance(source, str) or ":" not in source:
+            continue
+        try:
+            tree = ast.parse(source)
+        except SyntaxError:
+            continue
+        for node in tree.body:
+            if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value is not None
+                    and node.target.id in annotations and node.target.id not in found):
+                try:
+                    found[node.target.id] = ast.literal_eval(node.value)
+                except (ValueError, TypeError, SyntaxError, RecursionError):
+                    continue
+    return found

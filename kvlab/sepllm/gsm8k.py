@@ -1,0 +1,225 @@
+"""SepLLM Table 1's GSM8K comparison at matched r.KV, with per-problem records.
+
+Paper: Chen et al., SepLLM (ICML 2025), Table 1: training-free, SepLLM (n=256) against StreamingLLM with a window
+widened until it keeps the same share of the KV as SepLLM (``StrmLLM (n=380)``: r.KV 47.54 % vs 47.36 %).
+
+What this module adds to :mod:`kvlab.eval.gsm8k` (the prompt, the answer-NLL proxy and the generation):
+
+* **Matched r.KV over the sample** (:func:`matched_window`): one StreamingLLM window for every problem, the
+  smallest whose *mean* r.KV over the problems reaches SepLLM's mean, as Table 1 sets one ``n`` per benchmark.
+* **Problems long enough that the window binds** (:func:`long_problems`): a problem whose question and
+  solution fit inside ``n`` tokens is scored by both methods with the whole problem in view; only problems of at
+  least ``min_tokens`` tokens (question + solution) are kept, in the data set's order.
+* **Per-problem records** (``*.examples.jsonl``: ``example`` = ``gsm8k-test-<index>``, metrics ``answer_nll``
+  and ``r_kv``; with generation also ``flexible_match`` / ``strict_match`` and the raw ``output``) and the paired
+  bootstrap of SepLLM minus the matched window (:func:`kvlab.eval.stats.paired_bootstrap`), so the summary
+  says whether this sample separates the methods; on a 135M model it may not, and the records show that.
+
+Command line::
+
+    python -m kvlab.sepllm.gsm8k --neighbors 128 --min-tokens 192 --problems 40 --out DIR
+    python -m kvlab.sepllm.gsm8k --neighbors 128 --min-tokens 192 --problems 300 --generate 100 --out DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from typing import Any, Callable
+
+import torch
+
+from kvlab.core import check_int, kv_ratio
+from kvlab.eval.gsm8k import cot_prompt, gsm8k_answer_nll, gsm8k_generate, load_gsm8k, reference_solution
+from kvlab.eval.stats import paired_bootstrap
+from kvlab.sepllm.pattern import SepLLMPattern, StreamingPattern
+
+__all__ = ["long_problems", "problem_ids", "matched_window", "matched_methods", "matched_gsm8k", "main"]
+
+
+def _question(problem: dict) -> str:
+    return f"Q: {problem['question']}\nA:"
+
+
+def long_problems(tokenizer, problems: list[dict], min_tokens: int, n: int | None = None) -> list[tuple[int, dict]]:
+    """``(index, problem)`` of the problems whose question (``Q: ...\\nA:``) and reference solution together have
+    at least ``min_tokens`` tokens, in order; at most ``n``. ``index`` is the problem's place in ``problems``."""
+    min_tokens = check_int("min_tokens", min_tokens, 1)
+    out = []
+    for i, p in enumerate(problems):
+        size = (len(tokenizer(_question(p), add_special_tokens=False).input_ids)
+                + len(tokenizer(reference_solution(p["answer"]), add_special_tokens=False).input_ids))
+        if size >= min_tokens:
+            out.append((i, p))
+            if n is not None and len(out) >= n:
+                break
+    if not out:
+        raise ValueError(f"no problem has {min_tokens} tokens of question and solution: lower min_tokens")
+    return out
+
+
+def problem_ids(tokenizer, problem: dict, exemplars: list[dict]) -> torch.Tensor:
+    """``(1, T)`` ids of the whole scored sequence: the exemplars' prompt, the question and the reference
+    solution, tokenized in the pieces :func:`kvlab.eval.gsm8k.gsm8k_answer_nll` uses."""
+    prefix = tokenizer(cot_prompt("", exemplars).rsplit("Q: ", 1)[0]).input_ids
+    body = (tokenizer(_question(problem), add_special_tokens=False).input_ids
+            + tokenizer(reference_solution(problem["answer"]), add_special_tokens=False).input_ids)
+    return torch.tensor([list(prefix) + list(body)])
+
+
+def matched_window(make: Callable[[int], Any], target: float, sequences: list[torch.Tensor], lo: int = 1,
+                   hi: int | None = None) -> int:
+    """Smallest window ``n`` whose pattern ``make(n)`` keeps on average over ``sequences`` at least ``target``
+    of the causal entries (the mean r.KV); ``hi`` (default: the longest sequence) when out of reach."""
+    if not sequences:
+        raise ValueError("sequences must hold at least one (1, T) id tensor")
+    hi = max(s.shape[-1] for s in sequences) if hi is None else hi
+
+    def mean_kept(n: int) -> float:
+        return sum(kv_ratio(make(n), s) for s in sequences) / len(sequences)
+
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if mean_kept(mid) < target:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+def matched_methods(separators, sequences: list[torch.Tensor], *, init: int = 3,
+                    neighbors: int = 256) -> dict[str, Any]:
+    """Vanilla, SepLLM (``neighbors``), StreamingLLM at the same ``neighbors`` and StreamingLLM with the window
+    that matches SepLLM's mean r.KV over ``sequences``: ``{name: pattern or None}``."""
+    sep = SepLLMPattern(separators, init, neighbors)
+    target = sum(kv_ratio(sep, s) for s in sequences) / len(sequences)
+    n = matched_window(lambda k: StreamingPattern(init, k), target, sequences)
+    return {"Vanilla": None, f"SepLLM (n={neighbors})": sep,
+            f"StrmLLM (n={neighbors})": StreamingPattern(init, neighbors),
+            f"StrmLLM (n={n}, r.KV matched)": StreamingPattern(init, n)}
+
+
+def _records(ids: list[str], method: str, metric: str, values: list, config: dict, **extra) -> list[dict]:
+    rows = []
+    for j, (example, value) in enumerate(zip(ids, values)):
+        row = {"example": example, "method": method, "metric": metric, "value": float(value), "config": config}
+        row.update({k: v[j] for k, v in extra.items()})
+        rows.append(row)
+    return rows
+
+
+def matched_gsm8k(model, tokenizer, selected: list[tuple[int, dict]], exemplars: list[dict], separators, *,
+                  init: int = 3, neighbors: int = 256, generate: int = 0, max_new_tokens: int = 256,
+                  progress: bool = False) -> dict[str, Any]:
+    """The answer-NLL proxy of every method of :func:`matched_methods` on ``selected`` problems, and greedy
+    generation (exact match) on the first ``generate`` of them for SepLLM and the matched window.
+
+    Returns ``{"methods": {name: {"neighbors", "mean_answer_nll", "mean_r_kv", ...}}, "pairs": [...],
+    "examples": [records]}``; ``pairs`` holds the paired bootstrap of SepLLM minus each other method (answer NLL:
+    below 0 = SepLLM better; exact match: above 0 = SepLLM better)."""
+    sequences = [problem_ids(tokenizer, p, exemplars) for _, p in selected]
+    methods = matched_methods(separators, sequences, init=init, neighbors=neighbors)
+    ids = [f"gsm8k-test-{i:04d}" for i, _ in selected]
+    problems = [p for _, p in selected]
+    config = {"init": init, "neighbors": neighbors, "problems": len(problems)}
+    out: dict[str, Any] = {"methods": {}, "pairs": [], "examples": []}
+    nll: dict[str, list[float]] = {}
+    for name, pattern in methods.items():
+        t0 = time.perf_counter()
+        r = gsm8k_answer_nll(model, tokenizer, problems, exemplars, pattern=pattern, name=name, progress=False)
+        nll[name] = r.answer_nll
+        out["methods"][name] = {"neighbors": getattr(pattern, "neighbors", None),
+                                "mean_answer_nll": r.mean_answer_nll, "mean_r_kv": r.mean_kv_ratio,
+                                "seconds": time.perf_counter() - t0}
+        out["examples"] += _records(ids, name, "answer_nll", r.answer_nll, config)
+        out["examples"] += _records(ids, name, "r_kv", r.kv_ratio, config)
+        if progress:
+            print(f"  {name:34s} answer NLL {r.mean_answer_nll:.4f}  r.KV {r.mean_kv_ratio:5.1f} %", flush=True)
+    sep_name = f"SepLLM (n={neighbors})"
+    for other in methods:
+        if other != sep_name:
+            d = paired_bootstrap(nll[sep_name], nll[other])
+            out["pairs"].append({"metric": "answer_nll", "a": sep_name, "b": other, "mean_diff": d.estimate,
+                                 "low": d.low, "high": d.high, "n": d.n})
+    if generate:
+        from kvlab.policies import StreamingLLM
+        from kvlab.sepllm.policy import SepLLM
+
+        matched = next(name for name in methods if "matched" in name)
+        policies = {sep_name: (methods[sep_name], SepLLM(init, neighbors, separators=separators)),
+                    matched: (methods[matched], StreamingLLM(sink=init, window=methods[matched].neighbors - 1,
+                                                             positions="original"))}
+        hits = {}
+        for name, (pattern, policy) in policies.items():
+            r = gsm8k_generate(model, tokenizer, problems[:generate], exemplars, pattern=pattern, policy=policy,
+                               max_new_tokens=max_new_tokens, name=name, progress=progress)
+            hits[name] = r.flexible
+            targets = [p["answer"].split("####")[-1].strip() for p in problems[:generate]]
+            gen_ids = ids[:generate]
+            out["examples"] += _records(gen_ids, name, "flexible_match", r.flexible, config, output=r.generations,
+                                        target=targets)
+            out["examples"] += _records(gen_ids, name, "strict_match", r.strict, config, output=r.generations,
+                                        target=targets)
+            out["examples"] += _records(gen_ids, name, "decode_r_kv", r.kv_ratio, config)
+            out["methods"][name].update(flexible=r.flexible_accuracy, strict=r.strict_accuracy,
+                                        decode_r_kv=r.mean_kv_ratio, generated=len(r.flexible))
+        d = paired_bootstrap([float(x) for x in hits[sep_name]], [float(x) for x in hits[matched]])
+        out["pairs"].append({"metric": "flexible_match", "a": sep_name, "b": matched, "mean_diff": d.estimate,
+                             "low": d.low, "high": d.high, "n": d.n})
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    import kvlab
+    from kvlab.sepllm.separators import separator_ids
+
+    ap = argparse.ArgumentParser(prog="python -m kvlab.sepllm.gsm8k", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--init", type=int, default=3, help="initial tokens a (Table 1: 3)")
+    ap.add_argument("--neighbors", type=int, default=256, help="SepLLM's window n (Table 1: 256)")
+    ap.add_argument("--min-tokens", type=int, default=0, help="keep problems with at least this many tokens of "
+                    "question + solution (0: 1.5 x neighbors, so the window binds)")
+    ap.add_argument("--problems", type=int, default=40, help="problems scored (the first long enough ones)")
+    ap.add_argument("--generate", type=int, default=0, help="also generate on the first N of them (exact match)")
+    ap.add_argument("--max-new-tokens", type=int, default=256)
+    ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--out", required=True, help="folder for gsm8k_matched_n<N>.json and .examples.jsonl")
+    args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
+    started = time.perf_counter()
+    model, tokenizer = kvlab.load_model(args.model, device=device)
+    problems, exemplars = load_gsm8k(None)
+    min_tokens = args.min_tokens or math.ceil(1.5 * args.neighbors)
+    selected = long_problems(tokenizer, problems, min_tokens, args.problems)
+    print(f"{len(selected)} problems with >= {min_tokens} tokens of question + solution; n = {args.neighbors}",
+          flush=True)
+    result = matched_gsm8k(model, tokenizer, selected, exemplars, separator_ids(tokenizer), init=args.init,
+                           neighbors=args.neighbors, generate=args.generate, max_new_tokens=args.max_new_tokens,
+                           progress=True)
+    os.makedirs(args.out, exist_ok=True)
+    stem = os.path.join(args.out, f"gsm8k_matched_n{args.neighbors}")
+    with open(stem + ".examples.jsonl", "w") as fh:
+        fh.writelines(json.dumps(r) + "\n" for r in result.pop("examples"))
+    result.update(model=args.model, device=device, init=args.init, neighbors=args.neighbors, min_tokens=min_tokens,
+                  problems=len(selected), generate=args.generate, max_new_tokens=args.max_new_tokens,
+                  command="python -m kvlab.sepllm.gsm8k " + " ".join(argv if argv is not None else sys.argv[1:]),
+                  seconds=time.perf_counter() - started)
+    with open(stem + ".json", "w") as fh:
+        json.dump(result, fh, indent=1)
+    for p in result["pairs"]:
+        print(f"  {p['a']} - {p['b']} ({p['metric']}): {p['mean_diff']:+.4f} [{p['low']:+.4f}, {p['high']:+.4f}] "
+              f"n={p['n']}")
+    print(f"wrote {stem}.json ({result['seconds']:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

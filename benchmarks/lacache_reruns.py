@@ -172,7 +172,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", required=True)
     p.add_argument("--scale", choices=sorted(SCALES), default="full")
     p.add_argument("--workers", type=int, default=10, help="worker processes (one model copy each)")
-    p.add_argument("--limit", type=float, default=540, help="seconds; units not started by then wait for a rerun")
+    p.add_argument("--limit", type=float, default=480, help="seconds; units not started by then wait for a rerun")
     p.add_argument("--summary-only", action="store_true")
     args = p.parse_args(argv)
     out = Path(args.out)

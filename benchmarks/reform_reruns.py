@@ -240,7 +240,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", required=True, help="run: the results folder; tasks: the inputs file")
     p.add_argument("--scale", choices=sorted(SCALES), default="full")
     p.add_argument("--workers", type=int, default=12, help="worker processes (one model copy each)")
-    p.add_argument("--limit", type=float, default=540, help="seconds; units not started by then wait for a rerun")
+    p.add_argument("--limit", type=float, default=480, help="seconds; units not started by then wait for a rerun")
     p.add_argument("--repo-file", default=str(REPO_FILE))
     args = p.parse_args(argv)
     if args.what == "summary":

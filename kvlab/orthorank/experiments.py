@@ -44,7 +44,7 @@ from kvlab.orthorank.api import after_sink, sink_profile
 from kvlab.orthorank.layers import Plan, layers_for_sparsity, perplexity, search_layers, text_windows, use_plan
 
 __all__ = ["standard_plans", "zero_shot", "mean_accuracy", "geometry", "model_study", "layer_token_table",
-           "table1_plans", "table3_plans", "document_windows", "window_nll", "paired_ppl_ratio", "TABLE1_PAIRS",
+           "table1_plans", "table3_plans", "document_windows", "window_nll", "paired_ppl_ratio", "TABLE1_PAIRS", "TABLE3_PAIRS",
            "table1_study", "main"]
 
 
@@ -192,6 +192,11 @@ def layer_token_table(model: torch.nn.Module, calib: torch.Tensor, evaluation: t
 TABLE1_PAIRS = (("OrthoRank 10%", "SLEB 10%"), ("OrthoRank 20%", "SLEB 20%"),
                 ("OrthoRank one-shot 10%", "Shortened LLaMA PPL 10%"),
                 ("OrthoRank one-shot 10%", "Shortened LLaMA Taylor+ 10%"))
+#: Table 3: the method (row 5) against each ablation row on the same layers; row 4 against its confounded variant.
+TABLE3_PAIRS = tuple(("T3 5 OrthoRank", row) for row in (
+    "T3 1 random", "T3 2 least orthogonal", "T3 3 raw states", "T3 4 no KV for unselected (sink K/V kept)",
+    "T3 4b no KV for unselected nor the sink")) + (
+    ("T3 4 no KV for unselected (sink K/V kept)", "T3 4b no KV for unselected nor the sink"),)
 
 
 def table1_plans(model: torch.nn.Module, calib: torch.Tensor, candidates: list[int], *, token_ratio: float = 0.33,
@@ -359,6 +364,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--documents", type=int, default=0, help="table1: at most this many documents (0: every one "
                     "with --doc-len tokens, in the corpus' order)")
     ap.add_argument("--table3", action="store_true", help="table1: also Table 3's rows on OrthoRank's 20%% layers")
+    ap.add_argument("--plans", default="", help="table1: evaluate only these plans (comma-separated names, e.g. "
+                    "'OrthoRank 20%%,T3 4 no KV for unselected (sink K/V kept)'); default every one")
     ap.add_argument("--examples", default="", help="table1: write the per-window records there (*.examples.jsonl)")
     ap.add_argument("--batch-size", type=int, default=4)
     ap.add_argument("--threads", type=int, default=0)
@@ -416,12 +423,19 @@ def main(argv: list[str] | None = None) -> int:
                                  batch_size=args.batch_size, progress=True)
         if args.table3:
             plans.update(table3_plans(plans["OrthoRank 20%"].routed, args.token_ratio))
+        if args.plans:
+            wanted = [p.strip() for p in args.plans.split(",") if p.strip()]
+            unknown = [p for p in wanted if p not in plans]
+            if unknown:
+                raise SystemExit(f"--plans: unknown {unknown}; the plans are {list(plans)}")
+            plans = {p: plans[p] for p in wanted}
         windows, names = document_windows(tokenizer, kvlab.datasets.load_documents("c4-sample"), args.doc_len,
                                           args.documents or None, bos=None)
         out.update(eval_documents=len(names), doc_len=args.doc_len)
         config = {"model": args.model, "doc_len": args.doc_len, "calib": args.calib,
                   "plans_from": args.layers or "search"}
-        study = table1_study(model, windows, names, plans, batch_size=args.batch_size, config=config, progress=True)
+        study = table1_study(model, windows, names, plans, batch_size=args.batch_size, config=config,
+                             pairs=TABLE1_PAIRS + TABLE3_PAIRS, progress=True)
         out["table"], out["pairs"] = study["table"], study["pairs"]
         for p in study["pairs"]:
             print(f"  {p['challenger']} / {p['baseline']}: ppl ratio {p['ratio']:.3f} "

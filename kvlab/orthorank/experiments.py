@@ -44,8 +44,8 @@ from kvlab.orthorank.api import after_sink, sink_profile
 from kvlab.orthorank.layers import Plan, layers_for_sparsity, perplexity, search_layers, text_windows, use_plan
 
 __all__ = ["standard_plans", "zero_shot", "mean_accuracy", "geometry", "model_study", "layer_token_table",
-    python -m kvlab.orthorank.experiments table1 --layers notebook11.json --table3 --out t1.json
-           "table1_study", "main"]
+           "table1_plans", "table3_plans", "document_windows", "window_nll", "paired_ppl_ratio", "TABLE1_PAIRS",
+           "TABLE3_PAIRS", "plans_from_results", "table1_study", "main"]
 
 
 def standard_plans(model: torch.nn.Module, calib: torch.Tensor, candidates: list[int], *,

@@ -1,0 +1,364 @@
+"""Build the kvlab book: the numbered notebooks as nbval executed them, the assignments' student versions, a page
+per paper and a results page from the claims ledger, as one HTML site (``bash scripts/book.sh``).
+
+    python book/build.py [--executed build/executed] [--lessons build/lessons] [--out build/book] [-j N]
+    # -> build/book/html/index.html
+
+Steps, each failing with a list of what is wrong:
+
+1. **Executed notebooks.** ``scripts/test.sh`` runs the notebooks once, through nbval, and the nbcheck plugin
+   saves each as executed (``KVLAB_EXECUTED_DIR=build/executed``). Every ``notebooks/NN_name.ipynb`` needs its copy
+   there: saved by nbval, every code cell passed (or skipped on purpose), no error output, the same cells as the
+   notebook in git (else the copy is stale), and at least one figure where the notebook draws one.
+2. **Student versions** of the assignments: ``python -m kvlab lessons make --out build/lessons`` when missing or
+   older than the master.
+3. **Sources** staged in ``OUT/src``: ``book/`` (index, paper pages, with the claims tables and any paper notes of
+   ``docs/papers/`` filled in), the notebooks, the lessons, and ``results.md`` generated from the ledger
+   (:mod:`kvlab.claims`).
+4. **Sphinx** (``-W --keep-going -n``): a broken cross-reference, a missing image or a document outside the table
+   of contents is an error. Nothing is executed (``nb_execution_mode = "off"`` in ``book/conf.py``).
+5. **The site checked as a browser would load it**: every local link and image of every page resolves to a file
+   (and a link's ``#anchor`` to an id in it), and every notebook page shows as many images as its executed copy
+   holds figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import html.parser
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+import urllib.parse
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+BOOK = ROOT / "book"
+NOTEBOOKS = ROOT / "notebooks"
+LESSONS = ROOT / "lessons"
+# A cell that draws: matplotlib calls or kvlab.viz helpers (all of which plot with matplotlib).
+DRAWS = re.compile(r"\bplt\.|\bviz\.[a-z_]+\(|\.plot\(|\.imshow\(")
+PLACEHOLDER = re.compile(r"\{\{ *(claims: *(?P<paper>[A-Za-z]+)|notes) *\}\}")
+
+
+class BookError(Exception):
+    """What stops the build: a list of problems, printed one per line."""
+
+    def __init__(self, title: str, problems: list[str]):
+        super().__init__(title + "\n" + "\n".join(f"  - {p}" for p in problems))
+
+
+# --- 1. executed notebooks --------------------------------------------------------------------------------------
+
+def _cells(nb) -> list[tuple[str, str]]:
+    """(type, source) of the cells a reader wrote: papermill's injected parameter cell left out."""
+    return [(c.cell_type, c.source) for c in nb.cells if "injected-parameters" not in c.metadata.get("tags", [])]
+
+
+def _images(nb) -> int:
+    return sum(1 for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
+               if o.get("output_type") in ("display_data", "execute_result") and
+               any(k.startswith("image/") for k in o.get("data", {})))
+
+
+def check_executed(executed: pathlib.Path, notebooks: list[pathlib.Path]) -> list[str]:
+    """Problems with the executed copies of ``notebooks`` in ``executed`` (empty: all good)."""
+    import nbformat
+
+    how = ("run the notebooks through nbval with KVLAB_EXECUTED_DIR set: `bash scripts/test.sh` does, or "
+           "`python scripts/notebooks.py prepare --out build/notebooks && KVLAB_EXECUTED_DIR=build/executed "
+           "python -m pytest build/notebooks --nbval-lax --nbval-current-env`")
+    problems = []
+    for source_path in notebooks:
+        path = executed / source_path.name
+        if not path.is_file():
+            problems.append(f"{source_path.name}: no executed copy at {path}; {how}")
+            continue
+        nb = nbformat.read(path, as_version=4)
+        if nb.metadata.get("kvlab", {}).get("executed_by") != "nbval":
+            problems.append(f"{path}: not saved by the nbval run (no metadata.kvlab.executed_by); {how}")
+            continue
+        source = nbformat.read(source_path, as_version=4)
+        if _cells(nb) != _cells(source):
+            problems.append(f"{path}: its cells differ from {source_path.relative_to(ROOT)} (a stale copy); {how}")
+        for i, cell in enumerate(c for c in nb.cells if c.cell_type == "code"):
+            status = cell.metadata.get("kvlab", {}).get("nbval", "not run")
+            errors = [o for o in cell.outputs if o.output_type == "error"]
+            if status not in ("passed", "skipped") or errors:
+                what = f"{errors[0].ename}: {errors[0].evalue}" if errors else f"nbval: {status}"
+                problems.append(f"{path.name}: code cell {i} did not run through ({what})")
+        if any(c.cell_type == "code" and DRAWS.search(c.source) for c in source.cells) and _images(nb) == 0:
+            problems.append(f"{path.name}: the notebook draws figures but its executed copy holds none (were the "
+                            "notebooks run with MPLBACKEND=Agg? the kernel needs matplotlib's inline backend)")
+    return problems
+
+
+# --- 2. student versions of the lessons -------------------------------------------------------------------------
+
+def student_versions(out: pathlib.Path) -> list[pathlib.Path]:
+    """The student notebook of every lesson, made with `python -m kvlab lessons make` where missing or stale."""
+    masters = sorted(LESSONS.glob("[0-9][0-9]_*.ipynb"))
+    wanted = {m: out / m.stem / "student" / m.name for m in masters}
+    stale = [m for m, s in wanted.items() if not s.is_file() or s.stat().st_mtime < m.stat().st_mtime]
+    if stale:
+        print(f"book: making the student versions of {len(stale)} lesson(s) into {out}", flush=True)
+        subprocess.run([sys.executable, "-m", "kvlab", "lessons", "make", "--out", str(out),
+                        *[m.stem for m in stale]], check=True, cwd=ROOT)
+    missing = [str(s) for s in wanted.values() if not s.is_file()]
+    if missing:
+        raise BookError("`kvlab lessons make` did not write these student versions:", missing)
+    return list(wanted.values())
+
+
+# --- 3. sources ---------------------------------------------------------------------------------------------------
+
+def _sync(src: pathlib.Path, dst: pathlib.Path) -> None:
+    """Copy when the content differs (keeping Sphinx's incremental build for unchanged pages)."""
+    if dst.is_file() and dst.read_bytes() == src.read_bytes():
+        return
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(src, dst)
+
+
+def _write(dst: pathlib.Path, text: str) -> None:
+    if dst.is_file() and dst.read_text(encoding="utf-8") == text:
+        return
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    dst.write_text(text, encoding="utf-8")
+
+
+def _code(text: str) -> str:
+    return f"`` {text} ``" if "`" in text else f"`{text}`"
+
+
+def _commands(rows: list[dict]) -> str:
+    lines = []
+    for r in rows:
+        if r.get("command"):
+            where = r.get("where") or r.get("results_file") or "tests"
+            lines.append(f"- {_code(r['id'])} ({where}): {_code(r['command'])}")
+    return "\n".join(lines)
+
+
+def claims_section(paper: str, commands: bool = True) -> str:
+    """One paper's rows of the ledger as kvlab.claims renders them, and (``commands``) the commands behind them."""
+    from kvlab import claims
+
+    rows = [r for r in claims.load() if r["paper"].lower() == paper.lower()]
+    if not rows:
+        raise BookError("the claims ledger has no rows for a paper page:", [f"{paper} (benchmarks/claims.csv)"])
+    text = str(claims.table(paper))
+    if commands and _commands(rows):
+        text += "\n\nThe command behind each row (from `benchmarks/claims.csv`):\n\n" + _commands(rows)
+    elif not commands:
+        text += (f"\n\nThe command behind each row, and the other papers: [results](../results.md#{_slug(paper)}).")
+    return text
+
+
+def results_page() -> str:
+    """The results page: the verdict rule, the counts per paper, then every paper's rows of the ledger."""
+    from kvlab import claims
+
+    rows = claims.load()
+    counts = claims.counts(rows)
+    buckets = ["agrees", "does not agree", "inconclusive", "not run"]
+    out = ["# Results: where each paper's claims hold at our scale", "",
+           "Generated from the claims ledger `benchmarks/claims.csv` by `kvlab.claims` (`python -m kvlab claims` "
+           "recomputes it): one row per claim of a paper that kvlab tests, mostly on SmolLM2-135M. A "
+           "statistical row is a paired difference `A - B` over the same examples, with a 95 % paired-bootstrap "
+           "interval; it **agrees** when the interval excludes 0 on the paper's side, **does not agree** when it "
+           "excludes 0 on the other side, and is **inconclusive** otherwise (also with fewer than 20 pairs). "
+           "*exact* rows are identities checked by the named tests; *summary* rows hold only a committed mean.", "",
+           "| paper | " + " | ".join(buckets) + " |", "|---|" + "---|" * len(buckets)]
+    for paper, c in counts.items():
+        out.append(f"| [{paper}](#{_slug(paper)}) | " + " | ".join(str(c.get(b, 0)) for b in buckets) + " |")
+    for paper in counts:
+        out += ["", f"## {paper}", ""]
+        page = BOOK / "papers" / f"{paper.lower()}.md"
+        if page.is_file():
+            out += [f"The method, its notebooks and assignment: [{paper}](papers/{paper.lower()}.md).", ""]
+        out.append(claims_section(paper))
+    return "\n".join(out) + "\n"
+
+
+def _slug(title: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", title.lower()).strip("-")
+
+
+def _paper_notes(name: str, src: pathlib.Path) -> str:
+    """Links to kvlab's own notes on the paper (``docs/papers/*name*.md``), copied into the book."""
+    notes = sorted((ROOT / "docs" / "papers").glob(f"*{name}*.md")) if (ROOT / "docs" / "papers").is_dir() else []
+    links = []
+    for note in notes:
+        _sync(note, src / "papers" / "notes" / note.name)
+        links.append(f"- [](notes/{note.stem}.md)")
+    return ("**kvlab's notes on the paper.**\n\n" + "\n".join(links)) if links else ""
+
+
+def stage(src: pathlib.Path, executed: pathlib.Path, notebooks: list[pathlib.Path],
+          students: list[pathlib.Path]) -> None:
+    """Write the book's sources into ``src`` (only what changed, so Sphinx rebuilds only those pages)."""
+    keep = set()
+    _write(src / "index.md", (BOOK / "index.md").read_text(encoding="utf-8"))
+    keep.add(src / "index.md")
+    for page in sorted((BOOK / "papers").glob("*.md")):
+        def fill(m: re.Match) -> str:
+            return claims_section(m["paper"], commands=False) if m["paper"] else _paper_notes(page.stem, src)
+
+        _write(src / "papers" / page.name, PLACEHOLDER.sub(fill, page.read_text(encoding="utf-8")))
+        keep.add(src / "papers" / page.name)
+    keep |= set((src / "papers" / "notes").glob("*.md"))
+    _write(src / "results.md", results_page())
+    keep.add(src / "results.md")
+    for nb in notebooks:
+        _sync(executed / nb.name, src / "notebooks" / nb.name)
+        keep.add(src / "notebooks" / nb.name)
+    for student in students:
+        _sync(student, src / "lessons" / student.name)
+        keep.add(src / "lessons" / student.name)
+    for old in src.rglob("*"):  # a page removed from the course leaves the book too
+        if old.is_file() and old not in keep:
+            old.unlink()
+
+
+# --- 4. sphinx ----------------------------------------------------------------------------------------------------
+
+def sphinx(src: pathlib.Path, out: pathlib.Path, jobs: str) -> None:
+    html = out / "html"
+    doctrees = out / "doctrees"
+    cmd = [sys.executable, "-m", "sphinx", "-b", "html", "-W", "--keep-going", "-n", "-q", "-j", jobs,
+           "-c", str(BOOK), "-d", str(doctrees), str(src), str(html)]
+    print("book: " + " ".join(cmd[2:]), flush=True)
+    if subprocess.run(cmd, cwd=ROOT).returncode != 0:
+        # Sphinx reads a page again only when it changed: forget what it read, so that the next build reports
+        # the same warnings instead of passing on an unchanged page.
+        shutil.rmtree(doctrees, ignore_errors=True)
+        raise BookError("sphinx-build failed (warnings are errors: see the lines above)", [])
+
+
+# --- 5. the built site --------------------------------------------------------------------------------------------
+
+class _Page(html.parser.HTMLParser):
+    """The links, sources, ids of one page, and how many images sit inside notebook cell outputs."""
+
+    VOID = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source", "track", "wbr"}
+
+    def __init__(self):
+        super().__init__()
+        self.urls: list[str] = []
+        self.ids: set[str] = set()
+        self.output_images = 0
+        self._depth = 0
+        self._output_depth: list[int] = []  # depths of the open myst-nb ``cell_output`` blocks
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if a.get("id"):
+            self.ids.add(a["id"])
+        for key in ("href", "src"):
+            if a.get(key) and tag in ("a", "img", "script", "link", "iframe", "source"):
+                self.urls.append(a[key])
+        if tag == "img" and self._output_depth:
+            self.output_images += 1
+        if tag in self.VOID:
+            return
+        self._depth += 1
+        if tag == "div" and "cell_output" in (a.get("class") or "").split():
+            self._output_depth.append(self._depth)
+
+    def handle_endtag(self, tag):
+        if tag in self.VOID:
+            return
+        if self._output_depth and self._output_depth[-1] == self._depth:
+            self._output_depth.pop()
+        self._depth -= 1
+
+
+def _local(url: str) -> bool:
+    parts = urllib.parse.urlsplit(url)
+    return not parts.scheme and not parts.netloc and not url.startswith("//")
+
+
+def check_site(html: pathlib.Path, executed: pathlib.Path, notebooks: list[pathlib.Path]) -> list[str]:
+    """Every local link, script, stylesheet and image of every page resolves; notebook pages keep their figures."""
+    import nbformat
+
+    html = html.resolve()
+    problems = []
+    # Theme templates under _static are not pages.
+    pages = {p: _parse(p) for p in html.rglob("*.html") if "_static" not in p.relative_to(html).parts}
+    for page, parsed in pages.items():
+        for url in parsed.urls:
+            if not _local(url) or url.startswith(("mailto:", "javascript:", "data:")):
+                continue
+            parts = urllib.parse.urlsplit(url)
+            path, anchor = parts.path, parts.fragment
+            target = (page.parent / urllib.parse.unquote(path)).resolve() if path else page
+            if target.is_dir():
+                target = target / "index.html"
+            rel = page.relative_to(html)
+            if not target.is_file():
+                problems.append(f"{rel}: broken link {url}")
+            elif anchor and target.suffix == ".html":
+                ids = pages[target].ids if target in pages else _parse(target).ids
+                if urllib.parse.unquote(anchor) not in ids:
+                    problems.append(f"{rel}: link {url} names an anchor that {target.name} does not have")
+    for nb_path in notebooks:
+        page = html / "notebooks" / (nb_path.stem + ".html")
+        if not page.is_file():
+            problems.append(f"no page for {nb_path.name} ({page})")
+            continue
+        want = _images(nbformat.read(executed / nb_path.name, as_version=4))
+        found = pages[page].output_images
+        if found < want:
+            problems.append(f"{page.relative_to(html)}: {found} figures rendered, the executed notebook has {want}")
+    return problems
+
+
+def _parse(page: pathlib.Path) -> _Page:
+    parsed = _Page()
+    parsed.feed(page.read_text(encoding="utf-8"))
+    return parsed
+
+
+# --- main -------------------------------------------------------------------------------------------------------
+
+def build(executed: pathlib.Path, lessons_out: pathlib.Path, out: pathlib.Path, jobs: str = "auto") -> pathlib.Path:
+    notebooks = sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
+    problems = check_executed(executed, notebooks)
+    if problems:
+        raise BookError(f"the executed notebooks in {executed} cannot make the book:", problems)
+    students = student_versions(lessons_out)
+    stage(out / "src", executed, notebooks, students)
+    sphinx(out / "src", out, jobs)
+    problems = check_site(out / "html", executed, notebooks)
+    if problems:
+        raise BookError(f"the built book in {out / 'html'} has broken pieces:", problems)
+    index = out / "html" / "index.html"
+    print(f"book: {index}")
+    return index
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--executed", type=pathlib.Path, default=ROOT / "build" / "executed",
+                   help="the notebooks as nbval executed them (default: build/executed)")
+    p.add_argument("--lessons", type=pathlib.Path, default=ROOT / "build" / "lessons",
+                   help="where `kvlab lessons make` writes the student versions (default: build/lessons)")
+    p.add_argument("--out", type=pathlib.Path, default=ROOT / "build" / "book",
+                   help="the book's sources, doctrees and html (default: build/book)")
+    p.add_argument("-j", "--jobs", default=os.environ.get("KVLAB_BOOK_JOBS", "auto"),
+                   help="sphinx-build processes (default: auto, one per core)")
+    args = p.parse_args(argv)
+    try:
+        build(args.executed.resolve(), args.lessons.resolve(), args.out.resolve(), args.jobs)
+    except BookError as err:
+        print(f"book: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -36,7 +36,8 @@ import torch
 from kvlab.core import AttentionCall, AttentionPattern, attend, check_choice, check_int, use_pattern
 
 __all__ = ["QKRecorder", "record_qk", "pattern_perplexity", "position_nll", "needle_under_patterns",
-           "question_tail_tokens", "needle_records", "records_grid", "write_examples", "read_examples",
+           "question_tail_tokens", "needle_records", "needle_methods", "records_grid", "write_examples",
+           "read_examples", "main",
            "QA_TASKS", "QAItem", "qa_items", "qa_f1", "qa_under_patterns",
            "peak_bytes", "prefill_cost", "decode_cost", "random_model", "MODEL_SHAPES"]
 
@@ -148,7 +149,7 @@ def _rotated_haystack(text: str, trial: int, trials: int) -> str:
 
 def needle_records(model, tokenizer, methods: dict, layers, lengths, depths, *, trials: int = 1,
                    max_new_tokens: int = 32, model_name: str = "", haystack: str | None = None,
-                   progress: bool = False) -> list[dict]:
+                   progress: bool = False, sink=None) -> list[dict]:
     """Needle-in-a-haystack (Fig. 2/6), one record per (prompt, method) for the claims ledger.
 
     Prompts: :func:`kvlab.datasets.niah_prompt` for every length x depth x trial; trial ``t`` starts the Paul
@@ -160,7 +161,8 @@ def needle_records(model, tokenizer, methods: dict, layers, lengths, depths, *, 
 
     Returns records ``{"example", "method", "metric", "value", "output", "target", "config"}``: metric
     ``"needle_recall"`` (share of the needle's words in the answer, kvlab's needle score) and ``"answer_nll"``
-    (nats per answer token), ``example`` = ``"niah/<model>/L<length>/d<depth>/t<trial>"``.
+    (nats per answer token), ``example`` = ``"niah/<model>/L<length>/d<depth>/t<trial>"``. ``sink(records)``,
+    if given, receives each prompt's records as they are made (a long run keeps what it finished).
     """
     from kvlab import datasets
     from kvlab.baselines import Full
@@ -187,6 +189,8 @@ def needle_records(model, tokenizer, methods: dict, layers, lengths, depths, *, 
             for metric, value in (("needle_recall", _needle_score(said, p.answer)), ("answer_nll", nll)):
                 records.append({"example": example, "method": name, "metric": metric, "value": float(value),
                                 "output": said, "target": p.answer, "config": config})
+        if sink is not None:
+            sink(records[-2 * len(methods):])
         if progress:
             print(f"[{i + 1}/{len(cells)}] {example}: " + ", ".join(
                 f"{r['method']} {r['value']:.2f}" for r in records[-2 * len(methods)::2]), flush=True)
@@ -389,19 +393,25 @@ def qa_under_patterns(model, tokenizer, patterns: dict, layers, items: list[QAIt
 # ================================================================================================
 # Cost: prefill latency / peak memory (Tables 2-3), decode latency / memory per token (Fig. 7-10)
 # ================================================================================================
-MODEL_SHAPES = {  # random-weight Gemma3 text models of the released shapes (config.json), and a tiny one
+MODEL_SHAPES = {  # random-weight Gemma3 text models of the released shapes (config.json), and tiny ones;
+    # "gemma2-2b-global": Gemma2-2b's dimensions with every layer global (the paper's Gemma2 setting, where DHSA runs
+    # in every layer; Gemma2's own local layers alternate with global ones), built as a Gemma3 text model
     "gemma3-270m": dict(hidden_size=640, intermediate_size=2048, num_hidden_layers=18, num_attention_heads=4,
                         num_key_value_heads=1, head_dim=256, sliding_window=512),
     "gemma3-1b": dict(hidden_size=1152, intermediate_size=6912, num_hidden_layers=26, num_attention_heads=4,
                       num_key_value_heads=1, head_dim=256, sliding_window=512),
+    "gemma2-2b-global": dict(hidden_size=2304, intermediate_size=9216, num_hidden_layers=26, num_attention_heads=8,
+                             num_key_value_heads=4, head_dim=256, sliding_window=4096, global_every=1),
     "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=6, num_attention_heads=4,
                  num_key_value_heads=1, head_dim=16, sliding_window=32),
+    "tiny-global": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
+                        num_key_value_heads=2, head_dim=16, sliding_window=32, global_every=1),
 }
 
 
 def random_model(shape: str, *, attn_implementation: str = "sdpa", device=None, dtype=None, seed: int = 0):
     """A Gemma3 text model of ``shape`` (:data:`MODEL_SHAPES`; local layers with global every sixth, as
-    Gemma3) with random weights, kvlab attached, in eval mode; ``attn_implementation`` ``"sdpa" | "eager"``
+    Gemma3, or every layer global where the shape says ``global_every=1``) with random weights, kvlab attached, in eval mode; ``attn_implementation`` ``"sdpa" | "eager"``
     is what dense attention runs."""
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
@@ -409,9 +419,10 @@ def random_model(shape: str, *, attn_implementation: str = "sdpa", device=None, 
 
     check_choice("shape", shape, tuple(MODEL_SHAPES))
     check_choice("attn_implementation", attn_implementation, ("sdpa", "eager"))
-    dims = MODEL_SHAPES[shape]
-    layers = ["full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(dims["num_hidden_layers"])]
-    cfg = Gemma3TextConfig(vocab_size=32000 if shape != "tiny" else 96, max_position_embeddings=131072,
+    dims = dict(MODEL_SHAPES[shape])
+    every = dims.pop("global_every", 6)
+    layers = ["full_attention" if (i + 1) % every == 0 else "sliding_attention" for i in range(dims["num_hidden_layers"])]
+    cfg = Gemma3TextConfig(vocab_size=96 if shape.startswith("tiny") else 32000, max_position_embeddings=131072,
                            layer_types=layers, **dims)
     cfg._attn_implementation = attn_implementation
     torch.manual_seed(seed)
@@ -515,3 +526,105 @@ def decode_cost(model, ids: torch.Tensor, policy, pattern=None, layers=None, *, 
             if cuda:
                 out["peak_bytes"].append(torch.cuda.max_memory_allocated(device) - base)
     return out
+
+
+# ================================================================================================
+# Command line: the needle grid under both protocols, per-example records
+# ================================================================================================
+def needle_methods(budgets, *, predictor=None, chunk_size: int = 16, initial: int = 4, authors_initial: int = 4,
+                   authors_local: int = 0, protocols=("app_a", "authors"), baselines=("dense", "block-sparse"),
+                   backend: str = "auto") -> dict:
+    """The methods of the needle grid: dense, block-sparse (fixed chunks, mean) and DHSA under each protocol
+    (``"app_a"``: the text, :class:`~kvlab.dhsa.pattern.DHSAPattern`'s default; ``"authors"``:
+    :func:`~kvlab.dhsa.pattern.authors_pattern`) at each budget. DHSA uses ``predictor``'s chunks (the
+    oracle's when None); dynamic chunks are cut at ``min(2 chunk_size, room)``."""
+    from .pattern import DHSAPattern, authors_pattern, block_sparse_pattern
+
+    out = {"dense": None} if "dense" in baselines else {}
+    chunking = "predictor" if predictor is not None else "oracle"
+    for nb in budgets:
+        if "block-sparse" in baselines:
+            out[f"block-sparse {nb}"] = block_sparse_pattern(nb, chunk_size, initial=initial, backend=backend)
+        for proto in protocols:
+            ini, loc = (initial, 0) if proto == "app_a" else (authors_initial, authors_local)
+            kw = dict(chunking=chunking, predictor=predictor, chunk_size=chunk_size, initial=ini, local=loc,
+                      max_len=max(1, min(2 * chunk_size, nb - ini - loc)), backend=backend)
+            if proto == "app_a":
+                out[f"DHSA app_a {nb}"] = DHSAPattern(nb, name=f"DHSA app_a {nb}", **kw)
+            elif proto == "authors":
+                out[f"DHSA authors {nb}"] = authors_pattern(nb, name=f"DHSA authors {nb}", **kw)
+            else:
+                raise ValueError(f"protocols are 'app_a' and 'authors', got {proto!r}")
+    return out
+
+
+def main(argv=None) -> int:
+    import argparse
+    import json
+    import sys
+    from pathlib import Path
+
+    ap = argparse.ArgumentParser(
+        prog="python -m kvlab.dhsa.experiments",
+        description="needle: the Fig. 2/6 needle grid with dense, block-sparse and DHSA under the text's protocol "
+                    "(App. A: sparse question, sparse decode) and the authors' (dense question tail, dense decode, "
+                    "shared boundaries); writes one record per (prompt, method) to OUT (*.examples.jsonl) as it goes.")
+    ap.add_argument("what", choices=["needle"])
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--predictor", default="shipped", help="'shipped', a predictor file, or 'oracle'")
+    ap.add_argument("--lengths", default="4096")
+    ap.add_argument("--depths", default="0.0,0.25,0.5,0.75,1.0")
+    ap.add_argument("--trials", type=int, default=20, help="haystacks per (length, depth) cell")
+    ap.add_argument("--budgets", default="128")
+    ap.add_argument("--chunk-size", type=int, default=16)
+    ap.add_argument("--initial", type=int, default=4)
+    ap.add_argument("--authors-initial", type=int, default=4, help="authors' protocol: initial keys (their code: 128)")
+    ap.add_argument("--authors-local", type=int, default=0, help="authors' protocol: recent keys (their code: 128)")
+    ap.add_argument("--protocols", default="app_a,authors")
+    ap.add_argument("--baselines", default="dense,block-sparse")
+    ap.add_argument("--max-new-tokens", type=int, default=16)
+    ap.add_argument("--device", default=None)
+    ap.add_argument("--backend", default="auto", help="prefill backend: auto (Triton on CUDA), torch, triton")
+    ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--out", required=True, help="output file, *.examples.jsonl")
+    args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    import kvlab
+
+    from .pattern import dhsa_layers
+    from .training import load_predictor, shipped_predictor
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    model, tok = kvlab.load_model(args.model, device=device, dtype=torch.float32)
+    pred = None
+    if args.predictor == "shipped":
+        pred = shipped_predictor(args.model, device)[0]
+    elif args.predictor != "oracle":
+        pred = load_predictor(args.predictor, device)[0]
+    methods = needle_methods([int(x) for x in args.budgets.split(",")], predictor=pred, chunk_size=args.chunk_size,
+                             initial=args.initial, authors_initial=args.authors_initial,
+                             authors_local=args.authors_local, protocols=args.protocols.split(","),
+                             baselines=args.baselines.split(","), backend=args.backend)
+    out = Path(args.out)
+    write_examples(out, [])
+    t0 = time.perf_counter()
+
+    def sink(recs):
+        with out.open("a") as f:
+            for r in recs:
+                f.write(json.dumps(r | {"config": r["config"] | {"command": " ".join(sys.argv)}}) + "\n")
+
+    needle_records(model, tok, methods, dhsa_layers(model), [int(x) for x in args.lengths.split(",")],
+                   [float(x) for x in args.depths.split(",")], trials=args.trials, max_new_tokens=args.max_new_tokens,
+                   model_name=args.model, progress=True, sink=sink)
+    recs = read_examples(out)
+    print(f"{len(recs)} records in {time.perf_counter() - t0:.0f} s -> {out}")
+    for name in methods:
+        v = [r["value"] for r in recs if r["method"] == name and r["metric"] == "needle_recall"]
+        print(f"  {name:22s} needle recall {statistics.mean(v):.3f} over {len(v)} prompts")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

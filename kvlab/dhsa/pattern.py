@@ -127,7 +127,8 @@ class DHSAPattern(AttentionPattern):
         budget: ``N_b`` keys per query (initial and diagonal included); None = dense.
         chunking: ``"fixed" | "oracle" | "predictor"`` (module docstring).
         chunk_size: fixed chunk length; for the dynamic chunkings it sets the default ``max_chunks``.
-        predictor: a trained :class:`~kvlab.dhsa.reference.BoundaryPredictor` (``chunking="predictor"``).
+        predictor: a trained :class:`~kvlab.dhsa.reference.BoundaryPredictor` (``chunking="predictor"``), or
+            ``torch.compile`` of one (the fast path; it runs in its own dtype, e.g. bf16 on a GPU).
         max_chunks: ``N_c``; default ``8 * ceil(seq / chunk_size)`` (the authors' code: ``chunk_beta = 8``
             times the number of fixed blocks, so that NMS, not ``N_c``, sets the chunk lengths).
         threshold: boundary threshold: on the ratio for the oracle (code: 1.1), on the probability
@@ -188,7 +189,8 @@ class DHSAPattern(AttentionPattern):
         _pos_int("window", window)
         if max_chunks is not None:
             _pos_int("max_chunks", max_chunks)
-        if chunking.startswith("predictor") and not isinstance(predictor, BoundaryPredictor):
+        if chunking.startswith("predictor") and not isinstance(getattr(predictor, "_orig_mod", predictor),
+                                                               BoundaryPredictor):
             raise ValueError(f"chunking={chunking!r} needs predictor=BoundaryPredictor(...) (train one with "
                              "kvlab.dhsa.training, or load one with kvlab.dhsa.training.load_predictor / "
                              "shipped_predictor)")

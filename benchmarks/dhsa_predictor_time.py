@@ -1,0 +1,148 @@
+"""DHSA's boundary predictor as a fast path: its time against dense SDPA attention of one layer, in one run.
+
+Issue 24's target: the learned chunking (predictor + NMS, run once per forward) costs <= 10 % of one layer's dense
+SDPA attention at 32k tokens. Measured here, per layer shape (bf16 q/k/v, random; the predictor at the paper's size,
+window 4, 8 heads, hidden 256, random weights, input = the layer's keys, ``kv_heads * head_dim`` channels):
+
+* ``sdpa_ms``: causal SDPA of one layer (``enable_gqa``), the reference;
+* ``pred_fp32_ms`` / ``pred_bf16_ms``: the predictor alone, eager, in float32 / bfloat16;
+* ``pred_compiled_ms``: ``torch.compile(predictor)`` in bfloat16 (the fast path);
+* ``nms_ms``: threshold + NMS + chunk cap + cuts (:func:`kvlab.dhsa.reference.nms_boundaries`), on the GPU;
+* ``chunking_ms``: :func:`kvlab.dhsa.reference.predict_boundaries` with the compiled bf16 predictor: all of it;
+* ``share``: ``chunking_ms / sdpa_ms`` (target <= 0.10), and ``chunks`` / ``mean_len`` of the result.
+
+Shapes: ``gemma2-2b`` (8 heads, 4 KV heads, dim 256: 1024 predictor channels), ``gemma3-270m`` (4 / 1 / 256:
+256 channels), ``ops`` (32 / 32 / 128: the kernel benchmark's shape, 4096 channels: an upper bound).
+
+    python benchmarks/dhsa_predictor_time.py --out OUT/dhsa_predictor          # GPU, ~1-2 min (compiles)
+    python benchmarks/dhsa_predictor_time.py --out /tmp/x --seq 256 --shapes tiny   # CPU smoke test
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere without installing kvlab
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from kvlab.dhsa.reference import (BoundaryPredictor, key_features, label_valid, nms_boundaries,  # noqa: E402
+                                  predict_boundaries, split_long_chunks)
+
+SHAPES = {"gemma2-2b": (8, 4, 256), "gemma3-270m": (4, 1, 256), "ops": (32, 32, 128), "tiny": (4, 2, 16)}
+
+
+def timed(fn, device, reps: int = 10) -> float:
+    """Median milliseconds of ``fn()`` after two warm-up calls (CUDA events on a GPU, wall clock on a CPU)."""
+    fn()
+    fn()
+    times = []
+    for _ in range(reps):
+        if device.type == "cuda":
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def run_shape(name: str, n: int, device, args) -> dict:
+    h, hk, d = SHAPES[name]
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    g = torch.Generator(device=device).manual_seed(0)
+    q = torch.randn(1, h, n, d, device=device, dtype=dtype, generator=g)
+    k = torch.randn(1, hk, n, d, device=device, dtype=dtype, generator=g)
+    v = torch.randn(1, hk, n, d, device=device, dtype=dtype, generator=g)
+    row = {"shape": name, "seq": n, "heads": h, "kv_heads": hk, "dim": d, "channels": hk * d}
+    with torch.no_grad():
+        row["sdpa_ms"] = timed(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=hk != h),
+                               device)
+        torch.manual_seed(0)
+        heads = 8 if (hk * d) % 8 == 0 else 1
+        pred = BoundaryPredictor(hk * d, window=4, heads=heads, hidden=args.hidden).to(device).eval()
+        x32 = key_features(k).float()
+        row["pred_fp32_ms"] = timed(lambda: pred(x32), device)
+        pred16 = BoundaryPredictor(hk * d, window=4, heads=heads, hidden=args.hidden).to(device, dtype).eval()
+        pred16.load_state_dict(pred.state_dict())
+        x16 = key_features(k)
+        row["pred_bf16_ms"] = timed(lambda: pred16(x16), device)
+        fast = pred16
+        if not args.no_compile:
+            try:
+                fast = torch.compile(pred16, dynamic=False)
+                t0 = time.perf_counter()
+                fast(x16)
+                row["compile_s"] = time.perf_counter() - t0
+                row["pred_compiled_ms"] = timed(lambda: fast(x16), device)
+            except Exception as exc:  # a machine without a compiler: report it, time the eager path
+                row["compile_error"] = f"{type(exc).__name__}: {exc}"[:200]
+                fast = pred16
+        p = torch.sigmoid(fast(x16).float())
+        valid = label_valid(n, 4, device)
+        max_chunks = max(2, n // args.min_mean_len)
+        row["nms_ms"] = timed(lambda: [split_long_chunks(b, args.max_len) for b in nms_boundaries(
+            p, max_chunks=max_chunks, threshold=args.threshold, nms_window=args.nms_window, valid=valid)], device)
+        call = lambda: predict_boundaries(fast, k, max_chunks=max_chunks, threshold=args.threshold,  # noqa: E731
+                                          nms_window=args.nms_window, max_len=args.max_len)
+        row["chunking_ms"] = timed(call, device)
+        bd = call()[0]
+        row["chunks"] = int(bd.numel() - 1)
+        row["mean_len"] = n / row["chunks"]
+        row["share"] = row["chunking_ms"] / row["sdpa_ms"]
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True, help="folder for dhsa_predictor_time.json / .md")
+    ap.add_argument("--seq", type=int, default=32768)
+    ap.add_argument("--shapes", default="gemma2-2b,gemma3-270m,ops")
+    ap.add_argument("--hidden", type=int, default=256, help="predictor MLP hidden size (paper: 256)")
+    ap.add_argument("--threshold", type=float, default=0.5)
+    ap.add_argument("--nms-window", type=int, default=8)
+    ap.add_argument("--max-len", type=int, default=128, help="longest chunk (cut)")
+    ap.add_argument("--min-mean-len", type=int, default=32, help="N_c = seq // this (the cap on chunks)")
+    ap.add_argument("--no-compile", action="store_true")
+    args = ap.parse_args(argv)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    info = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "torch": torch.__version__,
+            "date": time.strftime("%Y-%m-%d %H:%M:%S"), "command": " ".join(sys.argv)}
+    print(json.dumps(info), flush=True)
+    rows = []
+    for name in args.shapes.split(","):
+        try:
+            rows.append(run_shape(name, args.seq, device, args))
+        except torch.OutOfMemoryError:
+            rows.append({"shape": name, "seq": args.seq, "error": "OOM"})
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "dhsa_predictor_time.json").write_text(json.dumps({"info": info, "rows": rows}, indent=1))
+    cols = ["shape", "seq", "channels", "sdpa_ms", "pred_fp32_ms", "pred_bf16_ms", "pred_compiled_ms", "nms_ms",
+            "chunking_ms", "share", "chunks", "mean_len"]
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for r in rows:
+        lines.append("| " + " | ".join(f"{r[c]:.3f}" if isinstance(r.get(c), float) else str(r.get(c, "-"))
+                                        for c in cols) + " |")
+    table = "\n".join(lines)
+    (out / "dhsa_predictor_time.md").write_text(f"{info['device']} ({info['date']})\n\n`{info['command']}`\n\n"
+                                                f"{table}\n")
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,155 @@
+"""DHSA end to end in the paper's setup (Tables 2-3): one prefill, dense SDPA vs DHSA in every global layer.
+
+Issue 24: the earlier comparison (benchmarks/results/dhsa/dhsa_prefill_gemma3-270m.*) used fixed 64-token chunks, no
+predictor, DHSA in 1 of 6 layers, and timed the predictor once per layer. Here, per model shape and length:
+
+* ``sdpa``: the model's own attention (PyTorch SDPA) in every layer;
+* ``dhsa-fixed``: DHSA (Triton kernel) with fixed ``--chunk`` chunks, per-layer selection (the old setup's kernel);
+* ``dhsa-pred``: the paper's setup: chunks from the boundary predictor (paper size, random weights, bf16,
+  ``torch.compile``), predicted **once per forward** on the first DHSA layer's keys and shared by all layers;
+  ``--initial`` first and ``--local`` recent keys always kept (the authors' 128 + 128); selection per layer;
+* ``dhsa-pred-shared``: the same with one kept set for all layers (``share_selection``).
+
+Reported: prefill ms (median of ``--repeats`` after a warm-up), peak memory above the weights, and, from a separate
+profiled run (CUDA events around each phase of the DHSA layers), the time in chunking (predictor + NMS) /
+selection (chunk ranking, lists) / attention (the kernel), with their share of the prefill. Shapes:
+``gemma2-2b-global`` (Gemma2-2b's dimensions, every layer global: DHSA in all 26 layers) and ``gemma3-270m``
+(Gemma3's layout: DHSA in its 3 global layers, SDPA in the 15 local ones). Random weights (the GPU machine holds
+no model assets; the predictor is random too, so the chunks are a stand-in: ``--max-chunks-per`` caps their count
+at ``seq / 64`` so that dynamic and fixed chunks have the same number).
+
+    python benchmarks/dhsa_prefill_e2e.py --out OUT/dhsa_e2e                            # H200: ~2-4 min
+    python benchmarks/dhsa_prefill_e2e.py --out /tmp/x --shapes tiny-global --seqs 256 --budget 64 --initial 4 \\
+        --local 4 --chunk 16 --max-len 16 --repeats 1                                 # CPU smoke test (torch backend)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere without installing kvlab
+
+import torch  # noqa: E402
+
+from kvlab.core import use_pattern  # noqa: E402
+from kvlab.dhsa.experiments import prefill_cost, random_model  # noqa: E402
+from kvlab.dhsa.pattern import DHSAPattern, dhsa_layers  # noqa: E402
+from kvlab.dhsa.reference import BoundaryPredictor  # noqa: E402
+
+
+def make_patterns(model, n, args, device):
+    cfg = model.config
+    channels = cfg.num_key_value_heads * cfg.head_dim
+    torch.manual_seed(0)
+    pred = BoundaryPredictor(channels, window=4, heads=8 if channels % 8 == 0 else 1, hidden=args.hidden)
+    pred = pred.to(device, torch.bfloat16 if device.type == "cuda" else torch.float32).eval()
+    if device.type == "cuda" and not args.no_compile:
+        pred = torch.compile(pred, dynamic=False)
+    backend = "triton" if device.type == "cuda" else "torch"
+    common = dict(initial=args.initial, backend=backend)
+    dyn = dict(chunking="predictor", predictor=pred, chunk_size=args.chunk, max_chunks=max(2, n // args.max_chunks_per),
+               max_len=args.max_len, nms_window=args.nms_window, local=args.local, share_boundaries=True, **common)
+    return {
+        "dhsa-fixed": lambda prof: DHSAPattern(args.budget, chunking="fixed", chunk_size=args.chunk, profile=prof,
+                                               **common),
+        "dhsa-pred": lambda prof: DHSAPattern(args.budget, profile=prof, **dyn),
+        "dhsa-pred-shared": lambda prof: DHSAPattern(args.budget, share_selection=True, profile=prof, **dyn),
+    }
+
+
+def profiled(model, ids, pattern, layers, device) -> dict:
+    """One prefill with the pattern's phase timer on: ms per phase and the chunks of the first DHSA layer."""
+    with torch.no_grad(), use_pattern(model, pattern, layers):
+        model(input_ids=ids, use_cache=False, logits_to_keep=1)  # warm (compiles)
+        pattern.timings(reset=True)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        model(input_ids=ids, use_cache=False, logits_to_keep=1)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        total = (time.perf_counter() - t0) * 1e3
+    t = pattern.timings()
+    bd = pattern.boundaries[layers[0]][0]
+    return {"profiled_ms": total, **{f"{k}_ms": v for k, v in t.items()}, "chunks": int(bd.numel() - 1),
+            "mean_chunk": float(bd[-1]) / max(1, int(bd.numel() - 1)), "chunk_calls": pattern.chunk_calls}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True, help="folder for dhsa_prefill_e2e.json / .md")
+    ap.add_argument("--shapes", default="gemma2-2b-global,gemma3-270m")
+    ap.add_argument("--seqs", default="16384,32768")
+    ap.add_argument("--methods", default="sdpa,dhsa-fixed,dhsa-pred,dhsa-pred-shared")
+    ap.add_argument("--budget", type=int, default=2048, help="N_b keys per query")
+    ap.add_argument("--initial", type=int, default=128)
+    ap.add_argument("--local", type=int, default=128)
+    ap.add_argument("--chunk", type=int, default=64, help="fixed chunk size; dynamic chunks: N_c = seq // 64")
+    ap.add_argument("--max-chunks-per", type=int, default=64, help="N_c = seq // this")
+    ap.add_argument("--max-len", type=int, default=128, help="dynamic chunks are cut at this length")
+    ap.add_argument("--nms-window", type=int, default=8)
+    ap.add_argument("--hidden", type=int, default=256, help="predictor MLP hidden size (paper: 256)")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--no-compile", action="store_true")
+    args = ap.parse_args(argv)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    info = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "torch": torch.__version__,
+            "date": time.strftime("%Y-%m-%d %H:%M:%S"), "command": " ".join(sys.argv)}
+    print(json.dumps(info), flush=True)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    methods = args.methods.split(",")
+    for shape in args.shapes.split(","):
+        model = random_model(shape, attn_implementation="sdpa", device=device)
+        layers = dhsa_layers(model)
+        for n in (int(x) for x in args.seqs.split(",")):
+            ids = torch.randint(0, model.config.vocab_size, (1, n), device=device)
+            makers = make_patterns(model, n, args, device)
+            for method in methods:
+                row = {"shape": shape, "seq": n, "method": method, "dhsa_layers": len(layers),
+                       "layers": model.config.num_hidden_layers}
+                try:
+                    pat = None if method == "sdpa" else makers[method](False)
+                    cost = prefill_cost(model, ids, pat, layers, repeats=args.repeats)
+                    row |= {"ms": cost["ms"], "peak_gib": cost["peak_bytes"] / 2**30}
+                    if pat is not None:
+                        row |= profiled(model, ids, makers[method](True), layers, device)
+                        for ph in ("chunking", "selection", "attention"):
+                            row[f"{ph}_share"] = row.get(f"{ph}_ms", 0.0) / row["profiled_ms"]
+                except torch.OutOfMemoryError:
+                    row["error"] = "OOM"
+                except Exception as exc:  # report, keep the other rows
+                    row["error"] = f"{type(exc).__name__}: {exc}"[:300]
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
+            base = {r["method"]: r for r in rows if r["shape"] == shape and r["seq"] == n}.get("sdpa")
+            for r in rows:
+                if r["shape"] == shape and r["seq"] == n and base and "ms" in r and "ms" in base:
+                    r["x_sdpa_latency"] = r["ms"] / base["ms"]
+                    r["x_sdpa_peak"] = r["peak_gib"] / max(base["peak_gib"], 1e-9)
+            (out / "dhsa_prefill_e2e.json").write_text(json.dumps({"info": info, "args": vars(args), "rows": rows},
+                                                                  indent=1))
+        del model
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    cols = [("shape", "{}"), ("seq", "{}"), ("method", "{}"), ("ms", "{:.1f}"), ("x_sdpa_latency", "{:.2f}"),
+            ("peak_gib", "{:.2f}"), ("x_sdpa_peak", "{:.2f}"), ("chunking_ms", "{:.1f}"), ("selection_ms", "{:.1f}"),
+            ("attention_ms", "{:.1f}"), ("chunking_share", "{:.3f}"), ("selection_share", "{:.3f}"),
+            ("attention_share", "{:.3f}"), ("chunks", "{}"), ("chunk_calls", "{}"), ("error", "{}")]
+    lines = ["| " + " | ".join(c for c, _ in cols) + " |", "|" + "---|" * len(cols)]
+    for r in rows:
+        lines.append("| " + " | ".join(f.format(r[c]) if c in r else "-" for c, f in cols) + " |")
+    table = "\n".join(lines)
+    (out / "dhsa_prefill_e2e.md").write_text(f"{info['device']} ({info['date']})\n\n`{info['command']}`\n\n{table}\n")
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -19,6 +19,7 @@ case "${1:-}" in
     head -c 50000000 "$src/assets/smollm2-135m/$GGUF" > .cache/gpu/gguf.part1
     tail -c +50000001 "$src/assets/smollm2-135m/$GGUF" > .cache/gpu/gguf.part2
     tar -C "$src" -cJf .cache/gpu/corpora.tar.xz assets/austen assets/c4-sample assets/paul-graham assets/shakespeare \
+      assets/gsm8k assets/gsm8k-cot-prompt \
       assets/wikitext
     .venv/bin/pip download -q --no-deps -d .whl gguf==0.19.0 rank-bm25==0.2.2
     ls -la .cache/gpu .whl ;;

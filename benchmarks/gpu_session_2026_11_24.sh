@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# The GPU calls of the 2026-11-24 session (issues 23 and 24), as they ran on one H200 through the device tool, from
+# the repo root with plain `python` (torch 2.11, triton 3.6, transformers 5.x preinstalled; no registry access).
+# Assets travel in two carries (scripts/gpu_stage.sh); results are written under build/gpu (kept between calls while
+# the machine stays warm, so a cut run resumes) and copied to $OUT at the end of each call.
+#
+#   call 1: carry .cache/gpu/gguf.part1;                       bash benchmarks/gpu_session_2026_11_24.sh dhsa
+#   call 2: carry .cache/gpu/gguf.part2 .cache/gpu/corpora.tar.xz .whl;  bash benchmarks/gpu_session_2026_11_24.sh main
+#   call 3 (if units are left): the same command as call 2 with `resume` (runs DHSA's needle grid too)
+#
+# Phases:
+#   dhsa    DHSA's predictor time vs dense SDPA of one layer and the end-to-end prefill in the paper's setup
+#           (random weights: needs no asset)
+#   main    REFORM Tables 1/4/5/6a re-run, LaCache RULER + passkey re-run, OrthoRank Table 1/3 over C4 documents and
+#           SepLLM GSM8K at matched r.KV, side by side (16 cores, one GPU), each stopping new units after LIMIT s
+#   resume  the unfinished units of `main`, then DHSA's needle grid under both protocols
+set -uo pipefail
+phase=${1:?usage: gpu_session_2026_11_24.sh dhsa|main|resume}
+OUT=${OUT:-$PWD/out}
+LIMIT=${LIMIT:-450}
+bash scripts/gpu_stage.sh unpack > "$OUT/stage_$phase.log" 2>&1
+export KVLAB_CACHE="$PWD/.cache/kvlab" PYTHONPATH="$PWD" TOKENIZERS_PARALLELISM=false
+unset TRITON_INTERPRET
+G=build/gpu
+mkdir -p "$G"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$G/device.txt" 2>&1
+python -c "import torch, transformers; print(torch.__version__, transformers.__version__)" >> "$G/device.txt"
+case "$phase" in
+  dhsa)
+    timeout 240 python benchmarks/dhsa_predictor_time.py --out "$G/dhsa_predictor" > "$G/dhsa_predictor.log" 2>&1
+    echo "predictor exit $?" >> "$G/times.txt"
+    timeout 280 python benchmarks/dhsa_prefill_e2e.py --out "$G/dhsa_e2e" > "$G/dhsa_e2e.log" 2>&1
+    echo "e2e exit $?" >> "$G/times.txt" ;;
+  main|resume)
+    # convert the GGUF once before the parallel jobs start (each would otherwise race to write the same copy)
+    python -c "import kvlab; kvlab.load_model('smollm2-135m', device='cpu')" > "$G/convert.log" 2>&1
+    t0=$(date +%s)
+    timeout $((LIMIT + 90)) python benchmarks/reform_reruns.py run --out "$G/reform" --workers 7 --limit "$LIMIT" \
+      > "$G/reform_$phase.log" 2>&1 &
+    timeout $((LIMIT + 90)) python benchmarks/lacache_reruns.py --out "$G/lacache" --workers 5 --limit "$LIMIT" \
+      > "$G/lacache_$phase.log" 2>&1 &
+    if [ "$phase" = main ]; then
+      timeout $((LIMIT + 90)) bash benchmarks/issue23_ortho_sepllm_gpu.sh "$G/o23" > "$G/o23.log" 2>&1 &
+    else
+      timeout $((LIMIT + 90)) python -m kvlab.dhsa.experiments needle --lengths 4096 --trials 20 --budgets 128 \
+        --authors-initial 128 --authors-local 128 --out "$G/dhsa_needle_4096.examples.jsonl" \
+        > "$G/dhsa_needle.log" 2>&1 &
+    fi
+    wait
+    echo "$phase: $(( $(date +%s) - t0 )) s" >> "$G/times.txt" ;;
+esac
+cp -r "$G" "$OUT/"

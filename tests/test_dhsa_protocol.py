@@ -335,3 +335,21 @@ def test_share_heads_must_be_a_bool():
         DHSAPattern(64, chunking="predictor", predictor=R.BoundaryPredictor(32, heads=4, hidden=8), threshold=2.0)
     with pytest.raises(ValueError, match="decode must be one of"):
         DHSAPattern(20, chunk_size=8, decode="sparse")
+
+
+# ------------------------------------------------------------------------------ Eq. 4 with non-centred keys
+def test_key_mean_bias_and_real_key_rates_see_an_offset():
+    from kvlab.dhsa.theory import key_mean_bias, real_key_selection_rates
+
+    torch.manual_seed(0)
+    q, k = torch.randn(1, 2, 400, 16), torch.randn(1, 1, 400, 16)
+    shifted = k + 1.5 * torch.randn(16)  # every key gets the same offset: q . mean(k) no longer ~ 0
+    centred, biased = key_mean_bias(q, k), key_mean_bias(q, shifted)
+    assert float(centred["ratio"].median()) < 0.15 < 0.8 < float(biased["ratio"].median())
+    i = 300  # the definition, for one query: q . mean(k_0..k_i) and std_j(q . k_j)
+    s = q[0, 0, i].double() @ shifted[0, 0, : i + 1].double().T
+    torch.testing.assert_close(biased["bias"][0, 0, i - 64], s.mean())
+    torch.testing.assert_close(biased["spread"][0, 0, i - 64], s.std(unbiased=False))
+    flat = real_key_selection_rates(q, k, [4, 16, 64], samples=300)["eq4"]
+    tilted = real_key_selection_rates(q, shifted, [4, 16, 64], samples=300)["eq4"]
+    assert float((flat - 1 / 3).abs().max()) < 0.08 and float((tilted - 1 / 3).abs().max()) > 0.15

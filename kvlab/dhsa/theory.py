@@ -25,6 +25,13 @@ table by sampling.
 
 Note on the query side: per-query TopK ranks the chunks of one query row, and ``sqrt(|C_q|)`` is one
 positive factor on that row, so Eq. 4 on queries does not change the selection; only the keys' does.
+
+The model assumes keys of mean 0. Real keys are not centred: with a mean ``m``, a chunk of ``n`` keys scores
+``sqrt(n) q . m + (noise of std sigma |q|)`` under Eq. 4, so its score moves with ``sqrt(n)`` by the *bias*
+``q . m``, upwards for queries with ``q . m > 0`` and downwards for the others. :func:`key_mean_bias` measures
+``q . m`` against the content spread ``std_j(q . k_j)`` on a layer's real queries and keys, and
+:func:`real_key_selection_rates` repeats :func:`selection_rates` with real keys (notebook 07): where the bias
+is comparable to the spread, Eq. 4 is not length-neutral.
 """
 from __future__ import annotations
 
@@ -32,7 +39,8 @@ import torch
 
 from .reference import AGGREGATIONS, attention_recall, best_recall, chunk_representation, dhsa_mask
 
-__all__ = ["null_score_std", "selection_rates", "needle_win_rates", "recall_by_chunking"]
+__all__ = ["null_score_std", "selection_rates", "needle_win_rates", "recall_by_chunking", "key_mean_bias",
+           "real_key_selection_rates"]
 
 
 def _chunk_scores(q: torch.Tensor, keys: list[torch.Tensor], aggregation: str) -> torch.Tensor:
@@ -111,3 +119,62 @@ def recall_by_chunking(q: torch.Tensor, k: torch.Tensor, budget: int, chunkings:
         out[name] = float(attention_recall(q, k, m, scale).mean())
     out["best"] = float(best_recall(q, k, budget, scale).mean())
     return out
+
+
+def key_mean_bias(q: torch.Tensor, k: torch.Tensor, *, start: int = 64) -> dict[str, torch.Tensor]:
+    """The zero-mean assumption of the Eq. 4 analysis, measured on one layer's queries and keys.
+
+    Args:
+        q ``(batch, heads, seq, dim)``, k ``(batch, kv_heads, seq, dim)`` (RoPE applied, as attention sees them).
+        start: queries before this position are skipped (too few past keys for a mean).
+
+    For query ``i`` of head ``h``: ``m_i`` = mean of its past keys ``k_0..k_i``, ``bias = q_i . m_i`` and
+    ``spread = std_j(q_i . k_j)`` over the same keys (the content part of the scores the model's analysis
+    calls ``sigma |q|``). Returns float64 tensors ``(batch, heads, seq - start)``: ``"bias"``, ``"spread"``,
+    ``"ratio"`` = ``|bias| / spread``. Under the model's assumption the ratio is about ``1 / sqrt(i)``.
+    """
+    g = q.shape[1] // k.shape[1]
+    qd = q.double()
+    kd = k.double().repeat_interleave(g, 1)
+    n = q.shape[2]
+    s = qd @ kd.transpose(-1, -2)  # (b, h, n, n) raw scores
+    causal = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
+    cnt = causal.sum(-1).double()  # keys per row
+    sm = s.masked_fill(~causal, 0.0)
+    mean = sm.sum(-1) / cnt  # q_i . mean(k_0..k_i)
+    var = (sm.pow(2).sum(-1) / cnt - mean.pow(2)).clamp(min=0)
+    bias, spread = mean[..., start:], var.sqrt()[..., start:]
+    return {"bias": bias, "spread": spread, "ratio": bias.abs() / spread.clamp(min=1e-12)}
+
+
+def real_key_selection_rates(q: torch.Tensor, k: torch.Tensor, lengths, *, samples: int = 400, head: int | None = None,
+                             seed: int = 0) -> dict[str, torch.Tensor]:
+    """:func:`selection_rates` on a layer's real keys: for ``samples`` random queries ``i`` (and heads), one
+    random run of consecutive past keys of each length in ``lengths`` (non-overlapping, all before ``i``)
+    competes; returns ``{aggregation: (len(lengths),)}`` how often each length scores highest. Length-neutral
+    = ``1 / len(lengths)`` each; with centred keys Eq. 4 is (:func:`selection_rates`)."""
+    gen = torch.Generator().manual_seed(seed)
+    g = q.shape[1] // k.shape[1]
+    n = q.shape[2]
+    need = sum(lengths)
+    if n <= need + 1:
+        raise ValueError(f"seq={n} must exceed the summed lengths {need} + 1")
+    wins = {a: torch.zeros(len(lengths), dtype=torch.float64) for a in AGGREGATIONS}
+    for _ in range(samples):
+        i = int(torch.randint(need + 1, n, (1,), generator=gen))
+        h = head if head is not None else int(torch.randint(0, q.shape[1], (1,), generator=gen))
+        b = int(torch.randint(0, q.shape[0], (1,), generator=gen))
+        # non-overlapping runs: shuffle the lengths, place them left to right with random gaps before i
+        order = torch.randperm(len(lengths), generator=gen).tolist()
+        slack = i - need
+        cuts = sorted(torch.randint(0, slack + 1, (len(lengths),), generator=gen).tolist())
+        gaps = [cuts[0]] + [cuts[j] - cuts[j - 1] for j in range(1, len(cuts))]
+        pos, keys = 0, [None] * len(lengths)
+        for gap, li in zip(gaps, order):
+            st = pos + gap
+            keys[li] = k[b, h // g, st: st + lengths[li]].double()[None]
+            pos = st + lengths[li]
+        qi = q[b, h, i].double()[None]
+        for a in AGGREGATIONS:
+            wins[a][int(_chunk_scores(qi, keys, a).argmax(-1))] += 1
+    return {a: w / samples for a, w in wins.items()}

@@ -229,7 +229,9 @@ def model_checksum(model_id: str) -> str:
 def _model(model_id: str):
     import kvlab
 
-    torch.set_num_threads(int(os.environ.get("KVLAB_LEADERBOARD_THREADS", "1")))
+    from kvlab.threads import set_threads
+
+    set_threads(int(os.environ.get("KVLAB_LEADERBOARD_THREADS", "0")))  # 0: KVLAB_THREADS, else this worker's share
     return kvlab.load_model(model_id, device="cpu" if not torch.cuda.is_available() else None)
 
 

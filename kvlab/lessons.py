@@ -194,6 +194,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     name = lessons([args.lesson])[0].stem
     out = args.out or pathlib.Path("build/grades") / name
+    from kvlab.threads import share_threads
+
+    share_threads(max(1, args.jobs))  # each grading process computes with cores // jobs threads (KVLAB_THREADS wins)
     table = grade(args.built / name, args.submissions, out, jobs=args.jobs)
     print(table.to_string(index=False))
     print(f"wrote {out / 'final_grades.csv'} and {out / 'written_answers.csv'}")

@@ -121,6 +121,10 @@ def _call(task: Task, out: str, python_path: list[str]) -> str:
     for p in python_path:
         if p not in sys.path:
             sys.path.insert(0, p)
+    if os.environ.get("KVLAB_THREADS"):  # a worker kvlab started (or one the user sized): its share of the cores
+        from kvlab.threads import set_threads
+
+        set_threads()
     begin = time.time()
     out_dir = Path(out)
     if task.target.endswith(".ipynb"):
@@ -177,7 +181,10 @@ def local_cluster(workers: int, gpu_workers: int = 0):
     processes that hold the ``GPU`` resource (tasks with ``device="gpu"`` run only there)."""
     from distributed import Nanny, Scheduler, SpecCluster
 
-    quiet = {"nthreads": 1, "silence_logs": logging.CRITICAL}  # failures are reported by run_sweep, once
+    from kvlab.threads import worker_env
+
+    # failures are reported by run_sweep, once; the worker processes share the cores (kvlab.threads)
+    quiet = {"nthreads": 1, "silence_logs": logging.CRITICAL, "env": worker_env(max(1, workers + gpu_workers))}
     specs = {f"cpu-{i}": {"cls": Nanny, "options": quiet} for i in range(workers)}
     specs.update({f"gpu-{i}": {"cls": Nanny, "options": {**quiet, "resources": {"GPU": 1}}} for i in range(gpu_workers)})
     if not specs:

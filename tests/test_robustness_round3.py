@@ -414,3 +414,31 @@ def test_niah_prompt_with_a_short_haystack_is_linear():
     seconds = time.perf_counter() - begin
     assert 19000 < prompt.n_tokens <= 20000
     assert seconds < 15, f"niah_prompt took {seconds:.1f} s for 20k tokens"
+
+
+# =========================================================================== under load (CPU threads)
+def test_threads_per_process_follow_kvlab_threads_and_the_workers(monkeypatch):
+    from kvlab import threads
+
+    monkeypatch.delenv("KVLAB_THREADS", raising=False)
+    cores = threads.cpu_cores()
+    assert threads.default_threads() == cores
+    assert threads.default_threads(workers=cores * 2) == 1
+    assert threads.default_threads(workers=2) == max(1, cores // 2)
+    monkeypatch.setenv("KVLAB_THREADS", "3")
+    assert threads.default_threads(workers=4) == 3
+    assert threads.worker_env(2) == {"KVLAB_THREADS": "3", "OMP_NUM_THREADS": "3"}
+    for bad in ("0", "-2", "two"):
+        monkeypatch.setenv("KVLAB_THREADS", bad)
+        with pytest.raises(ValueError, match="KVLAB_THREADS must be a whole number of threads >= 1"):
+            threads.default_threads()
+
+
+def test_sweep_workers_compute_with_their_share_of_the_cores(tmp_path, monkeypatch):
+    from kvlab.sweep import Task, run_sweep
+
+    monkeypatch.setenv("KVLAB_THREADS", "2")  # the user's choice reaches every worker kvlab starts
+    tasks = [Task(f"t{i}", "torch:get_num_threads", {}) for i in range(2)]
+    report = run_sweep(tasks, tmp_path, workers=2, progress=False)
+    assert not report.failed
+    assert [json.loads((tmp_path / f"t{i}.json").read_text())["result"] for i in range(2)] == [2, 2]

@@ -1,0 +1,107 @@
+"""CPU decode speed of one kvlab process alone and of two side by side (issue 27, "under load").
+
+Each process streams the same text through ``streaming_perplexity`` on the static engine (SmolLM2-135M, a
+StreamingLLM cache) and reports tokens per second over ``--repeats`` runs of ``--tokens`` tokens, started at the
+same moment as its neighbour. Threads per process: ``--threads N`` (torch.set_num_threads(N)), ``--threads 0``
+(torch's own default: every core), or ``--threads kvlab`` (kvlab's choice, :func:`kvlab.threads.default_threads`;
+``KVLAB_THREADS`` is honoured). The goal: with kvlab's choice, each of two processes keeps at least 40 % of the
+speed one process has alone.
+
+    python benchmarks/threads_two_processes.py --out benchmarks/results/threads        # ~2 min on 2 cores
+
+writes ``threads_<machine>.json`` (every configuration, per process) and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def worker(args) -> None:
+    import torch
+
+    import kvlab
+    from kvlab.eval import streaming_perplexity
+    from kvlab.policies import StreamingLLM
+    from kvlab.threads import default_threads
+
+    if args.threads == "kvlab":
+        torch.set_num_threads(default_threads())
+    elif int(args.threads) > 0:
+        torch.set_num_threads(int(args.threads))
+    model, tok = kvlab.load_model("smollm2-135m", device="cpu")
+    text = kvlab.datasets.load_text("wikitext")[:20000]
+    policy = StreamingLLM(4, 60)
+    streaming_perplexity(model, tok, text, policy, 8, progress=False, engine="static")  # warm-up
+    while time.time() < args.start:  # both processes begin the measured part together
+        time.sleep(0.01)
+    begin = time.perf_counter()
+    for _ in range(args.repeats):
+        streaming_perplexity(model, tok, text, policy, args.tokens, progress=False, engine="static")
+    seconds = time.perf_counter() - begin
+    print(json.dumps({"threads": torch.get_num_threads(), "tokens": args.repeats * (args.tokens - 1),
+                      "seconds": seconds, "tokens_per_s": args.repeats * (args.tokens - 1) / seconds}))
+
+
+def run(procs: int, threads: str, args) -> list[dict]:
+    start = time.time() + args.load_seconds
+    cmd = [sys.executable, __file__, "--worker", "--threads", threads, "--tokens", str(args.tokens),
+           "--repeats", str(args.repeats), "--start", str(start)]
+    children = [subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True) for _ in range(procs)]
+    out = []
+    for child in children:
+        stdout, _ = child.communicate()
+        if child.returncode:
+            raise RuntimeError(f"worker failed ({child.returncode})")
+        out.append(json.loads(stdout.strip().splitlines()[-1]))
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", help="folder for threads_<machine>.json (default: print only)")
+    p.add_argument("--tokens", type=int, default=48, help="tokens per streamed run")
+    p.add_argument("--repeats", type=int, default=3, help="runs per measurement")
+    p.add_argument("--configs", default="0,1,kvlab", help="thread settings to compare (0: torch default)")
+    p.add_argument("--load-seconds", type=float, default=25.0, help="time given to load the model before the start")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--threads", default="kvlab", help=argparse.SUPPRESS)
+    p.add_argument("--start", type=float, default=0.0, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.worker:
+        worker(args)
+        return 0
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    machine = f"{platform.node() or 'cpu'}-{cores}cores"
+    rows = []
+    for threads in args.configs.split(","):
+        alone = run(1, threads, args)[0]
+        pair = run(2, threads, args)
+        share = [r["tokens_per_s"] / alone["tokens_per_s"] for r in pair]
+        rows.append({"threads_setting": threads, "threads": alone["threads"], "alone": alone, "side_by_side": pair,
+                     "share_of_alone": share, "meets_40_percent": min(share) >= 0.4})
+        print(f"threads={threads:5s} ({alone['threads']}): alone {alone['tokens_per_s']:.2f} tok/s; side by side "
+              + ", ".join(f"{r['tokens_per_s']:.2f}" for r in pair) + " tok/s ("
+              + ", ".join(f"{s:.0%}" for s in share) + " of alone)", flush=True)
+    record = {"machine": machine, "processor": platform.processor() or platform.machine(), "cores": cores,
+              "kvlab_threads_env": os.environ.get("KVLAB_THREADS"), "tokens": args.tokens, "repeats": args.repeats,
+              "model": "smollm2-135m", "policy": "StreamingLLM(4, 60)", "engine": "static",
+              "command": "python benchmarks/threads_two_processes.py " + " ".join(sys.argv[1:] if argv is None
+                                                                                  else argv),
+              "rows": rows}
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / f"threads_{machine}.json").write_text(json.dumps(record, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -7,24 +7,23 @@ import pathlib
 
 import pytest
 
-from browserkit import ROOT, image_loaded, visible_box
+pytest.importorskip("selenium", reason="selenium is in kvlab's dev extras (pip install -e '.[dev]')")
+from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
+
+from browserkit import ROOT, image_loaded, visible_box  # noqa: E402
 
 NOTEBOOK = "05_lacache_ladder"  # a notebook with figures and the widget explorer
 PAPER = "lacache"
 
 
 def _open(browser, url: str):
-    from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import WebDriverWait
-
     browser.get(url)
     WebDriverWait(browser, 30).until(lambda d: d.execute_script("return document.readyState") == "complete")
     return browser.find_element(By.CSS_SELECTOR, "article.bd-article h1")
 
 
 def test_index(browser, book_url, screenshots):
-    from selenium.webdriver.common.by import By
-
     h1 = _open(browser, f"{book_url}/index.html")
     visible_box(browser, h1)
     assert "kvlab" in h1.text
@@ -41,9 +40,6 @@ def test_index(browser, book_url, screenshots):
 
 
 def test_notebook_page(browser, book_url, screenshots):
-    from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import WebDriverWait
-
     h1 = _open(browser, f"{book_url}/notebooks/{NOTEBOOK}.html")
     visible_box(browser, h1)
     assert "LaCache" in h1.text
@@ -63,8 +59,6 @@ def test_notebook_page(browser, book_url, screenshots):
 
 
 def _check_table(browser, table, min_rows: int) -> list[str]:
-    from selenium.webdriver.common.by import By
-
     browser.execute_script("arguments[0].scrollIntoView({block: 'start'});", table)
     box = visible_box(browser, table)
     assert box["height"] > 20 * min_rows, f"table drawn too small: {box}"
@@ -76,8 +70,6 @@ def _check_table(browser, table, min_rows: int) -> list[str]:
 
 
 def test_paper_page(browser, book_url, screenshots):
-    from selenium.webdriver.common.by import By
-
     h1 = _open(browser, f"{book_url}/papers/{PAPER}.html")
     visible_box(browser, h1)
     assert "LaCache" in h1.text
@@ -91,8 +83,6 @@ def test_paper_page(browser, book_url, screenshots):
 
 
 def test_results_page(browser, book_url, screenshots):
-    from selenium.webdriver.common.by import By
-
     from kvlab import claims
 
     h1 = _open(browser, f"{book_url}/results.html")

@@ -664,3 +664,44 @@ def test_shipped_predictor_loads_and_matches_its_checksum(tmp_path, monkeypatch)
     monkeypatch.setattr(T, "SHIPPED", bad)
     with pytest.raises(ValueError, match="damaged"):
         T.shipped_predictor("smollm2-135m")
+
+
+# ------------------------------------------------------------------------------ clear errors (robustness issue)
+@pytest.mark.parametrize("scale, err, match", [
+    ("x", TypeError, "scale must be a positive finite number"),
+    (float("nan"), ValueError, "scale must be a positive finite number"),
+    (-1.0, ValueError, "scale must be a positive finite number"),
+])
+def test_bad_scale_raises(scale, err, match):
+    q, k, v = _qkv()
+    with pytest.raises(err, match=match):
+        dhsa_attention(q, k, v, chunks=8, budget=20, scale=scale, backend="torch")
+    with pytest.raises(err, match=match):
+        dhsa_decode(q[:, :, -1:], k, v, prompt_chunks=torch.tensor([0, 8, 32]), budget=20, scale=scale)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(threshold=2.0), r"threshold must be a probability in \[0, 1\)"),
+    (dict(threshold=float("nan")), r"threshold must be a probability in \[0, 1\)"),
+    (dict(max_len=0), "max_len must be None .* or an int >= 1"),
+    (dict(max_chunks=0), "max_chunks must be an int >= 1"),
+])
+def test_predict_boundaries_bad_arguments_raise(kwargs, match):
+    pred = R.BoundaryPredictor(32, window=4, heads=4, hidden=16).eval()
+    kw = dict(max_chunks=8) | kwargs
+    with pytest.raises(ValueError, match=match):
+        R.predict_boundaries(pred, torch.randn(1, 2, 40, 16), **kw)
+
+
+def test_share_heads_must_be_a_bool():
+    from kvlab.dhsa.pattern import DHSAPattern
+
+    q, k, v = _qkv()
+    with pytest.raises(TypeError, match="share_heads must be True or False"):
+        dhsa_attention(q, k, v, chunks=8, budget=20, share_heads="no", backend="torch")
+    with pytest.raises(TypeError, match="share_heads must be True or False"):
+        DHSAPattern(20, chunk_size=8, share_heads="no")
+    with pytest.raises(ValueError, match="threshold=2.0 is a probability"):
+        DHSAPattern(64, chunking="predictor", predictor=R.BoundaryPredictor(32, heads=4, hidden=8), threshold=2.0)
+    with pytest.raises(ValueError, match="decode must be one of"):
+        DHSAPattern(20, chunk_size=8, decode="sparse")

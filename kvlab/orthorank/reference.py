@@ -1,7 +1,7 @@
 """OrthoRank in plain PyTorch: the specification.
 
 Paper: "OrthoRank: Token Selection via Sink Token Orthogonality for Efficient LLM Inference" (Shin, Oh and Oh,
-ICML 2025, https://arxiv.org/abs/2507.03865; the course text ``../shared/papers/orthorank.txt`` is the
+ICML 2025, https://arxiv.org/abs/2507.03865; kvlab's reading notes: ``docs/papers/orthorank.md``; the text we read was the
 anonymous submission). Sec. 2 (observations), Sec. 3.1 (Eq. 1-4), Algorithm 1, Sec. 4.3.3 (KV of the
 unselected tokens).
 

@@ -33,6 +33,7 @@ import shutil
 import subprocess
 import sys
 import urllib.parse
+import warnings
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 BOOK = ROOT / "book"
@@ -40,6 +41,9 @@ NOTEBOOKS = ROOT / "notebooks"
 LESSONS = ROOT / "lessons"
 # A cell that draws: matplotlib calls or kvlab.viz helpers (all of which plot with matplotlib).
 DRAWS = re.compile(r"\bplt\.|\bviz\.[a-z_]+\(|\.plot\(|\.imshow\(")
+RUN_NOTEBOOKS = ("run the notebooks through nbval, saving what they print: `bash scripts/test.sh` does, or "
+                 "`python scripts/notebooks.py prepare --out build/notebooks && env -u MPLBACKEND "
+                 "KVLAB_EXECUTED_DIR=build/executed python -m pytest build/notebooks --nbval-lax --nbval-current-env`")
 PLACEHOLDER = re.compile(r"\{\{ *(claims: *(?P<paper>[A-Za-z]+)|notes) *\}\}")
 
 
@@ -51,6 +55,14 @@ class BookError(Exception):
 
 
 # --- 1. executed notebooks --------------------------------------------------------------------------------------
+
+def _read(path: pathlib.Path):
+    import nbformat
+
+    with warnings.catch_warnings():  # notebooks saved by older tools lack cell ids; nbformat adds them on read
+        warnings.simplefilter("ignore")
+        return nbformat.read(path, as_version=4)
+
 
 def _cells(nb) -> list[tuple[str, str]]:
     """(type, source) of the cells a reader wrote: papermill's injected parameter cell left out."""
@@ -67,22 +79,19 @@ def check_executed(executed: pathlib.Path, notebooks: list[pathlib.Path]) -> lis
     """Problems with the executed copies of ``notebooks`` in ``executed`` (empty: all good)."""
     import nbformat
 
-    how = ("run the notebooks through nbval with KVLAB_EXECUTED_DIR set: `bash scripts/test.sh` does, or "
-           "`python scripts/notebooks.py prepare --out build/notebooks && KVLAB_EXECUTED_DIR=build/executed "
-           "python -m pytest build/notebooks --nbval-lax --nbval-current-env`")
     problems = []
     for source_path in notebooks:
         path = executed / source_path.name
         if not path.is_file():
-            problems.append(f"{source_path.name}: no executed copy at {path}; {how}")
+            problems.append(f"{source_path.name}: no executed copy at {path}")
             continue
-        nb = nbformat.read(path, as_version=4)
+        nb = _read(path)
         if nb.metadata.get("kvlab", {}).get("executed_by") != "nbval":
-            problems.append(f"{path}: not saved by the nbval run (no metadata.kvlab.executed_by); {how}")
+            problems.append(f"{path}: not saved by the nbval run (no metadata.kvlab.executed_by)")
             continue
-        source = nbformat.read(source_path, as_version=4)
+        source = _read(source_path)
         if _cells(nb) != _cells(source):
-            problems.append(f"{path}: its cells differ from {source_path.relative_to(ROOT)} (a stale copy); {how}")
+            problems.append(f"{path}: its cells differ from {source_path} (a stale copy)")
         for i, cell in enumerate(c for c in nb.cells if c.cell_type == "code"):
             status = cell.metadata.get("kvlab", {}).get("nbval", "not run")
             errors = [o for o in cell.outputs if o.output_type == "error"]
@@ -310,7 +319,7 @@ def check_site(html: pathlib.Path, executed: pathlib.Path, notebooks: list[pathl
         if not page.is_file():
             problems.append(f"no page for {nb_path.name} ({page})")
             continue
-        want = _images(nbformat.read(executed / nb_path.name, as_version=4))
+        want = _images(_read(executed / nb_path.name))
         found = pages[page].output_images
         if found < want:
             problems.append(f"{page.relative_to(html)}: {found} figures rendered, the executed notebook has {want}")
@@ -329,7 +338,7 @@ def build(executed: pathlib.Path, lessons_out: pathlib.Path, out: pathlib.Path, 
     notebooks = sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
     problems = check_executed(executed, notebooks)
     if problems:
-        raise BookError(f"the executed notebooks in {executed} cannot make the book:", problems)
+        raise BookError(f"the executed notebooks in {executed} cannot make the book; {RUN_NOTEBOOKS}:", problems)
     students = student_versions(lessons_out)
     stage(out / "src", executed, notebooks, students)
     sphinx(out / "src", out, jobs)

@@ -12,5 +12,27 @@ export MPLBACKEND=Agg
 .venv/bin/python -m pytest tests -q -p no:cacheprovider "$@"
 bash scripts/peers.sh   # the kvpress peer check, in its own environment (kvpress needs transformers<5.3)
 .venv/bin/python scripts/notebooks.py prepare --out build/notebooks
-.venv/bin/python -m pytest build/notebooks --nbval-lax --nbval-current-env -q -p no:cacheprovider \
+# The notebooks run once, here: nbval checks them and the nbcheck plugin saves each as executed into build/executed
+# for the book. MPLBACKEND is unset for the kernels so that matplotlib's inline backend makes figures outputs.
+rm -rf build/executed
+env -u MPLBACKEND KVLAB_EXECUTED_DIR=build/executed \
+  .venv/bin/python -m pytest build/notebooks --nbval-lax --nbval-current-env -q -p no:cacheprovider \
   --nbval-cell-timeout=900
+
+# The book from those executed copies (nothing runs again): build/book/html/index.html.
+bash scripts/book.sh
+
+# The browser checks (tests/browser): the book and the lab in headless Chromium from the system's packages.
+if ! { command -v chromium || command -v chromium-browser; } >/dev/null || ! command -v chromedriver >/dev/null; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "kvlab: installing Chromium and its driver for the browser checks: apt-get install chromium chromium-driver"
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; } \
+      >/dev/null 2>&1 || echo "kvlab: apt-get could not install chromium chromium-driver" >&2
+  fi
+  if ! command -v chromedriver >/dev/null; then
+    echo "kvlab: no Chromium + chromedriver here (needs root and apt-get, or install them yourself:" \
+      "apt-get install chromium chromium-driver); the browser checks will be skipped" >&2
+  fi
+fi
+.venv/bin/python -m pytest tests/browser -q -p no:cacheprovider -rs
+echo "kvlab: the book is in build/book/html/index.html, screenshots in build/screenshots/"

@@ -23,7 +23,7 @@ def _open(browser, url: str):
     return browser.find_element(By.CSS_SELECTOR, "article.bd-article h1")
 
 
-def test_index(browser, book_url, screenshots):
+def test_index(book_url, browser, screenshots):
     h1 = _open(browser, f"{book_url}/index.html")
     visible_box(browser, h1)
     assert "kvlab" in h1.text
@@ -39,7 +39,7 @@ def test_index(browser, book_url, screenshots):
     browser.save_screenshot(str(screenshots / "book_index.png"))
 
 
-def test_notebook_page(browser, book_url, screenshots):
+def test_notebook_page(book_url, browser, screenshots):
     h1 = _open(browser, f"{book_url}/notebooks/{NOTEBOOK}.html")
     visible_box(browser, h1)
     assert "LaCache" in h1.text
@@ -69,7 +69,7 @@ def _check_table(browser, table, min_rows: int) -> list[str]:
     return [h.text for h in table.find_elements(By.CSS_SELECTOR, "thead th")]
 
 
-def test_paper_page(browser, book_url, screenshots):
+def test_paper_page(book_url, browser, screenshots):
     h1 = _open(browser, f"{book_url}/papers/{PAPER}.html")
     visible_box(browser, h1)
     assert "LaCache" in h1.text
@@ -82,7 +82,7 @@ def test_paper_page(browser, book_url, screenshots):
     browser.save_screenshot(str(screenshots / f"book_paper_{PAPER}_claims.png"))
 
 
-def test_results_page(browser, book_url, screenshots):
+def test_results_page(book_url, browser, screenshots):
     from kvlab import claims
 
     h1 = _open(browser, f"{book_url}/results.html")
@@ -99,7 +99,7 @@ def test_results_page(browser, book_url, screenshots):
 
 
 @pytest.mark.parametrize("page", ["index.html", f"notebooks/{NOTEBOOK}.html", "results.html"])
-def test_no_console_errors(browser, book_url, page):
+def test_no_console_errors(book_url, browser, page):
     """The page's files load and its scripts run without errors (a missing theme file shows up here).
 
     Not counted: the favicon the browser asks for on its own (the book has none), and messages the theme's

@@ -114,7 +114,7 @@ def _plot(browser, cell):
     return imgs[-1] if imgs else None
 
 
-def test_lab_widget_moves_the_plot(browser, lab, screenshots):
+def test_lab_widget_moves_the_plot(book, browser, lab, screenshots):
     base, token = lab
     try:
         _explore(browser, base, token, screenshots)

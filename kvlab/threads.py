@@ -6,8 +6,10 @@ them, and a decode step, which waits for its slowest thread, collapses far below
 tokens/s alone, 0.43 beside one other kernel). kvlab therefore sizes threads per process:
 
 * ``KVLAB_THREADS=N`` (environment) wins everywhere: every process kvlab starts or configures uses ``N``.
-* otherwise the processes kvlab starts itself share the cores: ``cores // workers`` each (at least 1) for
-  ``lessons grade --jobs``, the Dask workers of sweeps and the leaderboard;
+* otherwise one core is left to the rest of the machine (the notebook server, a neighbour process) and the
+  processes kvlab starts share the others: ``(cores - 1) // workers`` each, at least 1 (``lessons grade
+  --jobs``, the Dask workers of sweeps and the leaderboard). On a busy 2-core machine one thread decodes three
+  times faster than two (``benchmarks/results/threads/``), and on an idle one two threads gain little;
 * a notebook's ``num_threads`` parameter (0: this default) and scripts call :func:`set_threads`.
 
 ``benchmarks/threads_two_processes.py`` measures one process alone against two side by side.
@@ -32,7 +34,7 @@ def cpu_cores() -> int:
 
 def default_threads(workers: int = 1) -> int:
     """Threads for each of ``workers`` processes computing at once: ``$KVLAB_THREADS`` if set, else
-    ``cores // workers`` (at least 1). Raises ValueError for a ``KVLAB_THREADS`` that is not an int >= 1."""
+    ``(cores - 1) // workers`` (at least 1). Raises ValueError for a ``KVLAB_THREADS`` that is not an int >= 1."""
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise ValueError(f"workers must be an int >= 1, got {workers!r}")
     value = os.environ.get(ENV, "").strip()
@@ -45,7 +47,7 @@ def default_threads(workers: int = 1) -> int:
             raise ValueError(f"{ENV} must be a whole number of threads >= 1, got {value!r}: unset it for kvlab's "
                              f"choice (cores // processes) or set e.g. {ENV}=1")
         return threads
-    return max(1, cpu_cores() // workers)
+    return max(1, (cpu_cores() - 1) // workers)
 
 
 def set_threads(threads: int = 0, *, workers: int = 1) -> int:

@@ -35,6 +35,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 
 from kvlab.core.policy import Policy
 from kvlab.core.state import model_state
+from kvlab.core.views import LayerView
 
 __all__ = ["KVCache", "KVLayer", "LayerView"]
 
@@ -63,27 +64,6 @@ def rerotate(keys: torch.Tensor, delta: torch.Tensor, inv_freq: torch.Tensor) ->
     if where is not None:
         cos, sin = cos[where], sin[where]
     return keys * cos[:, None] + rotate_half(keys) * sin[:, None]  # (batch, 1, n, dim) broadcast over heads
-
-
-@dataclass
-class LayerView:
-    """What a policy sees of one layer when it decides what to keep (after a forward step).
-
-    All tensors are ``(batch, n)`` over the ``n`` entries the layer holds now, oldest first.
-    """
-
-    layer_idx: int
-    num_layers: int
-    seen: int  # tokens of the stream processed so far (the current step included)
-    positions: torch.Tensor  # original position of each entry in the stream
-    token_ids: torch.Tensor  # token id of each entry (-1 when the model was fed embeddings)
-    scores: torch.Tensor | None  # attention received since the entry arrived, summed over heads and queries
-    last_scores: torch.Tensor | None  # attention from the newest query, averaged over heads
-    state: dict[str, Any]  # scratch space a stateful policy keeps for this layer
-
-    @property
-    def size(self) -> int:
-        return self.positions.shape[-1]
 
 
 class KVLayer(CacheLayerMixin):
@@ -250,6 +230,8 @@ class KVCache(Cache):
     of keys and values held (the memory really drops: dropped entries are freed, not masked).
     Batch: every row must have the same length (no padding); a policy must keep the same number of
     entries in every row of a layer (true for Full, StreamingLLM and other count-based policies).
+    A cache belongs to the kind of model it was made for: a step of a model with another layer count, RoPE
+    frequencies or sliding windows raises ValueError (:meth:`check_model`).
     """
 
     def __init__(self, model: torch.nn.Module, policy: Policy):

@@ -8,15 +8,10 @@ and may keep per-layer scratch state in ``view.state`` (SepLLM's four blocks).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
 from kvlab.core.checks import check_choice
-
-if TYPE_CHECKING:
-    from kvlab.core.cache import LayerView
-    from kvlab.core.static import StaticView
+from kvlab.core.views import LayerView, StaticView
 
 __all__ = ["Policy", "POSITION_MODES", "indices_from_mask"]
 

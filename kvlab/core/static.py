@@ -44,8 +44,6 @@ kvlab.kernels either). At a budget of a few hundred entries the masked SDPA read
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from transformers.cache_utils import Cache
 
@@ -53,33 +51,9 @@ from kvlab.core.cache import rerotate, rotate_half
 from kvlab.core.pattern import attend
 from kvlab.core.policy import Policy
 from kvlab.core.state import model_state
+from kvlab.core.views import StaticView
 
 __all__ = ["StaticKVCache", "StaticView", "static_support"]
-
-
-@dataclass
-class StaticView:
-    """What a policy's :meth:`~kvlab.core.Policy.static_keep` sees, after the step's entry was appended: every
-    layer of every stream at once, one *row* per (layer, stream) pair (``rows = layers * B``, layer-major).
-    Tensors are ``(rows, C)`` over all ``C`` slots; only slots ``< length`` are live."""
-
-    layer: torch.Tensor  # (rows,) long: the layer each row belongs to
-    num_layers: int
-    seen: torch.Tensor  # 0-d long: tokens of the stream processed so far, this step included
-    length: torch.Tensor  # (rows,) long: live entries per row
-    positions: torch.Tensor
-    token_ids: torch.Tensor
-    state: dict[str, torch.Tensor]  # the policy's scratch tensors, (rows, ...) (static_state), updated in place
-
-    @property
-    def slots(self) -> torch.Tensor:
-        """``(1, C)`` slot indices."""
-        return torch.arange(self.positions.shape[1], device=self.positions.device)[None]
-
-    @property
-    def live(self) -> torch.Tensor:
-        """``(rows, C)`` bool: the slot holds an entry."""
-        return self.slots < self.length[:, None]
 
 
 def static_support(model: torch.nn.Module, policy: Policy) -> str | None:

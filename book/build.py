@@ -197,13 +197,17 @@ def _slug(title: str) -> str:
 
 
 def _paper_notes(name: str, src: pathlib.Path) -> str:
-    """Links to kvlab's own notes on the paper (``docs/papers/*name*.md``), copied into the book."""
-    notes = sorted((ROOT / "docs" / "papers").glob(f"*{name}*.md")) if (ROOT / "docs" / "papers").is_dir() else []
-    links = []
+    """Links to kvlab's own notes on the paper (``docs/papers/*name*.md``), copied into the book under the page."""
+    folder = ROOT / "docs" / "papers"
+    notes = sorted(folder.glob(f"*{name}*.md")) if folder.is_dir() else []
+    if not notes:
+        return ""
     for note in notes:
         _sync(note, src / "papers" / "notes" / note.name)
-        links.append(f"- [](notes/{note.stem}.md)")
-    return ("**kvlab's notes on the paper.**\n\n" + "\n".join(links)) if links else ""
+    links = "\n".join(f"- [](notes/{note.stem}.md)" for note in notes)
+    toc = "\n".join(f"notes/{note.stem}" for note in notes)
+    return (f"**kvlab's reading notes on the paper** (`docs/papers/`):\n\n{links}\n\n"
+            f"```{{toctree}}\n:hidden:\n\n{toc}\n```")
 
 
 def stage(src: pathlib.Path, executed: pathlib.Path, notebooks: list[pathlib.Path],

@@ -20,9 +20,6 @@ myst_enable_extensions = ["dollarmath", "colon_fence"]
 myst_heading_anchors = 3
 nitpicky = True
 exclude_patterns = ["_build", "**/.ipynb_checkpoints"]
-# Notebooks written for Jupyter put several top-level headings in one notebook; Sphinx would complain that
-# the document's title is followed by more h1s. Jupyter renders them fine, and so does the theme.
-suppress_warnings = ["myst.header"]
 
 html_theme = "sphinx_book_theme"
 html_static_path = ["_static"]

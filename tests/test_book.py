@@ -73,6 +73,16 @@ def test_executed_copies_that_cannot_make_the_book(tmp_path, case, expected):
     assert len(problems) == 1 and expected in problems[0], problems
 
 
+def test_an_error_shown_on_purpose_is_accepted(tmp_path):
+    """A cell tagged raises-exception (nbval lets it raise) keeps its error output in the book."""
+    source = _source(tmp_path)
+    nb = nbformat.read(source, as_version=4)
+    nb.cells[-1].metadata["tags"] = ["raises-exception"]
+    nbformat.write(nb, source)
+    _executed(tmp_path, source, error=True)
+    assert book.check_executed(tmp_path / "executed", [source]) == []
+
+
 def test_missing_or_foreign_copies(tmp_path):
     source = _source(tmp_path, draws=False)
     assert "no executed copy" in book.check_executed(tmp_path / "executed", [source])[0]

@@ -1,19 +1,22 @@
-"""The classroom: the assignments in ``lessons/`` are otter-grader master notebooks, and this module only wraps
-otter's own commands so that a whole class is one command each::
+"""The classroom: the assignments in ``lessons/`` are otter-grader master notebooks; this module makes the
+student versions and autograders with otter and grades a class with :mod:`kvlab.grading`::
 
     python -m kvlab lessons make [--out build/lessons] [LESSON ...]
-        # `otter assign` per master: build/lessons/NN_name/student/NN_name.ipynb (hand this out) and
-        # build/lessons/NN_name/autograder/ (solutions notebook + NN_name-autograder_*.zip with every test)
-    python -m kvlab lessons grade LESSON SUBMISSIONS/ [--out build/grades/LESSON] [--jobs 2]
-        # `otter run` on every SUBMISSIONS/*.ipynb (no Docker), then OUT/final_grades.csv (one row per
-        # submission, one column per question, as `otter grade` writes it) and OUT/written_answers.csv
+        # `otter assign` per master: build/lessons/NN_name/student/NN_name.ipynb (the student version) and
+        # build/lessons/NN_name/autograder/ (solutions notebook + NN_name-autograder_*.zip with every test);
+        # build/lessons/student/ and build/lessons/student.zip: every student version, nothing else (hand out)
+    python -m kvlab lessons grade LESSON SUBMISSIONS/ [--out build/grades/LESSON] [--jobs 2] [--timeout 600]
+        # every SUBMISSIONS/*.ipynb or *.zip (what the notebook's export cell writes), each question in a fresh
+        # process against the reference of the others: OUT/final_grades.csv (one row per submission, one column
+        # per question, as `otter grade` writes it, plus `review`), OUT/feedback.csv and OUT/feedback/NAME.md
+        # (every check that failed, with its message), OUT/written_answers.csv
 
-Why otter-grader: `otter run` grades one notebook in the current environment, without Docker, a database
-or an exchange directory (nbgrader needs its course database and exchange), so CI and an instructor's
-laptop grade exactly as the tests do. Each question's tests run on the notebook's final state after every
-cell has been executed with errors allowed, so a question whose cell fails scores zero and the others are
-still graded. Hidden tests live only in the autograder zip; written (manual) questions are collected into a
-CSV for the instructor to read.
+Why otter-grader: `otter assign` turns one master notebook into the student version and an autograder zip with
+public and hidden tests, in a format instructors know; no Docker, database or exchange directory is needed
+(nbgrader needs its course database and exchange). Grading does not use `otter run`, which runs the tests in the
+student's own kernel after the student's code (a cell that patches otter's doctest runner gets full marks):
+:mod:`kvlab.grading` rebuilds the master with only the student's answer cells swapped in and runs every question
+in its own forked process, tests taken from the autograder zip; see that module for what is protected.
 """
 
 from __future__ import annotations
@@ -22,14 +25,13 @@ import argparse
 import contextlib
 import csv
 import io
-import multiprocessing
 import pathlib
 import shutil
 import sys
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
-__all__ = ["Assignment", "LESSONS_DIR", "grade", "lessons", "make", "main", "written_questions"]
+__all__ = ["Assignment", "LESSONS_DIR", "bundle", "grade", "lessons", "make", "main", "solution_leaks",
+           "written_questions"]
 
 LESSONS_DIR = pathlib.Path(__file__).resolve().parent.parent / "lessons"
 
@@ -72,23 +74,86 @@ def lessons(names: list[str] | None = None, root: pathlib.Path = LESSONS_DIR) ->
     return picked
 
 
+BUNDLE = "student"  # out/student/ and out/student.zip: only the student versions, to hand out
+
+
 def make(names: list[str] | None = None, out: pathlib.Path = pathlib.Path("build/lessons"),
          run_tests: bool = False) -> list[Assignment]:
     """``otter assign`` every master (or those named) into ``out/NN_name``; returns what was written.
 
+    Also writes the hand-out bundle: ``out/student/`` with the student version of every lesson built in ``out``
+    (no solutions, no hidden tests) and the same folder as ``out/student.zip``.
     ``run_tests=True`` also lets otter execute each master against its tests (slow: grading the solutions
     notebook with :func:`grade` checks the same)."""
     from otter.assign import main as otter_assign
 
     made = []
+    out = pathlib.Path(out)
     for master in lessons(names):
-        folder = (pathlib.Path(out) / master.stem).resolve()
+        folder = (out / master.stem).resolve()
         if folder.exists():  # no stale autograder zip from an earlier make
             shutil.rmtree(folder)
         with contextlib.redirect_stdout(io.StringIO()):  # otter's summary table; the CLI prints its own line
             otter_assign(str(master.resolve()), str(folder), no_run_tests=not run_tests, no_pdfs=True)
         made.append(Assignment.at(folder))
+    bundle(out)
     return made
+
+
+def bundle(out: pathlib.Path) -> pathlib.Path:
+    """Copy the student version of every assignment built in ``out`` into ``out/student/`` and zip that folder
+    into ``out/student.zip``; refuses (ValueError) if a solution or hidden test reached a student version."""
+    import zipfile
+
+    out = pathlib.Path(out)
+    folder = out / BUNDLE
+    if folder.exists():
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True)
+    students = sorted(out.glob("[0-9][0-9]_*/student/*.ipynb"))
+    for path in students:
+        leaked = solution_leaks(path)
+        if leaked:
+            raise ValueError(f"{path} is not safe to hand out: {leaked}")
+        shutil.copy(path, folder / path.name)
+    (folder / "README.md").write_text(HANDOUT)
+    with zipfile.ZipFile(out / f"{BUNDLE}.zip", "w", zipfile.ZIP_DEFLATED) as z:
+        for path in sorted(folder.iterdir()):
+            z.write(path, f"{BUNDLE}/{path.name}")
+    return folder
+
+
+HANDOUT = """# kvlab assignments
+
+Open each notebook in JupyterLab in a checkout of kvlab with its environment (`bash scripts/lab.sh`), work
+through the questions, and run `grader.check("qN")` under each one: these are the public checks, with a hint
+when one fails. The instructor grades with more (hidden) checks, each question on its own.
+
+To hand in: save the notebook, run the last cell (`grader.export(...)`): it writes a zip with your notebook
+next to it. Hand in that zip, or the `.ipynb` itself, the way your instructor asks (course repository,
+JupyterHub, e-mail). You get back per question the score and every check that failed, with its message.
+"""
+
+
+def solution_leaks(notebook: pathlib.Path) -> list[str]:
+    """What in a notebook would give away a solution: otter's solution markers, hidden tests (in the cells or
+    in the metadata otter uses for the public checks) or cells tagged as solutions. Empty when safe."""
+    import nbformat
+
+    nb = nbformat.read(notebook, as_version=4)
+    found = []
+    for i, cell in enumerate(nb.cells):
+        text = cell.source
+        for marker in ("BEGIN SOLUTION", "END SOLUTION", "# HIDDEN", "hidden: true", "BEGIN TESTS"):
+            if marker in text:
+                found.append(f"cell {i} contains {marker!r}")
+        if "otter_assign_solution_cell" in cell.get("metadata", {}).get("tags", []):
+            found.append(f"cell {i} is a solution cell")
+    tests = nb.metadata.get("otter", {}).get("tests", {})
+    for q, test in tests.items():
+        if any(case.get("hidden") for suite in test.get("suites", []) for case in suite.get("cases", [])):
+            found.append(f"a hidden test of {q} is in the notebook's metadata")
+    return found
 
 
 def written_questions(notebook: pathlib.Path) -> list[str]:
@@ -105,70 +170,116 @@ def written_questions(notebook: pathlib.Path) -> list[str]:
     return names
 
 
-def _run_one(submission: pathlib.Path, autograder: pathlib.Path) -> bytes:
-    """``otter run`` on one submission (in this process); a submission that cannot be graded at all (not a
-    notebook, say) gets a result that says why. Returns the dill-pickled ``GradingResults``."""
-    import dill
-    from otter.run import main as otter_run
-    from otter.test_files import GradingResults
-
-    try:
-        with contextlib.redirect_stdout(io.StringIO()):  # otter prints every test's report
-            results = otter_run(str(submission.resolve()), autograder=str(autograder.resolve()), output_dir=None,
-                                no_logo=True)
-    except Exception as exc:  # noqa: BLE001 - one broken submission must not stop the class's grading
-        results = GradingResults.without_results(exc)
-    results.file = submission.name
-    return dill.dumps(results)
-
-
 def _written_answers(submission: pathlib.Path, questions: list[str]) -> list[dict]:
-    """The student's text in the answer cells of the written questions (otter tags them ``otter_answer_cell``)."""
-    import nbformat
+    """The student's text in the answer cells of the written questions (otter tags them ``otter_answer_cell``;
+    in the master's solutions notebook the model answer follows the placeholder, tagged as a solution)."""
+    from kvlab.grading import read_submission
 
     try:
-        cells = nbformat.read(submission, as_version=4).cells
+        cells = read_submission(submission).cells
     except Exception as exc:  # noqa: BLE001 - an unreadable notebook is reported, not fatal
         return [{"file": submission.name, "question": q, "answer": f"(unreadable notebook: {exc})"} for q in questions]
-    answers = [c.source for c in cells
-               if c.cell_type == "markdown" and "otter_answer_cell" in c.get("metadata", {}).get("tags", [])]
+    answers = []
+    for i, c in enumerate(cells):
+        if c.cell_type == "markdown" and "otter_answer_cell" in c.get("metadata", {}).get("tags", []):
+            text = c.source
+            after = cells[i + 1] if i + 1 < len(cells) else None
+            if after is not None and after.cell_type == "markdown" and \
+                    "otter_assign_solution_cell" in after.get("metadata", {}).get("tags", []):
+                text = after.source  # the master's model answer, not otter's placeholder above it
+            answers.append(text)
     answers += ["(no answer cell)"] * (len(questions) - len(answers))
-    return [{"file": submission.name, "question": q, "answer": a.strip()} for q, a in zip(questions, answers)]
+    out = []
+    for q, a in zip(questions, answers):
+        a = a.strip()
+        out.append({"file": submission.name, "question": q, "answer": "(not answered)" if a == PLACEHOLDER else a})
+    return out
+
+
+PLACEHOLDER = "_Type your answer here, replacing this text._"  # what otter puts in a written answer cell
+
+
+def _feedback_text(result, lesson: str) -> str:
+    """One student's feedback as Markdown: per question the score, each check that failed and its message."""
+    lines = [f"# Feedback: {lesson}, {result.file}", ""]
+    if result.status != "Completed":
+        lines += [f"**Not graded**: {result.status}", ""]
+    possible = sum(q.points for q in result.questions.values())
+    lines += [f"Autograded score: **{result.total:g} / {possible:g}** (written questions are graded by hand).", ""]
+    for q in result.questions.values():
+        lines.append(f"## {q.question}: {q.score:g} / {q.points:g}")
+        for e in q.errors:
+            lines.append(f"- {e}")
+        for c in q.cases:
+            kind = "hidden" if c.hidden else "public"
+            mark = "passed" if c.passed else "FAILED"
+            lines.append(f"- {c.name} ({kind}, {c.points:g} pt): {mark}" + (f": {c.message}" if not c.passed and
+                                                                             c.message else ""))
+        lines.append("")
+    if result.flags:
+        lines += ["## Flagged for review by the instructor", ""] + [f"- {f}" for f in result.flags] + [""]
+    return "\n".join(lines)
 
 
 def grade(assignment: Assignment | pathlib.Path, submissions: pathlib.Path, out: pathlib.Path,
-          jobs: int = 1):
-    """Grade every ``*.ipynb`` in ``submissions`` with ``otter run``; write ``out/final_grades.csv``
-    (the format of ``otter grade``: a ``points-per-question`` row, then one row per submission with the score of
-    each question, ``total_points_earned``, ``percent_correct`` and ``grading_status``) and
-    ``out/written_answers.csv`` (file, question, answer) for the questions graded by hand.
+          jobs: int = 1, timeout: float = 600.0):
+    """Grade every ``*.ipynb`` (or ``grader.export()`` ``*.zip``) in ``submissions`` with
+    :func:`kvlab.grading.grade_submissions` (each question in a fresh process against the reference of the
+    others, the tests from the autograder zip, tampering put back and flagged) and write into ``out``:
+
+    - ``final_grades.csv``: the format of ``otter grade`` (a ``points-per-question`` row, then one row per
+      submission with the score of each question, ``total_points_earned``, ``percent_correct``,
+      ``grading_status``) plus ``review`` (why to look at the submission by hand; empty when nothing was found);
+    - ``feedback.csv``: one row per submission and check (``file, question, check, hidden, points, earned,
+      passed, message``), and ``feedback/<submission>.md``, the same for one student, to hand back;
+    - ``written_answers.csv`` (``file, question, answer``) for the questions graded by hand.
 
     Returns the grades as a pandas DataFrame. ``assignment`` is an :class:`Assignment` or the folder that
     :func:`make` wrote for it."""
-    import dill
-    from otter.grade.utils import merge_scores_to_df
+    import pandas as pd
+
+    from kvlab.grading import grade_submissions
 
     if not isinstance(assignment, Assignment):
         assignment = Assignment.at(pathlib.Path(assignment))
-    paths = sorted(pathlib.Path(submissions).glob("*.ipynb"))
+    paths = sorted(p for p in pathlib.Path(submissions).glob("*") if p.suffix in (".ipynb", ".zip"))
     if not paths:
-        raise ValueError(f"no *.ipynb submissions in {submissions}")
+        raise ValueError(f"no *.ipynb or *.zip submissions in {submissions}")
     out = pathlib.Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    if jobs > 1:  # otter changes directory while it grades: one process per worker
-        with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-            pickled = list(pool.map(_run_one, paths, [assignment.autograder] * len(paths)))
-    else:
-        pickled = [_run_one(p, assignment.autograder) for p in paths]
-    scores = [dill.loads(b) for b in pickled]
-    table = merge_scores_to_df(scores)
+    results = grade_submissions(assignment.solutions, assignment.autograder, paths, jobs=jobs, timeout=timeout)
+    questions = list(results[0].questions)
+    possible = {q: results[0].questions[q].points for q in questions}
+    total = sum(possible.values())
+    rows = [{"file": "points-per-question", **possible, "total_points_earned": total, "percent_correct": "",
+             "grading_status": "", "review": ""}]
+    for r in results:
+        rows.append({"file": r.file, **{q: r.questions[q].score for q in questions},
+                     "total_points_earned": r.total, "percent_correct": round(r.total / total, 4) if total else 0.0,
+                     "grading_status": r.status, "review": " | ".join(r.flags)})
+    table = pd.DataFrame(rows)
     table.to_csv(out / "final_grades.csv", index=False)
-    questions = written_questions(lessons([assignment.name])[0])  # otter drops the names from its copies
+    (out / "feedback").mkdir(exist_ok=True)
+    with open(out / "feedback.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=["file", "question", "check", "hidden", "points", "earned", "passed",
+                                               "message"])
+        writer.writeheader()
+        for r in results:
+            for q in r.questions.values():
+                for e in q.errors:
+                    writer.writerow({"file": r.file, "question": q.question, "check": "(your code)", "hidden": "",
+                                     "points": "", "earned": "", "passed": "", "message": e})
+                for c in q.cases:
+                    writer.writerow({"file": r.file, "question": q.question, "check": c.name, "hidden": c.hidden,
+                                     "points": c.points, "earned": c.points if c.passed else 0.0, "passed": c.passed,
+                                     "message": c.message})
+            (out / "feedback" / f"{pathlib.Path(r.file).stem}.md").write_text(_feedback_text(r, assignment.name))
+    written = written_questions(lessons([assignment.name])[0])  # otter drops the names from its copies
     with open(out / "written_answers.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=["file", "question", "answer"])
         writer.writeheader()
         for path in paths:
-            writer.writerows(_written_answers(path, questions))
+            writer.writerows(_written_answers(path, written))
     return table
 
 
@@ -180,26 +291,32 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("lessons", nargs="*", help="lesson numbers or names (default: all)")
     p.add_argument("--out", type=pathlib.Path, default=pathlib.Path("build/lessons"))
     p.add_argument("--run-tests", action="store_true", help="let otter run each master against its tests")
-    p = sub.add_parser("grade", help="grade a folder of submissions to a CSV (otter run, no Docker)")
+    p = sub.add_parser("grade", help="grade a folder of submissions: CSV, per-student feedback (each question in its own process)")
     p.add_argument("lesson", help="lesson number or name, e.g. 01")
-    p.add_argument("submissions", type=pathlib.Path, help="folder of the students' .ipynb files")
+    p.add_argument("submissions", type=pathlib.Path, help="folder of the students' .ipynb files or export zips")
     p.add_argument("--built", type=pathlib.Path, default=pathlib.Path("build/lessons"),
                    help="where `make` wrote the assignments")
     p.add_argument("--out", type=pathlib.Path, default=None, help="default: build/grades/<lesson>")
-    p.add_argument("--jobs", type=int, default=1, help="submissions graded at once")
+    p.add_argument("--jobs", type=int, default=1, help="questions graded at once (one process each)")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds one question of one submission may run")
     args = parser.parse_args(argv)
     if args.command == "make":
         for a in make(args.lessons, args.out, args.run_tests):
-            print(f"{a.name}: hand out {a.student}; grade with {a.autograder}")
+            print(f"{a.name}: student version {a.student}; grade with {a.autograder} (keep it private)")
+        print(f"hand out {args.out / BUNDLE}/ or {args.out / BUNDLE}.zip: the student versions only")
         return 0
     name = lessons([args.lesson])[0].stem
     out = args.out or pathlib.Path("build/grades") / name
     from kvlab.threads import share_threads
 
     share_threads(max(1, args.jobs))  # each grading process computes with cores // jobs threads (KVLAB_THREADS wins)
-    table = grade(args.built / name, args.submissions, out, jobs=args.jobs)
-    print(table.to_string(index=False))
-    print(f"wrote {out / 'final_grades.csv'} and {out / 'written_answers.csv'}")
+    table = grade(args.built / name, args.submissions, out, jobs=args.jobs, timeout=args.timeout)
+    print(table.drop(columns=["review"]).to_string(index=False))
+    flagged = table[(table["review"] != "") & (table["file"] != "points-per-question")]
+    for _, row in flagged.iterrows():
+        print(f"REVIEW {row['file']}: {row['review']}")
+    print(f"wrote {out / 'final_grades.csv'}, {out / 'feedback.csv'}, {out / 'feedback'}/ and "
+          f"{out / 'written_answers.csv'}")
     return 0
 
 

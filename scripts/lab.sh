@@ -13,13 +13,6 @@ if [ "$(id -u)" = 0 ]; then
   extra+=(--allow-root)
 fi
 
-# Markdown files open rendered (the start page), not in the text editor: a settings override inside .venv.
-overrides=.venv/share/jupyter/lab/settings/overrides.json
-if [ ! -f "$overrides" ]; then
-  mkdir -p "$(dirname "$overrides")"
-  cat > "$overrides" <<'JSON'
-{"@jupyterlab/docmanager-extension:plugin": {"defaultViewers": {"markdown": "Markdown Preview"}}}
-JSON
-fi
-
-exec .venv/bin/jupyter lab --notebook-dir=. "${extra[@]}" "$@" notebooks/START.md
+# Markdown files open rendered (the start page): a settings override kept in the project, read through the
+# project's own JupyterLab config; nothing is written into the environment.
+exec .venv/bin/jupyter lab --config=scripts/jupyter_lab_config.py --notebook-dir=. "${extra[@]}" "$@" notebooks/START.md

@@ -1,9 +1,11 @@
-"""The classroom, graded by otter-grader as an instructor would (`python -m kvlab lessons make|grade`).
+"""The classroom as an instructor runs it (`python -m kvlab lessons make|grade`).
 
-Every master in lessons/ gets full points; its generated student version gets zero on every autograded
-question (solutions and hidden tests removed); the deliberately wrong submissions in tests/fixtures/lessons/
-get exactly the partial points written below; the grades CSV has one row per submission. The lessons are
-made and graded once for the module (about a dozen notebook runs) and the asserts share the results.
+Every master in lessons/ gets full points and no review flag; its generated student version gets zero on every
+autograded question (solutions and hidden tests removed); the deliberately wrong submission of every lesson in
+tests/fixtures/lessons/ gets exactly the partial points written below; the grades CSV has one row per
+submission, the feedback files name every failed check; the hand-out bundle holds no solution. The lessons are
+made and graded once for the module (one master run per lesson, each question of each submission forked from
+it) and the asserts share the results. The attacks on grading are in test_lessons_grading.py.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import csv
 import pathlib
 import shutil
+import zipfile
 
 import nbformat
 import pytest
@@ -25,8 +28,17 @@ MASTERS = classroom.lessons()
 WRONG = {
     # q1 raises before defining anything; q2 and q3 are right: an error in one question costs only it
     "01_streaming_llm": {"q1": 0, "q2": 2, "q3": 3},
+    # q2 pops the oldest separator before appending (one too few kept: public passes, hidden fails)
+    "02_sepllm": {"q1": 3, "q2": 1, "q3": 2},
     # q2 forgets to clamp the offsets at R (public test passes, hidden fails); q4 counts StreamingLLM wrong
     "03_lacache": {"q1": 2, "q2": 1, "q3": 2, "q4": 0},
+    # q1 uses the plain mean (Eq. 4 without sqrt|c|), yet q3, which calls it, is graded with the reference;
+    # q4 lets queries keep future keys; q5 takes fut / past instead of max / min (public example passes)
+    "04_dhsa": {"q1": 0, "q2": 2, "q3": 3, "q4": 0, "q5": 1},
+    # q2 lets a tie go to the later token (public passes, hidden ties fail); q3 forgets to pool
+    "05_reform": {"q1": 2, "q2": 1, "q3": 1},
+    # q2 may select the sink; q3 takes the norms after input_layernorm (the new public check fails)
+    "06_orthorank": {"q1": 2, "q2": 0, "q3": 0},
 }
 
 
@@ -56,6 +68,9 @@ def graded(tmp_path_factory):
         wrong = FIXTURES / f"{assignment.name}_wrong.ipynb"
         if wrong.exists():
             shutil.copy(wrong, subs / "wrong.ipynb")
+        if assignment.name == "01_streaming_llm":  # what grader.export() writes: a zip with the notebook
+            with zipfile.ZipFile(subs / "alice.zip", "w") as z:
+                z.write(wrong, "01_streaming_llm.ipynb")
         grades = root / "grades" / assignment.name
         classroom.grade(assignment, subs, grades, jobs=2)
         with open(grades / "final_grades.csv") as f:
@@ -64,12 +79,12 @@ def graded(tmp_path_factory):
     return out
 
 
-def test_six_assignments_with_three_to_five_questions_each():
+def test_six_assignments_with_three_to_six_questions_each():
     assert len(MASTERS) >= 6
     for master in MASTERS:
         autograded = _points(master)
         written = classroom.written_questions(master)
-        assert 3 <= len(autograded) + len(written) <= 5, master.name
+        assert 3 <= len(autograded) + len(written) <= 6, master.name
         assert written, f"{master.name} has no written question"
         assert len(autograded) >= 2, master.name
 
@@ -109,6 +124,7 @@ def test_master_gets_full_points(graded, name):
     for question, points in points_of.items():
         assert float(row[question]) == points, (question, row)
     assert float(row["percent_correct"]) == 1.0
+    assert row["review"] == "", row["review"]  # the reference itself is never flagged
 
 
 @pytest.mark.parametrize("name", [m.stem for m in MASTERS])
@@ -118,6 +134,7 @@ def test_student_version_runs_and_scores_zero(graded, name):
     assert row["grading_status"] == "Completed", row  # the notebook ran to the end under the grader
     questions = _points(ROOT / "lessons" / f"{name}.ipynb")
     assert questions and all(float(row[q]) == 0 for q in questions), row
+    assert row["review"] == "", row["review"]
 
 
 @pytest.mark.parametrize("name", sorted(WRONG))
@@ -131,15 +148,103 @@ def test_wrong_submission_gets_the_expected_partial_points(graded, name):
 
 def test_grades_csv_has_a_row_per_submission_and_the_written_answers(graded):
     _, rows, grades = graded["01_streaming_llm"]
-    assert set(rows) == {"points-per-question", "master.ipynb", "student.ipynb", "wrong.ipynb"}
+    assert set(rows) == {"points-per-question", "alice.zip", "master.ipynb", "student.ipynb", "wrong.ipynb"}
     total = sum(_points(ROOT / "lessons" / "01_streaming_llm.ipynb").values())
     assert float(rows["points-per-question"]["total_points_earned"]) == total
     with open(grades / "written_answers.csv") as f:
         answers = list(csv.DictReader(f))
     assert [(a["file"], a["question"]) for a in answers] == [
-        ("master.ipynb", "q4"), ("student.ipynb", "q4"), ("wrong.ipynb", "q4")]
+        ("alice.zip", "q4"), ("master.ipynb", "q4"), ("student.ipynb", "q4"), ("wrong.ipynb", "q4")]
     wrong = next(a for a in answers if a["file"] == "wrong.ipynb")
     assert "sinks" in wrong["answer"]
+    master = next(a for a in answers if a["file"] == "master.ipynb")
+    assert master["answer"].startswith("The first tokens collect"), master  # the model answer, not otter's placeholder
+    student = next(a for a in answers if a["file"] == "student.ipynb")
+    assert student["answer"] == "(not answered)"
+
+
+@pytest.mark.parametrize("name", sorted(WRONG))
+def test_feedback_names_every_failed_check_with_its_message(graded, name):
+    _, rows, grades = graded[name]
+    with open(grades / "feedback.csv") as f:
+        feedback = [r for r in csv.DictReader(f) if r["file"] == "wrong.ipynb" and r["check"] != "(your code)"]
+    text = (grades / "feedback" / "wrong.md").read_text()
+    failed = [r for r in feedback if r["passed"] == "False"]
+    assert failed, feedback
+    for r in failed:
+        assert r["message"], r  # a failed check always says why
+        kind = "hidden" if r["hidden"] == "True" else "public"
+        assert f"{r['check']} ({kind}, " in text and "FAILED" in text, (r, text)
+    earned = {}
+    for r in feedback:
+        earned[r["question"]] = earned.get(r["question"], 0.0) + float(r["earned"])
+    assert {q: float(rows["wrong.ipynb"][q]) for q in earned} == earned  # the CSV is the sum of the checks
+    for r in feedback:  # a failing public check gives a hint, not bare values
+        if r["passed"] == "False" and r["hidden"] == "False" and r["message"].startswith("AssertionError"):
+            assert len(r["message"]) > 60, r
+
+
+def test_student_bundle_holds_every_student_version_and_no_solution(graded):
+    import zipfile
+
+    assignment = next(iter(graded.values()))[0]
+    built = assignment.student.parent.parent.parent
+    folder = built / classroom.BUNDLE
+    notebooks = sorted(p.name for p in folder.glob("*.ipynb"))
+    assert notebooks == [f"{m.stem}.ipynb" for m in MASTERS]
+    with zipfile.ZipFile(built / f"{classroom.BUNDLE}.zip") as z:
+        assert sorted(z.namelist()) == sorted(f"{classroom.BUNDLE}/{p.name}" for p in folder.iterdir())
+        bundle_code = "\n".join(c.source for n in z.namelist() if n.endswith(".ipynb")  # the questions' prose may
+                                 for c in nbformat.reads(z.read(n).decode(), as_version=4).cells  # quote a line
+                                 if c.cell_type == "code")
+    for path in folder.glob("*.ipynb"):
+        assert classroom.solution_leaks(path) == [], path
+    for master in MASTERS:  # no line of a solution reaches the bundle's code (30+ characters: not boilerplate)
+        for cell in nbformat.read(master, as_version=4).cells:
+            if "# BEGIN SOLUTION" in cell.source and "# END SOLUTION" in cell.source:
+                inside = cell.source.split("# BEGIN SOLUTION", 1)[1].split("# END SOLUTION", 1)[0]
+                for line in inside.splitlines():
+                    line = line.strip()
+                    if len(line) >= 30:
+                        assert line not in bundle_code, (master.name, line)
+
+
+def test_solution_leaks_are_found(tmp_path, graded):
+    assignment = graded["01_streaming_llm"][0]
+    assert classroom.solution_leaks(assignment.student) == []
+    leaks = classroom.solution_leaks(assignment.solutions)
+    assert any("solution cell" in leak for leak in leaks) and any("hidden test" in leak for leak in leaks)
+    leaky = tmp_path / "leaky"
+    (leaky / "01_x" / "student").mkdir(parents=True)
+    shutil.copy(assignment.solutions, leaky / "01_x" / "student" / "01_x.ipynb")
+    with pytest.raises(ValueError, match="not safe to hand out"):
+        classroom.bundle(leaky)
+
+
+@pytest.mark.parametrize("name", [m.stem for m in MASTERS])
+def test_title_cell_renders_as_a_heading(graded, name):
+    """The first Markdown cell of the master and of the student version starts with a level-1 heading
+    (an indented title renders as a code block)."""
+    import mistune
+
+    parse = mistune.create_markdown(renderer=None)
+    for path in (ROOT / "lessons" / f"{name}.ipynb", graded[name][0].student):
+        first = next(c for c in nbformat.read(path, as_version=4).cells if c.cell_type == "markdown")
+        tokens = [t for t in parse(first.source) if t["type"] != "blank_line"]
+        assert tokens[0]["type"] == "heading" and tokens[0]["attrs"]["level"] == 1, (path.name, tokens[0])
+        assert not any(t["type"] == "block_code" for t in tokens), path.name
+
+
+@pytest.mark.parametrize("name", [m.stem for m in MASTERS])
+def test_student_version_ends_with_the_export_cell(graded, name):
+    student = nbformat.read(graded[name][0].student, as_version=4)
+    last = [c for c in student.cells if c.cell_type == "code"][-1]
+    assert "grader.export(" in last.source and "pdf=False" in last.source, last.source
+
+
+def test_an_export_zip_is_graded_like_its_notebook(graded):
+    _, rows, _ = graded["01_streaming_llm"]
+    assert {q: float(rows["alice.zip"][q]) for q in WRONG["01_streaming_llm"]} == WRONG["01_streaming_llm"]
 
 
 def test_a_broken_submission_is_a_row_not_a_crash(tmp_path, graded):

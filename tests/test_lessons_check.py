@@ -70,15 +70,19 @@ def test_replay_needs_a_policy_without_scores():
         viz.replay_policy(H2O(budget=8), 20)
 
 
-def test_start_page_links_every_notebook_and_assignment():
+def test_start_page_links_every_notebook_and_no_master():
+    """The start page links every notebook, names every assignment, and never links the masters in lessons/
+    (solutions and hidden tests): students get the student versions from `lessons make`'s bundle."""
     text = (ROOT / "notebooks" / "START.md").read_text()
-    links = set(re.findall(r"\]\(([^)]+\.ipynb)\)", text))
+    links = set(re.findall(r"\]\(([^)]+)\)", text))
     for path in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")):
         assert path.name in links, f"notebooks/START.md does not link {path.name}"
     for path in sorted((ROOT / "lessons").glob("[0-9][0-9]_*.ipynb")):
-        assert f"../lessons/{path.name}" in links, f"notebooks/START.md does not link lessons/{path.name}"
+        assert f"`{path.stem}`" in text, f"notebooks/START.md does not name the assignment {path.stem}"
     for link in links:
-        assert (ROOT / "notebooks" / link).resolve().exists(), f"START.md links a missing file {link}"
+        assert "lessons/" not in link or "build/lessons/student" in link, f"START.md links a master: {link}"
+        if not link.startswith(("http://", "https://", "../build/")):
+            assert (ROOT / "notebooks" / link).resolve().exists(), f"START.md links a missing file {link}"
 
 
 def test_lab_script_opens_the_start_page_and_handles_root(tmp_path):
@@ -93,10 +97,28 @@ def test_lab_script_opens_the_start_page_and_handles_root(tmp_path):
     done = subprocess.run(["bash", "scripts/lab.sh", "--no-browser"], cwd=tmp_path, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     args = done.stdout.strip()
-    assert args.startswith("ARGS lab --notebook-dir=.") and args.endswith("--no-browser notebooks/START.md")
+    assert args.startswith("ARGS lab --config=scripts/jupyter_lab_config.py --notebook-dir=.")
+    assert args.endswith("--no-browser notebooks/START.md")
     if os.geteuid() == 0:
         assert "--allow-root" in args and "running as root" in done.stderr
     else:
         assert "--allow-root" not in args
-    overrides = tmp_path / ".venv" / "share" / "jupyter" / "lab" / "settings" / "overrides.json"
-    assert '"markdown": "Markdown Preview"' in overrides.read_text()
+    assert not (tmp_path / ".venv" / "share").exists(), "lab.sh wrote settings into the environment"
+
+
+def test_lab_config_keeps_the_settings_in_the_project():
+    """The config lab.sh passes points JupyterLab's app settings at scripts/lab_settings/ (Markdown opens rendered)."""
+    import json
+
+    class Config:
+        def __init__(self):
+            self.LabApp = type("LabApp", (), {})()
+
+    config = Config()
+    source = (ROOT / "scripts" / "jupyter_lab_config.py").read_text()
+    exec(compile(source, "jupyter_lab_config.py", "exec"),
+         {"get_config": lambda: config, "__file__": str(ROOT / "scripts" / "jupyter_lab_config.py")})
+    folder = pathlib.Path(config.LabApp.app_settings_dir)
+    assert folder == ROOT / "scripts" / "lab_settings"
+    overrides = json.loads((folder / "overrides.json").read_text())
+    assert overrides["@jupyterlab/docmanager-extension:plugin"]["defaultViewers"]["markdown"] == "Markdown Preview"

@@ -12,6 +12,7 @@ from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
 from browserkit import ROOT, image_loaded, visible_box  # noqa: E402
+from browserkit import book, book_url, browser, screenshots  # noqa: E402,F401 (fixtures)
 
 NOTEBOOK = "05_lacache_ladder"  # a notebook with figures and the widget explorer
 PAPER = "lacache"

@@ -27,6 +27,7 @@ from selenium.webdriver.common.keys import Keys  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
 from browserkit import ROOT, image_loaded, visible_box  # noqa: E402
+from browserkit import book, book_url, browser, screenshots  # noqa: E402,F401 (fixtures)
 
 NOTEBOOK = "notebooks/05_lacache_ladder.ipynb"
 # The cells to run, found by their text: parameters, setup (imports, model), the explorer.

@@ -7,7 +7,8 @@ same moment as its neighbour. Threads per process: ``--threads N`` (torch.set_nu
 ``KVLAB_THREADS`` is honoured). The goal: with kvlab's choice, each of two processes keeps at least 40 % of the
 speed one process has alone.
 
-    python benchmarks/threads_two_processes.py --out benchmarks/results/threads        # ~2 min on 2 cores
+    python benchmarks/threads_two_processes.py --out benchmarks/results/threads        # ~9 min on 2 cores
+    taskset -c 0,1 python benchmarks/threads_two_processes.py --random-weights --out DIR   # 2 cores of a bigger box
 
 writes ``threads_<machine>.json`` (every configuration, per process) and prints a table.
 """
@@ -36,8 +37,18 @@ def worker(args) -> None:
         torch.set_num_threads(default_threads())
     elif int(args.threads) > 0:
         torch.set_num_threads(int(args.threads))
-    model, tok = kvlab.load_model("smollm2-135m", device="cpu")
-    text = kvlab.datasets.load_text("wikitext")[:20000]
+    if args.random_weights:  # SmolLM2-135M's shape, random weights: no download (speed does not depend on them)
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        torch.manual_seed(0)
+        cfg = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                          num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192,
+                          tie_word_embeddings=True)
+        model, tok = kvlab.core.attach(LlamaForCausalLM(cfg).eval()), None
+        text = torch.randint(0, 49152, (1, 4 * args.tokens))
+    else:
+        model, tok = kvlab.load_model("smollm2-135m", device="cpu")
+        text = kvlab.datasets.load_text("wikitext")[:20000]
     policy = StreamingLLM(4, 60)
     streaming_perplexity(model, tok, text, policy, 8, progress=False, engine="static")  # warm-up
     while time.time() < args.start:  # both processes begin the measured part together
@@ -54,6 +65,7 @@ def run(procs: int, threads: str, args) -> list[dict]:
     start = time.time() + args.load_seconds
     cmd = [sys.executable, __file__, "--worker", "--threads", threads, "--tokens", str(args.tokens),
            "--repeats", str(args.repeats), "--start", str(start)]
+    cmd += ["--random-weights"] if args.random_weights else []
     children = [subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True) for _ in range(procs)]
     out = []
     for child in children:
@@ -71,6 +83,8 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=3, help="runs per measurement")
     p.add_argument("--configs", default="0,1,kvlab", help="thread settings to compare (0: torch default)")
     p.add_argument("--load-seconds", type=float, default=25.0, help="time given to load the model before the start")
+    p.add_argument("--random-weights", action="store_true",
+                   help="SmolLM2-135M's shape with random weights (no model file needed; same speed)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--threads", default="kvlab", help=argparse.SUPPRESS)
     p.add_argument("--start", type=float, default=0.0, help=argparse.SUPPRESS)
@@ -79,6 +93,7 @@ def main(argv=None) -> int:
         worker(args)
         return 0
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    load_before = os.getloadavg()[0]
     machine = f"{platform.node() or 'cpu'}-{cores}cores"
     rows = []
     for threads in args.configs.split(","):
@@ -90,9 +105,13 @@ def main(argv=None) -> int:
         print(f"threads={threads:5s} ({alone['threads']}): alone {alone['tokens_per_s']:.2f} tok/s; side by side "
               + ", ".join(f"{r['tokens_per_s']:.2f}" for r in pair) + " tok/s ("
               + ", ".join(f"{s:.0%}" for s in share) + " of alone)", flush=True)
-    record = {"machine": machine, "processor": platform.processor() or platform.machine(), "cores": cores,
+    record = {"machine": machine, "load_average_1min_at_start": load_before,
+              "load_average_1min_at_end": os.getloadavg()[0],
+              "note": "measured on a machine other processes were using too; see load_average",
+              "processor": platform.processor() or platform.machine(), "cores": cores,
               "kvlab_threads_env": os.environ.get("KVLAB_THREADS"), "tokens": args.tokens, "repeats": args.repeats,
-              "model": "smollm2-135m", "policy": "StreamingLLM(4, 60)", "engine": "static",
+              "model": "smollm2-135m" + (" (shape, random weights)" if args.random_weights else ""),
+              "policy": "StreamingLLM(4, 60)", "engine": "static",
               "command": "python benchmarks/threads_two_processes.py " + " ".join(sys.argv[1:] if argv is None
                                                                                   else argv),
               "rows": rows}

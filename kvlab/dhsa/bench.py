@@ -71,15 +71,16 @@ def _chunkings(n, device, names=("fixed64", "random16-128")):
 
 def _chunking_ms(k, time_budget):
     """Milliseconds of the learned chunking on one layer's keys: boundary predictor (random weights, the
-    paper's sizes) + threshold + NMS + at most n/64 chunks (:func:`kvlab.dhsa.reference.predict_boundaries`)."""
+    paper's sizes, in the keys' dtype, eager) + threshold + NMS on the GPU + at most n/64 chunks
+    (:func:`kvlab.dhsa.reference.predict_boundaries`). ``benchmarks/dhsa_predictor_time.py`` adds the
+    ``torch.compile`` fast path and the comparison with one layer's SDPA."""
     import torch
 
     from .reference import BoundaryPredictor, key_features, predict_boundaries
 
-    pred = BoundaryPredictor(key_features(k[:, :, :8]).shape[-1]).to(k.device, torch.float32).eval()
-    kf = k.float()
+    pred = BoundaryPredictor(key_features(k[:, :, :8]).shape[-1]).to(k.device, k.dtype).eval()  # bf16, eager
     with torch.no_grad():
-        return bench_ms(lambda: predict_boundaries(pred, kf, max_chunks=k.shape[2] // 64, max_len=128),
+        return bench_ms(lambda: predict_boundaries(pred, k, max_chunks=k.shape[2] // 64, max_len=128),
                         time_budget, max_reps=10)["ms"]
 
 

@@ -23,7 +23,8 @@ Two pieces, one per kvlab door:
 reads, for dense attention, DHSA and the cache-compressing baselines (StreamingLLM, H2O).
 
 Reading (authors' legacy code): their Gemma runs decode densely ("TODO: add support for decoding
-stage"); the text's App. A is what is built here.
+stage"); the text's App. A is what is built here, and ``DHSAPattern(decode="dense")`` (or
+:func:`kvlab.dhsa.pattern.authors_pattern`) decodes densely as their code does.
 """
 from __future__ import annotations
 

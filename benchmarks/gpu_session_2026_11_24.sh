@@ -7,6 +7,10 @@
 #   call 1: carry .cache/gpu/gguf.part1;                       bash benchmarks/gpu_session_2026_11_24.sh dhsa
 #   call 2: carry .cache/gpu/gguf.part2 .cache/gpu/corpora.tar.xz .whl;  bash benchmarks/gpu_session_2026_11_24.sh main
 #   call 3 (if units are left): the same command as call 2 with `resume` (runs DHSA's needle grid too)
+#   The machine went back after 30 minutes held; on the next one:
+#   call 4: carry .cache/gpu/gguf.part1;                        bash benchmarks/gpu_session_2026_11_24.sh kernels
+#   call 5: carry part2, corpora, .whl and the REFORM parts so far; bash benchmarks/gpu_session_2026_11_24.sh reform
+#   call 6: the same, if REFORM units are left
 #
 # Phases:
 #   dhsa    DHSA's predictor time vs dense SDPA of one layer and the end-to-end prefill in the paper's setup
@@ -31,6 +35,23 @@ case "$phase" in
     echo "predictor exit $?" >> "$G/times.txt"
     timeout 280 python benchmarks/dhsa_prefill_e2e.py --out "$G/dhsa_e2e" > "$G/dhsa_e2e.log" 2>&1
     echo "e2e exit $?" >> "$G/times.txt" ;;
+  kernels)
+    # the Triton kernels against their references on a real GPU (CI runs them in the interpreter)
+    timeout 500 python -m pytest tests/test_sep_attention.py tests/test_ragged_decode.py tests/test_dhsa.py \
+      tests/test_dhsa_protocol.py tests/test_orthorank.py tests/test_reform.py tests/test_fast_decode.py -q -x \
+      -p no:cacheprovider -k "triton or cuda or gpu or kernel" > "$G/gpu_tests.log" 2>&1
+    echo "gpu tests exit $?" >> "$G/times.txt" ;;
+  reform)
+    python -c "import kvlab; kvlab.load_model('smollm2-135m', device='cpu')" > "$G/convert.log" 2>&1
+    t0=$(date +%s)
+    timeout $((LIMIT + 90)) python benchmarks/reform_reruns.py run --out "$G/reform" --workers 13 --limit "$LIMIT" \
+      > "$G/reform_${phase}_$t0.log" 2>&1 &
+    if [ ! -f "$G/dhsa_needle_4096.examples.jsonl" ]; then
+      timeout $((LIMIT + 60)) python -m kvlab.dhsa.experiments needle --lengths 4096 --trials 20 --budgets 128,256 \
+        --out "$G/dhsa_needle_4096.examples.jsonl" > "$G/dhsa_needle.log" 2>&1 &
+    fi
+    wait
+    echo "$phase: $(( $(date +%s) - t0 )) s" >> "$G/times.txt" ;;
   main|resume)
     # convert the GGUF once before the parallel jobs start (each would otherwise race to write the same copy)
     python -c "import kvlab; kvlab.load_model('smollm2-135m', device='cpu')" > "$G/convert.log" 2>&1

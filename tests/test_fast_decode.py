@@ -137,8 +137,8 @@ def test_static_keep_equals_keep_on_random_views(policy):
 @pytest.mark.parametrize("policy", [StreamingLLM(2, 6), SepLLMStreaming(2, 3, 4, 12, separators=SEPS),
                                     LaCache(12, 2, 1, 2), Full()], ids=repr)
 def test_batch_of_three_equals_three_single_runs(model, policy):
-    texts = [_ids(40, 10)[0], _ids(44, 11)[0], _ids(52, 12)[0]]  # ragged: cut to 40 tokens
-    batch = streaming_perplexity_batch(model, None, texts, policy, None, progress=False)
+    texts = [_ids(40, 10)[0], _ids(44, 11)[0], _ids(52, 12)[0]]  # ragged: cut to 40 tokens, as asked
+    batch = streaming_perplexity_batch(model, None, texts, policy, None, progress=False, truncate=True)
     assert len(batch) == 3
     for text, result in zip(texts, batch):
         single = streaming_perplexity(model, None, text[:40], policy, None, progress=False, engine="hooks")

@@ -525,11 +525,9 @@ def collect(out, cells=None) -> list[dict]:
     from kvlab.sweep import task_key
 
     paths = sorted(Path(out, "cells").glob("*.json"))
-    if cells is not None:  # only this grid's files (and their kvpress / no-kvpress twins): other grids' are not read
-        stems = {t.name for t in cells}
-        stems |= {n + "-no-kvpress" for n in stems} | {n[:-len("-no-kvpress")] for n in stems
-                                                      if n.endswith("-no-kvpress")}
-        paths = [p for p in paths if p.stem in stems]
+    if cells is not None:  # only this grid's cell files and their twins (NAME-no-kvpress, NAME-...); not others'
+        bases = {t.name.removesuffix("-no-kvpress") for t in cells}
+        paths = [p for p in paths if p.stem in bases or any(p.stem.startswith(b + "-") for b in bases)]
     records = []
     for path in paths:
         try:

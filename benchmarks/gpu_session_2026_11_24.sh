@@ -70,4 +70,4 @@ case "$phase" in
     wait
     echo "$phase: $(( $(date +%s) - t0 )) s" >> "$G/times.txt" ;;
 esac
-cp -r "$G" "$OUT/"
+tar czf "$OUT/gpu.tgz" -C build gpu

@@ -67,7 +67,9 @@ def test_triton_with_local_matches_reference():
     q, k, v = _qkv(n=96, d=16, dtype=torch.float32, seed=3)
     bd = _random_chunks(96, 3, 4, 17)
     want = R.dhsa_attention_reference(q.double(), k.double(), v.double(), bd, 48, initial=4, local=8)
-    got = dhsa_attention(q, k, v, chunks=bd, budget=48, initial=4, local=8, backend="triton")
+    dev = "cuda" if torch.cuda.is_available() else "cpu"  # the interpreter on a CPU, the real kernel on a GPU
+    got = dhsa_attention(q.to(dev), k.to(dev), v.to(dev), chunks=bd, budget=48, initial=4, local=8,
+                         backend="triton").cpu()
     torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-4)
 
 

@@ -312,9 +312,35 @@ def _student_plan(nb, master_cells: list[dict], order: list[str], label: str) ->
     if order:
         extras_q[order[-1]].extend(pending_extras)
     if i != len(master_answers):
-        flags.append(f"{label}: {i} answer cells where the assignment has {len(master_answers)} (cells added, "
-                     f"removed or their tags edited); matched by order")
+        by_region = _answers_by_check(nb, order)
+        if by_region is not None:  # a copied answer cell (its tag comes along): each check cell ends its question
+            answers_q = by_region
+            flags.append(f"{label}: {i} answer cells where the assignment has {len(master_answers)}; matched to "
+                         f"the question whose check cell follows them")
+        else:
+            flags.append(f"{label}: {i} answer cells where the assignment has {len(master_answers)} (cells added, "
+                         f"removed or their tags edited); matched by order")
     return answers_q, extras_q, flags
+
+
+def _answers_by_check(nb, order: list[str]) -> dict[str, list[str]] | None:
+    """Answer cells per question by the ``grader.check("qN")`` cell after them, when every check cell of the
+    assignment is still there, once and in order; else None."""
+    checks = [_check_question(c.source) for c in nb.cells if c.cell_type == "code" and _check_question(c.source)]
+    if checks != order:
+        return None
+    answers: dict[str, list[str]] = {q: [] for q in order}
+    pending = []
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        q = _check_question(cell.source)
+        if q:
+            answers[q].extend(pending)
+            pending = []
+        elif any(t in cell.get("metadata", {}).get("tags", []) for t in ANSWER_TAGS):
+            pending.append(cell.source)
+    return answers
 
 
 # ------------------------------------------------------------------------------------------ the child's side

@@ -68,6 +68,14 @@ def _metadata_tests_only(nb):
             suite["cases"] = [{"code": ">>> True\nTrue\n", "hidden": False, "locked": False, "points": 100}]
 
 
+def _copy_first_answer(nb):
+    first = _answer_cells(nb)[0]
+    at = nb.cells.index(first)
+    copy = nbformat.from_dict({**first, "id": "copied-answer", "metadata": dict(first.metadata)})
+    copy.source = "def sink_window_keep(n, sink, window):\n    return []  # my first try\n"
+    nb.cells.insert(at, copy)
+
+
 ATTACKS = {
     # the issue's attack: nothing implemented, otter's doctest runner replaced (8/8 under otter run)
     "otter_patch": (dict(answers={0: "import otter.test_files.ok_test as t\n"
@@ -113,6 +121,8 @@ def attacked(tmp_path_factory):
     nbformat.write(_submission(assignment, {0: "def sink_window_keep(n, sink, window):\n    return list(range(n))\n"}),
                    subs / "q1_wrong.ipynb")
     nbformat.write(_submission(assignment), subs / "honest.ipynb")
+    # an honest student who copied the q1 answer cell to try something (the copy keeps otter's tag)
+    nbformat.write(_submission(assignment, edit=_copy_first_answer), subs / "copied_cell.ipynb")
     out = root / "grades"
     classroom.grade(assignment, subs, out, jobs=2, timeout=300)
     with open(out / "final_grades.csv") as f:
@@ -139,6 +149,14 @@ def test_honest_submission_gets_full_points_and_no_flag(attacked):
     rows, _, _ = attacked
     row = rows["honest.ipynb"]
     assert float(row["total_points_earned"]) == 8 and row["review"] == "", row
+
+
+def test_a_copied_answer_cell_is_matched_by_its_check_cell(attacked):
+    """Four tagged answer cells where the assignment has three: matched by order, q2 would get the copy."""
+    rows, _, _ = attacked
+    row = rows["copied_cell.ipynb"]
+    assert float(row["total_points_earned"]) == 8, row
+    assert "matched to the question whose check cell follows them" in row["review"]
 
 
 def test_each_question_is_graded_against_the_reference_of_the_others(attacked):

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Open the lab: set up (.venv, install, default assets), then JupyterLab on the repository with the start
-# page notebooks/START.md (every numbered notebook and assignment, linked) open as a rendered page.
+# page notebooks/START.md (every numbered notebook linked, the assignments named; students get their copies from the
+# hand-out bundle, never the masters in lessons/) open as a rendered page.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh

@@ -457,15 +457,18 @@ def run(args) -> int:
     """Submit the unfinished jobs to a Dask cluster (kvlab.sweep): local workers, or --scheduler ADDRESS."""
     import torch
 
-    from kvlab.sweep import Task, run_sweep
+    from kvlab.sweep import Task, run_sweep, visible_gpus
 
     gpu_workers = args.gpu_workers if (torch.cuda.is_available() or args.scheduler) else 0
     tasks = [Task(j.name, "quality_runs:run_job", dict(kind=j.kind, args=j.args, device=j.device), j.device, j.cost)
              for j in _selected(args)]
     print(f"{len(tasks)} jobs ({sum(t.cost for t in tasks):.0f} single-thread minutes, rough); "
           f"{args.scheduler or f'{args.cpu_workers} CPU workers, {gpu_workers} GPU workers'}", flush=True)
+    # several model copies share a GPU here (--gpu-workers 8 on one H100): spread them over the visible GPUs
+    per_gpu = -(-gpu_workers // max(1, len(visible_gpus()))) if gpu_workers and not args.scheduler else 1
     report = run_sweep(tasks, args.out, scheduler=args.scheduler, workers=args.cpu_workers, gpu_workers=gpu_workers,
-                       python_path=[str(Path(__file__).resolve().parent), str(ROOT)], progress=not args.quiet)
+                       workers_per_gpu=per_gpu, python_path=[str(Path(__file__).resolve().parent), str(ROOT)],
+                       progress=not args.quiet)
     print(report.summary(), flush=True)
     return 1 if report.failed else 0
 

@@ -10,6 +10,7 @@ commands:
   fetch [ID ...]   download models and corpora into the cache (no ID: the default set; --list, --all)
   bench METHOD WHAT  GPU benchmarks of a method (see `python -m kvlab bench --help`)
   sweep GRID.yaml  run a grid of calls or notebooks on a Dask cluster (see `python -m kvlab sweep --help`)
+  worker-env ADDRESS  print this host's `dask worker` lines, one pinned to each GPU (`| bash` starts them)
   leaderboard      every method on the same tasks at matched mean KV / FLOPs, on Dask (`leaderboard --help`)
   lessons make|grade  student versions of the assignments, grading to a CSV (see `python -m kvlab lessons -h`)
   claims           the claims ledger: --counts, --update, --write-readme, --check, --table PAPER (`claims -h`)
@@ -35,6 +36,10 @@ def main(argv: list[str] | None = None) -> int:
         from kvlab.sweep import main as sweep_main
 
         return sweep_main(rest) or 0
+    if command == "worker-env":
+        from kvlab.sweep import worker_env_main
+
+        return worker_env_main(rest) or 0
     if command == "leaderboard":
         from kvlab.leaderboard import main as leaderboard_main
 

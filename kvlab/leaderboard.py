@@ -38,7 +38,8 @@ budget, model id and checksum, seed and sizes, so a finished cell is skipped on 
 or kvlab version runs again::
 
     python -m kvlab leaderboard --grid tiny --workers 2          # local Dask cluster
-    python -m kvlab leaderboard --grid default --scheduler tcp://10.0.0.5:8786
+    python -m kvlab leaderboard --grid full --gpu-workers auto --workers-per-gpu 4   # 4 model copies per GPU
+    python -m kvlab leaderboard --grid default --scheduler tcp://10.0.0.5:8786 [--device gpu]
     .venv-peers/bin/python -m kvlab leaderboard --grid tiny --methods kvpress:SnapKVPress   # the peer's rows
 
 ``.venv-peers`` (kvpress, transformers<5.3) has no Dask: there the cells run one after the other in-process, into
@@ -661,16 +662,33 @@ DEFAULT_OUT = "build/leaderboard"
 
 def run_leaderboard(grid: str | dict = "tiny", out=DEFAULT_OUT, *, workers: int | None = 2,
                     scheduler: str | None = None, methods=METHODS, tasks=TASKS, progress: bool = True,
-                    run: bool = True):
+                    run: bool = True, gpu_workers: int | str = 0, workers_per_gpu: int = 1,
+                    device: str | None = None):
     """Run (or resume) a grid on a Dask cluster, then write ``leaderboard.csv`` (and ``.parquet`` where pyarrow
     is installed), ``leaderboard.md`` and ``pareto.png`` under ``out``; ``run=False`` only writes them from the
-    cells already finished (a sweep cut short). Returns ``(report, rows)``."""
+    cells already finished (a sweep cut short). Returns ``(report, rows)``.
+
+    ``gpu_workers`` (``"auto"``: ``workers_per_gpu`` per visible GPU) starts a local cluster of GPU workers, each
+    pinned to one GPU (:func:`kvlab.sweep.local_cluster`); then every cell runs on them and ``workers`` is not
+    used. ``device="gpu"`` sends the cells to the GPU workers of a ``scheduler``'s cluster (default: ``"gpu"``
+    with local GPU workers, else ``"cpu"``)."""
     import csv
 
     from kvlab.sweep import SweepReport, run_sweep
 
     out = Path(out)
     cells = cell_tasks(grid, methods=methods, tasks=tasks)
+    if device not in (None, "cpu", "gpu"):
+        raise ValueError(f"device must be 'cpu', 'gpu' or None (gpu with local GPU workers), got {device!r}")
+    if run and scheduler is None and gpu_workers:
+        from kvlab.sweep import gpu_worker_devices
+
+        gpu_workers = len(gpu_worker_devices(gpu_workers, workers_per_gpu))  # "auto" on a CPU machine: 0
+        if gpu_workers:
+            workers = None  # every cell goes to the GPU workers
+    device = device or ("gpu" if gpu_workers and scheduler is None else "cpu")
+    for cell in cells:
+        cell.device = device
     report = SweepReport()
     if run and importlib.util.find_spec("distributed") is None:  # .venv-peers: kvpress, no Dask
         from kvlab.sweep import _call, _finished
@@ -683,6 +701,7 @@ def run_leaderboard(grid: str | dict = "tiny", out=DEFAULT_OUT, *, workers: int 
                 report.done.append(_call(t, str(out / "cells"), []))
     elif run:
         report = run_sweep(cells, out / "cells", scheduler=scheduler, workers=workers, progress=progress,
+                           gpu_workers=gpu_workers if scheduler is None else 0, workers_per_gpu=workers_per_gpu,
                            python_path=[str(Path(__file__).resolve().parents[1])])
     rows = collect(out, cells)
     if rows:
@@ -712,13 +731,21 @@ def run_leaderboard(grid: str | dict = "tiny", out=DEFAULT_OUT, *, workers: int 
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
+    from kvlab.sweep import _gpu_workers_arg
+
     p = argparse.ArgumentParser(prog="python -m kvlab leaderboard", description=__doc__.split("\n\n")[0])
     p.add_argument("--grid", default="tiny", choices=sorted(GRIDS))
     p.add_argument("--out", default=DEFAULT_OUT,
                    help=f"result folder (default {DEFAULT_OUT}; the committed table is benchmarks/results/leaderboard, "
                         "written only when named here)")
     p.add_argument("--workers", type=int, default=None, help="local Dask worker processes (default: cores - 1)")
+    p.add_argument("--gpu-workers", type=_gpu_workers_arg, default=0,
+                   help="local workers each pinned to one GPU (CUDA_VISIBLE_DEVICES), every cell on them; 'auto': "
+                        "one per visible GPU (default 0: the CPU workers, which use a GPU when there is one)")
+    p.add_argument("--workers-per-gpu", type=int, default=1, help="GPU workers sharing one GPU (default 1)")
     p.add_argument("--scheduler", help="address of a running Dask scheduler (default: a local cluster)")
+    p.add_argument("--device", choices=["cpu", "gpu"], default=None,
+                   help="gpu: cells only on workers holding the GPU resource (default: gpu with --gpu-workers)")
     p.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset of the methods")
     p.add_argument("--tasks", default=",".join(TASKS), help="comma-separated subset of the tasks")
     p.add_argument("--report-only", action="store_true", help="write the table and plot from finished cells only")
@@ -728,12 +755,18 @@ def main(argv: list[str] | None = None) -> int:
     problems += [f"--methods must be among {', '.join(METHODS)}, got {m!r}" for m in methods if m not in METHODS]
     if args.workers is not None and args.workers < 1:
         problems.append(f"--workers must be >= 1, got {args.workers}")
+    if args.workers is not None and args.gpu_workers:
+        problems.append("--workers and --gpu-workers: give one (with GPU workers every cell runs on them)")
+    if args.workers_per_gpu < 1:
+        problems.append(f"--workers-per-gpu must be >= 1, got {args.workers_per_gpu}")
     if problems:
         print("kvlab leaderboard: " + "; ".join(problems), file=sys.stderr)
         return 2
     try:
         report, rows = run_leaderboard(args.grid, args.out, workers=args.workers, scheduler=args.scheduler,
-                                       methods=methods, tasks=tasks, run=not args.report_only)
+                                       methods=methods, tasks=tasks, run=not args.report_only,
+                                       gpu_workers=args.gpu_workers, workers_per_gpu=args.workers_per_gpu,
+                                       device=args.device)
     except (ValueError, OSError) as exc:
         print(f"kvlab leaderboard: {exc}", file=sys.stderr)
         return 2

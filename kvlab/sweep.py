@@ -14,6 +14,8 @@ by pointing it at a scheduler started with ``dask scheduler`` / ``dask worker AD
     python -m kvlab sweep grid.yaml                       # local cluster, one worker per core
     python -m kvlab sweep grid.yaml --workers 2 --dry-run # print the tasks
     python -m kvlab sweep grid.yaml --scheduler tcp://10.0.0.5:8786   # an existing cluster
+    python -m kvlab sweep grid.yaml --gpu-workers auto    # one worker pinned to each visible GPU
+    python -m kvlab worker-env tcp://10.0.0.5:8786 | bash # on each GPU host: one `dask worker` per GPU, pinned
 
 A grid file::
 
@@ -23,6 +25,12 @@ A grid file::
     fixed: {}                                           # the same for every task
     grid: {distance: [1024, 4096], neighbors: [64, 256]}   # every combination
     device: cpu                                          # or gpu: runs on workers started with the GPU resource
+
+GPUs: a GPU worker is pinned to one device by ``CUDA_VISIBLE_DEVICES`` in its environment, so that inside it
+``cuda:0`` is its own GPU. The devices are those this process sees (:func:`visible_gpus`); ``gpu_workers="auto"``
+starts one worker per device (``workers_per_gpu`` per device to share each one between several model copies),
+and asking for more is an error. Where GPU workers run, the CPU workers see no GPU. A ``device: gpu`` task runs
+only on a worker holding the ``GPU`` resource; with none in the cluster the sweep refuses to start.
 """
 from __future__ import annotations
 
@@ -39,7 +47,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 __all__ = ["Task", "SweepReport", "grid_tasks", "load_grid", "run_sweep", "task_key", "local_cluster", "check_name",
-           "check_target", "plain_json", "main"]
+           "check_target", "plain_json", "visible_gpus", "gpu_worker_devices", "worker_commands", "main",
+           "worker_env_main"]
 
 SCHEDULER_TIMEOUT = 5  # seconds to wait for a scheduler given by address before saying it does not answer
 
@@ -176,27 +185,95 @@ def check_target(target: str) -> None:
         raise ValueError(f"target {target!r}: module {module!r} has no function {function!r}")
 
 
-def local_cluster(workers: int, gpu_workers: int = 0):
+def visible_gpus() -> list[str]:
+    """The GPUs this process may use, as CUDA names them: the entries of ``CUDA_VISIBLE_DEVICES`` where it is set
+    (indices or UUIDs, kept as written, up to the first invalid one as CUDA reads it; empty: none), else
+    ``0 .. torch.cuda.device_count() - 1`` (none on a CPU machine)."""
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if listed is not None:
+        devices = []
+        for entry in listed.split(","):
+            entry = entry.strip()
+            if not entry or entry.startswith("-"):  # CUDA stops at the first invalid entry; -1 hides every GPU
+                break
+            devices.append(entry)
+        return devices
+    try:
+        import torch
+    except ImportError:
+        return []
+    return [str(i) for i in range(torch.cuda.device_count())]
+
+
+def _check_gpu_workers(gpu_workers, workers_per_gpu: int = 1) -> None:
+    if gpu_workers != "auto":
+        _check_count("gpu_workers", gpu_workers, 0)
+    _check_count("workers_per_gpu", workers_per_gpu, 1)
+
+
+def gpu_worker_devices(gpu_workers: int | str = "auto", workers_per_gpu: int = 1) -> list[str]:
+    """The device each GPU worker is pinned to (its ``CUDA_VISIBLE_DEVICES``), worker ``i`` on
+    ``visible_gpus()[i % len(visible_gpus())]``. ``gpu_workers="auto"``: ``workers_per_gpu`` per visible GPU (none
+    on a CPU machine). Raises ValueError for more workers than ``workers_per_gpu`` per visible GPU."""
+    _check_gpu_workers(gpu_workers, workers_per_gpu)
+    if gpu_workers == 0:
+        return []  # no GPU asked for: torch is not even imported
+    gpus = visible_gpus()
+    where = (f"CUDA_VISIBLE_DEVICES={os.environ['CUDA_VISIBLE_DEVICES']!r}" if "CUDA_VISIBLE_DEVICES" in os.environ
+             else "torch.cuda.device_count()")
+    if gpu_workers == "auto":
+        gpu_workers = len(gpus) * workers_per_gpu
+    if gpu_workers > len(gpus) * workers_per_gpu:
+        if not gpus:
+            raise ValueError(f"gpu_workers={gpu_workers} but this machine shows no GPU ({where}): leave gpu_workers "
+                             "at 0 (or 'auto') and give the tasks device: cpu, or run on a machine with GPUs")
+        raise ValueError(f"gpu_workers={gpu_workers} but {len(gpus)} GPU(s) are visible ({where}) with "
+                         f"workers_per_gpu={workers_per_gpu}: ask for at most {len(gpus) * workers_per_gpu}, or "
+                         f"'auto' (every GPU), or workers_per_gpu={-(-gpu_workers // len(gpus))} to share each GPU "
+                         "between several workers")
+    return [gpus[i % len(gpus)] for i in range(gpu_workers)]
+
+
+def local_cluster(workers: int, gpu_workers: int | str = 0, *, workers_per_gpu: int = 1):
     """A Dask cluster on this machine: ``workers`` CPU processes with one thread each, plus ``gpu_workers``
-    processes that hold the ``GPU`` resource (tasks with ``device="gpu"`` run only there)."""
+    processes (``"auto"``: ``workers_per_gpu`` per visible GPU) that hold the ``GPU`` resource (tasks with
+    ``device="gpu"`` run only there). GPU worker ``gpu-i`` is pinned to its device (:func:`gpu_worker_devices`)
+    by ``CUDA_VISIBLE_DEVICES``; where there are GPU workers, the CPU workers see no GPU."""
     from distributed import Nanny, Scheduler, SpecCluster
 
     from kvlab.threads import worker_env
 
+    _check_count("workers", workers, 0)
+    devices = gpu_worker_devices(gpu_workers, workers_per_gpu)
+    if not workers and not devices:
+        raise ValueError("a local cluster needs at least one worker: give workers >= 1 or gpu_workers >= 1"
+                         + (" (gpu_workers='auto' found no GPU)" if gpu_workers == "auto" else ""))
     # failures are reported by run_sweep, once; the worker processes share the cores (kvlab.threads)
-    quiet = {"nthreads": 1, "silence_logs": logging.CRITICAL, "env": worker_env(max(1, workers + gpu_workers))}
-    specs = {f"cpu-{i}": {"cls": Nanny, "options": quiet} for i in range(workers)}
-    specs.update({f"gpu-{i}": {"cls": Nanny, "options": {**quiet, "resources": {"GPU": 1}}} for i in range(gpu_workers)})
-    if not specs:
-        raise ValueError("a local cluster needs at least one worker: give workers >= 1 or gpu_workers >= 1")
+    env = worker_env(max(1, workers + len(devices)))
+    quiet = {"nthreads": 1, "silence_logs": logging.CRITICAL}
+    cpu_env = {**env, "CUDA_VISIBLE_DEVICES": ""} if devices else env
+    specs = {f"cpu-{i}": {"cls": Nanny, "options": {**quiet, "env": cpu_env}} for i in range(workers)}
+    specs.update({f"gpu-{i}": {"cls": Nanny, "options": {**quiet, "resources": {"GPU": 1},
+                                                         "env": {**env, "CUDA_VISIBLE_DEVICES": device}}}
+                  for i, device in enumerate(devices)})
     return SpecCluster(workers=specs, scheduler={"cls": Scheduler, "options": {"dashboard_address": None}},
                        silence_logs=logging.ERROR)
 
 
+def _no_gpu_worker(gpu_tasks: list[Task], where: str) -> ValueError:
+    return ValueError(f"{len(gpu_tasks)} task(s) ask for a GPU (device: gpu), e.g. {gpu_tasks[0].name!r}, but {where} "
+                      "holds the GPU resource, and a GPU task never runs on a CPU-only worker: start GPU workers "
+                      "(--gpu-workers auto / gpu_workers='auto' on a GPU machine; on a cluster `dask worker ADDRESS "
+                      "--resources GPU=1` per GPU, as `python -m kvlab worker-env ADDRESS` prints) or set device: cpu")
+
+
 def run_sweep(tasks: list[Task], out, *, scheduler: str | None = None, workers: int | None = None,
-              gpu_workers: int = 0, retries: int = 1, python_path: list[str] | None = None,
-              progress: bool = True) -> SweepReport:
-    """Run every unfinished task on a Dask cluster (``scheduler`` address, or a local one) and report."""
+              gpu_workers: int | str = 0, workers_per_gpu: int = 1, retries: int = 1,
+              python_path: list[str] | None = None, progress: bool = True) -> SweepReport:
+    """Run every unfinished task on a Dask cluster (``scheduler`` address, or a local one of ``workers`` CPU and
+    ``gpu_workers`` GPU processes, see :func:`local_cluster`; ``workers=None``: none where GPU workers take every
+    task, else cores - 1) and report. A ``device="gpu"`` task runs only on a worker holding the ``GPU`` resource:
+    with none in the cluster, ValueError before anything runs."""
     from distributed import Client, as_completed
     from tqdm.auto import tqdm
 
@@ -205,8 +282,8 @@ def run_sweep(tasks: list[Task], out, *, scheduler: str | None = None, workers: 
         twice = sorted({n for n in names if names.count(n) > 1})
         raise ValueError(f"task names must be unique (each one names its result file); repeated: {twice[:5]}")
     if workers is not None:
-        _check_count("workers", workers, 1)
-    _check_count("gpu_workers", gpu_workers, 0)
+        _check_count("workers", workers, 0 if gpu_workers else 1)
+    _check_gpu_workers(gpu_workers, workers_per_gpu)
     _check_count("retries", retries, 0)
     python_path = [str(Path(p).resolve()) for p in (python_path or [])]
     for p in python_path:  # the workers import targets with these on the path; so does the check
@@ -220,9 +297,16 @@ def run_sweep(tasks: list[Task], out, *, scheduler: str | None = None, workers: 
     todo = sorted((t for t in tasks if t.name not in report.skipped), key=lambda t: -t.cost)
     if not todo:
         return report
+    gpu_tasks = [t for t in todo if t.device == "gpu"]
     cluster = None
     if scheduler is None:
-        cluster = local_cluster(workers or max((os.cpu_count() or 2) - 1, 1), gpu_workers)
+        devices = gpu_worker_devices(gpu_workers, workers_per_gpu)
+        if gpu_tasks and not devices:
+            raise _no_gpu_worker(gpu_tasks, "no local worker" + (" (gpu_workers='auto' found no GPU)"
+                                                                 if gpu_workers == "auto" else ""))
+        if workers is None:
+            workers = 0 if devices and len(gpu_tasks) == len(todo) else max((os.cpu_count() or 2) - 1, 1)
+        cluster = local_cluster(workers, len(devices), workers_per_gpu=workers_per_gpu)
         client = Client(cluster)
     else:
         try:
@@ -233,10 +317,16 @@ def run_sweep(tasks: list[Task], out, *, scheduler: str | None = None, workers: 
                                   f"{scheduler} --nthreads 1`, or leave out --scheduler for a local cluster"
                                   ) from None
     try:
-        has_gpu = any("GPU" in (w.get("resources") or {}) for w in client.scheduler_info()["workers"].values())
+        if gpu_tasks and scheduler is not None:
+            deadline = time.time() + SCHEDULER_TIMEOUT  # a worker may still be joining
+            while not any("GPU" in (w.get("resources") or {})
+                          for w in client.scheduler_info(n_workers=-1)["workers"].values()):
+                if time.time() > deadline:
+                    raise _no_gpu_worker(gpu_tasks, f"no worker of the cluster at {scheduler}")
+                time.sleep(0.2)
         futures = {}
         for t in todo:
-            resources = {"GPU": 1} if t.device == "gpu" and has_gpu else None
+            resources = {"GPU": 1} if t.device == "gpu" else None
             fut = client.submit(_call, t, str(out.resolve()), python_path, key=f"{t.name}-{task_key(t)}",
                                 retries=retries, resources=resources, pure=False)
             futures[fut] = t
@@ -326,6 +416,20 @@ def load_grid(path) -> tuple[list[Task], Path]:
     return tasks, out
 
 
+def _gpu_workers_arg(value: str):
+    import argparse
+
+    if value == "auto":
+        return value
+    try:
+        n = int(value)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"must be 'auto' (one per visible GPU) or an int >= 0, got {value!r}")
+    return n
+
+
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
@@ -333,13 +437,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("grid", help="a grid YAML file")
     p.add_argument("--out", help="result folder (default: the grid's 'out')")
     p.add_argument("--scheduler", help="address of a running Dask scheduler (default: a local cluster)")
-    p.add_argument("--workers", type=int, default=None, help="local CPU worker processes (default: cores - 1)")
-    p.add_argument("--gpu-workers", type=int, default=0, help="local worker processes holding the GPU resource")
+    p.add_argument("--workers", type=int, default=None,
+                   help="local CPU worker processes (default: none if GPU workers take every task, else cores - 1)")
+    p.add_argument("--gpu-workers", type=_gpu_workers_arg, default=0,
+                   help="local worker processes holding the GPU resource, each pinned to one GPU by "
+                        "CUDA_VISIBLE_DEVICES; 'auto': one per visible GPU (default 0)")
+    p.add_argument("--workers-per-gpu", type=int, default=1,
+                   help="GPU workers sharing one GPU (each its own model copy; default 1)")
     p.add_argument("--retries", type=int, default=1)
     p.add_argument("--dry-run", action="store_true", help="print the tasks and whether each is done")
     args = p.parse_args(argv)
-    for flag, value, minimum in (("--workers", args.workers, 1), ("--gpu-workers", args.gpu_workers, 0),
-                                 ("--retries", args.retries, 0)):
+    for flag, value, minimum in (("--workers", args.workers, 0 if args.gpu_workers else 1),
+                                 ("--workers-per-gpu", args.workers_per_gpu, 1), ("--retries", args.retries, 0)):
         if value is not None and value < minimum:
             print(f"kvlab sweep: {flag} must be >= {minimum}, got {value}", file=sys.stderr)
             return 2
@@ -351,12 +460,70 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{'done' if _finished(t, out) else 'todo'}  {t.name:30s} {json.dumps(t.params, default=str)}")
             return 0
         report = run_sweep(tasks, out, scheduler=args.scheduler, workers=args.workers, gpu_workers=args.gpu_workers,
-                           retries=args.retries, python_path=[os.getcwd()])
+                           workers_per_gpu=args.workers_per_gpu, retries=args.retries, python_path=[os.getcwd()])
     except (ValueError, OSError) as exc:  # a bad grid, target, name or scheduler: one sentence, no traceback
         print(f"kvlab sweep: {exc}", file=sys.stderr)
         return 2
     print(report.summary())
     return 1 if report.failed else 0
+
+
+def worker_commands(address: str, *, workers_per_gpu: int = 1, cpu_workers: int = 0,
+                    name: str | None = None) -> list[str]:
+    """Shell lines that start this host's Dask workers for the scheduler at ``address``: ``workers_per_gpu``
+    ``dask worker ADDRESS --nthreads 1 --resources GPU=1`` per visible GPU (:func:`visible_gpus`), each with
+    ``CUDA_VISIBLE_DEVICES`` set to its device, and ``cpu_workers`` CPU workers that see no GPU; every one with its
+    share of the cores (:func:`kvlab.threads.worker_env`) and a name ``NAME-gpuDEVICE[-k]`` / ``NAME-cpuI``
+    (``name``: the host name). Each line ends in ``&`` and a last ``wait`` keeps them, so the output runs as a
+    script (``| bash``)."""
+    import shlex
+    import socket
+
+    from kvlab.threads import worker_env
+
+    if not isinstance(address, str) or not address.strip():
+        raise ValueError(f"address must be the scheduler's address, e.g. tcp://10.0.0.5:8786, got {address!r}")
+    _check_count("workers_per_gpu", workers_per_gpu, 1)
+    _check_count("cpu_workers", cpu_workers, 0)
+    devices = gpu_worker_devices("auto", workers_per_gpu)
+    if not devices and not cpu_workers:
+        raise ValueError("this host shows no GPU (CUDA_VISIBLE_DEVICES / torch.cuda.device_count()): give "
+                         "cpu_workers >= 1 (--cpu-workers N) for CPU workers, or run this on a GPU host")
+    name = name or socket.gethostname()
+    threads = worker_env(len(devices) + cpu_workers)
+    lines = []
+    for i, device in enumerate(devices):
+        copy = f"-{i // len(set(devices))}" if workers_per_gpu > 1 else ""
+        env = {**threads, "CUDA_VISIBLE_DEVICES": device}
+        lines.append(" ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()) + f" dask worker {shlex.quote(address)}"
+                     f" --nthreads 1 --resources GPU=1 --name {shlex.quote(f'{name}-gpu{device}{copy}')} &")
+    for i in range(cpu_workers):
+        env = {**threads, "CUDA_VISIBLE_DEVICES": ""} if devices else threads
+        lines.append(" ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()) + f" dask worker {shlex.quote(address)}"
+                     f" --nthreads 1 --name {shlex.quote(f'{name}-cpu{i}')} &")
+    return lines + ["wait"]
+
+
+def worker_env_main(argv: list[str] | None = None) -> int:
+    """``python -m kvlab worker-env ADDRESS``: print :func:`worker_commands` (run them with ``| bash``)."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m kvlab worker-env",
+                                description="Print the `dask worker` command lines for this host's GPUs, one worker "
+                                            "pinned to each GPU by CUDA_VISIBLE_DEVICES (pipe into bash to start them)")
+    p.add_argument("address", help="the scheduler's address, e.g. tcp://10.0.0.5:8786 (from `dask scheduler`)")
+    p.add_argument("--workers-per-gpu", type=int, default=1, help="workers sharing each GPU (default 1)")
+    p.add_argument("--cpu-workers", type=int, default=0, help="CPU-only workers on this host too (default 0)")
+    p.add_argument("--name", help="worker name prefix (default: the host name)")
+    args = p.parse_args(argv)
+    try:
+        lines = worker_commands(args.address, workers_per_gpu=args.workers_per_gpu, cpu_workers=args.cpu_workers,
+                                name=args.name)
+    except ValueError as exc:
+        print(f"kvlab worker-env: {exc}", file=sys.stderr)
+        return 2
+    print("\n".join(lines))
+    return 0
 
 
 if __name__ == "__main__":

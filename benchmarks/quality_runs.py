@@ -292,7 +292,8 @@ def _run_ppl(args):
     used = dict(policy_used=repr(policy))  # after the run: LaCache's repr shows the span/overlap it used
     if hasattr(policy, "settings"):
         used["settings"] = policy.settings(_STATE["model"].config.num_hidden_layers)
-    return dict(ppl=r.ppl, ppl_at=ppl_at_lengths(r, LENGTHS + [args["tokens"]]), mean_kv=float(kv.mean()),
+    at = ppl_at_lengths(r, LENGTHS + [args["tokens"]])
+    return dict(ppl=r.ppl, ppl_at={str(n): p for n, p in at.items()}, mean_kv=float(kv.mean()),
                 max_kv=int(kv.max()), seconds=r.seconds, nll=[round(float(x), 4) for x in r.nll], **used)
 
 

@@ -1,6 +1,6 @@
-"""The README's instructor and papermill commands, run verbatim (the instructor block) or checked and partly run
-(papermill: a full notebook run is not a unit test; the folder every output goes to is created first, and the
-cheap commands run verbatim)."""
+"""The guide's instructor and papermill commands (docs/guide/classroom.md, docs/guide/papermill.md; the README links
+both), run verbatim (the instructor block) or checked and partly run (papermill: a full notebook run is not a unit
+test; the folder every output goes to is created first, and the cheap commands run verbatim)."""
 
 from __future__ import annotations
 
@@ -13,22 +13,23 @@ import shutil
 import subprocess
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-README = (ROOT / "README.md").read_text()
+CLASSROOM = (ROOT / "docs" / "guide" / "classroom.md").read_text()
+PAPERMILL = (ROOT / "docs" / "guide" / "papermill.md").read_text()
 
 
-def _block(heading: str) -> str:
-    """The first ```bash block after ``heading`` in the README."""
-    after = README.split(heading, 1)[1]
+def _block(page: str, heading: str) -> str:
+    """The first ```bash block after ``heading`` in ``page``."""
+    after = page.split(heading, 1)[1]
     return re.search(r"```bash\n(.*?)```", after, re.S).group(1)
 
 
 def test_instructor_commands_run_verbatim(tmp_path):
     """make -> hand-out bundle; a folder of submissions (a zip and a notebook) -> grades, feedback, answers."""
-    block = _block("### For instructors: hand out, collect, grade")
+    block = _block(CLASSROOM, "### For instructors: hand out, collect, grade")
     (tmp_path / ".venv").symlink_to(ROOT / ".venv")
     # what students hand in, placed where the block says to collect it (the block itself creates the folder)
     script = block.replace("mkdir -p submissions", "mkdir -p submissions && cp \"$WRONG\" submissions/bob.ipynb")
-    assert script != block, "the README's block no longer creates submissions/"
+    assert script != block, "the classroom guide's block no longer creates submissions/"
     env = {**os.environ, "WRONG": str(ROOT / "tests" / "fixtures" / "lessons" / "01_streaming_llm_wrong.ipynb")}
     done = subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=tmp_path, env=env, capture_output=True,
                           text=True, timeout=1200)
@@ -41,14 +42,14 @@ def test_instructor_commands_run_verbatim(tmp_path):
         rows = {r["file"]: r for r in csv.DictReader(f)}
     assert float(rows["bob.ipynb"]["total_points_earned"]) == 5 and rows["bob.ipynb"]["review"] == ""
     assert (out / "feedback" / "bob.md").exists() and (out / "written_answers.csv").exists()
-    # the paths the README's prose names exist
-    prose = README.split("### For instructors: hand out, collect, grade", 1)[1].split("\n## ", 1)[0]
+    # the paths the guide's prose names exist
+    prose = CLASSROOM.split("### For instructors: hand out, collect, grade", 1)[1].split("\n## ", 1)[0]
     for name in ("final_grades.csv", "feedback.csv", "written_answers.csv"):
         assert f"`{name}`" in prose and (out / name).exists()
 
 
 def test_papermill_example_creates_its_output_folders_and_its_cheap_commands_run(tmp_path):
-    block = _block("## Running an experiment with papermill")
+    block = _block(PAPERMILL, "## Running an experiment with papermill")
     commands = [line.split("  #")[0].strip() for line in block.splitlines() if line.strip() and
                 not line.strip().startswith("#")]
     made = set()

@@ -13,8 +13,8 @@ Steps, each failing with a list of what is wrong:
 2. **Student versions** of the assignments: ``python -m kvlab lessons make --out build/lessons`` when missing or
    older than the master.
 3. **Sources** staged in ``OUT/src``: ``book/`` (index, paper pages, with the claims tables and any paper notes of
-   ``docs/papers/`` filled in), the notebooks, the lessons, and ``results.md`` generated from the ledger
-   (:mod:`kvlab.claims`).
+   ``docs/papers/`` filled in), the notebooks, the lessons, the guide pages of ``docs/guide/`` (links to files
+   outside the book left as text), and ``results.md`` generated from the ledger (:mod:`kvlab.claims`).
 4. **Sphinx** (``-W --keep-going -n``): a broken cross-reference, a missing image or a document outside the table
    of contents is an error. Nothing is executed (``nb_execution_mode = "off"`` in ``book/conf.py``).
 5. **The site checked as a browser would load it**: every local link and image of every page resolves to a file
@@ -217,6 +217,23 @@ def _paper_notes(name: str, src: pathlib.Path) -> str:
             f"```{{toctree}}\n:hidden:\n\n{toc}\n```")
 
 
+GUIDE_LINK = re.compile(r"(?<!!)\[([^\]]*)\]\(([^)\s]+)\)")
+
+
+def guide_page(page: pathlib.Path) -> str:
+    """A page of ``docs/guide/`` for the book: links to other guide pages kept, links to files outside the book
+    (``../../README.md``) left as their text, since the book holds no copy of them."""
+    def unlink(m: re.Match) -> str:
+        target = urllib.parse.urlsplit(m[2])
+        if target.scheme or target.netloc or not target.path:  # the web, or an anchor in the same page
+            return m[0]
+        other = page.parent / target.path
+        in_guide = other.parent == page.parent and other.suffix == ".md" and other.is_file()
+        return m[0] if in_guide else m[1]
+
+    return GUIDE_LINK.sub(unlink, page.read_text(encoding="utf-8"))
+
+
 def stage(src: pathlib.Path, executed: pathlib.Path, notebooks: list[pathlib.Path],
           students: list[pathlib.Path]) -> None:
     """Write the book's sources into ``src`` (only what changed, so Sphinx rebuilds only those pages)."""
@@ -232,6 +249,9 @@ def stage(src: pathlib.Path, executed: pathlib.Path, notebooks: list[pathlib.Pat
     keep |= set((src / "papers" / "notes").glob("*.md"))
     _write(src / "results.md", results_page())
     keep.add(src / "results.md")
+    for page in sorted((ROOT / "docs" / "guide").glob("*.md")):
+        _write(src / "guide" / page.name, guide_page(page))
+        keep.add(src / "guide" / page.name)
     for nb in notebooks:
         _sync(executed / nb.name, src / "notebooks" / nb.name)
         keep.add(src / "notebooks" / nb.name)

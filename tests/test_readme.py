@@ -77,3 +77,22 @@ def test_the_link_check_finds_a_broken_link(tmp_path):
                     "`[in code](code.md)`\n```\n[in a block](block.md)\n```\n")
     assert relative_links(page) == ["there.md", "there.md", "docs/gone.md", "figs/none.png", "missing.md"]
     assert [b.split(": ")[1] for b in broken_links(page)] == ["docs/gone.md", "figs/none.png", "missing.md"]
+
+
+def test_the_book_takes_the_guide_pages(tmp_path):
+    """book/build.py stages docs/guide/*.md under guide/ (book/index.md's Guide toctree), keeping links between guide
+    pages and leaving links to files outside the book (the README) as text, which Sphinx -n would reject."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "book"))
+    import build as book
+
+    assert "guide/*" in (ROOT / "book" / "index.md").read_text(encoding="utf-8")
+    (tmp_path / "other.md").write_text("# other")
+    page = tmp_path / "page.md"
+    page.write_text("[front](../../README.md) [other](other.md#x) [web](https://arxiv.org/abs/1) [a](#y) "
+                    "[gone](gone.md) ![fig](fig.png)\n")
+    assert book.guide_page(page) == ("front [other](other.md#x) [web](https://arxiv.org/abs/1) [a](#y) "
+                                     "gone ![fig](fig.png)\n")
+    staged = book.guide_page(GUIDE / "design.md")
+    assert "../../README.md" not in staged and "the [README](" not in staged and "the README." in staged

@@ -467,8 +467,10 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m kvlab claims", description=__doc__.split("\n\n")[0])
     p.add_argument("--counts", action="store_true", help="agrees / does not agree / inconclusive / not run per paper")
     p.add_argument("--update", action="store_true", help="recompute the statistical rows and write them back")
-    p.add_argument("--write-readme", action="store_true", help="regenerate README.md's counts block and docs/results.md (every row)")
-    p.add_argument("--check", action="store_true", help="exit 1 if a computed column, README.md or docs/results.md is stale")
+    p.add_argument("--write-readme", action="store_true",
+                   help="regenerate README.md's counts block and docs/results.md (every row)")
+    p.add_argument("--check", action="store_true",
+                   help="exit 1 if a computed column, README.md or docs/results.md is stale")
     p.add_argument("--table", metavar="PAPER", help="print one paper's rows (as a notebook would)")
     args = p.parse_args(argv)
     if args.update:

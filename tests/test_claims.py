@@ -1,6 +1,7 @@
 """The claims ledger (benchmarks/claims.csv) and the statistics behind its verdicts (kvlab.eval.stats).
 
-Properties are checked on seeded random inputs over small grids (kvlab does not use hypothesis; see README)."""
+Properties are checked on seeded random inputs over small grids (kvlab does not use hypothesis; see
+docs/guide/sweeps-and-tools.md)."""
 
 import math
 import shutil

@@ -1,4 +1,4 @@
-"""The layout rules of README "Layout": one folder per paper, a small core, no import cycles.
+"""The layout rules of docs/guide/design.md "Layout": one folder per paper, a small core, no import cycles.
 
 Imports are read from the source (every ``import``/``from`` statement, function-level ones included), so
 a cycle hidden inside a function body is caught too.

@@ -7,7 +7,7 @@
 # rows of one static-engine batch (CUDA graph); row r = the stream's first 4 tokens (sinks), WARMUP
 # tokens before the segment (decoded, not scored), then the segment (scored). An approximation: keys/values of
 # layers > 0 know nothing from before the warm-up, and SepLLM's / LaCache's compaction cycle may be in another phase
-# than in one sequential pass (see the README section "Very long streams"); step 4 measures the effect.
+# than in one sequential pass (see docs/guide/engine.md, "Very long streams"); step 4 measures the effect.
 #
 #   1. load SmolLM2-135M in float32 (on the CPU, 640 tokens, bf16 moved perplexity by 0.2-0.3% and the
 #      SepLLM-StreamingLLM gap by 0.1 point; the paper's gaps are 4-6%: fp32 costs little here), tokenize the stream

@@ -1,4 +1,4 @@
-"""DHSA (https://arxiv.org/abs/2508.02124): dynamic chunks, chunk-level similarity, token-level TopK.
+"""DHSA (https://arxiv.org/abs/2510.24606): dynamic chunks, chunk-level similarity, token-level TopK.
 
 Public names: :func:`dhsa_attention` (prefill attention, backends ``"torch" | "flex" | "triton"``;
 :func:`dhsa_selection` builds its kept set apart, to share it across layers),

@@ -1,6 +1,6 @@
 """Public entry points of DHSA attention: check inputs, pick a backend.
 
-Paper: DHSA (Xiong et al., arXiv:2508.02124), Sec. 2.1-2.3 and App. A. The specification is
+Paper: DHSA (Xiong et al., arXiv:2510.24606), Sec. 2.1-2.3 and App. A. The specification is
 :mod:`kvlab.dhsa.reference`; the prefill backends are
 
 * ``"torch"``: the eager reference (materialises ``(seq, seq)``; any device, float64 too),

@@ -1,6 +1,6 @@
 """Experiments of the DHSA notebooks (07, 08) and of ``python -m kvlab bench dhsa prefill|decode``.
 
-Paper: DHSA (arXiv:2508.02124), Sec. 3 and App. C-D. What is here:
+Paper: DHSA (arXiv:2510.24606), Sec. 3 and App. C-D. What is here:
 
 * queries/keys of a layer (:func:`record_qk`), perplexity under prefill patterns (:func:`pattern_perplexity`:
   DHSA patterns must use the causal query (``causal_query=True``), :func:`position_nll` for the leak);

@@ -1,7 +1,7 @@
 """DHSA prefill attention with PyTorch FlexAttention: a block mask from the ranked chunk lists and
 an exact ``mask_mod``.
 
-Paper: DHSA (arXiv:2508.02124), Sec. 2.1 / App. A. Specification:
+Paper: DHSA (arXiv:2510.24606), Sec. 2.1 / App. A. Specification:
 :func:`kvlab.dhsa.reference.dhsa_attention_reference` (``keep_diagonal=True``); the kept set is
 the :class:`~kvlab.dhsa.reference.ChunkPlan` one (initial keys, diagonal chunk, a prefix of the
 query chunk's ranked list). This is the "FlexAttention block top-k" point of comparison for the

@@ -1,6 +1,6 @@
 """DHSA as a prefill attention pattern: chosen layers of a model attend through :func:`dhsa_attention`.
 
-Paper: DHSA (arXiv:2508.02124), Sec. 2 and App. A. Usage::
+Paper: DHSA (arXiv:2510.24606), Sec. 2 and App. A. Usage::
 
     pattern = DHSAPattern(budget=256, chunking="fixed", chunk_size=32)       # block-sparse-like
     with use_pattern(model, pattern, layers=dhsa_layers(model)):

@@ -1,6 +1,6 @@
 """DHSA at decode time (App. A): the whole KV cache is kept, each new token attends sparsely.
 
-Paper: DHSA (arXiv:2508.02124), App. A "decode stage" and App. D (latency / memory of decoding). At a
+Paper: DHSA (arXiv:2510.24606), App. A "decode stage" and App. D (latency / memory of decoding). At a
 decode step with ``T`` tokens so far (prompt ``n0`` + generated), the chunking is the prompt's chunks,
 then all earlier generated tokens as one chunk, then the new token as its own chunk
 (:func:`kvlab.dhsa.reference.decode_boundaries`); the new token's row of the chunk similarity is

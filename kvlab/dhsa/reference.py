@@ -1,7 +1,7 @@
 """DHSA in plain PyTorch: the specification and the oracle of the fast backends.
 
 Paper: Xiong et al., "Long-Context Modeling with Dynamic Hierarchical Sparse Attention for On-Device
-LLMs" (2025, arXiv:2508.02124; authors' code github.com/xiongsiheng/DHSA). Sec. 2.1-2.3 (Eq. 1-4),
+LLMs" (2025, arXiv:2510.24606; authors' code github.com/xiongsiheng/DHSA). Sec. 2.1-2.3 (Eq. 1-4),
 App. A (prefill/decode workflow), App. B (labels Eq. 5-8, focal loss Eq. 9, inference with NMS).
 The extracted text lost its equations; ``docs/papers/dhsa.md`` has our reading. Every reading
 this module relies on is marked "reading:" and says whether it follows the text or the authors'

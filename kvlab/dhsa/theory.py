@@ -1,7 +1,7 @@
 """Why DHSA normalises chunk representations by ``sqrt(length)`` (Eq. 4), and how much of dense
 attention a chunking keeps at a given budget.
 
-Paper: DHSA (arXiv:2508.02124), Sec. 2.3: "average pooling after padding is problematic, as zero
+Paper: DHSA (arXiv:2510.24606), Sec. 2.3: "average pooling after padding is problematic, as zero
 embeddings from padding dilute the average, and average pooling is sensitive to chunk length".
 
 A worked model (ours; the paper gives no analysis). Keys ``k_i`` i.i.d. with mean 0 and covariance

@@ -1,6 +1,6 @@
 """Training the DHSA boundary predictor (App. B): labels from the model's attention, focal loss on keys.
 
-Paper: DHSA (arXiv:2508.02124), App. B "Training of the boundary predictor". Two steps:
+Paper: DHSA (arXiv:2510.24606), App. B "Training of the boundary predictor". Two steps:
 
 1. **Labels** (:func:`make_labels`): one forward pass per text sample; a recording pattern in every
    chosen layer computes that layer's attention, turns it into the ratios ``r_t`` of Eq. 5-7

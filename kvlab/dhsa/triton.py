@@ -2,7 +2,7 @@
 online softmax, causal. Forward pass.
 
 Paper: Xiong et al., "Long-Context Modeling with Dynamic Hierarchical Sparse Attention for On-Device
-LLMs" (arXiv:2508.02124), Sec. 2.1 and App. A (prefill). Specification:
+LLMs" (arXiv:2510.24606), Sec. 2.1 and App. A (prefill). Specification:
 :func:`kvlab.dhsa.reference.dhsa_attention_reference` with ``keep_diagonal=True``. The authors run
 their mask through a block-sparse FlashAttention (their ``Block-Sparse-Attention`` fork) and, in
 the legacy code, an SDPA call per query block over gathered keys; this kernel is ours.

@@ -3,6 +3,8 @@
 # most 64 MiB per call (the workplace's device tool). Two halves:
 #
 #   here:   bash scripts/gpu_stage.sh pack      # writes .cache/gpu/{gguf.part1,gguf.part2,corpora.tar.xz} and .whl/
+#   gemma:  bash scripts/gpu_stage.sh pack-gemma   # .cache/gpu/g3.p0..p5 (6 x 42 MB): gemma3-270m's GGUF in pieces;
+#           each call carries one piece and runs `unpack`, which joins them once all six are there (sha256 checked)
 #   there:  call 1 carries .cache/gpu/gguf.part1               and runs `bash scripts/gpu_stage.sh unpack`
 #           call 2 carries .cache/gpu/gguf.part2, corpora.tar.xz, .whl and runs `source scripts/gpu_stage.sh unpack`
 #           then the job (the machine must stay warm between the calls: ignored files survive only then).
@@ -20,9 +22,16 @@ case "${1:-}" in
     tail -c +50000001 "$src/assets/smollm2-135m/$GGUF" > .cache/gpu/gguf.part2
     tar -C "$src" -cJf .cache/gpu/corpora.tar.xz assets/austen assets/c4-sample assets/paul-graham assets/shakespeare \
       assets/gsm8k assets/gsm8k-cot-prompt \
-      assets/wikitext
+      assets/wikitext assets/mmlu assets/piqa assets/squad
     .venv/bin/pip download -q --no-deps -d .whl gguf==0.19.0 rank-bm25==0.2.2
     ls -la .cache/gpu .whl ;;
+  pack-gemma)
+    # gemma3-270m (253 MB, the DHSA paper's model family) in six pieces that fit one call each beside the tree
+    src="${KVLAB_CACHE:-$HOME/.cache/kvlab}/assets/gemma3-270m/gemma-3-270m-q4_k_m.gguf"
+    if [ ! -f "$src" ]; then .venv/bin/python -m kvlab fetch gemma3-270m; fi
+    mkdir -p .cache/gpu
+    split -n 6 -d -a 1 "$src" .cache/gpu/g3.p
+    ls -la .cache/gpu/g3.p* ;;
   unpack)
     export KVLAB_CACHE="$PWD/.cache/kvlab"
     export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -32,8 +41,16 @@ case "${1:-}" in
     if [ -f .cache/gpu/gguf.part2 ] && [ -f "$a/.part1" ]; then
       cat "$a/.part1" .cache/gpu/gguf.part2 > "$a/.$GGUF.tmp" && mv "$a/.$GGUF.tmp" "$a/$GGUF" && rm -f "$a/.part1"
     fi
+    g="$KVLAB_CACHE/assets/gemma3-270m"
+    if ls .cache/gpu/g3.p? >/dev/null 2>&1; then mkdir -p "$g" && mv .cache/gpu/g3.p? "$g/"; fi
+    if [ "$(ls "$g"/g3.p? 2>/dev/null | wc -l)" = 6 ] && [ ! -f "$g/gemma-3-270m-q4_k_m.gguf" ]; then
+      cat "$g"/g3.p0 "$g"/g3.p1 "$g"/g3.p2 "$g"/g3.p3 "$g"/g3.p4 "$g"/g3.p5 > "$g/.gguf.tmp" &&
+        echo "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818  $g/.gguf.tmp" | sha256sum -c --quiet &&
+        mv "$g/.gguf.tmp" "$g/gemma-3-270m-q4_k_m.gguf" && rm -f "$g"/g3.p?
+    fi
+    ls "$g" 2>/dev/null | tr '\n' ' '; echo
     if [ -f .cache/gpu/corpora.tar.xz ]; then tar -C "$KVLAB_CACHE" -xJf .cache/gpu/corpora.tar.xz; fi
     if ls .whl/*.whl >/dev/null 2>&1; then python -m pip install -q --no-deps --no-index .whl/*.whl 2>&1 | tail -1; fi
     ls -la "$a" ;;
-  *) echo "usage: bash scripts/gpu_stage.sh pack|unpack" >&2; exit 2 ;;
+  *) echo "usage: bash scripts/gpu_stage.sh pack|pack-gemma|unpack" >&2; exit 2 ;;
 esac

@@ -7,7 +7,7 @@
 # wheels), then runs each helper script benchmarks/gpu_2026_11_25/NAME.sh one after the other, alone on the GPU,
 # each writing into $OUT/TAG/NAME/ with its log and exit code, and tars $OUT/TAG into $OUT/TAG.tgz (the tool brings
 # back at most 8 files). A NAME of the form `bg:NAME` starts that script detached (setsid) into /tmp/bg/NAME, to be
-# collected by a later call of the same lease with `collect:NAME`.
+# collected by a later call of the same lease with `collect:NAME`. NAME=SECONDS stops that script after SECONDS (300).
 set -uo pipefail
 tag=${1:?usage: round.sh TAG NAME...}; shift
 R="$OUT/$tag"; mkdir -p "$R"
@@ -25,8 +25,9 @@ for name in "$@"; do
       n=${name#collect:}; mkdir -p "$R/$n"; cp -r /tmp/bg/$n/. "$R/$n/" 2>/dev/null
       echo "$n: collected ($(ls /tmp/bg/$n | wc -l) files)" >> "$R/times.txt" ;;
     *)
+      limit=${name#*=}; [ "$limit" = "$name" ] && limit=300; name=${name%%=*}
       mkdir -p "$R/$name"; t0=$(date +%s)
-      PYTHONUNBUFFERED=1 bash benchmarks/gpu_2026_11_25/$name.sh "$R/$name" > "$R/$name/run.log" 2>&1
+      PYTHONUNBUFFERED=1 timeout -k 10 "$limit" bash benchmarks/gpu_2026_11_25/$name.sh "$R/$name" > "$R/$name/run.log" 2>&1
       rc=$?
       echo "$name: exit $rc, $(( $(date +%s) - t0 )) s" | tee -a "$R/times.txt" ;;
   esac

@@ -4,10 +4,11 @@
     python scripts/notebooks.py record notebooks/01_attention_sinks.ipynb
 
 Notebooks are committed without outputs. ``prepare`` copies each ``notebooks/NN_name.ipynb`` to ``--out``
-with the small parameters of ``NN_name.ci.yaml`` injected (papermill, no execution) and, for every cell
-marked ``# NBVAL_CHECK_OUTPUT``, the output recorded in ``NN_name.checks.json``; nbval then executes the
-copy and compares those cells. ``record`` executes a notebook with its CI parameters and writes the
-checks file from what the marked cells printed (review the diff before committing it).
+with the small parameters of ``notebooks/params/NN_name.ci.yaml`` injected (papermill, no execution) and, for
+every cell marked ``# NBVAL_CHECK_OUTPUT``, the output recorded in ``notebooks/params/NN_name.checks.json``;
+nbval then executes the copy and compares those cells. ``record`` executes a notebook with its CI parameters
+and writes the checks file from what the marked cells printed (review the diff before committing it). The
+full-size parameter sets, ``notebooks/params/NN_name.full.yaml``, are for papermill by hand (see each notebook).
 """
 
 from __future__ import annotations
@@ -23,11 +24,13 @@ import yaml
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
+PARAMS_DIR = "params"  # beside the notebooks: NN_name.ci.yaml, NN_name.full.yaml, NN_name.checks.json
 MARK = "# NBVAL_CHECK_OUTPUT"
 
 
 def _sidecar(nb: pathlib.Path, suffix: str) -> pathlib.Path:
-    return nb.with_name(nb.stem + suffix)
+    """``notebooks/NN_name.ipynb`` -> ``notebooks/params/NN_name<suffix>`` (parameter sets and recorded checks)."""
+    return nb.parent / PARAMS_DIR / (nb.stem + suffix)
 
 
 def _parameters(nb: pathlib.Path) -> dict:
@@ -64,7 +67,7 @@ def prepare(out: pathlib.Path, names: list[str], overrides: dict | None = None) 
         cells = _checked(nb)
         if len(expected) != len(cells):
             sys.exit(f"{path.name}: {len(cells)} cells marked {MARK} but {len(expected)} recorded outputs in "
-                     f"{checks_path.name}; run `python scripts/notebooks.py record {path}`")
+                     f"{checks_path.relative_to(path.parent)}; run `python scripts/notebooks.py record {path}`")
         for cell, text in zip(cells, expected):
             cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text=text)]
             cell.execution_count = 1  # nbval only compares cells that look executed

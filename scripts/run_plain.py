@@ -1,6 +1,6 @@
 """Run a notebook's code cells in this Python process, with a parameter set, where Jupyter is not installed.
 
-    python scripts/run_plain.py notebooks/04_sepllm_training.ipynb -f notebooks/04_sepllm_training.full.yaml \
+    python scripts/run_plain.py notebooks/04_sepllm_training.ipynb -f notebooks/params/04_sepllm_training.full.yaml \
         -p steps 1000 --out build/plain/04
 
 For machines that have torch but not papermill/Jupyter (a rented GPU box): the parameters cell runs

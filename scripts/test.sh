@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Run the tests: set up (.venv, install, default assets), then the unit tests, then every notebook
-# (with the small parameters of notebooks/NN_name.ci.yaml) through nbval.
+# (with the small parameters of notebooks/params/NN_name.ci.yaml) through nbval.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh

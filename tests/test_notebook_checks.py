@@ -77,7 +77,7 @@ THREAD_CHECK = "07_dhsa_chunks.ipynb"
 @pytest.mark.skipif(not (ROOT / "notebooks" / THREAD_CHECK).exists(), reason="notebook not present")
 def test_checked_cells_hold_with_one_thread(tmp_path):
     """Re-run a checked notebook with num_threads=1 and compare every checked cell with the recorded output."""
-    recorded = json.loads((ROOT / "notebooks" / THREAD_CHECK.replace(".ipynb", ".checks.json")).read_text())
+    recorded = json.loads((ROOT / "notebooks" / "params" / THREAD_CHECK.replace(".ipynb", ".checks.json")).read_text())
     assert nbscript._parameters(ROOT / "notebooks" / THREAD_CHECK).get("num_threads") != 1, \
         "the recorded run must use another thread count than this test"
     out = tmp_path / "run.ipynb"

@@ -40,12 +40,12 @@ def test_parameters_cell_and_ci_parameters(path):
     names = {node.target.id for node in tree.body if isinstance(node, ast.AnnAssign)}
     untyped = [n for n in tree.body if isinstance(n, ast.Assign)]
     assert not untyped, "parameters must be typed (`name: type = value  # comment`) for papermill --help-notebook"
-    ci = path.with_name(path.stem + ".ci.yaml")
+    ci = path.parent / "params" / (path.stem + ".ci.yaml")
     assert ci.exists(), f"{ci.name} (small parameters for the test run) is missing"
     unknown = set(yaml.safe_load(ci.read_text()) or {}) - names
     assert not unknown, f"{ci.name} sets parameters the notebook does not have: {sorted(unknown)}"
     checked = sum(_source(c).lstrip().startswith(MARK) for c in nb["cells"] if c["cell_type"] == "code")
-    checks = path.with_name(path.stem + ".checks.json")
+    checks = path.parent / "params" / (path.stem + ".checks.json")
     recorded = json.loads(checks.read_text()) if checks.exists() else []
     assert len(recorded) == checked, (f"{checked} checked cells but {len(recorded)} recorded outputs: "
                                       f"run `python scripts/notebooks.py record {path.relative_to(ROOT)}`")

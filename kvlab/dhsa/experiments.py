@@ -16,7 +16,7 @@ Paper: DHSA (arXiv:2510.24606), Sec. 3 and App. C-D. What is here:
   :func:`decode_cost` (latency and memory per generated token), on CPU or CUDA; :func:`random_model`
   builds the random-weight model shapes the GPU benchmark uses.
 
-Ours at small scale: SmolLM2-135M on CPU; the full-size parameters are in ``notebooks/08_*.full.yaml``
+Ours at small scale: SmolLM2-135M on CPU; the full-size parameters are in ``notebooks/params/08_*.full.yaml``
 and ``python -m kvlab bench dhsa``.
 """
 from __future__ import annotations

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 14, SepLLM Table 2's "H" row (first layer full, n=64), helper "lacache_tables". No new code: the row is
 # kvlab.sepllm.training.Variant("SepLLM(n=64,H)", "sepllm", 4, 64, full_layers=(0,)), trained exactly like notebook
-# 04's full-size run (notebooks/04_sepllm_training.full.yaml: 20M characters of shakespeare, compact vocab 16384,
+# 04's full-size run (notebooks/params/04_sepllm_training.full.yaml: 20M characters of shakespeare, compact vocab 16384,
 # 512 wide x 8 layers, seq 2048, batch 16, 600 steps, lr 1e-3, flex backend, seed 0, broad separator set as that run)
 # so its numbers sit beside benchmarks/results/sepllm_training_h200/run.log's five rows (same data, same seed).
 # ANCHOR=1 also retrains SepLLM(n=64) here, to check the old row reproduces on this machine (+~100 s).
@@ -19,7 +19,7 @@ from kvlab.sepllm.training import CompactVocab, TinyConfig, Variant, evaluate_lo
 
 out, anchor = sys.argv[1], sys.argv[2] == "1"
 p = dict(train_chars=20_000_000, vocab=16384, hidden=512, layers=8, heads=8, seq_len=2048, batch=16, steps=600, lr=1e-3,
-         short=64, backend="flex", seed=0)  # notebooks/04_sepllm_training.full.yaml
+         short=64, backend="flex", seed=0)  # notebooks/params/04_sepllm_training.full.yaml
 p.update(json.loads(os.environ.get("H_PARAMS", "{}")))  # only for a CPU dry run with small sizes
 dev = "cuda" if torch.cuda.is_available() else "cpu"
 torch.manual_seed(p["seed"])

@@ -148,3 +148,9 @@ def test_results_page_is_generated_from_the_ledger():
         assert str(claims.table(paper)) in page
     some = rows[0]
     assert some["command"] in page  # the command behind a row is on the page
+
+
+def test_results_page_names_the_default_model_as_the_ledger_does():
+    """The header said "SmolLM2-135M"; the ledger's model (and kvlab's default) is SmolLM2-135M-Instruct."""
+    header = book.results_page().split("\n| paper |")[0]
+    assert "mostly on SmolLM2-135M-Instruct." in header, header

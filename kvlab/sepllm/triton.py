@@ -56,7 +56,8 @@ from kvlab.kernels.triton_utils import gathered_tile as _gathered_tile
 from kvlab.kernels.triton_utils import interpreting as _interpreting
 from kvlab.kernels.triton_utils import online_softmax_step as _online_softmax_step
 
-__all__ = ["compact_kept_keys", "compact_kept_keys_torch", "sep_attention_triton"]
+__all__ = ["VARIANTS", "compact_kept_keys", "compact_kept_keys_torch", "compact_kv", "default_config",
+           "sep_attention_triton", "tma_supported"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -390,36 +391,277 @@ def _sep_bwd_dkdv_far_kernel(
 
 
 # ---------------------------------------------------------------------------------------------
+# The "tma" variant (issue 28): far keys from a compacted K/V, read with tensor descriptors
+# ---------------------------------------------------------------------------------------------
+# The gathered far loop above spends registers on row addresses and cannot use Hopper's bulk tensor
+# copies (TMA): each row of a tile comes from a different place. Separators are shared by every query
+# tile of a sequence, so we gather the kept keys once per call into a compacted copy ``kc, vc``
+# (row j of head hk = K[idx[j]]): the far keys of a query tile are then the contiguous rows
+# ``[0, cnt[lo])`` of that copy, read with plain block loads through tensor descriptors (TMA on
+# Hopper; on CPU the interpreter emulates them). The gather moves ``2 * kept keys * dim`` elements
+# per key/value head, a few tens of microseconds at 32k, against milliseconds of attention.
+@triton.jit
+def _compact_kv_kernel(K, V, KC, VC, IDX, CNT, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
+                       N, HK: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr):
+    # One program per (chunk of BLOCK compacted slots, batch x kv head): rows K[idx[j]] -> KC[j].
+    pid = tl.program_id(0)
+    pid_bk = tl.program_id(1)
+    b = pid_bk // HK
+    hk = pid_bk % HK
+    total = tl.load(CNT + b * (N + 1) + N)
+    j0 = pid * BLOCK
+    if j0 < total:  # the grid is sized for the worst case (every key kept)
+        slot = j0 + tl.arange(0, BLOCK)
+        live = slot < total
+        offs_d = tl.arange(0, HEAD_DIM)
+        kpos = tl.load(IDX + b * N + slot, mask=live, other=0)
+        k = tl.load(K + b * stride_kb + hk * stride_kh + kpos[:, None] * stride_kn + offs_d[None, :],
+                    mask=live[:, None], other=0.0)
+        v = tl.load(V + b * stride_vb + hk * stride_vh + kpos[:, None] * stride_vn + offs_d[None, :],
+                    mask=live[:, None], other=0.0)
+        out = pid_bk.to(tl.int64) * N * HEAD_DIM + slot[:, None] * HEAD_DIM + offs_d[None, :]
+        tl.store(KC + out, k, mask=live[:, None])
+        tl.store(VC + out, v, mask=live[:, None])
+
+
+def compact_kv(k: torch.Tensor, v: torch.Tensor, idx: torch.Tensor, cnt: torch.Tensor):
+    """The kept keys and values of each sequence, in order, as contiguous rows.
+
+    Args:
+        k, v: ``(batch, kv_heads, seq, dim)``.
+        idx, cnt: from :func:`compact_kept_keys`.
+
+    Returns:
+        ``kc, vc`` ``(batch, kv_heads, seq, dim)``: row ``j < cnt[b, -1]`` of ``kc[b, hk]`` is
+        ``k[b, hk, idx[b, j]]``; later rows are unspecified (never read: tensor descriptors are sized to
+        the kept count, and zero-fill past it).
+    """
+    bsz, hk, n, d = k.shape
+    kc = torch.empty(bsz, hk, n, d, dtype=k.dtype, device=k.device)
+    vc = torch.empty_like(kc)
+    block = 16 if _interpreting() else 64
+    _compact_kv_kernel[(triton.cdiv(n, block), bsz * hk)](
+        k, v, kc, vc, idx, cnt, k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
+        n, HK=hk, HEAD_DIM=d, BLOCK=block, num_warps=4)
+    return kc, vc
+
+
+@triton.jit
+def _desc(base, rows, stride_row, BLOCK_R: tl.constexpr, HEAD_DIM: tl.constexpr):
+    # A (rows, HEAD_DIM) tensor descriptor with BLOCK_R-row tiles; loads past `rows` read zeros.
+    return tl.make_tensor_descriptor(base, shape=[rows, HEAD_DIM], strides=[stride_row, 1],
+                                     block_shape=[BLOCK_R, HEAD_DIM])
+
+
+@triton.jit
+def _far_step_unmasked(q, k, v, m_i, l_i, acc, qk_scale, BLOCK_M: tl.constexpr, BLOCK_F: tl.constexpr,
+                       FP32_DOT: tl.constexpr):
+    # One online-softmax step over a full tile of far keys: every entry is visible, so no mask and no -inf
+    # guard (scores are finite, so the new running max is too; exp2(-inf - m) = 0 on the first step).
+    s = _dot(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_F], dtype=tl.float32), FP32_DOT)
+    m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+    p = tl.exp2(s * qk_scale - m_new[:, None])
+    alpha = tl.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = _dot(p.to(v.dtype), v, acc * alpha[:, None], FP32_DOT)
+    return m_new, l_i, acc
+
+
+@triton.jit
+def _sep_fwd_tma_kernel(
+    Q, K, V, KC, VC, O, LSE, KEPT, CNT,
+    stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
+    stride_ob, stride_oh, stride_on,
+    N, NEIGH, qk_scale, H: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_F: tl.constexpr, FP32_DOT: tl.constexpr,
+    WARP_SPEC: tl.constexpr,
+):
+    # -- which tile, which heads; descriptors of this (batch, head)'s rows
+    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)  # late tiles (most far keys) first
+    pid_bh = tl.program_id(1)
+    b = pid_bh // H
+    h = pid_bh % H
+    hk = h // GROUP
+    HK: tl.constexpr = H // GROUP
+    q0 = pid_m * BLOCK_M
+    offs_m = q0 + tl.arange(0, BLOCK_M)
+    total = tl.load(CNT + b * (N + 1) + N)
+    lo = _window_start(q0, NEIGH, BLOCK_N)
+    n_far = tl.load(CNT + b * (N + 1) + lo)
+    kc_base = (b * HK + hk).to(tl.int64) * N * HEAD_DIM
+    kc_desc = _desc(KC + kc_base, total, HEAD_DIM, BLOCK_F, HEAD_DIM)
+    vc_desc = _desc(VC + kc_base, total, HEAD_DIM, BLOCK_F, HEAD_DIM)
+    k_desc = _desc(K + b * stride_kb + hk * stride_kh, N, stride_kn, BLOCK_N, HEAD_DIM)
+    v_desc = _desc(V + b * stride_vb + hk * stride_vh, N, stride_vn, BLOCK_N, HEAD_DIM)
+    q = _desc(Q + b * stride_qb + h * stride_qh, N, stride_qn, BLOCK_M, HEAD_DIM).load([q0, 0])
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+
+    # -- stage 1a: far keys, full tiles of the compacted copy (contiguous rows, no mask)
+    n_full = (n_far // BLOCK_F) * BLOCK_F
+    for start in tl.range(0, n_full, BLOCK_F, warp_specialize=WARP_SPEC):
+        k = kc_desc.load([start, 0])
+        v = vc_desc.load([start, 0])
+        m_i, l_i, acc = _far_step_unmasked(q, k, v, m_i, l_i, acc, qk_scale, BLOCK_M, BLOCK_F, FP32_DOT)
+
+    # -- stage 1b: the last, partial far tile (its later rows are kept keys of the window: masked)
+    if n_full < n_far:
+        k = kc_desc.load([n_full, 0])
+        v = vc_desc.load([n_full, 0])
+        live = (n_full + tl.arange(0, BLOCK_F)) < n_far
+        s = _dot(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_F], dtype=tl.float32), FP32_DOT)
+        s = tl.where(live[None, :], s * qk_scale, float("-inf"))
+        m_i, l_i, acc = _online_softmax_step(s, v, m_i, l_i, acc, FP32_DOT)
+
+    # -- stage 2: the window region, dense tiles with the element mask
+    hi = tl.minimum(q0 + BLOCK_M, N)
+    KEPTb = KEPT + b * N
+    for start in range(lo, hi, BLOCK_N):
+        kpos = start + tl.arange(0, BLOCK_N)
+        k = k_desc.load([start, 0])
+        v = v_desc.load([start, 0])
+        kept = tl.load(KEPTb + kpos, mask=kpos < N, other=0)
+        dist = offs_m[:, None] - kpos[None, :]
+        visible = (dist >= 0) & ((dist < NEIGH) | (kept[None, :] != 0))
+        s = _dot(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), FP32_DOT)
+        s = tl.where(visible, s * qk_scale, float("-inf"))
+        m_i, l_i, acc = _online_softmax_step(s, v, m_i, l_i, acc, FP32_DOT)
+
+    # -- epilogue: normalise, store the output and the base-2 log-sum-exp for the backward pass
+    acc = acc / l_i[:, None]
+    row_ok = offs_m < N
+    tl.store(LSE + pid_bh * N + offs_m, m_i + tl.log2(l_i), mask=row_ok)
+    tl.store(O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_on + tl.arange(0, HEAD_DIM)[None, :],
+             acc.to(O.dtype.element_ty), mask=row_ok[:, None])
+
+
+@triton.jit
+def _dq_step(q, k, v, do, lse, delta, dq, visible, qk_scale, MASKED: tl.constexpr, BLOCK_M: tl.constexpr,
+             BLOCK_F: tl.constexpr, FP32_DOT: tl.constexpr):
+    # dQ += dS K for one key tile, P recomputed from the saved log-sum-exp (no mask on full far tiles)
+    s = _dot(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_F], dtype=tl.float32), FP32_DOT)
+    p = tl.exp2(s * qk_scale - lse[:, None])
+    if MASKED:
+        p = tl.where(visible, p, 0.0)
+    dp = _dot(do, tl.trans(v), tl.zeros([BLOCK_M, BLOCK_F], dtype=tl.float32), FP32_DOT)
+    ds = p * (dp - delta[:, None])
+    return _dot(ds.to(k.dtype), k, dq, FP32_DOT)
+
+
+@triton.jit
+def _sep_bwd_dq_tma_kernel(
+    Q, K, V, KC, VC, DO, DQ, LSE, DELTA, KEPT, CNT,
+    stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
+    N, NEIGH, qk_scale, sm_scale, H: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_F: tl.constexpr, FP32_DOT: tl.constexpr,
+    WARP_SPEC: tl.constexpr,
+):
+    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // H
+    h = pid_bh % H
+    hk = h // GROUP
+    HK: tl.constexpr = H // GROUP
+    q0 = pid_m * BLOCK_M
+    offs_d = tl.arange(0, HEAD_DIM)
+    total = tl.load(CNT + b * (N + 1) + N)
+    lo = _window_start(q0, NEIGH, BLOCK_N)
+    n_far = tl.load(CNT + b * (N + 1) + lo)
+    kc_base = (b * HK + hk).to(tl.int64) * N * HEAD_DIM
+    kc_desc = _desc(KC + kc_base, total, HEAD_DIM, BLOCK_F, HEAD_DIM)
+    vc_desc = _desc(VC + kc_base, total, HEAD_DIM, BLOCK_F, HEAD_DIM)
+    k_desc = _desc(K + b * stride_kb + hk * stride_kh, N, stride_kn, BLOCK_N, HEAD_DIM)
+    v_desc = _desc(V + b * stride_vb + hk * stride_vh, N, stride_vn, BLOCK_N, HEAD_DIM)
+    # -- the query tile, its output gradient, lse and delta
+    offs_m, row_ok, q_ptrs, q, do, lse, delta = _backward_rows(
+        Q, DO, LSE, DELTA, b, h, pid_bh, q0, offs_d, stride_qb, stride_qh, stride_qn, N, BLOCK_M)
+    dq = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+
+    # -- stage 1: far keys from the compacted copy: full tiles unmasked, then the partial one
+    n_full = (n_far // BLOCK_F) * BLOCK_F
+    for start in tl.range(0, n_full, BLOCK_F, warp_specialize=WARP_SPEC):
+        k = kc_desc.load([start, 0])
+        v = vc_desc.load([start, 0])
+        dq = _dq_step(q, k, v, do, lse, delta, dq, None, qk_scale, False, BLOCK_M, BLOCK_F, FP32_DOT)
+    if n_full < n_far:
+        k = kc_desc.load([n_full, 0])
+        v = vc_desc.load([n_full, 0])
+        live = (n_full + tl.arange(0, BLOCK_F)) < n_far
+        dq = _dq_step(q, k, v, do, lse, delta, dq, live[None, :], qk_scale, True, BLOCK_M, BLOCK_F, FP32_DOT)
+
+    # -- stage 2: window region
+    hi = tl.minimum(q0 + BLOCK_M, N)
+    for start in range(lo, hi, BLOCK_N):
+        kpos = start + tl.arange(0, BLOCK_N)
+        k = k_desc.load([start, 0])
+        v = v_desc.load([start, 0])
+        kept = tl.load(KEPT + b * N + kpos, mask=kpos < N, other=0)
+        dist = offs_m[:, None] - kpos[None, :]
+        visible = (dist >= 0) & ((dist < NEIGH) | (kept[None, :] != 0))
+        dq = _dq_step(q, k, v, do, lse, delta, dq, visible, qk_scale, True, BLOCK_M, BLOCK_N, FP32_DOT)
+
+    # -- epilogue: d(scores)/dq = sm_scale * k (the log2(e) factor lives only inside exp2)
+    tl.store(DQ + q_ptrs, (dq * sm_scale).to(DQ.dtype.element_ty), mask=row_ok[:, None])
+
+
+# ---------------------------------------------------------------------------------------------
 # Launch configuration
 # ---------------------------------------------------------------------------------------------
-def default_config(head_dim: int, dtype: torch.dtype, interpret: bool | None = None) -> dict:
-    """Tile sizes per kernel (``kvlab bench tune`` sweeps them); one small config on CPU.
+VARIANTS = ("tma", "gather")
 
-    Per kernel: ``BLOCK_M`` queries per tile, ``BLOCK_N`` keys per window tile (also the window
-    alignment), ``BLOCK_F`` far keys per gathered tile, warps and pipeline stages. The two dK/dV
-    kernels share ``BLOCK_M``, ``BLOCK_N`` (they must split the work the same way).
+
+def tma_supported() -> bool:
+    """Whether this Triton builds tensor descriptors inside kernels (the ``"tma"`` variant)."""
+    return hasattr(tl, "make_tensor_descriptor")
+
+
+def default_config(head_dim: int, dtype: torch.dtype, interpret: bool | None = None,
+                   variant: str | None = None) -> dict:
+    """Tile sizes per kernel (``kvlab bench sepllm tune`` sweeps them); one small config on CPU.
+
+    ``variant``: ``"tma"`` (far keys from a compacted K/V copy through tensor descriptors; the default
+    where Triton has them) or ``"gather"`` (far keys gathered row by row from K/V, the kernel of the
+    first release). Per kernel: ``BLOCK_M`` queries per tile, ``BLOCK_N`` keys per window tile (also the
+    window alignment), ``BLOCK_F`` far keys per tile, warps, pipeline stages and (``"tma"``) whether
+    the far loop is warp-specialised. The two dK/dV kernels share ``BLOCK_M``, ``BLOCK_N`` (they must
+    split the work the same way).
     """
     interpret = _interpreting() if interpret is None else interpret
+    variant = variant or ("tma" if tma_supported() else "gather")
+    if variant not in VARIANTS:
+        raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
     if interpret:
-        small = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_F=16, num_warps=4, num_stages=1)
-        return {"fwd": small, "dq": dict(small), "dkdv": dict(small), "far_splits_per": 4}
+        small = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_F=16, num_warps=4, num_stages=1, warp_spec=False)
+        return {"variant": variant, "fwd": small, "dq": dict(small), "dkdv": dict(small), "far_splits_per": 4}
     # Chosen on an H200 at N = 32k, 32 heads, dim 128, bf16 (benchmarks/results/tune_*.log). Larger rows
     # (dim 256, or 4-byte fp32 elements) are untuned: the query and far-key tiles shrink by the same factor
     # so that a tile's bytes in shared memory stay those of the tuned case; smaller rows keep the tuned tiles.
     grow = max(1, (head_dim * torch.finfo(dtype).bits // 8) // (128 * 2))
-    def tiles(m, n, f, stages):
-        return dict(BLOCK_M=max(16, m // grow), BLOCK_N=n, BLOCK_F=max(16, f // grow), num_warps=4,
-                    num_stages=stages)
+
+    def tiles(m, n, f, warps, stages):
+        return dict(BLOCK_M=max(16, m // grow), BLOCK_N=n, BLOCK_F=max(16, f // grow), num_warps=warps,
+                    num_stages=stages, warp_spec=False)
+    if variant == "gather":
+        fwd, dq = tiles(128, 32, 64, 4, 2), tiles(64, 32, 64, 4, 3)
+    else:
+        fwd, dq = tiles(128, 64, 128, 8, 3), tiles(64, 32, 64, 4, 3)
     return {
-        "fwd": tiles(128, 32, 64, 2),
-        "dq": tiles(64, 32, 64, 3),
-        "dkdv": tiles(32, 64, 64, 3),
+        "variant": variant,
+        "fwd": fwd,
+        "dq": dq,
+        "dkdv": tiles(32, 64, 64, 4, 3),
         # split the far dK/dV walk so that one program handles about this many query tiles
         "far_splits_per": 128,
     }
 
 
 def _check_config(cfg: dict) -> None:
+    if cfg.get("variant", "gather") not in VARIANTS:
+        raise ValueError(f"config['variant'] = {cfg.get('variant')!r}: use one of {VARIANTS}")
+    if cfg.get("variant") == "tma" and not tma_supported():
+        raise ValueError(f"config['variant'] = 'tma' needs tensor descriptors (Triton >= 3.4, this is "
+                         f"{triton.__version__}): use variant 'gather'")
     for key in ("fwd", "dq", "dkdv"):
         for blk in ("BLOCK_M", "BLOCK_N", "BLOCK_F"):
             val = cfg[key][blk]
@@ -434,7 +676,25 @@ def _lastdim_contiguous(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(-1) == 1 else x.contiguous()
 
 
+def _tma_ready(x: torch.Tensor) -> torch.Tensor:
+    # Tensor descriptors need a 16-byte aligned base and 16-byte multiples for every stride but the last.
+    size = x.element_size()
+    ok = x.stride(-1) == 1 and x.data_ptr() % 16 == 0 and all((st * size) % 16 == 0 for st in x.stride()[:-1])
+    return x if ok else x.contiguous()
+
+
+def _ensure_allocator() -> None:
+    # Descriptors made inside a kernel need a little global scratch memory per program, which Triton asks
+    # of the allocator set with triton.set_allocator; install one backed by torch where none is set.
+    from triton.runtime import _allocation
+
+    if isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
+        triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
+
+
 def _launch(kernel, grid, c, *args, **meta):
+    if "WARP_SPEC" in kernel.arg_names:
+        meta["WARP_SPEC"] = bool(c.get("warp_spec", False))
     kernel[grid](*args, **meta, BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"], BLOCK_F=c["BLOCK_F"],
                  num_warps=c["num_warps"], num_stages=c["num_stages"])
 
@@ -445,14 +705,19 @@ def _forward(q, k, v, kept, idx, cnt, neighbors, scale, cfg, fp32_dot):
     o = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty(bsz, h, n, dtype=torch.float32, device=q.device)
     c = cfg["fwd"]
-    _launch(_sep_fwd_kernel, (triton.cdiv(n, c["BLOCK_M"]), bsz * h), c,
-            q, k, v, o, lse, kept, idx, cnt,
-            q.stride(0), q.stride(1), q.stride(2),
-            k.stride(0), k.stride(1), k.stride(2),
-            v.stride(0), v.stride(1), v.stride(2),
-            o.stride(0), o.stride(1), o.stride(2),
-            n, neighbors, scale * 1.4426950408889634,
-            H=h, GROUP=group, HEAD_DIM=d, FP32_DOT=fp32_dot)
+    strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+               v.stride(0), v.stride(1), v.stride(2), o.stride(0), o.stride(1), o.stride(2))
+    meta = dict(H=h, GROUP=group, HEAD_DIM=d, FP32_DOT=fp32_dot)
+    grid = (triton.cdiv(n, c["BLOCK_M"]), bsz * h)
+    if cfg.get("variant", "gather") == "tma":
+        if not _interpreting():
+            _ensure_allocator()
+        kc, vc = compact_kv(k, v, idx, cnt)
+        _launch(_sep_fwd_tma_kernel, grid, c, q, k, v, kc, vc, o, lse, kept, cnt, *strides,
+                n, neighbors, scale * 1.4426950408889634, **meta)
+    else:
+        _launch(_sep_fwd_kernel, grid, c, q, k, v, o, lse, kept, idx, cnt, *strides,
+                n, neighbors, scale * 1.4426950408889634, **meta)
     return o, lse
 
 
@@ -478,8 +743,16 @@ def _backward(do, q, k, v, o, lse, kept, idx, cnt, neighbors, scale, cfg, fp32_d
 
     if "dq" in parts:
         c = cfg["dq"]
-        _launch(_sep_bwd_dq_kernel, (triton.cdiv(n, c["BLOCK_M"]), bsz * h), c,
-                q, k, v, do, dq, lse, delta, kept, idx, cnt, *strides, n, neighbors, qk_scale, scale, **meta)
+        grid = (triton.cdiv(n, c["BLOCK_M"]), bsz * h)
+        if cfg.get("variant", "gather") == "tma":
+            if not _interpreting():
+                _ensure_allocator()
+            kc, vc = compact_kv(k, v, idx, cnt)
+            _launch(_sep_bwd_dq_tma_kernel, grid, c, q, k, v, kc, vc, do, dq, lse, delta, kept, cnt, *strides,
+                    n, neighbors, qk_scale, scale, **meta)
+        else:
+            _launch(_sep_bwd_dq_kernel, grid, c, q, k, v, do, dq, lse, delta, kept, idx, cnt, *strides,
+                    n, neighbors, qk_scale, scale, **meta)
     c = cfg["dkdv"]
     if "window" in parts:
         _launch(_sep_bwd_dkdv_window_kernel, (triton.cdiv(n, c["BLOCK_N"]), bsz * hk), c,
@@ -522,7 +795,8 @@ def sep_attention_triton(q, k, v, is_sep, init: int, neighbors: int, scale: floa
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     cfg = default_config(q.shape[-1], q.dtype) if config is None else config
     _check_config(cfg)
-    q, k, v = (_lastdim_contiguous(x) for x in (q, k, v))
+    prep = _tma_ready if cfg.get("variant") == "tma" else _lastdim_contiguous
+    q, k, v = (prep(x) for x in (q, k, v))
     return _SepAttentionFn.apply(q, k, v, is_sep, int(init), int(neighbors), scale, cfg)
 
 

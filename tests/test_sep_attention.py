@@ -42,13 +42,27 @@ def _run(fn, q, k, v, do, grad=True):
     return [out.detach(), *torch.autograd.grad(out, (q, k, v), do)]
 
 
-def _check_against_oracle(backend, q, k, v, is_sep, do, a, n, grad=True):
+def _variant_fn(variant, is_sep, a, n):
+    """The Triton kernels of one variant with their default tiles (``sep_attention`` takes the default one)."""
+    from kvlab.sepllm.triton import default_config, sep_attention_triton
+
+    def fn(q_, k_, v_):
+        cfg = default_config(q_.shape[-1], q_.dtype, variant=variant)
+        return sep_attention_triton(q_, k_, v_, is_sep, a, n, config=cfg)
+    return fn
+
+
+def _check_against_oracle(backend, q, k, v, is_sep, do, a, n, grad=True, variant=None):
     """Compare a backend's output (and grads) with the fp64 oracle, allowing the eager error."""
     seq = q.shape[2]
     oracle = _run(lambda q_, k_, v_: sep_attention_reference(q_, k_, v_, is_sep, a, n),
                   q.double(), k.double(), v.double(), do.double(), grad)
     eager = _run(lambda q_, k_, v_: sep_attention_reference(q_, k_, v_, is_sep, a, n), q, k, v, do, grad)
-    fast = _run(lambda q_, k_, v_: sep_attention(q_, k_, v_, is_sep, a, n, backend=backend), q, k, v, do, grad)
+    if variant is None:
+        fn = lambda q_, k_, v_: sep_attention(q_, k_, v_, is_sep, a, n, backend=backend)  # noqa: E731
+    else:
+        fn = _variant_fn(variant, is_sep, a, n)
+    fast = _run(fn, q, k, v, do, grad)
     for name, x, e, o in zip(["out", "dq", "dk", "dv"], fast, eager, oracle):
         assert x.dtype == q.dtype, name
         assert_close_to_oracle(x, e, o, reduction=seq, name=name)
@@ -103,25 +117,79 @@ CASES = [  # (batch, heads, kv_heads, seq, dim, init, neighbors, dtype, p_sep)
 ]
 
 
+VARIANTS = ["tma", "gather"]
+
+
 @needs_triton
+@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"b{c[0]}h{c[1]}/{c[2]}n{c[3]}d{c[4]}a{c[5]}w{c[6]}"
                          f"-{str(c[7])[6:]}-sep{c[8]}")
-def test_triton_matches_oracle(case):
+def test_triton_matches_oracle(case, variant):
     b, h, hk, n, d, a, w, dtype, p = case
     q, k, v, is_sep, do = _inputs(b, h, hk, n, d, dtype, p)
-    _check_against_oracle("triton", q, k, v, is_sep, do, a, w)
+    _check_against_oracle("triton", q, k, v, is_sep, do, a, w, variant=variant)
 
 
 @needs_triton
+def test_api_triton_uses_the_default_variant():
+    """``backend="triton"`` runs the default variant (``"tma"`` where Triton has tensor descriptors)."""
+    from kvlab.sepllm.triton import default_config, tma_supported
+
+    assert default_config(128, torch.bfloat16, interpret=False)["variant"] == ("tma" if tma_supported() else "gather")
+    q, k, v, is_sep, do = _inputs(1, 2, 1, 40, 16, torch.float32, 0.2, seed=11)
+    _check_against_oracle("triton", q, k, v, is_sep, do, 2, 7)
+
+
+@needs_triton
+def test_compact_kv_rows_are_the_kept_rows():
+    from kvlab.sepllm.triton import compact_kept_keys, compact_kv
+
+    q, k, v, is_sep, _ = _inputs(2, 2, 2, 70, 16, torch.float32, 0.2, seed=9)
+    kept, idx, cnt = compact_kept_keys(is_sep, 3)
+    kc, vc = compact_kv(k, v, idx, cnt)
+    for b in range(2):
+        pos = torch.nonzero(kept[b].bool()).flatten()
+        torch.testing.assert_close(kc[b, :, : len(pos)], k[b, :, pos], rtol=0, atol=0)
+        torch.testing.assert_close(vc[b, :, : len(pos)], v[b, :, pos], rtol=0, atol=0)
+
+
+@needs_triton
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_triton_takes_strided_inputs(variant):
+    """q, k, v as HF lays them out, (batch, seq, heads, dim) transposed to (batch, heads, seq, dim), and a
+    key tensor whose rows start off the 16-byte grid (tensor descriptors need aligned rows: copied first)."""
+    b, h, hk, n, d = 1, 4, 2, 45, 16
+    g = torch.Generator().manual_seed(4)
+    q_rows = torch.randn(b, n, h, d, generator=g).to(DEV).requires_grad_()
+    kv_rows = torch.randn(b, n, hk, 2 * d + 1, generator=g).to(DEV).requires_grad_()
+    q = q_rows.transpose(1, 2)
+    k = kv_rows[..., 1:d + 1].transpose(1, 2)  # element offset 1: rows 4 bytes off the 16-byte grid
+    v = kv_rows[..., d + 1:].transpose(1, 2)
+    assert k.data_ptr() % 16 and not k.is_contiguous()
+    is_sep = (torch.rand(b, n, generator=g) < 0.2).to(DEV)
+    do = torch.randn(b, h, n, d, generator=g).to(DEV)
+    out = _variant_fn(variant, is_sep, 2, 6)(q, k, v)
+    fast = [out.detach(), *torch.autograd.grad(out, (q, k, v), do)]
+    plain = [x.detach().contiguous() for x in (q, k, v)]
+    oracle = _run(lambda q_, k_, v_: sep_attention_reference(q_, k_, v_, is_sep, 2, 6), *(x.double() for x in plain),
+                  do.double())
+    eager = _run(lambda q_, k_, v_: sep_attention_reference(q_, k_, v_, is_sep, 2, 6), *plain, do)
+    for name, x, e, o in zip(["out", "dq", "dk", "dv"], fast, eager, oracle):
+        assert_close_to_oracle(x, e, o, reduction=n, name=name)
+
+
+@needs_triton
+@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("neighbors", [5, 37])
-def test_triton_tile_shapes_do_not_change_the_result(neighbors):
+def test_triton_tile_shapes_do_not_change_the_result(neighbors, variant):
     """The window region is aligned to BLOCK_N; unequal tiles per kernel must give the same maths
-    (neighbors = 37 gives the forward pass fully visible window tiles in both configs)."""
+    (neighbors = 37 gives the forward pass fully visible window tiles in both configs; 70 keys with
+    far tiles of 32 leave full and partial far tiles)."""
     from kvlab.sepllm.triton import sep_attention_triton
 
     q, k, v, is_sep, do = _inputs(2, 2, 1, 70, 16, torch.float32, 0.15, seed=3)
     base = _run(lambda *x: sep_attention_triton(*x, is_sep, 2, neighbors), q, k, v, do)
-    cfg = {"fwd": dict(BLOCK_M=32, BLOCK_N=16, BLOCK_F=32, num_warps=4, num_stages=1),
+    cfg = {"variant": variant, "fwd": dict(BLOCK_M=32, BLOCK_N=16, BLOCK_F=32, num_warps=4, num_stages=1),
            "dq": dict(BLOCK_M=16, BLOCK_N=32, BLOCK_F=16, num_warps=4, num_stages=1),
            "dkdv": dict(BLOCK_M=32, BLOCK_N=16, BLOCK_F=32, num_warps=4, num_stages=1), "far_splits_per": 1}
     other = _run(lambda *x: sep_attention_triton(*x, is_sep, 2, neighbors, config=cfg), q, k, v, do)
@@ -199,11 +267,12 @@ LARGE = [  # (batch, heads, kv_heads, seq, dim, dtype, p_sep)
 
 
 @pytest.mark.skipif(not CUDA, reason="large shapes run on the GPU only")
+@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("case", LARGE, ids=lambda c: f"n{c[3]}d{c[4]}-{str(c[5])[6:]}-sep{c[6]}")
-def test_triton_large_gpu(case):
+def test_triton_large_gpu(case, variant):
     b, h, hk, n, d, dtype, p = case
     q, k, v, is_sep, do = _inputs(b, h, hk, n, d, dtype, p, seed=n)
-    _check_against_oracle("triton", q, k, v, is_sep, do, 4, 256)
+    _check_against_oracle("triton", q, k, v, is_sep, do, 4, 256, variant=variant)
 
 
 def test_api_casts_under_autocast():

@@ -31,6 +31,11 @@ __all__ = ["dhsa_attention", "dhsa_decode", "dhsa_selection", "Selection", "reso
 
 BACKENDS = ("auto", "torch", "flex", "triton")
 
+# The Triton kernel variant dhsa_selection builds its launch tables for (kvlab.dhsa.triton.VARIANTS). "packed"
+# runs query tiles of >= 64 rows and packs the query heads of one key/value head when the selection is shared;
+# benchmarks set it to "lists" to time the earlier kernel in the same run.
+TRITON_VARIANT = "packed"
+
 
 def _int(name, value, minimum):
     return check_int(name, value, minimum)
@@ -178,7 +183,8 @@ def dhsa_selection(q: torch.Tensor, k: torch.Tensor, *, chunks, budget: int | No
     from .triton import launch_tables
 
     plan = chunk_plan(q, k, per, budget, local=local, **kw)
-    return Selection("triton", n, h, plan=plan, tables=launch_tables(plan, "lists", dtype=q.dtype))
+    return Selection("triton", n, h, plan=plan, tables=launch_tables(plan, TRITON_VARIANT, dtype=q.dtype,
+                                                                     head_dim=q.shape[-1], group=h // k.shape[1]))
 
 
 def _dense_rows(q_tail, k, v, scale):

@@ -100,12 +100,13 @@ from kvlab.kernels.triton_utils import dot, gathered_tile, interpreting, online_
 from .reference import ChunkPlan, chunk_plan
 
 __all__ = ["dhsa_attention_triton", "launch_tables", "LaunchTables", "query_tiles", "default_config", "VARIANTS",
-           "kv_bytes"]
+           "kv_bytes", "mma_rows"]
 
-VARIANTS = ("ranges", "lists")
+VARIANTS = ("ranges", "lists", "packed")
 
 
-def default_config(plan: ChunkPlan, dtype: torch.dtype, variant: str = "lists") -> dict:
+def default_config(plan: ChunkPlan, dtype: torch.dtype, variant: str = "lists", *, head_dim: int = 128,
+                   group: int = 1) -> dict:
     """Tile sizes: query tiles about the typical chunk length (idle rows cost work).
 
     ``"ranges"``: chosen by ``python -m kvlab bench dhsa tune --seq 32768`` on an H100 (bf16, 32
@@ -114,7 +115,16 @@ def default_config(plan: ChunkPlan, dtype: torch.dtype, variant: str = "lists") 
     of the best for chunk lengths drawn in [16, 128]. ``"lists"``: the same query tiles, 64-key
     gathered tiles, 4 warps, 3 stages (3.56 ms at 32k, 64-token chunks; 2 stages 3.64, 32-key tiles
     3.66, 8 warps >= 4.36, BLOCK_M 128 >= 6.33: ``bench dhsa tune --variant lists``).
+
+    ``"packed"`` (``head_dim`` and the GQA ``group`` = heads / kv_heads matter): never fewer than 64
+    rows per program on a GPU (Hopper's warpgroup MMA is 64 rows tall; 16/32-row tiles fall back to
+    the older MMA), ``PACK`` query heads of one key/value head per program when the selection is
+    shared (``ROWS`` positions x ``PACK`` heads = ``BLOCK_M`` rows, one key load for all), and, without
+    packing, a second launch of ``LONG_ROWS``-row tiles for chunks longer than ``ROWS`` (one list
+    load per chunk instead of one per 64 rows).
     """
+    if variant == "packed":
+        return _packed_config(plan, head_dim, group)
     if interpreting():
         return dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1)
     lengths = torch.cat([e - s for s, e in zip(plan.starts, plan.ends)]).float()
@@ -125,14 +135,32 @@ def default_config(plan: ChunkPlan, dtype: torch.dtype, variant: str = "lists") 
     return dict(BLOCK_M=block_m, BLOCK_N=32, num_warps=4, num_stages=2)
 
 
-def query_tiles(plan: ChunkPlan, block_m: int) -> torch.Tensor:
+def _packed_config(plan: ChunkPlan, head_dim: int, group: int) -> dict:
+    shared = plan.tokens[0].shape[0] == 1
+    pack = 1
+    while shared and pack * 2 <= min(group, 4) and group % (pack * 2) == 0:
+        pack *= 2
+    if interpreting():
+        return dict(ROWS=16 // pack, PACK=pack, BLOCK_M=16, BLOCK_N=16, num_warps=4,
+                    num_stages=1, LONG_ROWS=32 if pack == 1 else 0, LONG_WARPS=4)
+    rows = 64 if pack == 1 else 128 // pack
+    longest = max(int((e - s).max()) for s, e in zip(plan.starts, plan.ends))
+    long_rows = 128 if pack == 1 and longest > rows else 0
+    big = head_dim > 128
+    return dict(ROWS=rows, PACK=pack, BLOCK_M=rows * pack, BLOCK_N=32 if big else 64, num_warps=4 * (rows * pack // 64),
+                num_stages=2 if big else 3, LONG_ROWS=long_rows, LONG_WARPS=8)
+
+
+def query_tiles(plan: ChunkPlan, block_m: int, lengths: tuple[int, int] | None = None) -> torch.Tensor:
     """``(batch, tiles, 4)`` int32 rows ``(chunk, chunk start, first row, end row)``: every chunk cut
     into tiles of at most ``block_m`` rows; sequences with fewer tiles are padded with empty tiles
-    (first row = end row = 0)."""
+    (first row = end row = 0). ``lengths=(lo, hi)``: only the chunks of ``lo < length <= hi`` rows."""
     per = []
     for st, en in zip(plan.starts, plan.ends):
-        lengths = en - st
-        n_t = (lengths + block_m - 1) // block_m  # tiles of each chunk
+        lengths_c = en - st
+        n_t = (lengths_c + block_m - 1) // block_m  # tiles of each chunk
+        if lengths is not None:
+            n_t = torch.where((lengths_c > lengths[0]) & (lengths_c <= lengths[1]), n_t, 0)
         c = torch.repeat_interleave(torch.arange(st.numel(), device=st.device), n_t)
         first_tile = torch.cumsum(n_t, 0) - n_t
         j = torch.arange(c.numel(), device=st.device) - first_tile[c]  # tile index within its chunk
@@ -143,7 +171,7 @@ def query_tiles(plan: ChunkPlan, block_m: int) -> torch.Tensor:
 
 
 def _pad_stack(per: list[torch.Tensor], width: int) -> torch.Tensor:
-    t_max = max(p.shape[0] for p in per)
+    t_max = max(1, max(p.shape[0] for p in per))
     out = torch.zeros(len(per), t_max, width, dtype=torch.int32, device=per[0].device)
     for b, p in enumerate(per):
         out[b, : p.shape[0]] = p.to(torch.int32)
@@ -154,10 +182,12 @@ def _pad_stack(per: list[torch.Tensor], width: int) -> torch.Tensor:
 # Launch tables: what the kernels read besides q, k, v (built once per plan, reusable)
 # ---------------------------------------------------------------------------------------------
 class LaunchTables(NamedTuple):
-    """Inputs of one launch besides ``q, k, v``: ``tiles`` ``(batch, T, 4)`` int32 query tiles,
+    """Inputs of one call besides ``q, k, v``: ``tiles`` ``(batch, T, 4)`` int32 query tiles,
     ``tok`` ``(batch, heads | 1, C, L)`` int32 ranked lists, ``ntok`` ``(batch, heads | 1, C)`` int32
-    list lengths (``"lists"``: of ``[0 .. initial) ++ tok``, 0 for chunks without a list), the
-    variant, its config, and the plan's budget and initial count."""
+    list lengths (``"lists"``/``"packed"``: of ``[0 .. initial) ++ tok``, 0 for chunks without a list),
+    the variant, its config, and the plan's budget and initial count. ``launches`` holds one
+    ``(tiles, config)`` per kernel launch (``"packed"``: a second one with taller tiles for long
+    chunks); ``tiles`` / ``config`` are the first."""
     tiles: torch.Tensor
     tok: torch.Tensor
     ntok: torch.Tensor
@@ -165,20 +195,24 @@ class LaunchTables(NamedTuple):
     config: dict
     budget: int
     initial: int
+    launches: tuple = ()
 
 
 def launch_tables(plan: ChunkPlan, variant: str = "lists", config: dict | None = None,
-                  dtype: torch.dtype = torch.bfloat16) -> LaunchTables:
+                  dtype: torch.dtype = torch.bfloat16, *, head_dim: int = 128, group: int = 1) -> LaunchTables:
     """Query tiles and list tensors of ``plan`` for one variant (:class:`LaunchTables`).
 
     ``"ranges"``: tiles ``(chunk, chunk start, r0, r1)`` in sequence order. ``"lists"``: tiles
     ``(chunk, d_0, r0, r1)`` with ``d_0`` the first key of the causal diagonal range (the chunk
     start, or 0 for a chunk starting at or before ``initial``), in decreasing order of the keys
-    the tile visits (list prefix of its first row + diagonal).
+    the tile visits (list prefix of its first row + diagonal). ``"packed"``: the same tiles, of at
+    most ``ROWS`` rows, and (``LONG_ROWS > 0``) chunks longer than ``ROWS`` in tiles of ``LONG_ROWS``
+    rows, launched apart; ``head_dim`` and ``group`` (query heads per key/value head) pick its
+    default config.
     """
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
-    cfg = default_config(plan, dtype, variant) if config is None else config
+    cfg = default_config(plan, dtype, variant, head_dim=head_dim, group=group) if config is None else dict(config)
     bsz = len(plan.starts)
     if bsz == 1:  # no copy: the plan's tensors as they are (padding slots are never read)
         tok, ntok = plan.tokens[0][None], plan.n_tokens[0][None]
@@ -192,11 +226,49 @@ def launch_tables(plan: ChunkPlan, variant: str = "lists", config: dict | None =
         for b, (t, c) in enumerate(zip(plan.tokens, plan.n_tokens)):
             tok[b, :, : t.shape[1], : t.shape[2]] = t
             ntok[b, :, : c.shape[1]] = c
+    if variant == "packed":
+        cfg = _check_packed_config(cfg, tok.shape[1])
+        rows, long_rows = cfg["ROWS"], cfg.get("LONG_ROWS", 0)
+        launches = []
+        if long_rows:
+            short = query_tiles(plan, rows, (0, rows))
+            long_ = query_tiles(plan, long_rows, (rows, plan.n))
+            cfg_long = dict(cfg, ROWS=long_rows, BLOCK_M=long_rows * cfg["PACK"],
+                            num_warps=cfg.get("LONG_WARPS", cfg["num_warps"]))
+            parts = [(short, cfg), (long_, cfg_long)]
+        else:
+            parts = [(query_tiles(plan, rows), cfg)]
+        lens = None
+        for tiles_p, cfg_p in parts:
+            if not bool((tiles_p[..., 3] > tiles_p[..., 2]).any()):
+                continue
+            tiles_p, lens = _list_tiles(plan, tiles_p, ntok)
+            launches.append((tiles_p.contiguous(), cfg_p))
+        if not launches:  # cannot happen for a sequence of >= 1 token; keep the tables well formed
+            tiles_p, lens = _list_tiles(plan, parts[0][0], ntok)
+            launches.append((tiles_p.contiguous(), parts[0][1]))
+        return LaunchTables(launches[0][0], tok.contiguous(), lens.contiguous(), variant, launches[0][1],
+                            plan.budget, plan.initial, tuple(launches))
     tiles = query_tiles(plan, cfg["BLOCK_M"])
     if variant == "lists":
         tiles, ntok = _list_tiles(plan, tiles, ntok)
-    return LaunchTables(tiles.contiguous(), tok.contiguous(), ntok.contiguous(), variant, cfg, plan.budget,
-                        plan.initial)
+    tiles, tok, ntok = tiles.contiguous(), tok.contiguous(), ntok.contiguous()
+    return LaunchTables(tiles, tok, ntok, variant, cfg, plan.budget, plan.initial, ((tiles, cfg),))
+
+
+def _check_packed_config(cfg: dict, selection_heads: int) -> dict:
+    for key in ("ROWS", "PACK", "BLOCK_N", "num_warps", "num_stages"):
+        if key not in cfg:
+            raise ValueError(f"config for variant 'packed' must have {key!r} (see default_config), got {cfg}")
+    pack = cfg["PACK"]
+    if pack > 1 and selection_heads != 1:
+        raise ValueError(f"config PACK={pack} packs query heads that share one key list: it needs a shared "
+                         "selection (share_heads=True); use PACK=1")
+    cfg = dict(cfg)
+    cfg.setdefault("BLOCK_M", cfg["ROWS"] * pack)
+    if cfg["BLOCK_M"] != cfg["ROWS"] * pack:
+        raise ValueError(f"config BLOCK_M ({cfg['BLOCK_M']}) must be ROWS x PACK ({cfg['ROWS']} x {pack})")
+    return cfg
 
 
 def _list_tiles(plan: ChunkPlan, tiles: torch.Tensor, ntok: torch.Tensor):
@@ -219,21 +291,39 @@ def _list_tiles(plan: ChunkPlan, tiles: torch.Tensor, ntok: torch.Tensor):
 
 def kv_bytes(tables: LaunchTables, plan: ChunkPlan, heads: int, head_dim: int, elt_bytes: int = 2) -> int:
     """Key + value bytes the kernel loads (every key tile it visits, whole tiles), for all heads:
-    what the L2 cache must deliver. An estimate from the tables, with the head-averaged list length."""
-    bn = tables.config["BLOCK_N"]
-    t = tables.tiles.long()
-    c, x, r0, r1 = t[..., 0], t[..., 1], t[..., 2], t[..., 3]
-    live = r1 > r0
-    lens = tables.ntok.float().mean(1)  # (batch, C)
-    if tables.variant == "lists":
-        take = torch.minimum(torch.gather(lens, 1, c), (plan.budget - (r0 + 1 - x)).float())
-        keys = torch.ceil(take / bn) * bn + torch.ceil((r1 - x) / bn) * bn
-    else:
-        init = min(plan.initial, plan.n)
-        room = (plan.budget - (r0 + 1 - (x - init).clamp(min=0))).float()
-        keys = (torch.ceil(torch.minimum(torch.gather(lens, 1, c), room) / bn) * bn
-                + math.ceil(init / bn) * bn + torch.ceil((r1 - x.clamp(min=init)).clamp(min=0) / bn) * bn)
-    return int((keys * live).sum()) * heads * 2 * head_dim * elt_bytes
+    what the L2 cache must deliver. An estimate from the tables, with the head-averaged list length
+    (``"packed"``: one load serves the ``PACK`` heads of a program)."""
+    total = 0
+    for tiles, cfg in (tables.launches or ((tables.tiles, tables.config),)):
+        bn = cfg["BLOCK_N"]
+        t = tiles.long()
+        c, x, r0, r1 = t[..., 0], t[..., 1], t[..., 2], t[..., 3]
+        live = r1 > r0
+        lens = tables.ntok.float().mean(1)  # (batch, C)
+        if tables.variant in ("lists", "packed"):
+            take = torch.minimum(torch.gather(lens, 1, c), (plan.budget - (r0 + 1 - x)).float())
+            keys = torch.ceil(take / bn) * bn + torch.ceil((r1 - x) / bn) * bn
+        else:
+            init = min(plan.initial, plan.n)
+            room = (plan.budget - (r0 + 1 - (x - init).clamp(min=0))).float()
+            keys = (torch.ceil(torch.minimum(torch.gather(lens, 1, c), room) / bn) * bn
+                    + math.ceil(init / bn) * bn + torch.ceil((r1 - x.clamp(min=init)).clamp(min=0) / bn) * bn)
+        programs_per_tile = heads // cfg.get("PACK", 1)
+        total += int((keys * live).sum()) * programs_per_tile * 2 * head_dim * elt_bytes
+    return total
+
+
+def mma_rows(tables: LaunchTables, heads: int) -> tuple[int, int]:
+    """``(rows computed, rows live)`` over all programs: the rows the tiles' MMAs run (``BLOCK_M`` per
+    program) and the query rows they hold (the rest are idle rows of short chunks)."""
+    comp = live = 0
+    for tiles, cfg in (tables.launches or ((tables.tiles, tables.config),)):
+        t = tiles.long()
+        n_rows = (t[..., 3] - t[..., 2])
+        progs = int((n_rows > 0).sum()) * (heads // cfg.get("PACK", 1))
+        comp += progs * cfg["BLOCK_M"]
+        live += int(n_rows.sum()) * heads
+    return comp, live
 
 
 # ---------------------------------------------------------------------------------------------
@@ -408,7 +498,103 @@ def _dhsa_lists_kernel(
         _store_rows(O, acc, l_i, b, h, offs_m, r1, offs_d, stride_ob, stride_oh, stride_on)
 
 
-_KERNELS = {"ranges": _dhsa_ranges_kernel, "lists": _dhsa_lists_kernel}
+# ---------------------------------------------------------------------------------------------
+# Variant "packed": the "lists" loops over tiles of >= 64 rows that may hold several query heads
+# ---------------------------------------------------------------------------------------------
+@triton.jit
+def _packed_loads_only(TOKc, Kbh, Vbh, start, INITIAL, n_list, stride_kn, stride_vn, offs_d, acc_l,
+                       BLOCK_N: tl.constexpr):
+    # LOADS_ONLY diagnostics: the same key/value gathers as _list_tile, summed instead of multiplied
+    slot = start + tl.arange(0, BLOCK_N)
+    ranked = (slot >= INITIAL) & (slot < n_list)
+    kpos = tl.where(slot < INITIAL, slot, tl.load(TOKc + (slot - INITIAL), mask=ranked, other=0))
+    k = tl.load(Kbh + kpos[:, None] * stride_kn + offs_d[None, :])
+    v = tl.load(Vbh + kpos[:, None] * stride_vn + offs_d[None, :])
+    return acc_l + tl.sum(k.to(tl.float32) + v.to(tl.float32), 0)
+
+
+@triton.jit
+def _dhsa_packed_kernel(
+    Q, K, V, O, TILES, TOK, NLIST,
+    stride_qb, stride_qh, stride_qn,
+    stride_kb, stride_kh, stride_kn,
+    stride_vb, stride_vh, stride_vn,
+    stride_ob, stride_oh, stride_on,
+    stride_tb, stride_th, stride_tc,  # TOK (batch, heads|1, C, L)
+    stride_nb, stride_nh,  # NLIST (batch, heads|1, C): length of [0 .. INITIAL) ++ ranked, 0 if none
+    T_MAX, BUDGET, INITIAL, qk_scale,
+    H: tl.constexpr, GROUP: tl.constexpr, SHARED: tl.constexpr, HEAD_DIM: tl.constexpr,
+    ROWS: tl.constexpr, PACK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, FP32_DOT: tl.constexpr,
+    LOADS_ONLY: tl.constexpr,
+):
+    # -- which tile: rows [r0, r1) of chunk c, for the PACK query heads h0 .. h0 + PACK - 1, which read one
+    #    key/value head and (PACK > 1 needs a shared selection) one list. Program row m is position
+    #    r0 + m % ROWS of head h0 + m // ROWS: BLOCK_M = ROWS x PACK rows share every key load.
+    pid_t = tl.program_id(0)
+    pid_g = tl.program_id(1)
+    b = pid_g // (H // PACK)
+    h0 = (pid_g % (H // PACK)) * PACK
+    hk = h0 // GROUP
+    hs = 0 if SHARED else h0
+    tile = TILES + (b * T_MAX + pid_t) * 4
+    c = tl.load(tile)
+    d0 = tl.load(tile + 1)
+    r0 = tl.load(tile + 2)
+    r1 = tl.load(tile + 3)
+    m = tl.arange(0, BLOCK_M)
+    pos = r0 + m % ROWS  # (BLOCK_M,) query position of each program row
+    head = h0 + m // ROWS
+    offs_d = tl.arange(0, HEAD_DIM)
+    Kbh = K + b * stride_kb + hk * stride_kh
+    Vbh = V + b * stride_vb + hk * stride_vh
+    if r1 > r0:
+        row_ok = (pos < r1)[:, None]
+        q = tl.load(Q + b * stride_qb + head[:, None] * stride_qh + pos[:, None] * stride_qn + offs_d[None, :],
+                    mask=row_ok, other=0.0)
+        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+
+        # -- how much of the list each row takes (as "lists"; rows of every packed head alike)
+        n_list = tl.load(NLIST + b * stride_nb + hs * stride_nh + c)
+        take = tl.minimum(BUDGET - (pos + 1 - d0), n_list)
+        take_first = tl.minimum(BUDGET - (r0 + 1 - d0), n_list)
+        take_last = tl.minimum(BUDGET - (r1 - d0), n_list)
+        bulk = (take_last // BLOCK_N) * BLOCK_N
+        TOKc = TOK + b * stride_tb + hs * stride_th + c * stride_tc
+
+        if LOADS_ONLY:  # diagnostics: the key/value traffic without the arithmetic
+            acc_l = tl.zeros([HEAD_DIM], dtype=tl.float32)
+            for start in range(0, take_first, BLOCK_N):
+                acc_l = _packed_loads_only(TOKc, Kbh, Vbh, start, INITIAL, n_list, stride_kn, stride_vn, offs_d,
+                                           acc_l, BLOCK_N)
+            acc += acc_l[None, :]
+            l_i += 1.0
+        else:
+            # -- stage 1: the bulk, slots every row takes: no mask
+            for start in range(0, bulk, BLOCK_N):
+                v, s, slot = _list_tile(q, TOKc, Kbh, Vbh, start, INITIAL, n_list, stride_kn, stride_vn, offs_d,
+                                        BLOCK_M, BLOCK_N, FP32_DOT)
+                m_i, l_i, acc = online_softmax_step(s * qk_scale, v, m_i, l_i, acc, FP32_DOT)
+
+            # -- stage 2: the tail, slots only the first rows take
+            for start in range(bulk, take_first, BLOCK_N):
+                v, s, slot = _list_tile(q, TOKc, Kbh, Vbh, start, INITIAL, n_list, stride_kn, stride_vn, offs_d,
+                                        BLOCK_M, BLOCK_N, FP32_DOT)
+                s = tl.where(slot[None, :] < take[:, None], s * qk_scale, float("-inf"))
+                m_i, l_i, acc = online_softmax_step(s, v, m_i, l_i, acc, FP32_DOT)
+
+            # -- stage 3: the diagonal [d0, row], causal (idle rows, past r1, see all of it: l_i > 0)
+            m_i, l_i, acc = _causal_range(q, Kbh, Vbh, d0, r1, pos, offs_d, stride_kn, stride_vn, qk_scale, m_i,
+                                          l_i, acc, BLOCK_M, BLOCK_N, FP32_DOT)
+
+        # -- epilogue
+        acc = acc / l_i[:, None]
+        tl.store(O + b * stride_ob + head[:, None] * stride_oh + pos[:, None] * stride_on + offs_d[None, :],
+                 acc.to(O.dtype.element_ty), mask=row_ok)
+
+
+_KERNELS = {"ranges": _dhsa_ranges_kernel, "lists": _dhsa_lists_kernel, "packed": _dhsa_packed_kernel}
 
 
 def _lastdim_contiguous(x: torch.Tensor) -> torch.Tensor:
@@ -436,26 +622,37 @@ def dhsa_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bou
         if plan is None:
             plan = chunk_plan(q, k, boundaries, budget, initial=initial, aggregation=aggregation,
                               share_heads=share_heads)
-        tables = launch_tables(plan, variant, config, q.dtype)
-    tiles, tok, ntok, cfg = tables.tiles, tables.tok, tables.ntok, tables.config
+        tables = launch_tables(plan, variant, config, q.dtype, head_dim=d, group=h // k.shape[1])
+    tok, ntok = tables.tok, tables.ntok
     q, k, v = (_lastdim_contiguous(x) for x in (q, k, v))
     o = torch.empty_like(q, memory_format=torch.contiguous_format)
     fp32_dot = q.dtype == torch.float32 or interpreting()
     hs = tok.shape[1]
-    grid = (tiles.shape[1], bsz * h)
-    _KERNELS[tables.variant][grid](
-        q, k, v, o, tiles, tok, ntok,
-        q.stride(0), q.stride(1), q.stride(2),
-        k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2),
-        o.stride(0), o.stride(1), o.stride(2),
-        tok.stride(0), tok.stride(1), tok.stride(2),
-        ntok.stride(0), ntok.stride(1),
-        tiles.shape[1], tables.budget, tables.initial, scale * 1.4426950408889634,
-        H=h, GROUP=h // k.shape[1], SHARED=hs == 1 and h > 1, HEAD_DIM=d,
-        BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], FP32_DOT=fp32_dot,
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
-    )
+    group = h // k.shape[1]
+    args = (q.stride(0), q.stride(1), q.stride(2),
+            k.stride(0), k.stride(1), k.stride(2),
+            v.stride(0), v.stride(1), v.stride(2),
+            o.stride(0), o.stride(1), o.stride(2),
+            tok.stride(0), tok.stride(1), tok.stride(2),
+            ntok.stride(0), ntok.stride(1))
+    common = dict(H=h, GROUP=group, SHARED=hs == 1 and h > 1, HEAD_DIM=d, FP32_DOT=fp32_dot)
+    for tiles, cfg in (tables.launches or ((tables.tiles, tables.config),)):
+        if tables.variant == "packed":
+            pack = cfg["PACK"]
+            if group % pack or (pack > 1 and hs != 1):
+                raise ValueError(f"config PACK={pack} must divide the query heads per key/value head ({group}) and "
+                                 "needs a shared selection (share_heads=True); use PACK=1")
+            _dhsa_packed_kernel[(tiles.shape[1], bsz * h // pack)](
+                q, k, v, o, tiles, tok, ntok, *args, tiles.shape[1], tables.budget, tables.initial,
+                scale * 1.4426950408889634, ROWS=cfg["ROWS"], PACK=pack, BLOCK_M=cfg["ROWS"] * pack,
+                BLOCK_N=cfg["BLOCK_N"],
+                LOADS_ONLY=bool(cfg.get("LOADS_ONLY", False)), num_warps=cfg["num_warps"],
+                num_stages=cfg["num_stages"], **common)
+        else:
+            _KERNELS[tables.variant][(tiles.shape[1], bsz * h)](
+                q, k, v, o, tiles, tok, ntok, *args, tiles.shape[1], tables.budget, tables.initial,
+                scale * 1.4426950408889634, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
+                num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **common)
     return o
 
 

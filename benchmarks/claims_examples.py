@@ -152,11 +152,12 @@ def convert_reform(path: Path) -> list[dict]:
 
 # results file (relative to the repository) -> (converter, examples file written)
 SOURCES = {
-    "benchmarks/results/fullsize_runs.json": (convert_job_dict, "benchmarks/results/fullsize_runs.examples.jsonl"),
-    "benchmarks/results/fidelity_gpu_h100.json": (convert_job_dict,
-                                                  "benchmarks/results/fidelity_gpu_h100.examples.jsonl"),
-    "benchmarks/results/fidelity_gpu_h100_sweep.json": (convert_job_dict,
-                                                        "benchmarks/results/fidelity_gpu_h100_sweep.examples.jsonl"),
+    "benchmarks/results/fidelity/fullsize_runs.json": (convert_job_dict,
+                                                       "benchmarks/results/fidelity/fullsize_runs.examples.jsonl"),
+    "benchmarks/results/fidelity/fidelity_gpu_h100.json": (convert_job_dict,
+                                                           "benchmarks/results/fidelity/fidelity_gpu_h100.examples.jsonl"),
+    "benchmarks/results/fidelity/fidelity_gpu_h100_sweep.json": (
+        convert_job_dict, "benchmarks/results/fidelity/fidelity_gpu_h100_sweep.examples.jsonl"),
     "benchmarks/results/longstream": (convert_longstream, "benchmarks/results/longstream/segments.examples.jsonl"),
     "benchmarks/results/lacache_tables": (convert_longtask,
                                           "benchmarks/results/lacache_tables/longtask.examples.jsonl"),

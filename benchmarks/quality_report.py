@@ -1,6 +1,6 @@
 """Tables from the results of ``benchmarks/quality_runs.py``, beside the papers' numbers.
 
-    python benchmarks/quality_report.py DIR [--summary benchmarks/results/fullsize_runs.json]
+    python benchmarks/quality_report.py DIR [--summary benchmarks/results/fidelity/fullsize_runs.json]
 
 Reads ``DIR/*.json`` (or the summary file written by an earlier call, when DIR is that file), prints
 markdown tables for the LaCache and SepLLM issues, and with ``--summary`` writes one JSON file with

@@ -18,7 +18,7 @@ tcp://HOST:8786 --nthreads 1`` on each machine, ``--resources GPU=1`` on GPU mac
 
 ``--scale smoke`` shrinks every job (a few hundred tokens, two problems) to check the whole pipeline
 in a minute. ``benchmarks/quality_report.py DIR`` turns the results into the tables of
-``benchmarks/results/*_fullsize.md``.
+``benchmarks/results/fidelity/fullsize_runs.md``.
 """
 
 from __future__ import annotations

@@ -101,7 +101,7 @@ def compact_kept_keys(is_sep: torch.Tensor, init: int):
     idx = torch.empty(b, n, dtype=torch.int32, device=is_sep.device)
     cnt = torch.empty(b, n + 1, dtype=torch.int32, device=is_sep.device)
     # One program per sequence; 4096-wide blocks (8 serial steps at 32k) measured 0.045 ms against
-    # 0.060 ms for 1024 on an H200 (benchmarks/results/profile_h200_run7a.log).
+    # 0.060 ms for 1024 on an H200 (benchmarks/results/kernels/profile_h200_run7a.log).
     interp = _interpreting()
     _compact_kernel[(b,)](sep, kept, idx, cnt, n, init, BLOCK=256 if interp else 4096, num_warps=4 if interp else 8)
     return kept, idx, cnt
@@ -634,7 +634,7 @@ def default_config(head_dim: int, dtype: torch.dtype, interpret: bool | None = N
     if interpret:
         small = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_F=16, num_warps=4, num_stages=1, warp_spec=False)
         return {"variant": variant, "fwd": small, "dq": dict(small), "dkdv": dict(small), "far_splits_per": 4}
-    # Chosen on an H200 at N = 32k, 32 heads, dim 128, bf16 (benchmarks/results/tune_*.log). Larger rows
+    # Chosen on an H200 at N = 32k, 32 heads, dim 128, bf16 (benchmarks/results/kernels/tune_*.log). Larger rows
     # (dim 256, or 4-byte fp32 elements) are untuned: the query and far-key tiles shrink by the same factor
     # so that a tile's bytes in shared memory stay those of the tuned case; smaller rows keep the tuned tiles.
     grow = max(1, (head_dim * torch.finfo(dtype).bits // 8) // (128 * 2))

@@ -165,7 +165,7 @@ def default_config(interpret: bool | None = None) -> dict:
     interpret = _interpreting() if interpret is None else interpret
     if interpret:
         return dict(BLOCK_N=16, chunks=3, programs_per_sm=None, num_warps=4, num_stages=1)
-    # chosen on an H200 by GPU time (CUDA graph replay) and eager time: benchmarks/results/profile_h200_run7b.log
+    # chosen on an H200 by GPU time (CUDA graph replay) and eager time: benchmarks/results/kernels/profile_h200_run7b.log
     return dict(BLOCK_N=64, chunks=None, programs_per_sm=4, num_warps=4, num_stages=2)
 
 

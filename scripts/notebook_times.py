@@ -1,0 +1,428 @@
+"""Time the numbered notebooks as a student runs them: one kernel per notebook, pinned to one core, one thread.
+
+    python scripts/notebook_times.py run --set ci --out benchmarks/results/notebook_times --name ci_1thread
+    python scripts/notebook_times.py run --set defaults -p device cpu --cores 2-15 --timeout 500 --deadline 520 \\
+        --out OUTDIR --name defaults_cpu_1thread
+    python scripts/notebook_times.py table benchmarks/results/notebook_times/ci_1thread.json
+
+``run`` executes each notebook through papermill (kernel ``python3``, working directory ``notebooks/``, as
+``scripts/notebooks.py`` does) with either its CI set (``notebooks/params/NN_name.ci.yaml``) or its defaults, then
+the ``-p NAME YAML`` overrides; an override is passed only to notebooks that declare that parameter, and
+``num_threads: 1`` is always added where declared. Every process gets ``KVLAB_THREADS=1`` and ``OMP_NUM_THREADS=1``,
+so torch computes with one thread in every notebook, and runs under ``taskset -c CORE``: ``--jobs`` notebooks at
+once, each on its own core of ``--cores``.
+
+Two times per notebook:
+
+* ``wall_s``: seconds from start to end, which a loaded machine stretches;
+* ``cpu_s``: user + system CPU seconds of the whole process tree (papermill, the kernel, what the kernel started and
+  waited for), from ``wait4``. With one thread on one core this is what the wall time would be on an idle core,
+  so it is the number to quote on a busy machine. ``kernel_cpu_s`` is the kernel's own count, printed by a cell
+  appended after the last one (``resource.getrusage``), as a cross-check.
+
+A notebook still running at ``--timeout`` seconds (or at ``--deadline`` seconds after the start of the whole run,
+whichever comes first) is killed and reported as ``> N s`` with the last cell it reached. Results go to
+``OUT/NAME.json`` and ``OUT/NAME.md``; executed notebooks to ``OUT/NAME_executed/`` (``--keep-notebooks``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import pathlib
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+NOTEBOOKS = ROOT / "notebooks"
+PARAMS = NOTEBOOKS / "params"
+MARKER = "NOTEBOOK_TIMES "
+# appended after the notebook's last cell: the kernel's own CPU time (itself and the children it waited for)
+RUSAGE_CELL = f"""import json as _nt_json, resource as _nt_resource
+_nt_self = _nt_resource.getrusage(_nt_resource.RUSAGE_SELF)
+_nt_children = _nt_resource.getrusage(_nt_resource.RUSAGE_CHILDREN)
+print({MARKER!r} + _nt_json.dumps({{"self_s": _nt_self.ru_utime + _nt_self.ru_stime,
+      "children_s": _nt_children.ru_utime + _nt_children.ru_stime, "maxrss_mb": _nt_self.ru_maxrss / 1024}}))"""
+THREAD_ENV = {"KVLAB_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
+              "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
+
+
+# ----------------------------------------------------------------------------------------------- inputs
+def parse_cores(text: str) -> list[int]:
+    """``"2-15"``, ``"0"`` or ``"1,3,5-7"`` -> a list of core ids."""
+    cores: list[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        m = re.fullmatch(r"(\d+)(?:-(\d+))?", part)
+        if not m:
+            raise ValueError(f"--cores must be core ids and ranges like '2-15' or '0,2,4-7', got {text!r}")
+        lo, hi = int(m.group(1)), int(m.group(2) or m.group(1))
+        if hi < lo:
+            raise ValueError(f"--cores range {part!r} runs backwards: write it low-high, e.g. '{hi}-{lo}'")
+        cores.extend(range(lo, hi + 1))
+    if len(set(cores)) != len(cores):
+        raise ValueError(f"--cores names a core twice: {text!r}")
+    return cores
+
+
+def ci_parameters(nb: pathlib.Path) -> dict:
+    """The CI set of ``nb``: ``notebooks/params/NN_name.ci.yaml`` (or the older ``notebooks/NN_name.ci.yaml``)."""
+    import yaml
+
+    for path in (PARAMS / f"{nb.stem}.ci.yaml", nb.with_name(f"{nb.stem}.ci.yaml")):
+        if path.exists():
+            return yaml.safe_load(path.read_text()) or {}
+    return {}
+
+
+def declared(nb: pathlib.Path) -> dict:
+    """Parameters the notebook's ``parameters`` cell declares, with their defaults as written."""
+    import papermill
+
+    return {name: info["default"] for name, info in papermill.inspect_notebook(str(nb)).items()}
+
+
+def plan(nb: pathlib.Path, which: str, overrides: dict) -> tuple[dict, list[str]]:
+    """Parameters to inject into ``nb`` for set ``which`` ("ci" or "defaults") plus ``overrides`` (kept only
+    where the notebook declares the name), and the override names it does not declare."""
+    names = declared(nb)
+    params = ci_parameters(nb) if which == "ci" else {}
+    extra = {"num_threads": 1, **overrides}
+    params.update({k: v for k, v in extra.items() if k in names})
+    return params, sorted(k for k in overrides if k not in names)
+
+
+def selected(names: list[str]) -> list[pathlib.Path]:
+    if not names:
+        return sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
+    out = []
+    for n in names:
+        path = pathlib.Path(n)
+        if not path.exists():  # a number or a stem: "03", "03_sepllm_streaming"
+            found = sorted(NOTEBOOKS.glob(f"{n}*.ipynb"))
+            if len(found) != 1:
+                raise SystemExit(f"notebook {n!r}: give a path or a unique prefix of a file in {NOTEBOOKS} "
+                                 f"(found {[f.name for f in found]})")
+            path = found[0]
+        out.append(path.resolve())
+    return out
+
+
+# ----------------------------------------------------------------------------------------------- one notebook
+def execute(source: pathlib.Path, target: pathlib.Path, params_json: str) -> None:
+    """Child process: run ``source`` with papermill into ``target``, the rusage cell appended."""
+    import nbformat
+    import papermill
+
+    nb = nbformat.read(source, as_version=4)
+    nb.cells.append(nbformat.v4.new_code_cell(RUSAGE_CELL))
+    staged = target.with_name(target.stem + ".input.ipynb")
+    nbformat.write(nb, staged)
+    try:
+        papermill.execute_notebook(str(staged), str(target), parameters=json.loads(params_json),
+                                   kernel_name="python3", cwd=str(NOTEBOOKS), progress_bar=False)
+    finally:
+        staged.unlink(missing_ok=True)
+
+
+def progress(target: pathlib.Path) -> dict:
+    """From the (partial) executed notebook papermill saves after each cell: cells done, the last cell reached
+    (index among all cells, first line of its source), the kernel's CPU line and the error of a failed cell."""
+    import nbformat
+
+    info: dict = {"cells": None, "cells_done": None, "last_cell": None, "kernel": None, "error": None}
+    try:
+        nb = nbformat.read(target, as_version=4)
+    except Exception:  # not written yet, or written half when the process was killed
+        return info
+    cells = nb.cells[:-1] if nb.cells and MARKER.strip() in nb.cells[-1].source else nb.cells
+    info["cells"] = len(cells)
+    reached = [i for i, c in enumerate(cells) if c.metadata.get("papermill", {}).get("status") in ("completed",
+                                                                                                     "running")]
+    info["cells_done"] = sum(c.metadata.get("papermill", {}).get("status") == "completed" for c in cells)
+    if reached:
+        i = reached[-1]
+        first = next((line for line in cells[i].source.splitlines()
+                      if line.strip() and not line.startswith("# NBVAL")), "")
+        info["last_cell"] = f"cell {i} of {len(cells)}: {first[:80]}"
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            if out.get("output_type") == "stream" and MARKER in out.get("text", ""):
+                line = next(x for x in out["text"].splitlines() if x.startswith(MARKER))
+                info["kernel"] = json.loads(line[len(MARKER):])
+            if out.get("output_type") == "error":
+                info["error"] = f"{out.get('ename')}: {out.get('evalue')}"[:400]
+    return info
+
+
+class Run:
+    """One notebook's process tree, pinned to one core."""
+
+    def __init__(self, nb: pathlib.Path, params: dict, core: int, target: pathlib.Path, limit: float):
+        self.nb, self.params, self.core, self.target, self.limit = nb, params, core, target, limit
+        self.log = target.with_suffix(".log")
+        command = [sys.executable, str(pathlib.Path(__file__).resolve()), "_execute", str(nb), str(target),
+                   json.dumps(params)]
+        if shutil.which("taskset"):
+            command = ["taskset", "-c", str(core), *command]
+        env = {**os.environ, **THREAD_ENV}
+        self.start = time.monotonic()
+        with open(self.log, "w") as log:
+            self.proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                         start_new_session=True,
+                                         preexec_fn=None if shutil.which("taskset") else self._pin)
+        self.samples: dict[int, float] = {}  # pid -> its own CPU seconds when last seen (for a killed tree)
+        self.result: dict | None = None
+
+    def _pin(self) -> None:
+        os.sched_setaffinity(0, {self.core})
+
+    def _sample(self) -> None:
+        try:
+            import psutil
+        except ImportError:
+            return
+        try:
+            root = psutil.Process(self.proc.pid)
+            for p in [root, *root.children(recursive=True)]:
+                t = p.cpu_times()
+                self.samples[p.pid] = t.user + t.system
+        except psutil.Error:
+            pass
+
+    def poll(self, now: float) -> bool:
+        """True once finished (normally, with an error, or killed at its limit)."""
+        pid, status, usage = os.wait4(self.proc.pid, os.WNOHANG)
+        if pid == 0:
+            if now - self.start < self.limit:
+                self._sample()
+                return False
+            self._sample()
+            self._kill()
+            pid, status, usage = os.wait4(self.proc.pid, 0)
+            self._finish(now, status, usage, timed_out=True)
+            return True
+        self._finish(now, status, usage, timed_out=False)
+        return True
+
+    def _kill(self) -> None:
+        try:
+            import psutil
+
+            root = psutil.Process(self.proc.pid)
+            tree = [root, *root.children(recursive=True)]
+        except Exception:
+            tree = []
+        for p in reversed(tree):  # the kernel and what it started, then papermill
+            try:
+                p.kill()
+            except Exception:
+                pass
+        if not tree:
+            self.proc.kill()
+
+    def _finish(self, now: float, status: int, usage, timed_out: bool) -> None:
+        self.proc.returncode = os.waitstatus_to_exitcode(status)
+        tree_cpu = usage.ru_utime + usage.ru_stime
+        info = progress(self.target)
+        kernel = info.pop("kernel")
+        wall = now - self.start
+        if timed_out:
+            state = "timeout"
+        elif self.proc.returncode == 0 and kernel is not None:
+            state = "ok"
+        else:
+            state = "failed"
+        sampled = sum(self.samples.values())
+        tail = ""
+        if state != "ok":
+            text = self.log.read_text(errors="replace") if self.log.exists() else ""
+            tail = "\n".join(text.strip().splitlines()[-15:])
+        self.result = {
+            "notebook": self.nb.name, "status": state, "core": self.core, "parameters": self.params,
+            "wall_s": round(wall, 1), "limit_s": round(self.limit, 1),
+            # a killed tree was not waited for: its CPU is what the last sample saw
+            "cpu_s": round(max(tree_cpu, sampled) if timed_out else tree_cpu, 1),
+            "kernel_cpu_s": round(kernel["self_s"] + kernel["children_s"], 1) if kernel else None,
+            "kernel_maxrss_mb": round(kernel["maxrss_mb"]) if kernel else None,
+            **info, "returncode": self.proc.returncode, "log_tail": tail,
+        }
+
+
+# ----------------------------------------------------------------------------------------------- the run
+def machine() -> dict:
+    cpu = ""
+    try:
+        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
+    except (OSError, StopIteration):
+        cpu = platform.processor()
+    info = {"host": platform.node(), "cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version()}
+    try:
+        import torch
+
+        info["torch"] = torch.__version__
+    except ImportError:
+        pass
+    try:
+        info["load_average_at_start"] = [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        pass
+    return info
+
+
+def run(args: argparse.Namespace) -> dict:
+    import yaml
+
+    cores = parse_cores(args.cores)
+    jobs = args.jobs or len(cores)
+    if jobs < 1 or jobs > len(cores):
+        raise SystemExit(f"--jobs must be between 1 and the {len(cores)} cores of --cores, got {jobs}: "
+                         f"name more cores or run fewer at once")
+    if args.timeout <= 0:
+        raise SystemExit(f"--timeout must be > 0 seconds, got {args.timeout}")
+    overrides = {k: yaml.safe_load(v) for k, v in args.parameter}
+    out = args.out.resolve()
+    executed = out / f"{args.name}_executed"
+    executed.mkdir(parents=True, exist_ok=True)
+    queue = []
+    for nb in selected(args.names):
+        params, ignored = plan(nb, args.set, overrides)
+        queue.append((nb, params, ignored))
+    report = {"set": args.set, "overrides": overrides, "threads": 1, "jobs": jobs, "cores": cores,
+              "timeout_s": args.timeout, "deadline_s": args.deadline, "command": " ".join(sys.argv),
+              "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+              "machine": machine(), "notebooks": []}
+    t0 = time.monotonic()
+    free, running, results = list(cores[:jobs]), [], {}
+    while queue or running:
+        now = time.monotonic()
+        while queue and free:
+            nb, params, ignored = queue.pop(0)
+            limit = args.timeout if args.deadline is None else min(args.timeout, args.deadline - (now - t0))
+            if limit <= 1:
+                results[nb.name] = {"notebook": nb.name, "status": "not started", "parameters": params,
+                                    "wall_s": None, "cpu_s": None, "limit_s": 0,
+                                    "last_cell": "none: the run's deadline came first"}
+                continue
+            run_ = Run(nb, params, free.pop(0), executed / nb.name, limit)
+            run_.ignored = ignored
+            running.append(run_)
+            print(f"[{now - t0:6.0f} s] start {nb.name} on core {run_.core} (limit {limit:.0f} s) {params}",
+                  flush=True)
+        time.sleep(0.5)
+        now = time.monotonic()
+        for r in list(running):
+            if r.poll(now):
+                running.remove(r)
+                free.append(r.core)
+                r.result["overrides_not_declared"] = r.ignored
+                results[r.nb.name] = r.result
+                print(f"[{now - t0:6.0f} s] {r.result['status']:7s} {r.nb.name}: wall {r.result['wall_s']} s, "
+                      f"cpu {r.result['cpu_s']} s, {r.result['last_cell']}", flush=True)
+                if r.result["status"] != "ok" and r.result.get("log_tail"):
+                    print("    " + r.result["log_tail"].replace("\n", "\n    "), flush=True)
+    report["notebooks"] = [results[k] for k in sorted(results)]
+    report["total_wall_s"] = round(time.monotonic() - t0, 1)
+    (out / f"{args.name}.json").write_text(json.dumps(report, indent=1) + "\n")
+    (out / f"{args.name}.md").write_text(table(report))
+    if args.keep_notebooks:
+        strip_images(executed)
+    else:
+        shutil.rmtree(executed, ignore_errors=True)
+    print(f"wrote {out / args.name}.json and .md")
+    return report
+
+
+def strip_images(folder: pathlib.Path) -> None:
+    """Drop the pictures from the executed notebooks in ``folder`` (they are kept to read the text outputs)."""
+    import nbformat
+
+    for path in folder.glob("*.ipynb"):
+        try:
+            nb = nbformat.read(path, as_version=4)
+        except Exception:
+            continue
+        for cell in nb.cells:
+            for out in cell.get("outputs", []):
+                for key in [k for k in out.get("data", {}) if k.startswith("image/")]:
+                    del out["data"][key]
+        nbformat.write(nb, path)
+
+
+def shown(r: dict, key: str) -> str:
+    value = r.get(key)
+    if r["status"] == "timeout" and key in ("wall_s", "cpu_s"):  # stopped at its limit: a lower bound
+        return f"> {r['limit_s']:.0f}" if key == "wall_s" else f"≥ {value:.0f}"
+    return "—" if value is None else f"{value:.0f}"
+
+
+def table(report: dict) -> str:
+    m = report["machine"]
+    what = "its CI set (notebooks/params/NN.ci.yaml)" if report["set"] == "ci" else "its defaults"
+    lines = [
+        f"# Notebook run times: {what}, one thread",
+        "",
+        f"Measured {report['date']} on {m.get('host', '?')} ({m.get('cpu', '?')}, {m.get('cores', '?')} cores; "
+        f"torch {m.get('torch', '?')}), {report['jobs']} notebook(s) at once, each pinned to its own core, "
+        f"KVLAB_THREADS=1. Overrides: {report['overrides'] or 'none'} (where declared). Command:",
+        "",
+        f"    {report['command']}",
+        "",
+        "`cpu` is the CPU seconds of the notebook's process tree (papermill and its kernel): with one thread this is "
+        "the wall time on an idle core. `wall` is what this run took on this machine.",
+        "",
+        "| notebook | status | cpu s | wall s | kernel cpu s | peak MB | last cell reached / error |",
+        "| --- | --- | ---: | ---: | ---: | ---: | --- |",
+    ]
+    for r in report["notebooks"]:
+        note = r.get("error") or (r.get("last_cell") if r["status"] != "ok" else "")
+        lines.append(f"| {r['notebook']} | {r['status']} | {shown(r, 'cpu_s')} | {shown(r, 'wall_s')} | "
+                     f"{shown(r, 'kernel_cpu_s')} | {shown(r, 'kernel_maxrss_mb')} | "
+                     f"{(note or '').replace('|', '/')} |")
+    lines.append("")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    r = sub.add_parser("run", help="execute and time notebooks")
+    r.add_argument("--set", choices=["ci", "defaults"], required=True,
+                   help="start from the CI parameter set or from the notebook's defaults")
+    r.add_argument("-p", "--parameter", nargs=2, action="append", default=[], metavar=("NAME", "YAML"),
+                   help="override a parameter where the notebook declares it, e.g. -p device cpu")
+    r.add_argument("--cores", default="0", help="cores to pin notebooks to, e.g. 0 or 2-15 (default 0)")
+    r.add_argument("--jobs", type=int, default=0, help="notebooks at once (default: one per core of --cores)")
+    r.add_argument("--timeout", type=float, default=600, help="seconds each notebook may run (default 600)")
+    r.add_argument("--deadline", type=float, default=None,
+                   help="seconds after the start by which every notebook is stopped (default: none)")
+    r.add_argument("--out", type=pathlib.Path, default=ROOT / "build" / "notebook_times")
+    r.add_argument("--name", default="times", help="file names: OUT/NAME.json, OUT/NAME.md")
+    r.add_argument("--keep-notebooks", action="store_true", help="keep the executed notebooks (pictures dropped) and their logs in OUT/NAME_executed")
+    r.add_argument("names", nargs="*", help="notebooks (paths, or prefixes such as 03); default: all numbered")
+    t = sub.add_parser("table", help="print the markdown table of a results JSON")
+    t.add_argument("json", type=pathlib.Path)
+    e = sub.add_parser("_execute", help=argparse.SUPPRESS)
+    e.add_argument("source", type=pathlib.Path)
+    e.add_argument("target", type=pathlib.Path)
+    e.add_argument("params")
+    args = parser.parse_args()
+    if args.command == "run":
+        try:
+            run(args)
+        except ValueError as err:
+            raise SystemExit(str(err))
+    elif args.command == "table":
+        print(table(json.loads(args.json.read_text())), end="")
+    else:
+        execute(args.source, args.target, args.params)
+
+
+if __name__ == "__main__":
+    main()

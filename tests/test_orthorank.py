@@ -561,6 +561,114 @@ def test_triton_scores_are_eq4(dtype):
                            dtype=dtype, name="scores")
 
 
+def _norm_module(kind: str, dim: int, dtype: torch.dtype):
+    from transformers.models.gemma3.modeling_gemma3 import Gemma3RMSNorm
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    norm = LlamaRMSNorm(dim, eps=1e-5) if kind == "llama" else Gemma3RMSNorm(dim, eps=1e-6)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(dim) * 0.5 + (1.0 if kind == "llama" else 0.0))
+    return norm.to(DEV, dtype)
+
+
+@pytest.mark.triton
+@pytest.mark.parametrize("kind", ["llama", "gemma3"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_triton_rmsnorm_with_scores_is_the_module_then_eq4(kind, dtype):
+    """One pass gives the layer's RMSNorm (its own rounding: Llama casts before the weight, Gemma3 after)
+    and Eq. 4 on the result."""
+    from kvlab.orthorank.triton import rmsnorm, rmsnorm_form
+    from kvlab.testing import assert_close_to_oracle
+
+    torch.manual_seed(17)
+    hidden = 80  # not a power of two: a masked last chunk
+    norm = _norm_module(kind, hidden, dtype)
+    assert rmsnorm_form(norm) is not None
+    x = (torch.randn(3, 37, hidden) * 3).to(DEV, dtype)
+    x[1, 0] *= 40  # a sink far larger than the rest (the massive activation)
+    y, scores = rmsnorm(norm, x, scores=True)
+    with torch.no_grad():
+        eager = norm(x)
+        oracle = _norm_module(kind, hidden, torch.float64)
+        oracle.load_state_dict({k: v.double() for k, v in norm.state_dict().items()})
+        exact = oracle(x.double())
+    assert y.dtype == eager.dtype and y.shape == eager.shape
+    assert_close_to_oracle(y, eager, exact, reduction=hidden, dtype=dtype, name="rmsnorm")
+    assert_close_to_oracle(scores, alignment(eager), alignment(exact), reduction=hidden, dtype=dtype, name="scores")
+    assert torch.equal(rmsnorm(norm, x), y)  # without scores: the same normalised states
+
+    class Other(torch.nn.Module):  # a norm the kernel does not know: the module itself runs
+        def forward(self, t):
+            return t * 2
+
+    other, other_scores = rmsnorm(Other(), x, scores=True)
+    assert torch.equal(other, x * 2) and rmsnorm_form(Other()) is None
+    assert_close_to_oracle(other_scores, alignment(x * 2), alignment((x * 2).double()), reduction=hidden, dtype=dtype)
+
+
+@pytest.mark.triton
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_triton_gather_add_rmsnorm_and_silu_mul_are_the_modules(dtype):
+    from transformers.models.llama.modeling_llama import LlamaMLP
+
+    from kvlab.orthorank.triton import gather_add_rmsnorm, mlp, silu_mul
+    from kvlab.testing import assert_close_to_oracle
+
+    torch.manual_seed(18)
+    norm = _norm_module("llama", 48, dtype)
+    h = torch.randn(2, 20, 48).to(DEV, dtype)
+    sel = torch.tensor([[1, 4, 9, 10], [0, 2, 18, 19]], device=DEV)
+    add = torch.randn(2, 4, 48).to(DEV, dtype)
+    a, y = gather_add_rmsnorm(h, sel, add, norm)
+    rows = torch.stack([h[b, sel[b]] for b in range(2)])
+    a_eager = rows + add
+    # the residual sum: one rounding of the fp32 sum (the interpreter truncates bf16 instead: one ulp)
+    assert (a.float() - a_eager.float()).abs().max() <= a_eager.float().abs().max() * torch.finfo(dtype).eps
+    with torch.no_grad():
+        exact = norm.double()(rows.double() + add.double())
+        norm.to(dtype)
+        assert_close_to_oracle(y, norm(a_eager), exact, reduction=48, dtype=dtype, name="post-attention norm")
+    with pytest.raises(ValueError, match="no kernel for Linear"):
+        gather_add_rmsnorm(h, sel, add, torch.nn.Linear(48, 48))
+
+    g, u = (torch.randn(5, 33) * 4).to(DEV, dtype), torch.randn(5, 33).to(DEV, dtype)
+    assert_close_to_oracle(silu_mul(g, u), torch.nn.functional.silu(g) * u,
+                           torch.nn.functional.silu(g.double()) * u.double(), reduction=1, dtype=dtype, name="silu")
+    from transformers import LlamaConfig
+
+    module = LlamaMLP(LlamaConfig(hidden_size=48, intermediate_size=64, hidden_act="silu", num_attention_heads=4)).to(DEV, dtype)
+    x = torch.randn(3, 48).to(DEV, dtype)
+    with torch.no_grad():
+        exact = LlamaMLP(LlamaConfig(hidden_size=48, intermediate_size=64, hidden_act="silu", num_attention_heads=4)).double().to(DEV)
+        exact.load_state_dict({k: v.double() for k, v in module.state_dict().items()})
+        assert_close_to_oracle(mlp(module, x), module(x), exact(x.double()), reduction=64, dtype=dtype, name="mlp")
+
+
+@pytest.mark.triton
+def test_triton_attention_unmasked_prefix_is_used_and_exact():
+    """Queries late in the sequence see whole key tiles before them: those run without the mask (and
+    without bounds checks); a cache whose positions do not ascend shortens that prefix, never lengthens it."""
+    from kvlab.orthorank.reference import attention
+    from kvlab.orthorank.triton import selected_attention
+    from kvlab.testing import assert_close_to_oracle
+
+    torch.manual_seed(19)
+    batch, heads, kv_heads, n, dim, nq = 1, 2, 1, 70, 16, 5
+    q = torch.randn(batch, heads, nq, dim).to(DEV)
+    k = torch.randn(batch, kv_heads, n, dim).to(DEV)
+    v = torch.randn(batch, kv_heads, n, dim).to(DEV)
+    q_pos = torch.tensor([[50, 52, 60, 61, 69]], device=DEV)
+    for k_pos in (torch.arange(n, device=DEV)[None], torch.arange(n, device=DEV).flip(-1)[None],
+                  torch.cat([torch.arange(40, 70), torch.arange(40)]).to(DEV)[None]):
+        mask = q_pos[:, :, None] >= k_pos[:, None, :]
+
+        def ref(*xs):
+            return attention(*xs, mask[:, None], 0.3).transpose(1, 2).reshape(batch, nq, heads * dim)
+
+        out = selected_attention(q, k, v, q_pos, k_pos, 0.3)
+        assert_close_to_oracle(out, ref(q, k, v), ref(q.double(), k.double(), v.double()), reduction=n)
+
+
 @pytest.mark.triton
 def test_triton_topk_is_algorithm_1():
     from kvlab.orthorank.triton import topk_in_order

@@ -129,16 +129,21 @@ class OrthoRankRouter(LayerRouter):
         if not first and memory is None:
             raise RuntimeError(f"layer {call.layer_idx}: a pass that does not start at position 0 came before any "
                                "pass that did; the router needs the sink token (position 0) first")
-        states = normalized_states(call.layer, h) if self.stage == "normalized" else h
         kernels = self._kernels(call.layer, h)
+        dot = self.criterion == "orthogonal" and self.score == "dot"
+        if first and kernels is not None and dot and self.stage == "normalized":
+            states, scores = kernels.normalized_scores(call.layer, h)  # the RMSNorm and Eq. 4 in one pass
+        else:
+            states = normalized_states(call.layer, h) if self.stage == "normalized" else h
+            scores = None
         if first:
             k = tokens_for_ratio(self.token_ratio, seq)
             if kernels is None:
                 scores = self._scores(states, None)
                 selected = select_topk(scores, k, self.sink)
             else:
-                dot = self.criterion == "orthogonal" and self.score == "dot"
-                scores = kernels.orthogonal_scores(states) if dot else self._scores(states, None).float()
+                if scores is None:
+                    scores = kernels.orthogonal_scores(states) if dot else self._scores(states, None).float()
                 selected = kernels.topk_in_order(scores, k, self.sink)
             valid = None
             picked = scores.gather(1, selected)

@@ -46,8 +46,9 @@ from kvlab.kernels.triton_utils import check_triton_inputs, dot, interpreting, o
 from .reference import (_cached_positions, _gather_rows, attention_update, layer_kind, logit_softcap, mlp_update,
                         project_qkv)
 
-__all__ = ["orthogonal_scores", "topk_in_order", "gather_rows", "scatter_rows", "key_ranges",
-           "selected_attention", "routed_layer_triton", "check_routed_layer_triton"]
+__all__ = ["orthogonal_scores", "rmsnorm", "rmsnorm_form", "normalized_scores", "gather_add_rmsnorm", "silu_mul",
+           "mlp", "topk_in_order", "gather_rows", "scatter_rows", "key_ranges", "selected_attention",
+           "routed_layer_triton", "check_routed_layer_triton"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -81,6 +82,197 @@ def orthogonal_scores(states: torch.Tensor) -> torch.Tensor:
     _scores_kernel[(batch, triton.cdiv(seq, block_t))](x, out, x.stride(0), x.stride(1), seq, hidden,
                                                        BLOCK_T=block_t, BLOCK_D=block_d)
     return out
+
+
+# ---------------------------------------------------------------------------------------------
+# 1b. The layer's RMSNorm fused with the scores (and with the post-attention residual add)
+# ---------------------------------------------------------------------------------------------
+@triton.jit
+def _rms_apply(x, rstd, w, GEMMA: tl.constexpr, IN_TY: tl.constexpr, OUT_TY: tl.constexpr):
+    # The model's own rounding: Llama/Qwen2 ``w * (x * rstd).to(input dtype)``; Gemma3 ``(x * rstd * (1 + w))``
+    # in fp32, then cast.
+    if GEMMA:
+        y = (x * rstd * (1.0 + w)).to(OUT_TY)
+    else:
+        y = ((x * rstd).to(IN_TY).to(tl.float32) * w).to(OUT_TY)
+    return y
+
+
+@triton.jit
+def _norm_scores_kernel(X, W, Y, S, stride_xb, stride_xn, N, D, eps, GEMMA: tl.constexpr, SCORE: tl.constexpr,
+                        BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
+    b = tl.program_id(0)
+    offs_t = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
+    row_ok = offs_t < N
+    Xb = X + b.to(tl.int64) * stride_xb
+    IN_TY: tl.constexpr = X.dtype.element_ty
+    OUT_TY: tl.constexpr = Y.dtype.element_ty
+    # -- pass 1: sums of squares of this block's rows and of the sink row (token 0 of the sequence)
+    ss = tl.zeros([BLOCK_T], dtype=tl.float32)
+    ss0 = tl.zeros([BLOCK_D], dtype=tl.float32)
+    for d0 in range(0, D, BLOCK_D):
+        offs_d = d0 + tl.arange(0, BLOCK_D)
+        d_ok = offs_d < D
+        x = tl.load(Xb + offs_t[:, None] * stride_xn + offs_d[None, :], mask=row_ok[:, None] & d_ok[None, :],
+                    other=0.0).to(tl.float32)
+        ss += tl.sum(x * x, axis=1)
+        if SCORE:
+            x0 = tl.load(Xb + offs_d, mask=d_ok, other=0.0).to(tl.float32)
+            ss0 += x0 * x0
+    rstd = tl.math.rsqrt(ss / D + eps)
+    rstd0 = tl.math.rsqrt(tl.sum(ss0, axis=0) / D + eps)
+    # -- pass 2: normalise, store, and dot each normalised row with the normalised sink (Eq. 4)
+    acc = tl.zeros([BLOCK_T], dtype=tl.float32)
+    Yb = Y + b.to(tl.int64) * N * D
+    for d0 in range(0, D, BLOCK_D):
+        offs_d = d0 + tl.arange(0, BLOCK_D)
+        d_ok = offs_d < D
+        m2 = row_ok[:, None] & d_ok[None, :]
+        x = tl.load(Xb + offs_t[:, None] * stride_xn + offs_d[None, :], mask=m2, other=0.0).to(tl.float32)
+        w = tl.load(W + offs_d, mask=d_ok, other=0.0).to(tl.float32)
+        y = _rms_apply(x, rstd[:, None], w[None, :], GEMMA, IN_TY, OUT_TY)
+        tl.store(Yb + offs_t[:, None] * D + offs_d[None, :], y, mask=m2)
+        if SCORE:
+            x0 = tl.load(Xb + offs_d, mask=d_ok, other=0.0).to(tl.float32)
+            y0 = _rms_apply(x0, rstd0, w, GEMMA, IN_TY, OUT_TY).to(tl.float32)
+            acc += tl.sum(y.to(tl.float32) * y0[None, :], axis=1)
+    if SCORE:
+        tl.store(S + b * N + offs_t, tl.abs(acc), mask=row_ok)
+
+
+@triton.jit
+def _gather_add_norm_kernel(X, IDX, ADD, W, A, Y, N, K, D, eps, GEMMA: tl.constexpr, BLOCK_D: tl.constexpr):
+    # a = x[sel[j]] + add[j] (rounded to x's dtype, as PyTorch's bf16 + bf16), y = RMSNorm(a); one row each
+    row = tl.program_id(0)  # b * K + j
+    b = row // K
+    src = tl.load(IDX + row)
+    Xr = X + (b.to(tl.int64) * N + src) * D
+    Ar = ADD + row.to(tl.int64) * D
+    IN_TY: tl.constexpr = X.dtype.element_ty
+    ss = tl.zeros([BLOCK_D], dtype=tl.float32)
+    for d0 in range(0, D, BLOCK_D):
+        offs = d0 + tl.arange(0, BLOCK_D)
+        ok = offs < D
+        a = (tl.load(Xr + offs, mask=ok, other=0.0).to(tl.float32)
+             + tl.load(Ar + offs, mask=ok, other=0.0).to(tl.float32)).to(IN_TY)
+        tl.store(A + row.to(tl.int64) * D + offs, a, mask=ok)
+        a = a.to(tl.float32)
+        ss += a * a
+    rstd = tl.math.rsqrt(tl.sum(ss, axis=0) / D + eps)
+    for d0 in range(0, D, BLOCK_D):  # the sum is recomputed, not read back: no barrier needed
+        offs = d0 + tl.arange(0, BLOCK_D)
+        ok = offs < D
+        a = (tl.load(Xr + offs, mask=ok, other=0.0).to(tl.float32)
+             + tl.load(Ar + offs, mask=ok, other=0.0).to(tl.float32)).to(IN_TY).to(tl.float32)
+        w = tl.load(W + offs, mask=ok, other=0.0).to(tl.float32)
+        tl.store(Y + row.to(tl.int64) * D + offs, _rms_apply(a, rstd, w, GEMMA, IN_TY, Y.dtype.element_ty), mask=ok)
+
+
+@triton.jit
+def _silu_mul_kernel(G, U, OUT, numel, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < numel
+    g = tl.load(G + offs, mask=ok, other=0.0).to(tl.float32)
+    u = tl.load(U + offs, mask=ok, other=0.0).to(tl.float32)
+    act = (g / (1.0 + tl.exp(-g))).to(G.dtype.element_ty)  # SiLU rounded to the gate's dtype, as the module
+    tl.store(OUT + offs, (act.to(tl.float32) * u).to(OUT.dtype.element_ty), mask=ok)
+
+
+_LLAMA_NORMS = ("LlamaRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm", "MistralRMSNorm")
+_GEMMA_NORMS = ("Gemma3RMSNorm",)
+
+
+def rmsnorm_form(norm: torch.nn.Module):
+    """``(gemma, weight, eps)`` of an RMSNorm module whose forward the kernels reproduce (Llama/Qwen2:
+    ``w * (x * rstd).to(dtype)``; Gemma3: ``(x * rstd * (1 + w)).to(dtype)``), or None (another module: the
+    routed layer then calls the module itself)."""
+    name = type(norm).__name__
+    weight = getattr(norm, "weight", None)
+    if name in _LLAMA_NORMS and isinstance(getattr(norm, "variance_epsilon", None), float):
+        return False, weight, norm.variance_epsilon
+    if name in _GEMMA_NORMS and isinstance(getattr(norm, "eps", None), float):
+        return True, weight, norm.eps
+    return None
+
+
+def _norm_out_dtype(form, x: torch.Tensor) -> torch.dtype:
+    gemma, weight, _ = form
+    return x.dtype if gemma else torch.promote_types(weight.dtype, x.dtype)
+
+
+def _norm_blocks(d: int) -> tuple[int, int]:
+    if interpreting():
+        return 4, min(triton.next_power_of_2(d), 32)
+    return 8, min(triton.next_power_of_2(d), 512)
+
+
+def rmsnorm(norm: torch.nn.Module, x: torch.Tensor, scores: bool = False):
+    """``norm(x)`` for ``x (batch, seq, hidden)`` in one kernel (an RMSNorm that :func:`rmsnorm_form` knows;
+    otherwise the module itself). ``scores=True``: also Eq. 4 on the result, ``|y_0 . y_i|`` float32 ``(batch,
+    seq)`` (:func:`orthogonal_scores` of it), from the same pass; returns ``(y, scores)`` then."""
+    form = rmsnorm_form(norm)
+    if form is None:
+        y = norm(x)
+        return (y, orthogonal_scores(y)) if scores else y
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    batch, seq, hidden = x.shape
+    y = torch.empty(batch, seq, hidden, dtype=_norm_out_dtype(form, x), device=x.device)
+    s = torch.empty(batch, seq, dtype=torch.float32, device=x.device) if scores else y
+    block_t, block_d = _norm_blocks(hidden)
+    gemma, weight, eps = form
+    if batch * seq:
+        _norm_scores_kernel[(batch, triton.cdiv(seq, block_t))](
+            x, weight.detach(), y, s, x.stride(0), x.stride(1), seq, hidden, float(eps), GEMMA=gemma, SCORE=scores,
+            BLOCK_T=block_t, BLOCK_D=block_d, num_warps=4)
+    return (y, s) if scores else y
+
+
+def normalized_scores(layer: torch.nn.Module, hidden_states: torch.Tensor):
+    """The router's first step in one pass: ``(input_layernorm(h), Eq. 4 scores)``."""
+    return rmsnorm(layer.input_layernorm, hidden_states, scores=True)
+
+
+def gather_add_rmsnorm(x: torch.Tensor, selected: torch.Tensor, add: torch.Tensor, norm: torch.nn.Module):
+    """``a = x[b, selected[b, j]] + add[b, j]`` and ``norm(a)``, each ``(batch, k, d)``, in one kernel (the
+    attention block's residual add fused with the post-attention RMSNorm). ``norm`` must be one
+    :func:`rmsnorm_form` knows."""
+    form = rmsnorm_form(norm)
+    if form is None:
+        raise ValueError(f"gather_add_rmsnorm has no kernel for {type(norm).__name__}; call gather_rows and the "
+                         "module")
+    x = x.contiguous()
+    batch, n, d = x.shape
+    k = selected.shape[1]
+    a = torch.empty(batch, k, d, dtype=x.dtype, device=x.device)
+    y = torch.empty(batch, k, d, dtype=_norm_out_dtype(form, x), device=x.device)
+    if batch * k:
+        gemma, weight, eps = form
+        _gather_add_norm_kernel[(batch * k,)](x, selected.to(torch.int64).contiguous(), add.to(x.dtype).contiguous(),
+                                               weight.detach(), a, y, n, k, d, float(eps), GEMMA=gemma,
+                                               BLOCK_D=_norm_blocks(d)[1], num_warps=4)
+    return a, y
+
+
+def _is_silu(act) -> bool:
+    return isinstance(act, torch.nn.SiLU) or type(act).__name__ == "SiLUActivation"
+
+
+def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up`` with the modules' two roundings (SiLU to gate's dtype, then the product), one pass."""
+    gate, up = gate.contiguous(), up.contiguous()
+    out = torch.empty(gate.shape, dtype=torch.promote_types(gate.dtype, up.dtype), device=gate.device)
+    block = 1024 if interpreting() else 4096
+    if gate.numel():
+        _silu_mul_kernel[(triton.cdiv(gate.numel(), block),)](gate, up, out, gate.numel(), BLOCK=block, num_warps=8)
+    return out
+
+
+def mlp(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``module(x)``; a Llama/Qwen2 SiLU MLP (``down(silu(gate(x)) * up(x))``) with the activation and product
+    fused (:func:`silu_mul`), the projections the module's own."""
+    if type(module).__name__ in ("LlamaMLP", "Qwen2MLP") and _is_silu(getattr(module, "act_fn", None)):
+        return module.down_proj(silu_mul(module.gate_proj(x), module.up_proj(x)))
+    return module(x)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -233,11 +425,11 @@ def scatter_rows(hidden_states: torch.Tensor, selected: torch.Tensor, a: torch.T
 # ---------------------------------------------------------------------------------------------
 @triton.jit
 def _selected_attention_kernel(
-    Q, K, V, O, QPOS, KPOS, LO, HI,
+    Q, K, V, O, QPOS, KPOS, LO, HI, FULL,
     stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
     stride_ob, stride_oh, stride_om, NQ, NK, WINDOW, qk_scale,
     H: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    FP32_DOT: tl.constexpr,
+    FP32_DOT: tl.constexpr, HAS_FULL: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -264,8 +456,21 @@ def _selected_attention_kernel(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
 
-    # -- key tiles of [start, end): scores, the position rule, one online-softmax step each
-    for s0 in range(start, end, BLOCK_N):
+    # -- key tiles every query of the tile sees whole (no window; keys [0, full) lie at or before the query):
+    #    no mask, no bounds checks
+    full_end = start
+    if HAS_FULL:
+        full = tl.load(FULL + b * NQ + offs_m, mask=row_ok, other=NK)
+        full_end = tl.maximum((tl.min(full, axis=0) // BLOCK_N) * BLOCK_N, start)
+        for s0 in range(start, full_end, BLOCK_N):
+            offs_n = s0 + tl.arange(0, BLOCK_N)
+            k = tl.load(Kbh + offs_n[:, None] * stride_kn + offs_d[None, :])
+            v = tl.load(Vbh + offs_n[:, None] * stride_vn + offs_d[None, :])
+            s = dot(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), FP32_DOT) * qk_scale
+            m_i, l_i, acc = online_softmax_step(s, v, m_i, l_i, acc, FP32_DOT)
+
+    # -- the other key tiles of [start, end): scores, the position rule, one online-softmax step each
+    for s0 in range(full_end, end, BLOCK_N):
         offs_n = s0 + tl.arange(0, BLOCK_N)
         in_k = offs_n < end
         k = tl.load(Kbh + offs_n[:, None] * stride_kn + offs_d[None, :], mask=in_k[:, None], other=0.0)
@@ -326,18 +531,21 @@ def selected_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tens
     if batch * nq == 0:
         return out.view(batch, nq, heads * dim)
     lo, hi = key_ranges(q_pos, k_pos, window)
+    # keys [0, full) all lie at or before the query (the running maximum of their positions): no mask needed
+    full = None if window is not None else torch.searchsorted(k_pos.cummax(-1).values.contiguous(),
+                                                              q_pos.contiguous(), right=True).to(torch.int32)
     qp = q_pos.to(torch.int32).contiguous()
     kp = k_pos.to(torch.int32).contiguous()
     c = _attention_config(dim) if config is None else config
     fp32_dot = query.dtype == torch.float32 or interpreting()
     grid = (triton.cdiv(nq, c["BLOCK_M"]), batch * heads)
     _selected_attention_kernel[grid](
-        q, k, v, out, qp, kp, lo, hi,
+        q, k, v, out, qp, kp, lo, hi, hi if full is None else full,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(2), out.stride(1),
         nq, nk, 2**30 if window is None else int(window), float(scaling) * 1.4426950408889634,
         H=heads, GROUP=heads // key.shape[1], HEAD_DIM=dim, BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"],
-        FP32_DOT=fp32_dot, num_warps=c["num_warps"], num_stages=c["num_stages"])
+        FP32_DOT=fp32_dot, HAS_FULL=full is not None, num_warps=c["num_warps"], num_stages=c["num_stages"])
     return out.view(batch, nq, heads * dim)
 
 
@@ -370,7 +578,7 @@ def routed_layer_triton(layer: torch.nn.Module, hidden_states: torch.Tensor, sel
     batch, seq, _ = hidden_states.shape
     cos, sin = (t.expand(batch, *t.shape[1:]) for t in position_embeddings)
     positions = positions.expand(batch, seq)
-    normed = layer.input_layernorm(hidden_states) if normed is None else normed
+    normed = rmsnorm(layer.input_layernorm, hidden_states) if normed is None else normed
 
     # -- queries of the selected tokens, keys and values of every token (the model's own projections)
     x_sel = gather_rows(normed, selected)
@@ -386,7 +594,12 @@ def routed_layer_triton(layer: torch.nn.Module, hidden_states: torch.Tensor, sel
     # -- attention by original position, the residual adds fused into the gather and the scatter
     out = selected_attention(query, key, value, positions.gather(1, selected), k_pos, attn.scaling,
                              getattr(attn, "sliding_window", None))
-    a = gather_rows(hidden_states, selected, add=attention_update(layer, attn.o_proj(out)))
+    update = attn.o_proj(out)
+    if layer_kind(layer) == "pre" and rmsnorm_form(layer.post_attention_layernorm) is not None:
+        # the residual add, the post-attention RMSNorm, and the MLP's SiLU * up in fused kernels
+        a, x_mlp = gather_add_rmsnorm(hidden_states, selected, update, layer.post_attention_layernorm)
+        return scatter_rows(hidden_states, selected, a, mlp(layer.mlp, x_mlp), valid, inplace)
+    a = gather_rows(hidden_states, selected, add=attention_update(layer, update))
     return scatter_rows(hidden_states, selected, a, mlp_update(layer, a), valid, inplace)
 
 

@@ -57,16 +57,58 @@ def load_separators(name: str, n: int, batch: int = 1, seed: int = 0):
 # ---------------------------------------------------------------------------------------------
 # ops: SepLLM attention, SDPA vs Flex vs Triton
 # ---------------------------------------------------------------------------------------------
+def tile_work(is_sep, init: int, neighbors: int, cfg: dict, heads: int, kv_heads: int, dim: int,
+              elsize: int = 2) -> dict:
+    """What the forward kernel computes and moves for one batch of separator flags, counted from its tiling.
+
+    Per query tile of ``BLOCK_M`` rows: the far keys (kept keys before the window region) in tiles of
+    ``BLOCK_F``, the window region in tiles of ``BLOCK_N`` (:mod:`kvlab.sepllm.triton`). Returns the computed
+    and useful FLOP (4 * dim per (query, key) pair: QK^T and PV), the bytes of K/V rows the programs load
+    into shared memory (mostly L2 hits: a head's compacted K/V is a few hundred KB), and the fewest bytes
+    the call must move through device memory (q, k, v read once, o written once, plus the compacted copy
+    of the kept K/V rows for the ``tma`` variant).
+    """
+    import torch
+
+    from kvlab.sepllm.reference import kept_fraction
+    from kvlab.sepllm.triton import compact_kept_keys_torch
+
+    fwd = cfg["fwd"]
+    bm, bn, bf = fwd["BLOCK_M"], fwd["BLOCK_N"], fwd["BLOCK_F"]
+    b, n = is_sep.shape
+    _, _, cnt = compact_kept_keys_torch(is_sep.cpu(), init)
+    q0 = torch.arange(0, n, bm)
+    lo = torch.clamp(q0 - neighbors + 1, min=0) // bn * bn
+    hi = torch.clamp(q0 + bm, max=n)
+    n_far = cnt[:, lo].double()  # (batch, tiles)
+    far_rows = torch.ceil(n_far / bf) * bf
+    win_rows = (torch.ceil((hi - lo) / bn) * bn).double()
+    rows = (far_rows + win_rows[None]).sum().item() * heads  # key rows walked, all programs
+    pairs = rows * bm
+    useful_pairs = kept_fraction(is_sep, init, neighbors) * b * n * (n + 1) / 2 * heads
+    kept_rows = cnt[:, -1].double().sum().item() * kv_heads
+    hbm = (2 * b * heads * n + 2 * b * kv_heads * n) * dim * elsize
+    if cfg.get("variant") == "tma":
+        hbm += 3 * kept_rows * 2 * dim * elsize  # gather: read + write the kept rows; the kernel reads them once
+    return {"computed_flop": 4 * dim * pairs, "useful_flop": 4 * dim * useful_pairs,
+            "smem_bytes": rows * 2 * dim * elsize, "hbm_bytes_min": hbm,
+            "far_share": float((far_rows.sum() / (far_rows.sum() + win_rows.sum() * b)).item())}
+
+
 def run_ops(args) -> dict:
     torch = require_cuda()
     import torch.nn.functional as F
 
+    from kvlab.kernels.benchmarking import machine_ceilings
     from kvlab.sepllm.flex import sep_attention_flex, sepllm_block_mask
     from kvlab.sepllm.reference import kept_fraction
-    from kvlab.sepllm.triton import sep_attention_triton
+    from kvlab.sepllm.triton import default_config, sep_attention_triton
 
     allow_many_compiles()
     a, w, h, hk, d, dtype = args.init, args.neighbors, args.heads, args.kv_heads, args.dim, torch.bfloat16
+    ceilings = machine_ceilings()
+    print(json.dumps(ceilings), flush=True)
+    configs = {var: default_config(d, dtype, variant=var) for var in args.variants}
     rows = []
     for n in args.seqs:
         q, k, v = random_qkv(n, h, hk, d, dtype)
@@ -95,16 +137,7 @@ def run_ops(args) -> dict:
             is_sep = load_separators(src, n)
             dens = kept_fraction(is_sep, a, w)
             useful = causal_flops * dens
-            tri = lambda q_, k_, v_: sep_attention_triton(q_, k_, v_, is_sep, a, w)  # noqa: E731, B023
-            r_f = bench_ms(lambda: tri(q, k, v), budget)  # noqa: B023
-            r_b = bench_ms(fwd_bwd(tri), budget)
-            row = base | {"method": "triton", "sep": src, "sep_frac": is_sep.float().mean().item(),
-                          "density": dens, "fwd_ms": r_f["ms"], "fwdbwd_ms": r_b["ms"],
-                          "fwd_TFLOPs": useful / r_f["ms"] / 1e9,
-                          "fwdbwd_TFLOPs": 3.5 * useful / r_b["ms"] / 1e9,
-                          "ideal_fwd_ms": dens * r_sdpa_f["ms"], "ideal_fwdbwd_ms": dens * r_sdpa_b["ms"],
-                          "x_sdpa_fwd": r_sdpa_f["ms"] / r_f["ms"], "x_sdpa_fwdbwd": r_sdpa_b["ms"] / r_b["ms"]}
-            print(f"N={n} {src} density {dens:.3f} triton fwd {r_f['ms']:.3f} fwd+bwd {r_b['ms']:.3f}", flush=True)
+            flex_row = None
             if not args.no_flex and n <= args.flex_max_n:
                 t0 = time.perf_counter()
                 bm = sepllm_block_mask(is_sep, a, w)
@@ -119,13 +152,41 @@ def run_ops(args) -> dict:
                                    "fwdbwd_TFLOPs": 3.5 * useful / f_b["ms"] / 1e9,
                                    "block_mask_s": mask_s, "blocks_skipped_vs_causal": sparsity}
                 rows.append(flex_row)
-                row["x_flex_fwd"] = f_f["ms"] / r_f["ms"]
-                row["x_flex_fwdbwd"] = f_b["ms"] / r_b["ms"]
                 print(f"N={n} {src} flex fwd {f_f['ms']:.3f} fwd+bwd {f_b['ms']:.3f}", flush=True)
-            rows.append(row)
+            tri_rows = []
+            for var, cfg in configs.items():
+                tri = lambda q_, k_, v_: sep_attention_triton(q_, k_, v_, is_sep, a, w, config=cfg)  # noqa: E731, B023
+                r_f = bench_ms(lambda: tri(q, k, v), budget)  # noqa: B023
+                r_b = bench_ms(fwd_bwd(tri), budget)
+                work = tile_work(is_sep, a, w, cfg, h, hk, d)
+                row = base | {"method": f"triton-{var}", "variant": var, "sep": src,
+                              "sep_frac": is_sep.float().mean().item(),
+                              "density": dens, "fwd_ms": r_f["ms"], "fwdbwd_ms": r_b["ms"],
+                              "fwd_TFLOPs": useful / r_f["ms"] / 1e9,
+                              "fwd_TFLOPs_computed": work["computed_flop"] / r_f["ms"] / 1e9,
+                              "fwdbwd_TFLOPs": 3.5 * useful / r_b["ms"] / 1e9,
+                              "ideal_fwd_ms": dens * r_sdpa_f["ms"], "ideal_fwdbwd_ms": dens * r_sdpa_b["ms"],
+                              "x_sdpa_fwd": r_sdpa_f["ms"] / r_f["ms"], "x_sdpa_fwdbwd": r_sdpa_b["ms"] / r_b["ms"],
+                              "share_of_limit_fwd": dens * r_sdpa_f["ms"] / r_f["ms"],
+                              "share_of_limit_fwdbwd": dens * r_sdpa_b["ms"] / r_b["ms"],
+                              "config": cfg, "work": work,
+                              "smem_GBps_fwd": work["smem_bytes"] / r_f["ms"] / 1e6,
+                              "hbm_GBps_min_fwd": work["hbm_bytes_min"] / r_f["ms"] / 1e6}
+                if flex_row is not None:
+                    row["x_flex_fwd"] = flex_row["fwd_ms"] / r_f["ms"]
+                    row["x_flex_fwdbwd"] = flex_row["fwdbwd_ms"] / r_b["ms"]
+                print(f"N={n} {src} density {dens:.3f} triton-{var} fwd {r_f['ms']:.3f} fwd+bwd {r_b['ms']:.3f} "
+                      f"({row['x_sdpa_fwd']:.2f}x / {row['x_sdpa_fwdbwd']:.2f}x SDPA)", flush=True)
+                tri_rows.append(row)
+            if len(tri_rows) > 1:  # the first variant against each other one, measured in this run
+                for other in tri_rows[1:]:
+                    tri_rows[0][f"x_{other['variant']}_fwd"] = other["fwd_ms"] / tri_rows[0]["fwd_ms"]
+                    tri_rows[0][f"x_{other['variant']}_fwdbwd"] = other["fwdbwd_ms"] / tri_rows[0]["fwdbwd_ms"]
+            rows += tri_rows
         del q, k, v, do, qg, kg, vg
         torch.cuda.empty_cache()
-    return {"init": a, "neighbors": w, "dtype": "bfloat16", "rows": rows}
+    return {"init": a, "neighbors": w, "dtype": "bfloat16", "variants": list(args.variants), "ceilings": ceilings,
+            "rows": rows}
 
 
 def print_ops(rec: dict) -> str:
@@ -134,7 +195,11 @@ def print_ops(rec: dict) -> str:
             ("fwdbwd_ms", "fwd+bwd ms", "{:.3f}"), ("fwdbwd_TFLOPs", "fwd+bwd TFLOP/s", "{:.0f}"),
             ("ideal_fwd_ms", "kept x SDPA fwd", "{:.3f}"),
             ("x_sdpa_fwd", "SDPA/Triton fwd", "{:.2f}"), ("x_flex_fwd", "Flex/Triton fwd", "{:.2f}"),
-            ("x_sdpa_fwdbwd", "SDPA/Triton f+b", "{:.2f}"), ("x_flex_fwdbwd", "Flex/Triton f+b", "{:.2f}")]
+            ("x_sdpa_fwdbwd", "SDPA/Triton f+b", "{:.2f}"), ("x_flex_fwdbwd", "Flex/Triton f+b", "{:.2f}"),
+            ("share_of_limit_fwd", "share of limit fwd", "{:.0%}"), ("share_of_limit_fwdbwd", "share of limit f+b", "{:.0%}")]
+    others = [v for v in rec.get("variants", [])[1:]]
+    cols += [(f"x_{v}_fwd", f"{v}/{rec['variants'][0]} fwd", "{:.2f}") for v in others]
+    cols += [(f"x_{v}_fwdbwd", f"{v}/{rec['variants'][0]} f+b", "{:.2f}") for v in others]
     return fmt_table(rec["rows"], cols)
 
 
@@ -277,64 +342,104 @@ def run_tune(args) -> dict:
     from kvlab.sepllm import triton as st
 
     n, h, hk, d, a, w = args.seq, args.heads, args.kv_heads, args.dim, args.init, args.neighbors
-    dtype = torch.bfloat16
-    q = torch.randn(1, h, n, d, device="cuda", dtype=dtype)
-    k = torch.randn(1, hk, n, d, device="cuda", dtype=dtype)
-    v = torch.randn(1, hk, n, d, device="cuda", dtype=dtype)
+    q, k, v = random_qkv(n, h, hk, d)
+    dtype = q.dtype
     do = torch.randn_like(q)
     scale = d ** -0.5
-    base = st.default_config(d, dtype)
+    causal_flops = 4 * d * h * n * (n + 1) / 2
     rows = []
 
-    def record(name, fn):
+    def record(name, fn, flop=None, **extra):
         try:
-            rows.append({"variant": name, "ms": bench_ms(fn, 0.4)["ms"]})
-        except Exception as exc:  # noqa: BLE001 - out of shared memory, etc.
-            rows.append({"variant": name, "error": str(exc)[:160]})
+            ms = bench_ms(fn, args.budget)["ms"]
+            rows.append({"variant": name, "ms": ms, **extra} | ({"TFLOPs": flop / ms / 1e9} if flop else {}))
+        except Exception as exc:  # noqa: BLE001 - out of shared memory, unsupported option, etc.
+            rows.append({"variant": name, "error": str(exc)[:300]})
         print(rows[-1], flush=True)
 
-    def with_kind(kind, bm, bn, bf, nw, ns, **extra):
-        cfg = {key: dict(val) if isinstance(val, dict) else val for key, val in base.items()} | extra
-        cfg[kind] = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_F=bf, num_warps=nw, num_stages=ns)
-        return f"{kind} {bm}x{bn}/{bf} w{nw} s{ns}", cfg
+    def with_kind(base, kind, bm, bn, bf, nw, ns, ws=False, **extra):
+        cfg = {key: dict(val) if isinstance(val, dict) else val for key, val in base.items()}
+        cfg[kind] = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_F=bf, num_warps=nw, num_stages=ns, warp_spec=ws) | extra
+        return f"{cfg['variant']} {kind} {bm}x{bn}/{bf} w{nw} s{ns}{' ws' if ws else ''}", cfg
 
     qg, kg, vg = (x.detach().clone().requires_grad_() for x in (q, k, v))
-    record("sdpa causal fwd", lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=h != hk))
+    record("sdpa causal fwd", lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=h != hk),
+           causal_flops)
 
     def sdpa_fb():
         out = F.scaled_dot_product_attention(qg, kg, vg, is_causal=True, enable_gqa=h != hk)
         torch.autograd.grad(out, (qg, kg, vg), do)
 
-    record("sdpa causal fwd+bwd", sdpa_fb)
-    for src in ("random8", "none"):
-        is_sep = load_separators("random8", n) if src == "random8" else torch.zeros(1, n, dtype=torch.bool, device="cuda")
-        kept, idx, cnt = st.compact_kept_keys(is_sep, a)
+    record("sdpa causal fwd+bwd", sdpa_fb, 3.5 * causal_flops)
+    is_sep = load_separators("random8", n)
+    kept, idx, cnt = st.compact_kept_keys(is_sep, a)
+    # every timed variant is also checked against the first release's kernels (relative L2 error)
+    ref_cfg = st.default_config(d, dtype, variant="gather")
+    o_ref, lse_ref = st._forward(q, k, v, kept, idx, cnt, w, scale, ref_cfg, False)
+    dq_ref = st._backward(do, q, k, v, o_ref, lse_ref, kept, idx, cnt, w, scale, ref_cfg, False, ("dq",))[0]
+
+    def _rel(x, ref):
+        return ((x.float() - ref.float()).norm() / ref.float().norm()).item()
+
+    record("compact_kept_keys", lambda: st.compact_kept_keys(is_sep, a))
+    record("compact_kv (gather kept K/V rows)", lambda: st.compact_kv(k, v, idx, cnt))
+    for var in args.variants:
+        base = st.default_config(d, dtype, variant=var)
+        work = tile_work(is_sep, a, w, base, h, hk, d)
         o, lse = st._forward(q, k, v, kept, idx, cnt, w, scale, base, False)
-        record(f"[{src}] compact_kept_keys", lambda: st.compact_kept_keys(is_sep, a))  # noqa: B023
+        record(f"{var} fwd default", lambda: st._forward(q, k, v, kept, idx, cnt, w, scale, base, False),  # noqa: B023
+               work["useful_flop"], TFLOPs_computed=None)
+        rows[-1]["TFLOPs_computed"] = work["computed_flop"] / rows[-1]["ms"] / 1e9 if "ms" in rows[-1] else None
         for part in ("dq", "window", "far"):
-            record(f"[{src}] bwd part {part} (default)",
+            record(f"{var} bwd part {part} (default)",
                    lambda: st._backward(do, q, k, v, o, lse, kept, idx, cnt, w, scale, base, False, (part,)))  # noqa: B023
-        if src == "none":
-            record("[none] fwd default", lambda: st._forward(q, k, v, kept, idx, cnt, w, scale, base, False))  # noqa: B023
-            continue
-        for choice in [(128, 32, 64, 4, 2), (128, 32, 64, 4, 3), (128, 64, 64, 8, 3), (128, 64, 128, 8, 3),
-                       (128, 32, 64, 8, 2), (64, 32, 64, 4, 2), (64, 64, 64, 4, 3)]:
-            name, cfg = with_kind("fwd", *choice)
-            record(name, lambda: st._forward(q, k, v, kept, idx, cnt, w, scale, cfg, False))  # noqa: B023
-        for choice in [(64, 32, 64, 4, 3), (64, 32, 64, 4, 2), (64, 32, 128, 4, 3), (64, 32, 32, 4, 3),
-                       (64, 16, 64, 4, 3), (128, 32, 32, 8, 3), (128, 32, 64, 8, 2), (64, 32, 64, 8, 3)]:
-            name, cfg = with_kind("dq", *choice)
-            record("bwd " + name, lambda: st._backward(do, q, k, v, o, lse, kept, idx, cnt, w, scale, cfg, False, ("dq",)))  # noqa: B023
-        for choice in [(64, 128, 128, 8, 3), (32, 128, 128, 8, 3), (64, 64, 128, 4, 3), (64, 128, 64, 4, 3),
-                       (64, 64, 64, 4, 3), (32, 64, 128, 4, 3), (128, 64, 64, 8, 3), (64, 128, 128, 8, 2),
-                       (32, 128, 64, 4, 3), (64, 64, 128, 8, 3), (32, 64, 64, 4, 3)]:
-            name, cfg = with_kind("dkdv", *choice)
-            for part in ("window", "far"):
-                record(f"bwd {name} [{part}]", lambda: st._backward(do, q, k, v, o, lse, kept, idx, cnt, w, scale, cfg, False, (part,)))  # noqa: B023
-        for per in (32, 128, 256, 1024):
-            cfg = dict(base, far_splits_per=per)
-            record(f"bwd far_splits_per={per}",
-                   lambda: st._backward(do, q, k, v, o, lse, kept, idx, cnt, w, scale, cfg, False, ("far",)))  # noqa: B023
+        if var == "tma" and "parts" in args.parts:  # where the forward time goes, and the core loop's dense rate
+            for parts, label in ((1, "far keys only"), (2, "window only")):
+                cfg = {key: dict(val) if isinstance(val, dict) else val for key, val in base.items()}
+                cfg["fwd"]["parts"] = parts
+                record(f"tma fwd {label}", lambda: st._forward(q, k, v, kept, idx, cnt, w, scale, cfg, False))  # noqa: B023
+            all_sep = torch.ones_like(is_sep)
+            kept1, idx1, cnt1 = st.compact_kept_keys(all_sep, a)
+            record("tma fwd, every key kept (causal through the far loop)",
+                   lambda: st._forward(q, k, v, kept1, idx1, cnt1, w, scale, base, False), causal_flops)  # noqa: B023
+        if "fwd" in args.parts:
+            if var == "tma":
+                choices = [(128, 64, 128, 8, 3), (128, 64, 128, 8, 2), (128, 64, 128, 8, 4), (128, 128, 128, 8, 3),
+                           (128, 64, 64, 4, 3), (128, 32, 64, 4, 2), (128, 64, 128, 4, 2), (64, 64, 128, 4, 3),
+                           (128, 64, 128, 8, 3, True), (128, 64, 64, 4, 3, True)]
+            else:
+                choices = [(128, 32, 64, 4, 2), (128, 64, 128, 8, 3)]
+            for choice in choices:
+                name, cfg = with_kind(base, "fwd", *choice)
+                wk = tile_work(is_sep, a, w, cfg, h, hk, d)
+                record(name, lambda: st._forward(q, k, v, kept, idx, cnt, w, scale, cfg, False), wk["useful_flop"],  # noqa: B023
+                       TFLOPs_computed=None)
+                if "ms" in rows[-1]:
+                    rows[-1]["TFLOPs_computed"] = wk["computed_flop"] / rows[-1]["ms"] / 1e9
+                    rows[-1]["rel_err_vs_ref"] = _rel(st._forward(q, k, v, kept, idx, cnt, w, scale, cfg, False)[0],
+                                                      o_ref)
+        if "dq" in args.parts:
+            choices = ([(64, 32, 64, 4, 3), (64, 64, 64, 4, 3), (128, 64, 64, 8, 3), (64, 32, 128, 4, 3),
+                        (128, 64, 128, 8, 2), (64, 64, 128, 8, 3), (64, 32, 64, 4, 3, True)] if var == "tma" else [])
+            for choice in choices:
+                name, cfg = with_kind(base, "dq", *choice)
+                record("bwd " + name, lambda: st._backward(do, q, k, v, o, lse, kept, idx, cnt, w, scale, cfg, False, ("dq",)))  # noqa: B023
+                if "ms" in rows[-1]:
+                    rows[-1]["rel_err_vs_ref"] = _rel(
+                        st._backward(do, q, k, v, o, lse, kept, idx, cnt, w, scale, cfg, False, ("dq",))[0], dq_ref)
+        if "dkdv" in args.parts:
+            for choice in [(64, 128, 128, 8, 3), (32, 128, 128, 8, 3), (64, 64, 128, 4, 3), (64, 128, 64, 4, 3),
+                           (64, 64, 64, 4, 3), (32, 64, 128, 4, 3), (32, 64, 64, 4, 3)]:
+                name, cfg = with_kind(base, "dkdv", *choice)
+                for part in ("window", "far"):
+                    record(f"bwd {name} [{part}]", lambda: st._backward(do, q, k, v, o, lse, kept, idx, cnt, w, scale, cfg, False, (part,)))  # noqa: B023
+        if "splits" in args.parts:
+            for per in (32, 128, 256, 1024):
+                cfg = dict(base, far_splits_per=per)
+                record(f"bwd far_splits_per={per}",
+                       lambda: st._backward(do, q, k, v, o, lse, kept, idx, cnt, w, scale, cfg, False, ("far",)))  # noqa: B023
+    if "decode" not in args.parts:
+        return {"seq": n, "heads": h, "kv_heads": hk, "dim": d, "rows": rows}
     # decode kernel
     from kvlab.kernels.decode.triton import ragged_decode_triton
 
@@ -372,16 +477,23 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--dim", type=int, default=128)
     ap.add_argument("--init", type=int, default=4)
     ap.add_argument("--neighbors", type=int, default=256)
-    ap.add_argument("--budget", type=float, default=1.0, help="seconds of repeats per measurement")
+    ap.add_argument("--budget", type=float, default=None, help="seconds of repeats per measurement "
+                    "(default 1.0; tune: 0.4)")
     ap.add_argument("--no-flex", action="store_true")
     ap.add_argument("--flex-max-n", type=int, default=65536)
     ap.add_argument("--tokens", type=int, default=16384, help="tokens per training step")
+    ap.add_argument("--variants", default="tma,gather",
+                    help="Triton variants to time (ops, tune), the first is compared with the others")
+    ap.add_argument("--parts", default="fwd,dq,dkdv,splits,decode", help="what tune sweeps")
     return ap
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.seps = [s for s in args.seps.split(",") if s]
+    args.variants = [s for s in args.variants.split(",") if s]
+    args.parts = [s for s in args.parts.split(",") if s]
+    args.budget = args.budget if args.budget is not None or args.what == "tune" else 1.0
     out = Path(args.out)
     tag = f"_{args.tag}" if args.tag else ""
     info = device_info()
@@ -410,6 +522,7 @@ def main(argv: list[str] | None = None) -> int:
         else:  # tune
             args.kv_heads = args.kv_heads or args.heads
             args.seq = args.seq or 32768
+            args.budget = args.budget or 0.4
             rec = run_tune(args) | {"info": info}
             table = "\n".join(f"{r['variant']}: {r.get('ms', r.get('error'))}" for r in rec["rows"])
         write_outputs(out, what + tag, rec, table, info)

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# sep's GPU round (issue 28): SepLLM's Triton attention on one H200, the "tma" variant (far keys from a compacted
+# K/V copy through tensor descriptors) beside the first release's "gather" variant, dense SDPA and FlexAttention.
+# Writes everything flat into OUTDIR:
+#
+#   bash benchmarks/gpu_2026_11_25/sep.sh OUTDIR        # from the repository root, plain `python`
+#
+# Steps (each with its own time limit and log; a failing step does not stop the others; steps.txt has the exits):
+#   tests  the kernels' GPU tests of the default variant (float64 oracle, 4k-token shapes): tests/test_sep_attention.py
+#   (ops runs before tune, so that the benchmark is measured whatever the sweep costs)
+#   tune   python -m kvlab bench sepllm tune at 32k, random 8 %: per-part forward times, the core loop's dense rate
+#          (every key kept), a short tile sweep of the forward and dQ kernels, each checked against the old kernel
+#                                                                                 -> sepllm_tune_h200.{json,md}
+#   ops    python -m kvlab bench sepllm ops at 32k: SDPA, Flex (with SEP_FLEX=1), triton-tma and triton-gather in one
+#          run, random 8 % and Paradise Lost separators (package data kvlab/sepllm/data)  -> sepllm_ops_h200.{json,md,png}
+# Environment: SEP_STEPS (default tests,tune,ops), SEP_FLEX (0), SEP_SEQS (32768), BUDGET (seconds in all, 175).
+# Smoke test on a CPU (interpreter tests only): SEP_STEPS=tests bash ... /tmp/out
+set -uo pipefail
+OUT=${1:?usage: sep.sh OUTDIR}
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+PY=${PYTHON:-python}
+STEPS=${SEP_STEPS:-tests,tune,ops}
+SEQS=${SEP_SEQS:-32768}
+START=$(date +%s)
+BUDGET=${BUDGET:-175}
+
+step() {  # step NAME LIMIT_S CMD...: run with a limit (never past the budget), log to NAME.log, record the exit
+  local name=$1 limit=$2; shift 2
+  case ",$STEPS," in *",$name,"*) ;; *) return ;; esac
+  local left=$(( BUDGET - ($(date +%s) - START) ))
+  (( left < limit )) && limit=$left
+  if (( limit < 5 )); then echo "$name: skipped (budget spent)" >> "$OUT/steps.txt"; return; fi
+  local t0=$(date +%s)
+  timeout -k 5 "$limit" "$@" > "$OUT/$name.log" 2>&1
+  echo "$name: exit $?, $(( $(date +%s) - t0 )) s (limit $limit)" >> "$OUT/steps.txt"
+}
+
+{ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv
+  $PY -c "import torch, triton; print(torch.__version__, triton.__version__)"; } > "$OUT/device.txt" 2>&1
+git log -1 --format='%H %s' > "$OUT/commit.txt" 2>/dev/null
+
+XDIST=""
+$PY -c "import xdist" 2>/dev/null && XDIST="-n 8"
+step tests 45 $PY -m pytest tests/test_sep_attention.py -q -x -p no:cacheprovider $XDIST \
+  -k "not gather and not flex"
+FLEX=""
+[ "${SEP_FLEX:-0}" = "0" ] && FLEX="--no-flex"
+step ops 90 $PY -m kvlab bench sepllm ops --seqs "$SEQS" --variants tma,gather --budget 0.3 $FLEX \
+  --out "$OUT" --tag h200
+step tune 70 $PY -m kvlab bench sepllm tune --seq 32768 --variants tma --parts parts,fwd,dq --budget 0.25 \
+  --out "$OUT" --tag h200
+for f in "$OUT"/*_h200.*; do  # the names the results folder keeps
+  [ -e "$f" ] && mv "$f" "$OUT/sepllm_$(basename "$f")"
+done
+cat "$OUT/steps.txt"

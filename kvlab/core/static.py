@@ -31,15 +31,28 @@ Positions follow :mod:`kvlab.core.cache` exactly: with ``"cache"`` the query sit
 entries any layer holds and entry ``i`` of a layer holding ``n`` is re-rotated to ``query - n + i``; with
 ``"insertion"`` the query sits at layer 0's count and cached keys are never moved.
 
+Two layouts (``kernel=``), the same entries and the same arithmetic up to the attention's own rounding:
+
+* ``"compact"`` (the engine until 2026-11): kept entries are moved to the front of every row each step (a stable
+  partition of every slot of keys and values) and every slot's key is re-rotated in ``begin_step``; attention is
+  SDPA over all ``C`` slots with a slot mask. A step moves ``O(layers x rows x C x d)`` bytes several times over,
+  whatever the policy dropped: 43 ms a step at 256 rows of SmolLM2-135M in fp32 on an H200.
+* ``"indexed"`` / ``"triton"``: keys and values never move. ``phys (L, B, C)`` says in which physical slot the
+  ``i``-th entry (oldest first) of a row lives; the compaction partitions only the small integer metadata
+  (``positions``, ``token_ids``, ``rot``, ``phys``: the dropped entries' physical slots go behind the kept ones,
+  so ``phys[length]`` is always a free slot, where the next entry is written: ``O(rows)`` bytes of keys and
+  values a step). The re-rotation is lazy: attention rotates each live key by its shift as it reads it
+  (:mod:`kvlab.core.static_triton`, one kernel per layer that reads only the ``length`` live entries of a
+  row, once), or, with ``"indexed"``, torch gathers the row in logical order and rotates it as ``"compact"``
+  does (the portable path: bit-identical to ``"compact"``, used on a CPU). ``"auto"``: ``"triton"`` on CUDA,
+  ``"indexed"`` elsewhere.
+
 On a CPU the step runs eagerly, so reading a count costs nothing: :meth:`update` hands out only the live
 prefix, skips a re-rotation by zero and a compaction that drops nothing (the hooks engine's arithmetic).
 
-Attention reads the cache through a slot mask with SDPA, not the ragged Triton kernel
-(``kvlab.kernels.decode.ragged_decode_attention``): that kernel wants the rows packed back to back
-(``cu_seqlens``: row b owns ``[cu[b], cu[b+1])``), and here every row owns ``C`` slots of which only a
-prefix is live, a layout the packed offsets cannot describe without copying the live prefixes together
-every layer and step (a kernel taking per-row starts and lengths would fit; kvlab.core may not import
-kvlab.kernels either). At a budget of a few hundred entries the masked SDPA reads at most ``C`` slots.
+The ragged Triton kernel (``kvlab.kernels.decode.ragged_decode_attention``) wants the rows packed back to back
+(``cu_seqlens``); here every row owns ``C`` slots of which ``length`` are live, in the order ``phys`` gives, so
+the engine has its own kernel (in kvlab.core: the core imports nothing else of kvlab).
 """
 
 from __future__ import annotations
@@ -53,7 +66,10 @@ from kvlab.core.policy import Policy
 from kvlab.core.state import model_state
 from kvlab.core.views import StaticView
 
-__all__ = ["StaticKVCache", "StaticView", "static_support"]
+__all__ = ["KERNELS", "StaticKVCache", "StaticView", "static_support"]
+
+#: The step's layout and attention (see the module docstring).
+KERNELS = ("auto", "compact", "indexed", "triton")
 
 
 def static_support(model: torch.nn.Module, policy: Policy) -> str | None:
@@ -79,11 +95,14 @@ class StaticKVCache(Cache):
     ``StaticKVCache(model, policy, batch, capacity)``; ``capacity`` must be at least ``policy.budget + 1``
     (the kept entries plus the new one), or at least ``max_steps`` when the streams are known to be that
     short; for an unbounded policy (``Full``) it bounds the steps (the decoder checks them on the host).
-    :meth:`prepare` creates the buffers.
+    ``kernel``: ``"auto"`` (``"triton"`` on CUDA, ``"indexed"`` elsewhere), ``"compact"`` (every slot moved and
+    re-rotated each step, SDPA with a slot mask: the engine before the indexed layout), ``"indexed"`` (entries
+    stay in their slot; torch gathers and rotates them), ``"triton"`` (entries stay; one Triton kernel per layer
+    reads the live ones and rotates them as it reads). :meth:`prepare` creates the buffers.
     """
 
     def __init__(self, model: torch.nn.Module, policy: Policy, batch: int, capacity: int, *,
-                 max_steps: int | None = None):
+                 max_steps: int | None = None, kernel: str = "auto"):
         reason = static_support(model, policy)
         if reason is not None:
             raise NotImplementedError(f"StaticKVCache cannot run {type(policy).__name__}: {reason}")
@@ -100,7 +119,10 @@ class StaticKVCache(Cache):
                              f"{type(policy).__name__} keeps every entry")
         if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
             raise ValueError(f"batch must be a positive int, got {batch!r}")
+        if kernel not in KERNELS:
+            raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
         super().__init__(layers=[])
+        self.kernel_choice = kernel
         self.policy, self.batch, self.capacity = policy, batch, capacity
         self.num_layers = state.num_layers
         self.inv_freq = state.inv_freq
@@ -115,6 +137,14 @@ class StaticKVCache(Cache):
         self.device, self.dtype = dev, k.dtype
         # Host reads that cost nothing when running eagerly on a CPU (and would break a CUDA graph elsewhere).
         self.shortcuts = dev.type == "cpu"
+        self.kernel = self.kernel_choice
+        if self.kernel == "auto":
+            self.kernel = "triton" if dev.type == "cuda" else "indexed"
+        self.indexed = self.kernel != "compact"
+        if self.kernel == "triton":
+            from kvlab.core.static_triton import check_static_triton
+
+            check_static_triton(k, d)
         L = self.num_layers
         # One tensor per kind for all layers: layer l is a view, and the policy decides for every layer
         # and row at once (rows = L * B), a handful of kernels per step instead of a handful per layer.
@@ -125,6 +155,8 @@ class StaticKVCache(Cache):
         self.token_ids = torch.zeros((L, b, c), **long)
         self.rot = torch.zeros((L, b, c), **long)
         self.length = torch.zeros((L, b), **long)
+        # indexed layouts: the physical slot of the i-th entry of a row (a permutation of 0..C-1 per row)
+        self.phys = torch.arange(c, device=dev).expand(L, b, c).clone() if self.indexed else None
         self.layer_of_row = torch.arange(L, device=dev).repeat_interleave(b)  # (L * B,)
         self._init_state = self.policy.static_state(L * b, dev)
         self.state = {key: t.clone() for key, t in self._init_state.items()}
@@ -143,10 +175,11 @@ class StaticKVCache(Cache):
                     tables.append(torch.cat((angles, angles), dim=-1))
             emb = torch.cat(tables)
             self._cos, self._sin = emb.cos().to(k.dtype), emb.sin().to(k.dtype)
-            self._base = torch.tensor([first[id(f)] for f in self.inv_freq], **long)[:, None, None]  # (L, 1, 1)
-            # The keys as attention reads them this step, every layer re-rotated at once in begin_step (a few
-            # kernels per step, not per layer); update() writes the new key into both buffers.
-            self.rotated = torch.zeros_like(self.keys)
+            self._base_of = [first[id(f)] for f in self.inv_freq]  # host ints: the Triton kernel's argument
+            self._base = torch.tensor(self._base_of, **long)[:, None, None]  # (L, 1, 1)
+            # "compact": the keys as attention reads them this step, every layer re-rotated at once in begin_step
+            # (a few kernels per step, not per layer); update() writes the new key into both buffers.
+            self.rotated = None if self.indexed else torch.zeros_like(self.keys)
         self.ready = True
 
     def prepare(self, device, dtype, kv_heads: int, head_dim: int) -> None:
@@ -166,6 +199,8 @@ class StaticKVCache(Cache):
             self.length.zero_()
             for key, t in self.state.items():
                 t.copy_(self._init_state[key])
+            if self.phys is not None:
+                self.phys.copy_(torch.arange(self.capacity, device=self.device).expand_as(self.phys))
 
     # -- one step -----------------------------------------------------------------------------------------
     def begin_step(self, ids: torch.Tensor) -> torch.Tensor:
@@ -184,7 +219,7 @@ class StaticKVCache(Cache):
         self.positions.scatter_(2, slot, self.seen.expand(shape))
         self.token_ids.scatter_(2, slot, self.new_ids[None].expand(shape))
         self.rot.scatter_(2, slot, self.rope[None].expand(shape))
-        if mode == "cache" and not self.shortcuts:
+        if mode == "cache" and not self.shortcuts and not self.indexed:
             # entry i of a layer holding n goes to query - n + i (the new one, i = n, to the query: no move)
             slots = torch.arange(self.capacity, device=self.device)
             want = self.rope[None] - slot + slots  # (L, B, C)
@@ -194,28 +229,51 @@ class StaticKVCache(Cache):
         self.in_step = True
         return self.rope
 
+    def _shift_index(self, layer_idx: int, rot: torch.Tensor) -> torch.Tensor:
+        """``(B, C)`` rows of the cos/sin table that move entry ``i`` of each row from ``rot`` to ``query - n + i``."""
+        slots = torch.arange(rot.shape[1], device=self.device)[None]
+        want = self.rope - self.length[layer_idx][:, None] + slots
+        c = self.capacity
+        return (want - rot).clamp(-2 * c, 2 * c) + self._base_of[layer_idx]
+
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
-        """Write the new entry at slot ``length[b]`` of every row; returns the full key/value buffers (keys
-        re-rotated behind the query when ``positions == "cache"``)."""
+        """Write the new entry at (logical) slot ``length[b]`` of every row; returns the keys and values attention
+        reads: ``"compact"``, the full buffers (keys re-rotated behind the query when ``positions == "cache"``);
+        ``"indexed"``, the rows gathered in logical order (and rotated); ``"triton"``, the raw buffers (the
+        kernel reads them through ``phys``)."""
         if not self.in_step:
             raise RuntimeError("StaticKVCache.update outside a step: drive it with kvlab.eval.fast.FastDecoder")
         if key_states.shape[2] != 1:
             raise ValueError(f"StaticKVCache decodes one token per step, got {key_states.shape[2]}")
         slot = self.length[layer_idx][:, None]  # (B, 1)
         k, v = self.keys[layer_idx], self.values[layer_idx]
-        k.scatter_(2, slot[:, None, :, None].expand(-1, k.shape[1], 1, k.shape[3]), key_states)
-        v.scatter_(2, slot[:, None, :, None].expand(-1, v.shape[1], 1, v.shape[3]), value_states)
+        where = slot if not self.indexed else self.phys[layer_idx].gather(1, slot)  # physical slot of the entry
+        k.scatter_(2, where[:, None, :, None].expand(-1, k.shape[1], 1, k.shape[3]), key_states)
+        v.scatter_(2, where[:, None, :, None].expand(-1, v.shape[1], 1, v.shape[3]), value_states)
+        if self.kernel == "triton":
+            return k, v
         rot = self.rot[layer_idx]
+        live = k.shape[2]
         if self.shortcuts:  # eager: hand out the live prefix only (reading the count costs nothing)
             live = int(self.length[layer_idx].max()) + 1
-            k, v, rot = k[:, :, :live], v[:, :, :live], rot[:, :live]
+            rot = rot[:, :live]
+        if self.indexed:  # the rows in logical order (slots >= length + 1 are garbage, as in "compact")
+            order = self.phys[layer_idx][:, None, :live, None]
+            k = k.gather(2, order.expand(-1, k.shape[1], -1, k.shape[3]))
+            v = v.gather(2, order.expand(-1, v.shape[1], -1, v.shape[3]))
+        else:
+            k, v = k[:, :, :live], v[:, :, :live]
         if self.policy.positions == "cache":
             if self.shortcuts:  # eager (CPU): as KVCache, and only when something moves
-                slots = torch.arange(k.shape[2], device=self.device)[None]
+                slots = torch.arange(live, device=self.device)[None]
                 want = self.rope - self.length[layer_idx][:, None] + slots  # entry i at query - n + i
                 if not torch.equal(want, rot):
                     return rerotate(k, want - rot, self.inv_freq[layer_idx]), v
                 return k, v
+            if self.indexed:  # begin_step's arithmetic, for this layer (same table, same bits)
+                index = self._shift_index(layer_idx, rot)
+                cos, sin = self._cos[index][:, None], self._sin[index][:, None]  # (B, 1, C, d)
+                return k * cos + rotate_half(k) * sin, v
             rotated = self.rotated[layer_idx]  # begin_step moved the kept keys; the new one needs no move
             rotated.scatter_(2, slot[:, None, :, None].expand(-1, k.shape[1], 1, k.shape[3]), key_states)
             return rotated, v
@@ -225,6 +283,15 @@ class StaticKVCache(Cache):
                scaling: float) -> torch.Tensor:
         """Attention of the step's queries ``(B, heads, 1, d)`` over the live slots (and the new entry)."""
         length = self.length[layer_idx]  # on a CPU, update handed out the live prefix only
+        if self.kernel == "triton":
+            from kvlab.core.static_triton import static_decode_triton
+
+            cache = self.policy.positions == "cache"
+            return static_decode_triton(
+                query[:, :, 0], key, value, self.phys[layer_idx], length, scaling,
+                rot=self.rot[layer_idx] if cache else None, rope=self.rope[:, 0] if cache else None,
+                cos=self._cos if cache else None, sin=self._sin if cache else None,
+                base=self._base_of[layer_idx] if cache else 0)[:, :, None]
         slots = torch.arange(key.shape[2], device=self.device)[None]
         mask = (slots <= length[:, None])[:, None, None, :]  # (B, 1, 1, slots)
         if self.shortcuts and self.batch == 1:
@@ -251,10 +318,12 @@ class StaticKVCache(Cache):
         # A stable partition: slot i moves to (kept before it) if kept, else behind all kept ones.
         kept = keep.sum(dim=1, keepdim=True)
         dest = torch.where(keep, keep.cumsum(dim=1) - 1, kept + (~keep).cumsum(dim=1) - 1)
-        for buf in (self.keys, self.values):
-            flat = buf.view(rows, buf.shape[2], c, buf.shape[4])
-            flat.copy_(torch.empty_like(flat).scatter_(2, dest[:, None, :, None].expand_as(flat), flat))
-        for buf in (self.positions, self.token_ids, self.rot):
+        if not self.indexed:  # "compact": every slot of keys and values moves
+            for buf in (self.keys, self.values):
+                flat = buf.view(rows, buf.shape[2], c, buf.shape[4])
+                flat.copy_(torch.empty_like(flat).scatter_(2, dest[:, None, :, None].expand_as(flat), flat))
+        # indexed: only the metadata moves; phys stays a permutation (dropped slots behind the kept ones: free)
+        for buf in (self.positions, self.token_ids, self.rot) + ((self.phys,) if self.indexed else ()):
             flat = buf.view(rows, c)
             flat.copy_(torch.empty_like(flat).scatter_(1, dest, flat))
         self.length.view(rows).copy_(kept[:, 0])
@@ -286,5 +355,6 @@ class StaticKVCache(Cache):
         return self.num_layers
 
     def __repr__(self) -> str:
-        return f"StaticKVCache({self.policy!r}, batch={self.batch}, capacity={self.capacity})"
+        return (f"StaticKVCache({self.policy!r}, batch={self.batch}, capacity={self.capacity}, "
+                f"kernel={getattr(self, 'kernel', self.kernel_choice)!r})")
 

@@ -48,14 +48,18 @@ class FastDecoder:
     (default: on CUDA). ``compile``: ``torch.compile`` the layers (inductor fuses each layer's norms, rotary,
     SiLU and residual adds) before the graph is captured: about 1.8x the tokens/s on an H100, for roughly a
     minute of compiling the first time a model shape, dtype and policy kind is seen (cached after that).
-    Several streams: ``batch=B`` rows, one token each per step, each row its own kept entries.
+    Several streams: ``batch=B`` rows, one token each per step, each row its own kept entries. ``kernel``: the
+    cache's layout and attention (:class:`~kvlab.core.StaticKVCache`): ``"auto"`` (the Triton kernel over entries
+    that never move, on CUDA), ``"compact"`` (every slot moved and re-rotated each step: the engine before
+    2026-11, kept for comparison), ``"indexed"``, ``"triton"``.
 
     >>> dec = FastDecoder(model, StreamingLLM(4, 252))
     >>> logits = dec.step(ids[:, t:t + 1])   # (B, vocab); on CUDA valid until the next step (clone to keep)
     """
 
     def __init__(self, model, policy: Policy, batch: int = 1, capacity: int | None = None, *,
-                 max_steps: int | None = None, record: int = 0, graph: bool | None = None, compile: bool = False):
+                 max_steps: int | None = None, record: int = 0, graph: bool | None = None, compile: bool = False,
+                 kernel: str = "auto"):
         if not isinstance(policy, Policy):
             raise TypeError(f"policy must be a kvlab Policy, got {type(policy).__name__}")
         reason = static_reason(model, policy)
@@ -75,7 +79,7 @@ class FastDecoder:
             capacity = min(c for c in (None if budget is None else budget + 1, max_steps) if c is not None)
         self.model, self.policy = model, policy
         self.inner = model.get_decoder() if hasattr(model, "get_decoder") else model.model
-        self.cache = StaticKVCache(model, policy, batch, capacity, max_steps=max_steps)
+        self.cache = StaticKVCache(model, policy, batch, capacity, max_steps=max_steps, kernel=kernel)
         # the most steps it may take (checked on the host): max_steps, or the capacity of an unbounded policy
         self.limit = max_steps if max_steps is not None else (capacity if budget is None else None)
         param = next(model.parameters())
@@ -177,16 +181,17 @@ class FastDecoder:
 
 @torch.no_grad()
 def decode_static(model, ids: torch.Tensor, policy: Policy, *, progress: bool = False,
-                  graph: bool | None = None, compile: bool = False) -> dict:
+                  graph: bool | None = None, compile: bool = False, kernel: str = "auto") -> dict:
     """Decode ``ids`` ``(B, T)`` token by token with :class:`FastDecoder`; the NLL of tokens ``1..T-1``.
-    ``compile``: torch.compile the layers first (see :class:`FastDecoder`).
+    ``compile``: torch.compile the layers first; ``kernel``: the cache's layout (see :class:`FastDecoder`).
 
     Returns ``dict(nll=(B, T-1) float64, trace=(T-1, B, layers), seconds, entry_bytes)`` (host tensors).
     """
     from tqdm.auto import tqdm
 
     batch, n = ids.shape
-    decoder = FastDecoder(model, policy, batch, max_steps=n - 1, record=n - 1, graph=graph, compile=compile)
+    decoder = FastDecoder(model, policy, batch, max_steps=n - 1, record=n - 1, graph=graph, compile=compile,
+                          kernel=kernel)
     ids = ids.to(decoder.device)
     nll = torch.empty((n - 1, batch), dtype=torch.float64, device=decoder.device)
     cuda = decoder.device.type == "cuda"

@@ -1,0 +1,227 @@
+"""The static decode engine's attention in Triton: read each live entry once, through the slot index, and
+re-rotate its key as it is read.
+
+Context: :class:`~kvlab.core.StaticKVCache` with ``kernel="triton"`` keeps every entry of a row in the physical
+slot where it was written; ``phys[b, i]`` is the slot of the ``i``-th entry of row ``b`` (oldest first) and
+``n[b]`` entries are live (the step's new one included, at ``i = n - 1``). Under ``positions="cache"``
+(StreamingLLM's positional shift, SepLLM Sec. 4.5, kvlab's ``rerotate``) entry ``i`` must sit at position
+``query - (n - 1) + i``, and its key was rotated at ``rot[b, i]``: RoPE is a rotation per frequency pair, so the
+key is moved by ``shift = query - (n - 1) + i - rot`` when it is read::
+
+    for each row b, kv head h (one program):
+        for i in [0, n[b]):                                   # BLOCK_N entries at a time
+            k = K[b, h, phys[b, i]];  v = V[b, h, phys[b, i]]
+            if rotate:  k = k * cos[shift_i] + rotate_half(k) * sin[shift_i]   # the engine's own table
+            s = q[b, group of h] . k * scale;  online softmax;  acc += p v
+        out[b, group of h] = acc / l
+
+Nothing is re-rotated or moved in memory: a step reads the live entries once (the memory floor of decode
+attention) instead of writing every slot's rotated key and moving every kept slot. The cos/sin rows are the
+engine's table (float64 angles cast to the key dtype, ``(tables x (4C + 1), d)``, a few hundred kB that stay in
+L2) and the rotation is rounded as torch rounds ``keys * cos + rotate_half(keys) * sin`` in the key dtype, so
+the rotated key equals the one the ``"compact"`` engine builds (up to fp32 FMA contraction).
+
+GQA: one program owns a kv head and its ``group`` query heads, so each key/value row is read once for all of
+them. The group is small (3 for SmolLM2, 4-8 for Llama), so scores and the weighted sum are broadcast products
+reduced in fp32 (``(GROUP_PAD, BLOCK_N, d)`` tiles), not ``tl.dot`` with 16 padded rows: that would spend 4x the
+fp32 arithmetic on padding, and in fp32 the step is close to arithmetic-bound that way.
+
+Specification (float64 oracle): :func:`static_decode_reference`. Tests: ``tests/test_static_triton.py`` (CPU
+interpreter with ``TRITON_INTERPRET=1``, and CUDA).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+__all__ = ["check_static_triton", "static_decode_reference", "static_decode_triton"]
+
+_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def check_static_triton(x: torch.Tensor, head_dim: int) -> None:
+    """Raise ValueError naming the fix when ``kernel="triton"`` cannot run on tensors like ``x``."""
+    if x.dtype not in _DTYPES:
+        raise ValueError(f"kernel='triton' takes {_DTYPES}, got {x.dtype}; use kernel='indexed'")
+    if head_dim < 16 or head_dim > 256 or head_dim & (head_dim - 1):
+        raise ValueError(f"kernel='triton' needs a head dim that is a power of two in [16, 256], got {head_dim}; "
+                         "use kernel='indexed'")
+    if not x.is_cuda and not _interpreting():
+        raise ValueError("kernel='triton' needs CUDA tensors; on a CPU set TRITON_INTERPRET=1 before importing "
+                         "triton (slow: small shapes only) or use kernel='indexed'")
+    try:
+        import triton  # noqa: F401
+    except ImportError as err:  # pragma: no cover - kvlab without the triton extra
+        raise ValueError("kernel='triton' needs Triton (pip install 'kvlab[triton]'); or use kernel='indexed'") from err
+
+
+def static_decode_reference(q, keys, values, phys, n, scale, *, rot=None, rope=None, cos=None, sin=None,
+                            base: int = 0):
+    """Eager loop over rows, in the dtype of the inputs (pass float64 for the oracle).
+
+    Args:
+        q: ``(B, heads, d)``, the step's query per row (already rotated at its position).
+        keys, values: ``(B, kv_heads, C, d)``, physical slots.
+        phys: ``(B, C)`` integer, physical slot of entry ``i`` (oldest first).
+        n: ``(B,)`` live entries per row (``1 <= n <= C``).
+        rot, rope, cos, sin, base: the lazy re-rotation (all or none): ``rot (B, C)`` position each entry's key
+            was rotated at, ``rope (B,)`` the query's position, ``cos``/``sin`` ``(T, d)`` table rows of shifts
+            ``-2C..2C`` starting at row ``base - 2C``.
+
+    Returns ``(B, heads, d)``.
+    """
+    bsz, h, d = q.shape
+    group = h // keys.shape[1]
+    c = keys.shape[2]
+    out = torch.empty_like(q)
+    for b in range(bsz):
+        m = int(n[b])
+        slot = phys[b, :m].long()
+        k, v = keys[b][:, slot], values[b][:, slot]  # (kv_heads, m, d)
+        if rot is not None:
+            shift = int(rope[b]) - (m - 1) + torch.arange(m, device=q.device) - rot[b, :m]
+            index = shift.clamp(-2 * c, 2 * c) + base
+            half = d // 2
+            k_half = torch.cat((-k[..., half:], k[..., :half]), dim=-1)
+            k = k * cos[index].to(k.dtype) + k_half * sin[index].to(k.dtype)
+        k, v = k.repeat_interleave(group, 0), v.repeat_interleave(group, 0)  # (heads, m, d)
+        scores = (k @ q[b, :, :, None]).squeeze(-1) * scale
+        out[b] = (torch.softmax(scores, dim=-1)[:, None, :] @ v).squeeze(1)
+    return out
+
+
+def default_config(interpret: bool | None = None) -> dict:
+    """Tile size and warps (``num_stages`` 1 in the interpreter)."""
+    interpret = _interpreting() if interpret is None else interpret
+    if interpret:
+        return dict(BLOCK_N=8, num_warps=4, num_stages=1)
+    return dict(BLOCK_N=32, num_warps=4, num_stages=2)
+
+
+try:  # the kernel exists only where Triton is installed
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _static_decode_kernel(
+        Q, K, V, PHYS, N, ROT, ROPE, COS, SIN, O,
+        stride_qb, stride_qh, stride_kb, stride_kh, stride_kc, stride_vb, stride_vh, stride_vc,
+        stride_pb, stride_rb, stride_ob, stride_oh,
+        qk_scale, base, max_shift,
+        HK: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
+        BLOCK_N: tl.constexpr, ROTATE: tl.constexpr,
+    ):
+        # -- which row and kv head
+        pid = tl.program_id(0)
+        b = pid // HK
+        hk = pid % HK
+        offs_g = tl.arange(0, GROUP_PAD)
+        offs_d = tl.arange(0, HEAD_DIM)
+        g_ok = offs_g < GROUP
+        n = tl.load(N + b).to(tl.int32)
+        q = tl.load(Q + b * stride_qb + (hk * GROUP + offs_g)[:, None] * stride_qh + offs_d[None, :],
+                    mask=g_ok[:, None], other=0.0).to(tl.float32)
+        kbh = K + b * stride_kb + hk * stride_kh
+        vbh = V + b * stride_vb + hk * stride_vh
+        if ROTATE:
+            # rotate_half(k)[j] = -k[j + d/2] (j < d/2), k[j - d/2] (j >= d/2)
+            swap = (offs_d + HEAD_DIM // 2) % HEAD_DIM
+            sign = tl.where(offs_d < HEAD_DIM // 2, -1.0, 1.0)
+            first = tl.load(ROPE + b) - (n - 1)  # entry i sits at first + i
+
+        m_i = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([GROUP_PAD], dtype=tl.float32)
+        acc = tl.zeros([GROUP_PAD, HEAD_DIM], dtype=tl.float32)
+        # -- stream the live entries [0, n) through the slot index, online softmax in base 2
+        for i0 in range(0, n, BLOCK_N):
+            i = i0 + tl.arange(0, BLOCK_N)
+            ok = i < n
+            slot = tl.load(PHYS + b * stride_pb + i, mask=ok, other=0)
+            k = tl.load(kbh + slot[:, None] * stride_kc + offs_d[None, :], mask=ok[:, None], other=0.0)
+            v = tl.load(vbh + slot[:, None] * stride_vc + offs_d[None, :], mask=ok[:, None], other=0.0)
+            if ROTATE:
+                # -- lazy re-rotation, rounded as torch rounds keys * cos + rotate_half(keys) * sin in k's dtype
+                rot = tl.load(ROT + b * stride_rb + i, mask=ok, other=0)
+                shift = first + i - rot
+                row = tl.minimum(tl.maximum(shift, -max_shift), max_shift) + base
+                cos = tl.load(COS + row[:, None] * HEAD_DIM + offs_d[None, :], mask=ok[:, None], other=0.0)
+                sin = tl.load(SIN + row[:, None] * HEAD_DIM + offs_d[None, :], mask=ok[:, None], other=0.0)
+                k_sw = tl.load(kbh + slot[:, None] * stride_kc + swap[None, :], mask=ok[:, None], other=0.0)
+                a = (k.to(tl.float32) * cos.to(tl.float32)).to(k.dtype)
+                c = ((k_sw.to(tl.float32) * sign[None, :]) * sin.to(tl.float32)).to(k.dtype)
+                k = (a.to(tl.float32) + c.to(tl.float32)).to(k.dtype)
+            kf = k.to(tl.float32)
+            s = tl.sum(q[:, None, :] * kf[None, :, :], axis=2) * qk_scale  # (GROUP_PAD, BLOCK_N), base 2
+            s = tl.where(ok[None, :], s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))  # entry 0 is always live: finite from the first tile
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(s - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v.to(tl.float32)[None, :, :], axis=1)
+            m_i = m_new
+
+        # -- epilogue
+        out = acc / l_i[:, None]
+        tl.store(O + b * stride_ob + (hk * GROUP + offs_g)[:, None] * stride_oh + offs_d[None, :],
+                 out.to(O.dtype.element_ty), mask=g_ok[:, None])
+except ImportError:  # pragma: no cover - kvlab without the triton extra
+    _static_decode_kernel = None
+
+
+def static_decode_triton(q, keys, values, phys, length, scale: float, *, rot=None, rope=None, cos=None, sin=None,
+                         base: int = 0, config: dict | None = None) -> torch.Tensor:
+    """The kernel: ``q (B, heads, d)``, ``keys``/``values`` ``(B, kv_heads, C, d)``, ``phys (B, C)``, ``length (B,)``
+    entries held *before* this step's (so ``length + 1`` are read: the caller wrote the new one at
+    ``phys[length]``); the re-rotation arguments as in :func:`static_decode_reference`. Returns ``(B, heads, d)``.
+    Inputs are not checked on the device (that would synchronise; the engine builds them)."""
+    bsz, h, d = q.shape
+    hk, c = keys.shape[1], keys.shape[2]
+    group = h // hk
+    cfg = default_config() if config is None else config
+    out = torch.empty((bsz, h, d), dtype=q.dtype, device=q.device)
+    rotate = rot is not None
+    n = length + 1
+    dummy = phys  # never read when not rotating
+    _static_decode_kernel[(bsz * hk,)](
+        q, keys, values, phys, n, rot if rotate else dummy, rope if rotate else dummy,
+        cos if rotate else q, sin if rotate else q, out,
+        q.stride(0), q.stride(1), keys.stride(0), keys.stride(1), keys.stride(2),
+        values.stride(0), values.stride(1), values.stride(2),
+        phys.stride(0), rot.stride(0) if rotate else 0, out.stride(0), out.stride(1),
+        float(scale) * 1.4426950408889634, base, 2 * c,
+        HK=hk, GROUP=group, GROUP_PAD=triton.next_power_of_2(group), HEAD_DIM=d, BLOCK_N=cfg["BLOCK_N"],
+        ROTATE=rotate, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+    )
+    return out
+
+
+if __name__ == "__main__":
+    if not torch.cuda.is_available():
+        raise SystemExit("the benchmark needs a CUDA GPU; tests run on CPU with TRITON_INTERPRET=1")
+
+    @triton.testing.perf_report(triton.testing.Benchmark(
+        x_names=["B"], x_vals=[1, 16, 64, 256], line_arg="provider", line_vals=["gather_sdpa", "triton"],
+        line_names=["gather + rotate + SDPA", "Triton indexed"], ylabel="ms",
+        plot_name="static_decode", args={"H": 9, "HK": 3, "D": 64, "C": 325}))
+    def bench(B, H, HK, D, C, provider):
+        dev, dt = torch.device("cuda"), torch.bfloat16
+        q = torch.randn(B, H, D, device=dev, dtype=dt)
+        k, v = (torch.randn(B, HK, C, D, device=dev, dtype=dt) for _ in range(2))
+        phys = torch.stack([torch.randperm(C, device=dev) for _ in range(B)])
+        length = torch.full((B,), C - 1, device=dev)
+        if provider == "triton":
+            fn = lambda: static_decode_triton(q, k, v, phys, length, D ** -0.5)  # noqa: E731
+        else:
+            def fn():
+                order = phys[:, None, :, None].expand(-1, HK, -1, D)
+                kk, vv = k.gather(2, order), v.gather(2, order)
+                return torch.nn.functional.scaled_dot_product_attention(q[:, :, None], kk, vv, enable_gqa=True)
+        return triton.testing.do_bench(fn, return_mode="median")
+
+    bench.run(print_data=True)

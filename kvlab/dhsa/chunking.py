@@ -1,0 +1,449 @@
+"""DHSA's learned chunking, fast: the boundary predictor restructured, NMS as one Triton kernel.
+
+Paper: Xiong et al., "Long-Context Modeling with Dynamic Hierarchical Sparse Attention for On-Device
+LLMs" (arXiv:2510.24606), Sec. 2.2 (Eq. 1-3) and App. B ("Inference": threshold, sort, NMS, top
+``N_c``). Specification: :func:`kvlab.dhsa.reference.predict_boundaries` (predictor, then
+:func:`~kvlab.dhsa.reference.select_boundaries`' greedy NMS, then
+:func:`~kvlab.dhsa.reference.split_long_chunks`). This module computes the same offsets with less work
+and fewer kernel launches; the reference stays the readable version and the oracle of the tests.
+
+The predictor, with the same weights, in fewer operations
+---------------------------------------------------------
+With the ``"separate"`` encoder the right window of position ``t`` (keys ``t+1 .. t+w``) is the left
+window of position ``t + w``, so ``r_t = l_{t+w}``: the encoder (window attention, pooling, output
+projection, LayerNorm) runs once over ``n + w`` windows instead of twice over ``n``. The MLP's first
+layer splits over the fused features of Eq. 2::
+
+    W1 f_t = W_l l_t + W_r r_t + W_d |l_t - r_t| + W_p (l_t * r_t) + w_c cos(l_t, r_t)
+
+and ``W_l l`` / ``W_r l`` are one product over the ``n + w`` encoder outputs (then shifted by ``w``),
+so only the ``|l - r|`` and ``l * r`` halves need the ``(n, 2C)`` feature tensor. The window
+attention itself (``w x w`` scores per head and position, softmax, column means, weighted sum of
+values) is one Triton kernel reading the ``qkv`` projection once (:func:`window_pool`); the reference
+builds it from ``2 w^2`` shifted products.
+
+NMS in parallel, exactly
+------------------------
+The reference's greedy NMS visits candidates in rank order (sure positions by index, then score
+descending, ties to the lower index) and keeps one unless a kept one lies within ``nms_window``. So
+a live position ``t`` is kept iff no *kept* live position ranked before it lies within the window.
+That definition is recursive only through better-ranked neighbours, which gives a three-valued
+fixed point anyone can evaluate locally::
+
+    status(t) = suppressed  if some better-ranked live neighbour is kept
+              = kept        if every better-ranked live neighbour is suppressed (or there is none)
+              = unknown     otherwise
+
+Every rule is sound given sound neighbours, so iterating it from "all unknown" only ever decides
+positions correctly. The kernel gives each program a block of ``B`` positions plus a halo of ``H``
+on each side (``H >= nms_window``), iterates the rules there until nothing changes (neighbours
+outside the halo count as unknown) and writes its own block's statuses. A position whose
+dependency chain runs past the halo stays unknown; then the kernel runs again, reading what the
+first pass decided (the best-ranked unknown position always decides in the next pass, so this
+ends; on predictor outputs one pass decides everything). The cap (at most ``N_c - 1`` boundaries)
+keeps the best-ranked kept positions: greedy keeps positions in rank order, so its cap is a prefix
+of that order. Chunk cuts (``max_len``) are a running maximum of the previous boundary, no loop.
+
+Entry point: :func:`predict_boundaries_fast` (what ``predict_boundaries(..., backend="triton")`` and
+``backend="auto"`` on a GPU call). Tests: ``tests/test_dhsa_chunking.py`` (exact offsets against the
+reference on random, tied and edge-case scores, a hypothesis property test; the predictor against a
+float64 evaluation of the reference); benchmark: ``benchmarks/dhsa_predictor_time.py``.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from .reference import BoundaryPredictor, key_features, label_valid, split_long_chunks
+
+__all__ = ["predictor_logits", "window_pool", "nms_status", "nms_boundaries_fast", "predict_boundaries_fast",
+           "MAX_NMS_WINDOW"]
+
+MAX_NMS_WINDOW = 1024  # the kernel's halo must cover the window; wider windows: backend="torch"
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - kvlab without the triton extra
+    triton = tl = None
+
+
+def _interpreting() -> bool:
+    import os
+
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def _check_device(x: torch.Tensor, what: str) -> None:
+    if triton is None:
+        raise ValueError(f"{what} needs Triton (pip install triton), or use backend='torch'")
+    if not x.is_cuda and not _interpreting():
+        raise ValueError(f"{what} runs on CUDA tensors; on a CPU set TRITON_INTERPRET=1 before importing triton "
+                         "(slow: small shapes only) or use backend='torch'")
+
+
+# ================================================================================================
+# Window attention with pooling (Eq. 1), one program per (block of windows, batch x head)
+# ================================================================================================
+if triton is not None:
+
+    @triton.jit
+    def _window_pool_kernel(QKV, OUT, T, DH, stride_b, stride_p, stride_c, stride_h, out_b, out_t, out_g, out_h,
+                            scale, S: tl.constexpr, S_PAD: tl.constexpr, G: tl.constexpr, NUM_H: tl.constexpr,
+                            BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
+        # Window t holds padded positions t .. t+S-1. scores[i, j] = q_{t+i} . k_{t+j} * scale; softmax over j;
+        # group g's pooled output = mean over its rows i of sum_j softmax[i, j] v_{t+j} = sum_j abar_g[j] v_{t+j}.
+        pid_t = tl.program_id(0)
+        pid_bh = tl.program_id(1)
+        b = pid_bh // NUM_H
+        h = pid_bh % NUM_H
+        t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
+        pair = tl.arange(0, S_PAD * S_PAD)  # (i, j) = (pair // S_PAD, pair % S_PAD)
+        pi = pair // S_PAD
+        pj = pair % S_PAD
+        d = tl.arange(0, BLOCK_D)
+        t_ok = t < T
+        pair_ok = (pi < S) & (pj < S)
+        base = QKV + b * stride_b + h * stride_h
+        row_q = (t[:, None] + pi[None, :]) * stride_p  # (BLOCK_T, S_PAD^2)
+        row_k = (t[:, None] + pj[None, :]) * stride_p
+        m2 = t_ok[:, None] & pair_ok[None, :]
+
+        # -- scores of every (i, j) pair, accumulated over head-dim slices (fp32) --
+        s = tl.zeros([BLOCK_T, S_PAD * S_PAD], dtype=tl.float32)
+        for d0 in range(0, DH, BLOCK_D):
+            dd = d0 + d
+            m3 = m2[:, :, None] & (dd < DH)[None, None, :]
+            qv = tl.load(base + row_q[:, :, None] + dd[None, None, :], mask=m3, other=0.0).to(tl.float32)
+            kv = tl.load(base + stride_c + row_k[:, :, None] + dd[None, None, :], mask=m3, other=0.0).to(tl.float32)
+            s += tl.sum(qv * kv, axis=2)
+
+        # -- softmax over j for each row i, then the column means of each group of rows --
+        s3 = tl.reshape(s * scale, [BLOCK_T, S_PAD, S_PAD])
+        jj = tl.arange(0, S_PAD)
+        s3 = tl.where((jj < S)[None, None, :], s3, float("-inf"))
+        mx = tl.max(s3, axis=2)
+        p = tl.exp(s3 - mx[:, :, None])
+        p = p / tl.sum(p, axis=2)[:, :, None]  # (BLOCK_T, S_PAD i, S_PAD j)
+        ii = tl.arange(0, S_PAD)
+        rows = S // G
+        w0 = ((ii < rows) & (ii < S)).to(tl.float32) / rows
+        abar0 = tl.sum(p * w0[None, :, None], axis=1)  # (BLOCK_T, S_PAD j)
+        if G == 2:
+            w1 = ((ii >= rows) & (ii < S)).to(tl.float32) / rows
+            abar1 = tl.sum(p * w1[None, :, None], axis=1)
+
+        # -- epilogue: weighted sums of the window's values, slice by slice --
+        row_v = (t[:, None] + jj[None, :]) * stride_p  # (BLOCK_T, S_PAD)
+        mv = t_ok[:, None] & (jj < S)[None, :]
+        obase = OUT + b * out_b + h * out_h + t[:, None] * out_t
+        for d0 in range(0, DH, BLOCK_D):
+            dd = d0 + d
+            m3 = mv[:, :, None] & (dd < DH)[None, None, :]
+            vv = tl.load(base + 2 * stride_c + row_v[:, :, None] + dd[None, None, :], mask=m3,
+                         other=0.0).to(tl.float32)
+            mo = t_ok[:, None] & (dd < DH)[None, :]
+            o0 = tl.sum(abar0[:, :, None] * vv, axis=1)
+            tl.store(obase + dd[None, :], o0.to(OUT.dtype.element_ty), mask=mo)
+            if G == 2:
+                o1 = tl.sum(abar1[:, :, None] * vv, axis=1)
+                tl.store(obase + out_g + dd[None, :], o1.to(OUT.dtype.element_ty), mask=mo)
+
+
+def window_pool(qkv: torch.Tensor, size: int, groups: int, count: int) -> torch.Tensor:
+    """Pooled window self-attention of every window of ``size`` consecutive positions (Eq. 1).
+
+    Args:
+        qkv: ``(batch, P, 3, heads, head_dim)`` query/key/value projections of the padded sequence.
+        size: window length ``S`` (``w`` for the separate encoder, ``2w`` for the joint one).
+        groups: 1 (pool all ``S`` rows) or 2 (pool the first and the last ``S / 2`` rows apart).
+        count: number of windows ``T`` (window ``t`` holds positions ``t .. t + S - 1``; ``T + S - 1 <= P``).
+
+    Returns:
+        ``(batch, T, groups, heads, head_dim)`` in ``qkv.dtype``:
+        ``out[b, t, g, h] = sum_j abar_g[j] v[b, t + j, h]`` with ``abar_g`` the column means over the
+        group's rows of ``softmax_j(q_{t+i} . k_{t+j} / sqrt(head_dim))``. Arithmetic in float32 (float64
+        inputs are computed in float32 too: use the reference for a float64 oracle).
+    """
+    _check_device(qkv, "window_pool")
+    if qkv.dim() != 5 or qkv.shape[2] != 3:
+        raise ValueError(f"qkv must be (batch, P, 3, heads, head_dim), got {tuple(qkv.shape)}")
+    bsz, plen, _, heads, dh = qkv.shape
+    if groups not in (1, 2) or size % groups or size < 1:
+        raise ValueError(f"groups must be 1 or 2 and divide size={size}, got {groups}")
+    if count + size - 1 > plen:
+        raise ValueError(f"count={count} windows of size {size} need {count + size - 1} positions, qkv has {plen}")
+    if qkv.stride(-1) != 1:
+        qkv = qkv.contiguous()
+    out = torch.empty(bsz, count, groups, heads, dh, dtype=qkv.dtype, device=qkv.device)
+    s_pad = triton.next_power_of_2(size)
+    block_d = min(triton.next_power_of_2(dh), max(16, 512 // (s_pad * s_pad)))
+    block_t = 16 if s_pad <= 4 else 8
+    if _interpreting():
+        block_t = min(block_t, 8)
+    grid = (triton.cdiv(count, block_t), bsz * heads)
+    _window_pool_kernel[grid](qkv, out, count, dh, qkv.stride(0), qkv.stride(1), qkv.stride(2), qkv.stride(3),
+                              out.stride(0), out.stride(1), out.stride(2), out.stride(3), 1.0 / math.sqrt(dh),
+                              S=size, S_PAD=s_pad, G=groups, NUM_H=heads, BLOCK_T=block_t, BLOCK_D=block_d,
+                              num_warps=4)
+    return out
+
+
+def _window_pool_torch(qkv: torch.Tensor, size: int, groups: int, count: int) -> torch.Tensor:
+    """:func:`window_pool` in PyTorch (any device, the input dtype): ``size^2`` shifted products."""
+    q, k, v = qkv.unbind(2)  # (b, P, h, dh)
+    dh = q.shape[-1]
+    s = torch.stack([torch.stack([(q[:, i:i + count] * k[:, j:j + count]).sum(-1) for j in range(size)], -1)
+                     for i in range(size)], -2)  # (b, T, h, S i, S j)
+    att = (s / math.sqrt(dh)).softmax(-1)
+    rows = size // groups
+    outs = []
+    for g in range(groups):
+        abar = att[..., g * rows:(g + 1) * rows, :].mean(-2)  # (b, T, h, S)
+        outs.append(sum(abar[..., j, None] * v[:, j:j + count] for j in range(size)))
+    return torch.stack(outs, 2)
+
+
+# ================================================================================================
+# The predictor's forward, restructured (Eq. 1-3)
+# ================================================================================================
+def predictor_logits(predictor: BoundaryPredictor, x: torch.Tensor, *, pool: str = "auto") -> torch.Tensor:
+    """The logits of ``predictor(x)`` (``(batch, seq)``) computed as the module docstring says.
+
+    Args:
+        predictor: a :class:`~kvlab.dhsa.reference.BoundaryPredictor` (or ``torch.compile`` of one: its
+            weights are used). Arithmetic in the predictor's dtype (``predictor.to(torch.bfloat16)`` is
+            the fast path on a GPU), the window attention in float32.
+        x: ``(batch, seq, channels)`` key features (:func:`~kvlab.dhsa.reference.key_features`).
+        pool: ``"triton"`` (:func:`window_pool`), ``"torch"`` (shifted products) or ``"auto"`` (Triton on
+            CUDA tensors, PyTorch elsewhere).
+    """
+    m = getattr(predictor, "_orig_mod", predictor)
+    if not isinstance(m, BoundaryPredictor):
+        raise TypeError(f"predictor must be a BoundaryPredictor (or torch.compile of one), got {type(m).__name__}")
+    if x.dim() != 3 or x.shape[-1] != m.channels:
+        raise ValueError(f"x must be (batch, seq, {m.channels}) key features, got {tuple(x.shape)}")
+    if pool not in ("auto", "triton", "torch"):
+        raise ValueError(f"pool must be 'auto', 'triton' or 'torch', got {pool!r}")
+    use_triton = pool == "triton" or (pool == "auto" and x.is_cuda and triton is not None)
+    dt = m.qkv.weight.dtype
+    x = x.to(dt)
+    b, n, c = x.shape
+    w, h = m.window, m.heads
+    if m.input_norm:
+        x = F.layer_norm(x, (c,))
+    xp = F.pad(x, (0, 0, w - 1, w))  # as the reference: zero rows at both ends (their projections are the bias)
+    qkv = F.linear(xp, m.qkv.weight, m.qkv.bias).view(b, n + 2 * w - 1, 3, h, c // h)
+    pool_fn = window_pool if use_triton else _window_pool_torch
+    if m.encoder == "separate":
+        pooled = pool_fn(qkv, w, 1, n + w)[:, :, 0].reshape(b, n + w, c)  # l_t for t < n + w; r_t = l_{t+w}
+        enc = F.layer_norm(F.linear(pooled, m.proj.weight, m.proj.bias), (c,), m.norm.weight, m.norm.bias,
+                           m.norm.eps)
+        l, r = enc[:, :n], enc[:, w:]
+    else:
+        pooled = pool_fn(qkv, 2 * w, 2, n).reshape(b, n, 2, c)
+        enc = F.layer_norm(F.linear(pooled, m.proj.weight, m.proj.bias), (c,), m.norm.weight, m.norm.bias,
+                           m.norm.eps)
+        l, r = enc[:, :, 0], enc[:, :, 1]
+    w1, b1 = m.mlp[0].weight, m.mlp[0].bias  # (hidden, 4C + 1)
+    hid = w1.shape[0]
+    if m.encoder == "separate":  # W_l l_t + W_r l_{t+w}: one product over the n + w outputs
+        lr = F.linear(enc, torch.cat([w1[:, :c], w1[:, c:2 * c]], 0))  # (b, n + w, 2 hidden)
+        z = lr[:, :n, :hid] + lr[:, w:, hid:]
+    else:
+        z = F.linear(l, w1[:, :c]) + F.linear(r, w1[:, c:2 * c])
+    z = z + F.linear(torch.cat([(l - r).abs(), l * r], -1), w1[:, 2 * c:4 * c], b1)
+    cos = F.cosine_similarity(l, r, dim=-1, eps=1e-6)[..., None]
+    z = torch.relu(z + cos * w1[:, 4 * c])
+    return F.linear(z, m.mlp[2].weight, m.mlp[2].bias).squeeze(-1)
+
+
+# ================================================================================================
+# NMS: the three-valued fixed point, one program per (block + halo, sequence)
+# ================================================================================================
+UNKNOWN, KEPT, SUPPRESSED, DEAD = 0, 1, 2, 3
+
+if triton is not None:
+
+    @triton.jit
+    def _better(sc_a, sure_a, pos_a, sc_b, sure_b, pos_b):
+        # rank of a before rank of b: sure positions first (by index), then score descending, ties by index
+        both_sure = (sure_a != 0) & (sure_b != 0)
+        neither = (sure_a == 0) & (sure_b == 0)
+        by_score = (sc_a > sc_b) | ((sc_a == sc_b) & (pos_a < pos_b))
+        return ((sure_a != 0) & (sure_b == 0)) | (both_sure & (pos_a < pos_b)) | (neither & by_score)
+
+    @triton.jit
+    def _nms_pass_kernel(SC, SURE, STATUS, SCRATCH, UNDECIDED, n, W, stride_sc, stride_st, B: tl.constexpr,
+                         HALO: tl.constexpr):
+        # Region = [start - HALO, start + B + HALO); statuses live in SCRATCH (this program's slice) so that
+        # threads can read their neighbours' values of the previous iteration (barriers around the updates).
+        pid = tl.program_id(0)
+        row = tl.program_id(1)
+        T: tl.constexpr = B + 2 * HALO
+        start = pid * B
+        idx = tl.arange(0, T)
+        pos = start - HALO + idx
+        inseq = (pos >= 0) & (pos < n)
+        sc = tl.load(SC + row * stride_sc + pos, mask=inseq, other=0.0)
+        sure = tl.load(SURE + row * stride_st + pos, mask=inseq, other=0)
+        st = tl.load(STATUS + row * stride_st + pos, mask=inseq, other=3).to(tl.int32)  # outside: dead
+        scr = SCRATCH + (row * tl.num_programs(0) + pid) * T
+        tl.store(scr + idx, st.to(tl.int8))
+        changed = 1
+        while changed > 0:
+            tl.debug_barrier()  # the previous iteration's statuses are visible to every thread
+            any_kept = tl.zeros([T], dtype=tl.int1)
+            all_supp = tl.full([T], 1, dtype=tl.int1)
+            for dist in range(1, W + 1):
+                for side in tl.static_range(2):
+                    step = dist * (1 - 2 * side)  # right neighbour, then left
+                    nb = idx + step
+                    npos = pos + step
+                    in_region = (nb >= 0) & (nb < T)
+                    n_inseq = (npos >= 0) & (npos < n)
+                    # outside the region: unknown if in the sequence (a later pass knows more), dead outside it
+                    st_nb = tl.load(scr + nb, mask=in_region, other=0).to(tl.int32)
+                    st_nb = tl.where(n_inseq, st_nb, 3)
+                    sc_nb = tl.load(SC + row * stride_sc + npos, mask=n_inseq, other=0.0)
+                    sure_nb = tl.load(SURE + row * stride_st + npos, mask=n_inseq, other=0)
+                    rel = (st_nb != 3) & _better(sc_nb, sure_nb, npos, sc, sure, pos)
+                    any_kept = any_kept | (rel & (st_nb == 1))
+                    all_supp = all_supp & ((~rel) | (st_nb == 2))
+            new = tl.where((st == 0) & any_kept, 2, tl.where((st == 0) & all_supp, 1, st))
+            changed = tl.sum((new != st).to(tl.int32), axis=0)
+            st = new
+            tl.debug_barrier()  # every thread has read the old statuses before they are overwritten
+            tl.store(scr + idx, st.to(tl.int8))
+        own = (idx >= HALO) & (idx < HALO + B) & inseq
+        tl.store(STATUS + row * stride_st + pos, st.to(tl.int8), mask=own)
+        tl.atomic_add(UNDECIDED + row, tl.sum((own & (st == 0)).to(tl.int32), axis=0))
+
+
+def _rank_keys(sc: torch.Tensor, sure: torch.Tensor) -> torch.Tensor:
+    """``(batch, n)`` positions' rank as sort keys, smaller first: one int64 per position (exact, unique)."""
+    n = sc.shape[-1]
+    pos = torch.arange(n, device=sc.device)
+    if sc.dtype == torch.float64:
+        # order of the scores by a stable sort (scores descending, ties to the lower index): the rank itself
+        order = torch.sort(sc, dim=-1, descending=True, stable=True).indices
+        r = torch.empty_like(order)
+        r.scatter_(-1, order, pos.expand_as(order).contiguous())
+        return torch.where(sure, pos - n, r)
+    bits = sc.float().view(torch.int32).long()
+    ordered = torch.where(bits < 0, (1 << 31) - 1 - (bits & 0x7FFFFFFF), bits + (1 << 31))  # monotone in score
+    score_key = -(ordered << 30) + pos  # higher score first, then lower index (n < 2^30)
+    return torch.where(sure, pos - (1 << 62) - (1 << 31), score_key)
+
+
+def nms_status(scores: torch.Tensor, live: torch.Tensor, sure: torch.Tensor, nms_window: int) -> torch.Tensor:
+    """Greedy NMS of ``live`` positions in rank order, in parallel: ``(batch, n)`` bool, True where kept.
+
+    Args:
+        scores: ``(batch, n)`` float32 or float64; live: ``(batch, n)`` bool (positions that may be kept:
+            candidates and sure positions); sure: ``(batch, n)`` bool (ranked before every score, by index).
+        nms_window: a kept position suppresses live positions within this distance (0: none).
+    No cap on the number kept (see :func:`nms_boundaries_fast`).
+    """
+    _check_device(scores, "nms_status")
+    if nms_window > MAX_NMS_WINDOW:
+        raise ValueError(f"nms_window must be <= {MAX_NMS_WINDOW} for the Triton NMS (its halo), got {nms_window}; "
+                         "use backend='torch'")
+    bsz, n = scores.shape
+    halo = max(64 if _interpreting() else 256, triton.next_power_of_2(max(nms_window, 1)))
+    block = 2 * halo
+    sc = scores.contiguous()
+    sure8 = sure.to(torch.int8).contiguous()
+    status = torch.where(live, UNKNOWN, DEAD).to(torch.int8).contiguous()
+    progs = triton.cdiv(n, block)
+    scratch = torch.empty(bsz * progs * (block + 2 * halo), dtype=torch.int8, device=scores.device)
+    while True:
+        undecided = torch.zeros(bsz, dtype=torch.int32, device=scores.device)
+        _nms_pass_kernel[(progs, bsz)](sc, sure8, status, scratch, undecided, n, nms_window, sc.stride(0),
+                                       status.stride(0), B=block, HALO=halo, num_warps=4)
+        if int(undecided.sum()) == 0:  # one sync; on predictor outputs the first pass decides everything
+            return status == KEPT
+
+
+def nms_boundaries_fast(scores: torch.Tensor, *, max_chunks: int, threshold: float | None, nms_window: int = 8,
+                        valid: torch.Tensor | None = None, sure: torch.Tensor | None = None,
+                        max_len: int | None = None) -> list[torch.Tensor]:
+    """:func:`kvlab.dhsa.reference.nms_boundaries` (then ``split_long_chunks(., max_len)`` when ``max_len`` is
+    given): the same offsets, one tensor per sequence, from the Triton NMS (:func:`nms_status`).
+
+    ``scores``: ``(batch, n)``, float32 or float64 (other float dtypes are promoted to float32); NaN is never
+    a candidate (the reference's order of NaN scores is unspecified).
+    """
+    if scores.dim() != 2:
+        raise ValueError(f"scores must be (batch, n), got {tuple(scores.shape)}")
+    if isinstance(max_chunks, bool) or not isinstance(max_chunks, int) or max_chunks < 1:
+        raise ValueError(f"max_chunks must be an int >= 1, got {max_chunks!r}")
+    if isinstance(nms_window, bool) or not isinstance(nms_window, int) or nms_window < 0:
+        raise ValueError(f"nms_window must be an int >= 0, got {nms_window!r}")
+    if max_len is not None and (isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 1):
+        raise ValueError(f"max_len must be None or an int >= 1 (longest chunk in tokens), got {max_len!r}")
+    bsz, n = scores.shape
+    dev = scores.device
+    sc = scores.detach()
+    if sc.dtype != torch.float64:
+        sc = sc.float()
+    sc = sc + 0.0  # -0.0 -> +0.0: equal scores, one sort key
+    ok = torch.ones(bsz, n, dtype=torch.bool, device=dev) if valid is None else valid.to(dev).bool().expand(bsz, n)
+    ok = ok.clone()
+    ok[:, n - 1] = False  # the sequence end is a boundary anyway
+    cand = ok & (sc == sc) if threshold is None else ok & (sc > threshold)
+    firsts = torch.zeros_like(cand) if sure is None else sure.to(dev).bool().expand(bsz, n) & ok
+    live = cand | firsts
+    kept = nms_status(sc, live, firsts, nms_window)
+    cap = max_chunks - 1
+    counts = kept.sum(-1)
+    if int(counts.max()) > cap:  # keep the best-ranked `cap` (a prefix of greedy's order)
+        keys = torch.where(kept, _rank_keys(sc, firsts), torch.iinfo(torch.long).max)
+        best = torch.topk(keys, min(cap, n), dim=-1, largest=False).indices if cap else None
+        capped = torch.zeros_like(kept)
+        if cap:
+            capped.scatter_(-1, best, True)
+        kept = capped & kept
+    # offsets e in [0, n]: 0, n, every kept t + 1, and the cuts of chunks longer than max_len
+    ends = torch.zeros(bsz, n + 1, dtype=torch.bool, device=dev)
+    ends[:, 1:] = kept
+    ends[:, 0] = True
+    ends[:, n] = True
+    if max_len:
+        e = torch.arange(n + 1, device=dev)
+        prev = torch.cummax(torch.where(ends, e, 0), dim=-1).values  # last boundary at or before e
+        ends |= ((e - prev) % max_len == 0) & (e > prev)
+    sizes = ends.sum(-1).tolist()
+    flat = ends.nonzero()[:, 1]
+    return list(torch.split(flat, sizes))
+
+
+# ================================================================================================
+# The whole chunking
+# ================================================================================================
+@torch.no_grad()
+def predict_boundaries_fast(predictor, k: torch.Tensor, *, max_chunks: int, threshold: float = 0.5,
+                            nms_window: int = 8, max_len: int | None = None) -> list[torch.Tensor]:
+    """:func:`kvlab.dhsa.reference.predict_boundaries` on the fast path: :func:`predictor_logits` (Triton window
+    attention on CUDA), sigmoid in float32, :func:`nms_boundaries_fast`. Same arguments and result (one offsets
+    tensor per sequence); the offsets equal the reference's for the same probabilities."""
+    from .reference import _check_prediction_args
+
+    _check_prediction_args(threshold, max_chunks, nms_window, max_len)
+    m = getattr(predictor, "_orig_mod", predictor)
+    if not isinstance(m, BoundaryPredictor):
+        raise TypeError(f"predictor must be a BoundaryPredictor (or torch.compile of one), got "
+                        f"{type(predictor).__name__}")
+    x = key_features(k)
+    p = torch.sigmoid(predictor_logits(m, x).float())
+    valid = label_valid(x.shape[1], m.window, x.device)
+    return nms_boundaries_fast(p, max_chunks=max_chunks, threshold=threshold, nms_window=nms_window, valid=valid,
+                               max_len=max_len)
+
+
+if __name__ == "__main__":  # the timing lives in benchmarks/dhsa_predictor_time.py
+    import sys
+
+    sys.exit("python benchmarks/dhsa_predictor_time.py --out DIR  (times this module beside the reference)")

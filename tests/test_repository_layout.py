@@ -1,5 +1,6 @@
 """The repository stays tidy where students look first (issue 26): notebooks/ shows the numbered notebooks and
-START.md, with every parameter set and recorded check in notebooks/params/."""
+START.md, with every parameter set and recorded check in notebooks/params/; benchmarks/results/ holds one folder per
+paper or topic, each with a README, and no loose files."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ NUMBERED = re.compile(r"\d\d_[a-z0-9_]+\.ipynb")
 # Besides the numbered notebooks: the page scripts/lab.sh opens on, and the parameter folder. Jupyter's own
 # checkpoints folder appears when the lab is used and is ignored by git, so it is allowed here too.
 NOTEBOOKS_ALSO = {"START.md", "params", ".ipynb_checkpoints"}
+RESULTS = ROOT / "benchmarks" / "results"
 SIDECAR = re.compile(r"(\d\d_[a-z0-9_]+)\.(ci\.yaml|full\.yaml|checks\.json)")
 
 
@@ -47,3 +49,20 @@ def test_scripts_read_the_params_folder():
     nb = NOTEBOOKS / "00_tour.ipynb"
     assert nbscript._sidecar(nb, ".ci.yaml") == PARAMS / "00_tour.ci.yaml"
     assert nbscript._parameters(nb), "the CI parameters of notebook 00 were not found in notebooks/params/"
+
+
+def test_results_folder_has_no_loose_files():
+    loose = sorted(p.name for p in RESULTS.iterdir() if p.is_file() and p.name != "README.md")
+    assert not loose, (f"benchmarks/results/ should hold only folders and README.md; move {loose} into the folder of "
+                       "their paper or topic (kernels/, decode/, fidelity/, ...) and name them in its README.md")
+
+
+def test_every_results_folder_has_a_readme():
+    assert (RESULTS / "README.md").is_file(), "benchmarks/results/README.md (one line per folder) is missing"
+    folders = sorted(p for p in RESULTS.iterdir() if p.is_dir() and not p.name.startswith((".", "__")))
+    missing = [p.name for p in folders if not (p / "README.md").is_file()]
+    assert not missing, (f"benchmarks/results/{{{','.join(missing)}}}/README.md missing: say what the files are, the "
+                         "command that made them, the device and the date")
+    index = (RESULTS / "README.md").read_text()
+    unlisted = [p.name for p in folders if f"`{p.name}/`" not in index]
+    assert not unlisted, f"benchmarks/results/README.md has no line for {unlisted}"

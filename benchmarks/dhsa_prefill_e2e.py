@@ -10,9 +10,17 @@ predictor, DHSA in 1 of 6 layers, and timed the predictor once per layer. Here, 
   ``--initial`` first and ``--local`` recent keys always kept (the authors' 128 + 128); selection per layer;
 * ``dhsa-pred-shared``: the same with one kept set for all layers (``share_selection``).
 
+Each DHSA method runs once per ``--kernels`` entry (the Triton variant :mod:`kvlab.dhsa.api` builds its tables for:
+``lists``, the earlier kernel, or ``packed``: >= 64-row tiles, GQA heads packed under a shared selection, long
+chunks in a taller launch) and per ``--share-heads`` entry (1: one selection for all heads, as the authors' code
+averages heads; 0: one per head); the row's method reads ``method@kernel`` plus ``+sh`` for a shared selection.
+
 Reported: prefill ms (median of ``--repeats`` after a warm-up), peak memory above the weights, and, from a separate
 profiled run (CUDA events around each phase of the DHSA layers), the time in chunking (predictor + NMS) /
-selection (chunk ranking, lists) / attention (the kernel), with their share of the prefill. Shapes:
+selection (chunk ranking, lists) / attention (the kernel), with their share of the prefill. The SDPA row also
+times the dense attention alone (one layer's ``scaled_dot_product_attention`` at the model's shape, times the DHSA
+layers): ``sdpa_attention_ms`` and its share of the prefill, which bounds what any sparse attention can save
+(the rest of the forward is unchanged), and ``floor_ms``, the prefill with that attention removed. Shapes:
 ``gemma2-2b-global`` (Gemma2-2b's dimensions, every layer global: DHSA in all 26 layers) and ``gemma3-270m``
 (Gemma3's layout: DHSA in its 3 global layers, SDPA in the 15 local ones). Random weights (the GPU machine holds
 no model assets; the predictor is random too, so the chunks are a stand-in: ``--max-chunks-per`` caps their count
@@ -34,13 +42,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywher
 
 import torch  # noqa: E402
 
+import kvlab.dhsa.api as dhsa_api  # noqa: E402
 from kvlab.core import use_pattern  # noqa: E402
 from kvlab.dhsa.experiments import prefill_cost, random_model  # noqa: E402
 from kvlab.dhsa.pattern import DHSAPattern, dhsa_layers  # noqa: E402
 from kvlab.dhsa.reference import BoundaryPredictor  # noqa: E402
 
 
-def make_patterns(model, n, args, device):
+def make_predictor(model, args, device):
+    """The boundary predictor at the paper's size (random weights) on the model's key channels, once per shape."""
     cfg = model.config
     channels = cfg.num_key_value_heads * cfg.head_dim
     torch.manual_seed(0)
@@ -48,8 +58,12 @@ def make_patterns(model, n, args, device):
     pred = pred.to(device, torch.bfloat16 if device.type == "cuda" else torch.float32).eval()
     if device.type == "cuda" and not args.no_compile:
         pred = torch.compile(pred, dynamic=False)
+    return pred
+
+
+def make_patterns(pred, n, args, device, share_heads=False):
     backend = "triton" if device.type == "cuda" else "torch"
-    common = dict(initial=args.initial, backend=backend)
+    common = dict(initial=args.initial, backend=backend, share_heads=share_heads)
     dyn = dict(chunking="predictor", predictor=pred, chunk_size=args.chunk, max_chunks=max(2, n // args.max_chunks_per),
                max_len=args.max_len, nms_window=args.nms_window, local=args.local, share_boundaries=True, **common)
     return {
@@ -58,6 +72,31 @@ def make_patterns(model, n, args, device):
         "dhsa-pred": lambda prof: DHSAPattern(args.budget, profile=prof, **dyn),
         "dhsa-pred-shared": lambda prof: DHSAPattern(args.budget, share_selection=True, profile=prof, **dyn),
     }
+
+
+def sdpa_attention_ms(model, n, n_layers, device) -> dict:
+    """The dense attention of the DHSA layers alone: one ``scaled_dot_product_attention`` at the model's shape
+    (bf16, causal, GQA), CUDA events, median of 5 after a warm-up, times ``n_layers``."""
+    import torch.nn.functional as F
+
+    cfg = model.config
+    h, hk = cfg.num_attention_heads, cfg.num_key_value_heads
+    d = getattr(cfg, "head_dim", None) or cfg.hidden_size // h
+    g = torch.Generator(device=device).manual_seed(0)
+    q = torch.randn(1, h, n, d, device=device, dtype=torch.bfloat16, generator=g)
+    k = torch.randn(1, hk, n, d, device=device, dtype=torch.bfloat16, generator=g)
+    v = torch.randn(1, hk, n, d, device=device, dtype=torch.bfloat16, generator=g)
+    times = []
+    for i in range(6):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=hk != h)
+        end.record()
+        torch.cuda.synchronize()
+        if i:
+            times.append(start.elapsed_time(end))
+    one = sorted(times)[len(times) // 2]
+    return {"sdpa_attention_ms": one * n_layers, "sdpa_layer_ms": one}
 
 
 def profiled(model, ids, pattern, layers, device) -> dict:
@@ -84,6 +123,8 @@ def main(argv=None) -> int:
     ap.add_argument("--shapes", default="gemma2-2b-global,gemma3-270m")
     ap.add_argument("--seqs", default="16384,32768")
     ap.add_argument("--methods", default="sdpa,dhsa-fixed,dhsa-pred,dhsa-pred-shared")
+    ap.add_argument("--kernels", default="packed", help="Triton variants for the DHSA rows (lists, packed)")
+    ap.add_argument("--share-heads", default="1", help="0 and/or 1: a selection per head / one for all heads")
     ap.add_argument("--budget", type=int, default=2048, help="N_b keys per query")
     ap.add_argument("--initial", type=int, default=128)
     ap.add_argument("--local", type=int, default=128)
@@ -106,13 +147,20 @@ def main(argv=None) -> int:
     for shape in args.shapes.split(","):
         model = random_model(shape, attn_implementation="sdpa", device=device)
         layers = dhsa_layers(model)
+        pred = make_predictor(model, args, device)
         for n in (int(x) for x in args.seqs.split(",")):
             ids = torch.randint(0, model.config.vocab_size, (1, n), device=device)
-            makers = make_patterns(model, n, args, device)
-            for method in methods:
-                row = {"shape": shape, "seq": n, "method": method, "dhsa_layers": len(layers),
-                       "layers": model.config.num_hidden_layers}
+            runs = [("sdpa", None, None)] if "sdpa" in methods else []
+            runs += [(m, kern, int(sh)) for m in methods if m != "sdpa" for kern in args.kernels.split(",")
+                     for sh in args.share_heads.split(",")]
+            for method, kern, sh in runs:
+                label = method if kern is None else f"{method}@{kern}{'+sh' if sh else ''}"
+                row = {"shape": shape, "seq": n, "method": label, "dhsa_layers": len(layers),
+                       "layers": model.config.num_hidden_layers, "kernel": kern, "share_heads": bool(sh)}
                 try:
+                    if kern is not None:
+                        dhsa_api.TRITON_VARIANT = kern
+                    makers = make_patterns(pred, n, args, device, share_heads=bool(sh))
                     pat = None if method == "sdpa" else makers[method](False)
                     cost = prefill_cost(model, ids, pat, layers, repeats=args.repeats)
                     row |= {"ms": cost["ms"], "peak_gib": cost["peak_bytes"] / 2**30}
@@ -120,6 +168,10 @@ def main(argv=None) -> int:
                         row |= profiled(model, ids, makers[method](True), layers, device)
                         for ph in ("chunking", "selection", "attention"):
                             row[f"{ph}_share"] = row.get(f"{ph}_ms", 0.0) / row["profiled_ms"]
+                    elif device.type == "cuda":
+                        row |= sdpa_attention_ms(model, n, len(layers), device)
+                        row["sdpa_attention_share"] = row["sdpa_attention_ms"] / row["ms"]
+                        row["floor_ms"] = row["ms"] - row["sdpa_attention_ms"]
                 except torch.OutOfMemoryError:
                     row["error"] = "OOM"
                 except Exception as exc:  # report, keep the other rows
@@ -139,6 +191,7 @@ def main(argv=None) -> int:
         if device.type == "cuda":
             torch.cuda.empty_cache()
     cols = [("shape", "{}"), ("seq", "{}"), ("method", "{}"), ("ms", "{:.1f}"), ("x_sdpa_latency", "{:.2f}"),
+            ("sdpa_attention_ms", "{:.1f}"), ("sdpa_attention_share", "{:.3f}"), ("floor_ms", "{:.1f}"),
             ("peak_gib", "{:.2f}"), ("x_sdpa_peak", "{:.2f}"), ("chunking_ms", "{:.1f}"), ("selection_ms", "{:.1f}"),
             ("attention_ms", "{:.1f}"), ("chunking_share", "{:.3f}"), ("selection_share", "{:.3f}"),
             ("attention_share", "{:.3f}"), ("chunks", "{}"), ("chunk_calls", "{}"), ("error", "{}")]

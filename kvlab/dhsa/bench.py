@@ -39,7 +39,7 @@ from pathlib import Path
 from kvlab.kernels.benchmarking import (allow_many_compiles, bench_ms, device_info, fmt_table, ints, random_qkv,
                                         require_cuda, write_outputs)
 
-__all__ = ["COMMANDS", "main", "random_boundaries", "kept_density"]
+__all__ = ["COMMANDS", "main", "random_boundaries", "spaced_boundaries", "kept_density"]
 
 
 def random_boundaries(n: int, lo: int, hi: int, seed: int = 0, device=None):
@@ -60,12 +60,32 @@ def kept_density(n: int, budget: int) -> float:
     return kept / (n * (n + 1) // 2)
 
 
+def spaced_boundaries(n: int, mean: int = 64, gap: int = 8, cap: int = 128, seed: int = 0, device=None):
+    """Offsets shaped like the predictor's in the end-to-end setup (``n / mean`` boundaries at least ``gap``
+    apart, as NMS leaves them, chunks longer than ``cap`` cut): lengths ``gap + Exp(mean - gap)``, split at
+    ``cap``. A stand-in for predicted chunks at full length (the predictor has random weights there too)."""
+    import torch
+
+    from .reference import split_long_chunks
+
+    g = torch.Generator().manual_seed(seed)
+    lens = (gap + torch.empty(2 * n // mean + 8).exponential_(1.0 / (mean - gap), generator=g)).round().long()
+    ends = torch.cumsum(lens, 0)
+    ends = ends[ends < n]
+    bd = torch.cat([torch.zeros(1, dtype=torch.long), ends, torch.tensor([n])])
+    return split_long_chunks(bd, cap).to(device)
+
+
 def _chunkings(n, device, names=("fixed64", "random16-128")):
     from .reference import fixed_boundaries
 
     all_ = {"fixed64": lambda: fixed_boundaries(n, 64, device=device),
             "fixed128": lambda: fixed_boundaries(n, 128, device=device),
-            "random16-128": lambda: random_boundaries(n, 16, 128, 0, device)}
+            "random16-128": lambda: random_boundaries(n, 16, 128, 0, device),
+            "spaced64": lambda: spaced_boundaries(n, device=device)}
+    for name in names:
+        if name not in all_:
+            raise ValueError(f"chunkings: {name!r} is not one of {sorted(all_)}")
     return {name: all_[name]() for name in names}
 
 
@@ -84,13 +104,34 @@ def _chunking_ms(k, time_budget):
                         time_budget, max_reps=10)["ms"]
 
 
+def _diagnose(q, k, v, plan, tables, budget, time_budget) -> dict:
+    """Where the ``"packed"`` kernel stands against its two limits, measured apart: ``ms_packed_loads``, the same
+    key/value gathers with no arithmetic (``LOADS_ONLY``: the traffic alone), and ``ms_packed_hot``, the same
+    arithmetic and instruction stream with every list pointing at one hot 64-key block (the loads hit in
+    cache: arithmetic + issue alone)."""
+    import torch
+
+    from .triton import LaunchTables, dhsa_attention_triton
+
+    out = {}
+    loads = tables._replace(launches=tuple((t, dict(c, LOADS_ONLY=True)) for t, c in tables.launches))
+    out["ms_packed_loads"] = bench_ms(lambda: dhsa_attention_triton(q, k, v, None, budget, tables=loads),
+                                      time_budget)["ms"]
+    hot_tok = (torch.arange(tables.tok.shape[-1], device=q.device, dtype=torch.int32) % 64 + plan.initial)
+    hot = LaunchTables(tables.tiles, hot_tok.expand_as(tables.tok).contiguous(), tables.ntok, tables.variant,
+                       tables.config, tables.budget, tables.initial, tables.launches)
+    out["ms_packed_hot"] = bench_ms(lambda: dhsa_attention_triton(q, k, v, None, budget, tables=hot),
+                                    time_budget)["ms"]
+    return out
+
+
 def run_ops(args) -> dict:
     torch = require_cuda()
     import torch.nn.functional as F
 
     from .flex import _touched_blocks, dhsa_attention_flex, dhsa_block_mask
     from .reference import chunk_plan
-    from .triton import dhsa_attention_triton, kv_bytes, launch_tables
+    from .triton import dhsa_attention_triton, kv_bytes, launch_tables, mma_rows
 
     allow_many_compiles()
     h, hk, d, budget, init = args.heads, args.kv_heads, args.dim, args.budget_keys, args.initial
@@ -109,13 +150,19 @@ def run_ops(args) -> dict:
                        "density": kept_density(n, budget), "chunking_ms": chunking}
                 row["plan_ms"] = bench_ms(lambda: chunk_plan(q, k, bd, budget, **kw), args.time_budget)["ms"]
                 for var in args.variants:  # each kernel variant on the same plan
-                    tables = launch_tables(plan, var, dtype=dtype)
-                    row[f"tables_ms_{var}"] = bench_ms(lambda: launch_tables(plan, var, dtype=dtype), 0.3)["ms"]
+                    tkw = dict(dtype=dtype, head_dim=d, group=h // hk)
+                    tables = launch_tables(plan, var, **tkw)
+                    row[f"tables_ms_{var}"] = bench_ms(lambda: launch_tables(plan, var, **tkw), 0.3)["ms"]
                     row[f"ms_{var}"] = bench_ms(lambda: dhsa_attention_triton(q, k, v, bd, budget, tables=tables),
                                                 args.time_budget)["ms"]
                     row[f"kv_gib_{var}"] = kv_bytes(tables, plan, h, d) / 2**30
                     row[f"tbps_{var}"] = row[f"kv_gib_{var}"] * 2**30 / row[f"ms_{var}"] / 1e9
                     row[f"x_dense_{var}"] = dense / row[f"ms_{var}"]
+                    comp, live = mma_rows(tables, h)
+                    row[f"row_use_{var}"] = live / comp  # live query rows over the rows the MMAs run
+                    if var == "packed" and args.diagnose:
+                        row |= _diagnose(q, k, v, plan, tables, budget, args.time_budget)
+                        row["tbps_packed_loads"] = row["kv_gib_packed"] * 2**30 / row["ms_packed_loads"] / 1e9
                 best = min(args.variants, key=lambda var: row[f"ms_{var}"])
                 row["best"], row["triton_ms"] = best, row[f"ms_{best}"]
                 if not args.no_flex and n in (args.flex_seqs or args.seqs):
@@ -148,10 +195,12 @@ def run_ops(args) -> dict:
 def table_ops(rec: dict) -> str:
     per_variant = [col for var in rec.get("variants", []) for col in (
         (f"ms_{var}", f"{var} ms", "{:.2f}"), (f"x_dense_{var}", f"{var} x SDPA", "{:.2f}"),
-        (f"tbps_{var}", f"{var} K/V TB/s", "{:.1f}"))]
+        (f"tbps_{var}", f"{var} K/V TB/s", "{:.1f}"), (f"row_use_{var}", f"{var} live rows", "{:.2f}"))]
+    diag = [("ms_packed_loads", "packed loads-only ms", "{:.2f}"), ("tbps_packed_loads", "loads-only TB/s", "{:.1f}"),
+            ("ms_packed_hot", "packed hot-keys ms", "{:.2f}")] if any("ms_packed_loads" in r for r in rec["rows"]) else []
     return fmt_table(rec["rows"], [
         ("seq", "N", ""), ("chunks", "chunks", ""), ("share_heads", "shared sel.", ""),
-        ("dense_ms", "SDPA ms", "{:.2f}"), ("flex_ms", "Flex ms", "{:.2f}"), *per_variant,
+        ("dense_ms", "SDPA ms", "{:.2f}"), ("flex_ms", "Flex ms", "{:.2f}"), *per_variant, *diag,
         ("triton_ms", "Triton ms", "{:.2f}"), ("plan_ms", "selection ms", "{:.2f}"),
         ("chunking_ms", "chunking ms", "{:.2f}"), ("x_dense", "x SDPA", "{:.2f}"), ("x_flex", "x Flex", "{:.2f}"),
         ("x_dense_with_plan", "x SDPA incl. sel.", "{:.2f}"),
@@ -252,26 +301,37 @@ def run_tune(args) -> dict:
     q, k, v = random_qkv(n, h, hk, d)
     bms, bns, warps_, stages_ = ([int(x) for x in part.split(",")] for part in args.grid.split(":"))
     rows = []
+    share = bool(args.share_tune)
     for name, bd in _chunkings(n, q.device, args.chunkings).items():
-        plan = chunk_plan(q, k, bd, budget, initial=args.initial)
+        plan = chunk_plan(q, k, bd, budget, initial=args.initial, share_heads=share)
         ref = dhsa_attention_triton(q, k, v, bd, budget, plan=plan, variant="ranges")
-        grid = [(bm, bn, w, st) for bm in bms for bn in bns for w in warps_ for st in stages_]
-        for bm, bn, warps, stages in grid:
-            cfg = dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages)
-            row = {"chunks": name, "variant": args.variant, **cfg}
-            tables = launch_tables(plan, args.variant, cfg)
-
-            def call(tables=tables, bd=bd):
-                return dhsa_attention_triton(q, k, v, bd, budget, tables=tables)
-
+        if args.variant == "packed":  # BLOCK_M values are rows per head; --pack, --long-rows add two axes
+            grid = [(bm, bn, w, st, p, lr) for bm in bms for bn in bns for w in warps_ for st in stages_
+                    for p in args.pack for lr in args.long_rows]
+        else:
+            grid = [(bm, bn, w, st, 1, 0) for bm in bms for bn in bns for w in warps_ for st in stages_]
+        for bm, bn, warps, stages, pack, long_rows in grid:
+            if args.variant == "packed":
+                cfg = dict(ROWS=bm, PACK=pack, BLOCK_M=bm * pack, BLOCK_N=bn, num_warps=warps, num_stages=stages,
+                           LONG_ROWS=long_rows, LONG_WARPS=8)
+            else:
+                cfg = dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages)
+            row = {"chunks": name, "variant": args.variant, "share_heads": share, **cfg}
             try:
+                tables = launch_tables(plan, args.variant, cfg)
+
+                def call(tables=tables, bd=bd):
+                    return dhsa_attention_triton(q, k, v, bd, budget, tables=tables)
+
                 row["max_diff"] = float((call().float() - ref.float()).abs().max())
                 row["ms"] = bench_ms(call, 0.3)["ms"]
             except Exception as exc:  # a config the compiler refuses: report it, go on
                 row["error"] = f"{type(exc).__name__}: {exc}"[:120]
             rows.append(row)
-        best = min((r for r in rows if r["chunks"] == name and "ms" in r), key=lambda r: r["ms"])
-        print(json.dumps({"best": best}), flush=True)
+            print(json.dumps(row), flush=True)
+        done = [r for r in rows if r["chunks"] == name and "ms" in r]
+        if done:
+            print(json.dumps({"best": min(done, key=lambda r: r["ms"])}), flush=True)
     return {"seq": n, "budget": budget, "variant": args.variant, "rows": rows}
 
 
@@ -294,10 +354,16 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--shapes", default="gemma3-270m,gemma3-1b")
     ap.add_argument("--time-budget", type=float, default=1.0, help="seconds of repeats per measurement")
     ap.add_argument("--no-flex", action="store_true")
+    ap.add_argument("--diagnose", action="store_true",
+                    help="ops: also time the 'packed' kernel's loads alone and its arithmetic on hot keys")
     ap.add_argument("--flex-seqs", type=ints, default=None, help="ops: time Flex only at these lengths (default: all)")
     ap.add_argument("--variants", default="ranges,lists", help="ops: Triton kernel variants side by side")
     ap.add_argument("--variant", default="lists", help="tune: the Triton variant to sweep")
-    ap.add_argument("--chunkings", default="fixed64,random16-128", help="ops/tune: fixed64, fixed128, random16-128")
+    ap.add_argument("--chunkings", default="fixed64,random16-128",
+                    help="ops/tune: fixed64, fixed128, random16-128, spaced64 (predictor-like)")
+    ap.add_argument("--pack", type=ints, default=[1], help="tune 'packed': query heads per program")
+    ap.add_argument("--long-rows", type=ints, default=[0], help="tune 'packed': rows of the long-chunk launch (0: none)")
+    ap.add_argument("--share-tune", type=int, default=0, help="tune: 1 = one selection for all heads")
     ap.add_argument("--grid", default="16,32,64,128:32,64,128:4,8:1,2,3",
                     help="tune: BLOCK_M values:BLOCK_N values:warps:stages")
     ap.add_argument("--attn", default="eager,sdpa", help="prefill: dense attention implementations to compare")
@@ -336,7 +402,8 @@ def _run(argv: list[str]) -> int:
         ok = sorted((r for r in rec["rows"] if "ms" in r), key=lambda r: (r["chunks"], r["ms"]))
         table = fmt_table(ok[:12] + [r for r in ok if r["chunks"] != ok[0]["chunks"]][:12],
                           [("chunks", "chunks", ""), ("variant", "variant", ""),
-                           ("BLOCK_M", "BLOCK_M", ""), ("BLOCK_N", "BLOCK_N", ""),
+                           ("BLOCK_M", "BLOCK_M", ""), ("PACK", "pack", ""), ("LONG_ROWS", "long rows", ""),
+                           ("BLOCK_N", "BLOCK_N", ""),
                            ("num_warps", "warps", ""), ("num_stages", "stages", ""), ("ms", "ms", "{:.2f}"),
                            ("max_diff", "max diff", "{:.2g}")])
     elif args.what == "prefill":

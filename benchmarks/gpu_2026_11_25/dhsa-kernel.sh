@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# dhsa-kernel's GPU round (issue 24): DHSA's Triton kernel on one H200 against SDPA in the same run, and the
+# end-to-end prefill in the paper's setup. Writes everything flat into OUTDIR:
+#
+#   bash benchmarks/gpu_2026_11_25/dhsa-kernel.sh OUTDIR        # from the repository root, plain `python`
+#
+# Steps (each with its own time limit and log; a failing step does not stop the others; steps.txt has the exits):
+#   tests   the kernel's GPU tests (production tile sizes, float64 oracle): tests/test_dhsa_kernel.py
+#   ops     python -m kvlab bench dhsa ops at 32k: SDPA, kernel variants "lists" (before) and "packed" (now)
+#           in one run, fixed 64-token and predictor-like chunks, the packed kernel's loads-only and hot-keys
+#           diagnostics (where it stands against its traffic and arithmetic limits)      -> dhsa_ops_h200.{json,md}
+#   tune    tile sweep of "packed" at 32k, fixed 64-token chunks                          -> dhsa_tune_h200.{json,md}
+#   e2e     benchmarks/dhsa_prefill_e2e.py, Gemma2-2b shape (DHSA in all 26 layers), 16k and 32k: SDPA vs the
+#           paper's setup with each kernel, selection per head or shared                  -> dhsa_prefill_e2e.{json,md}
+# Smoke test on a CPU (interpreter tests and a tiny e2e only): DHSA_SMOKE=1 bash ... /tmp/out
+set -uo pipefail
+OUT=${1:?usage: dhsa-kernel.sh OUTDIR}
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+PY=${PYTHON:-python}
+SMOKE=${DHSA_SMOKE:-0}
+STEPS=${DHSA_STEPS:-tests,ops,e2e,tune}
+START=$(date +%s)
+BUDGET=${BUDGET:-175}
+
+step() {  # step NAME LIMIT_S CMD...: run with a limit (never past the budget), log to NAME.log, record the exit
+  local name=$1 limit=$2; shift 2
+  case ",$STEPS," in *",$name,"*) ;; *) return ;; esac
+  local left=$(( BUDGET - ($(date +%s) - START) ))
+  (( left < limit )) && limit=$left
+  if (( limit < 5 )); then echo "$name: skipped (budget spent)" >> "$OUT/steps.txt"; return; fi
+  local t0=$(date +%s)
+  PYTHONUNBUFFERED=1 timeout -k 5 "$limit" "$@" > "$OUT/$name.log" 2>&1
+  echo "$name: exit $?, $(( $(date +%s) - t0 )) s (limit $limit s)" >> "$OUT/steps.txt"
+}
+
+{ date -u '+%Y-%m-%d %H:%M:%S UTC'; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1
+  $PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" 2>&1
+  git log --oneline -1 2>&1; } > "$OUT/device.txt"
+
+if [ "$SMOKE" = 1 ]; then
+  step tests 300 $PY -m pytest tests/test_dhsa_kernel.py -q -x -p no:cacheprovider -k "configs"
+  step e2e 300 $PY benchmarks/dhsa_prefill_e2e.py --out "$OUT" --shapes tiny-global --seqs 256 --budget 64 \
+    --initial 4 --local 4 --chunk 16 --max-len 16 --repeats 1 --methods sdpa,dhsa-pred-shared --kernels packed
+  exit 0
+fi
+
+step tests 30 $PY -m pytest tests/test_dhsa_kernel.py -q -p no:cacheprovider -k "cuda or configs"
+step ops 55 $PY -m kvlab bench dhsa ops --seqs 32768 --share 0,1 --variants lists,packed \
+  --chunkings fixed64,spaced64 --no-flex --diagnose --time-budget 0.4 --out "$OUT" --tag h200
+step e2e 65 $PY benchmarks/dhsa_prefill_e2e.py --out "$OUT" --shapes gemma2-2b-global --seqs 16384,32768 \
+  --methods sdpa,dhsa-pred-shared --kernels lists,packed --share-heads 0,1 --repeats 2 --no-compile
+step tune 40 $PY -m kvlab bench dhsa tune --seq 32768 --variant packed --chunkings fixed64 \
+  --grid 64:64,128:4,8:2,3 --out "$OUT" --tag h200
+exit 0

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from kvlab.kernels.benchmarking import bench_ms, device_info, fmt_table, ints, require_cuda, spin, write_outputs
 
-__all__ = ["COMMANDS", "SHAPES", "main", "spread_layers"]
+__all__ = ["COMMANDS", "SHAPES", "kernel_profile", "main", "spread_layers"]
 
 SHAPES = {
     # Llama-3.2-1B and Llama-3-8B (vocabulary 128256, GQA 8 KV heads)
@@ -96,7 +96,8 @@ def run_throughput(args) -> dict:
                          "nominal": nominal_sparsity(L, removed=len(removed)), **res})
             routed = spread_layers(L, layers_for_sparsity(L, s, args.token_ratio))
             for backend in args.backends:
-                with orthorank(model, layers=routed, token_ratio=args.token_ratio, backend=backend):
+                extra = {"inplace": True} if args.inplace and backend == "triton" else {}
+                with orthorank(model, layers=routed, token_ratio=args.token_ratio, backend=backend, **extra):
                     res = bench_ms(step, budget_s=args.budget, max_reps=20)
                 rows.append({"shape": shape, "method": _method(backend), "sparsity": s, "layers": routed,
                              "nominal": nominal_sparsity(L, routed=len(routed), token_ratio=args.token_ratio),
@@ -162,9 +163,13 @@ def run_layer(args) -> dict:
 
         @torch.no_grad()
         def routed_triton():
-            normed_ = layer.input_layernorm(h)
-            sel_ = kernels.topk_in_order(kernels.orthogonal_scores(normed_), k)
+            normed_, scores_ = kernels.normalized_scores(layer, h)  # the RMSNorm and Eq. 4 in one pass
+            sel_ = kernels.topk_in_order(scores_, k)
             return kernels.routed_layer_triton(layer, h, sel_, position_embeddings=pe, positions=pos, normed=normed_)
+
+        @torch.no_grad()
+        def norm_scores_triton():
+            return kernels.normalized_scores(layer, h)
 
         # everything of the routed path but the norm, the projections, attention and the MLP
         @torch.no_grad()
@@ -200,14 +205,41 @@ def run_layer(args) -> dict:
         for backend in args.backends:
             res = {name: bench_ms(fn, budget_s=args.budget)["ms"]
                    for name, fn in zip(("routed", "bookkeeping", "attention"), per_backend[backend])}
-            rows.append({"shape": shape, "backend": backend, "tokens": args.batch * args.seq, "k": k,
-                         **{f"{n}_ms": v for n, v in (base | res).items()},
-                         "routed_x_dense": res["routed"] / base["dense"],
-                         "bookkeeping_share": res["bookkeeping"] / res["routed"]})
+            if backend == "triton":
+                res["norm_scores"] = bench_ms(norm_scores_triton, budget_s=args.budget)["ms"]
+            row = {"shape": shape, "backend": backend, "tokens": args.batch * args.seq, "k": k,
+                   **{f"{n}_ms": v for n, v in (base | res).items()},
+                   "routed_x_dense": res["routed"] / base["dense"],
+                   "bookkeeping_share": res["bookkeeping"] / res["routed"]}
+            if args.kernels:  # where the routed layer's time goes, kernel by kernel (torch.profiler)
+                row["kernels"] = kernel_profile(per_backend[backend][0])
+                row["dense_kernels"] = kernel_profile(dense)
+            rows.append(row)
         del model
         torch.cuda.empty_cache()
     return {"batch": args.batch, "seq": args.seq, "token_ratio": args.token_ratio, "backends": args.backends,
             "rows": rows}
+
+
+def kernel_profile(fn, reps: int = 3, top: int = 25) -> list[dict]:
+    """The GPU kernels of ``fn()`` by device time per call (torch.profiler), longest first: name, ms, calls."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    rows = []
+    for e in prof.key_averages():
+        ms = getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0.0)) / reps / 1e3
+        if ms > 0:
+            rows.append({"kernel": e.key[:120], "ms": round(ms, 4), "calls": e.count // reps})
+    rows.sort(key=lambda r: -r["ms"])
+    total = sum(r["ms"] for r in rows)
+    return [{"kernel": "TOTAL (device)", "ms": round(total, 4), "calls": 0}] + rows[:top]
 
 
 def _parser(what: str) -> argparse.ArgumentParser:
@@ -222,6 +254,9 @@ def _parser(what: str) -> argparse.ArgumentParser:
     ap.add_argument("--sparsities", default="10,20", help="comma-separated target sparsities in percent")
     ap.add_argument("--budget", type=float, default=2.0, help="seconds of repeats per measurement")
     ap.add_argument("--backends", default="torch,triton", help="OrthoRank routed-layer backends to compare")
+    ap.add_argument("--kernels", action="store_true", help="layer: add a per-kernel device-time profile to each row")
+    ap.add_argument("--inplace", action="store_true",
+                    help="throughput: the Triton routed layer writes into its input (OrthoRankRouter(inplace=True))")
     if what == "throughput":
         ap.add_argument("--no-layer", action="store_true", help="skip the per-layer table after the throughput")
     return ap

@@ -236,8 +236,9 @@ def _triton_problem(model) -> str | None:
 def _backend(model, backend: str) -> tuple[str, dict[str, Any]]:
     """The backend used and the kernels :func:`kvlab.reform.reference.reform` takes for it."""
     check_choice("backend", backend, BACKENDS)
-    if backend == "auto":  # measured: the kernels do not make REFORM faster end to end (module docstring)
-        backend = "torch"
+    if backend == "auto":  # the kernels on CUDA where they can run (module docstring), the eager code elsewhere
+        on_cuda = next(model.parameters()).is_cuda
+        backend = "triton" if on_cuda and _triton_problem(model) is None else "torch"
     if backend == "torch":
         return backend, {}
     problem = _triton_problem(model)

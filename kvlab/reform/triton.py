@@ -100,63 +100,97 @@ def _key_tile(K, KPOS, b, hk, t, N, stride_kb, stride_kh, stride_kn, HEAD_DIM: t
 def _h2o_stats_kernel(
     Q, K, QPOS, KPOS, MAX, SUM,
     stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
-    B, N, W, WINDOW, qk_scale, H: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
+    B, N, W, WINDOW, SPAN, qk_scale, H: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
     HAS_WINDOW: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, FP32_DOT: tl.constexpr,
 ):
-    # Pass 1: per query row, the max and the sum of exp2(s - max) over this program's key tile.
-    t = tl.program_id(0)
+    # Pass 1: per query row, the max and the sum of exp2(s - max) over this program's span of keys.
+    sp = tl.program_id(0)
     HK: tl.constexpr = H // GROUP
     b = tl.program_id(1) // HK
     hk = tl.program_id(1) % HK
-
-    # -- load the key tile once; it serves every query head of the group
-    k, kpos, k_ok, offs_n = _key_tile(K, KPOS, b, hk, t, N, stride_kb, stride_kh, stride_kn, HEAD_DIM, BLOCK_N)
+    k_lo = sp * SPAN
+    k_hi = tl.minimum(k_lo + SPAN, N)
 
     for g in range(GROUP):
         h = hk * GROUP + g
         for m0 in range(0, W, BLOCK_M):
-            # -- compute: the tile's softmax statistics (a row hidden in the whole tile keeps max -inf, sum 0)
-            s, visible, offs_m, q_ok = _score_tile(
-                Q, QPOS, k, kpos, k_ok, b, h, m0, W, WINDOW, qk_scale, stride_qb, stride_qh, stride_qn,
-                HAS_WINDOW, HEAD_DIM, BLOCK_M, BLOCK_N, FP32_DOT)
-            s = tl.where(visible, s, float("-inf"))
-            m = tl.max(s, 1)
-            m_sub = tl.where(m == float("-inf"), 0.0, m)
-            l = tl.sum(tl.exp2(s - m_sub[:, None]), 1)
-            # -- epilogue: (tiles, batch, heads, w) float32
-            out = ((t * B + b) * H + h) * W + offs_m
-            tl.store(MAX + out, m, mask=q_ok)
-            tl.store(SUM + out, l, mask=q_ok)
+            m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+            l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+            for t0 in range(k_lo, k_hi, BLOCK_N):
+                # -- load a key tile (from L2 after the first head), score it against the query tile
+                k, kpos, k_ok, offs_n = _key_tile(K, KPOS, b, hk, t0 // BLOCK_N, k_hi, stride_kb, stride_kh,
+                                                  stride_kn, HEAD_DIM, BLOCK_N)
+                s, visible, offs_m, q_ok = _score_tile(
+                    Q, QPOS, k, kpos, k_ok, b, h, m0, W, WINDOW, qk_scale, stride_qb, stride_qh, stride_qn,
+                    HAS_WINDOW, HEAD_DIM, BLOCK_M, BLOCK_N, FP32_DOT)
+                # -- compute: online max and sum (a row hidden from every key so far keeps -inf, 0)
+                s = tl.where(visible, s, float("-inf"))
+                m_new = tl.maximum(m_i, tl.max(s, 1))
+                m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
+                l_i = l_i * tl.exp2(m_i - m_sub) + tl.sum(tl.exp2(s - m_sub[:, None]), 1)
+                m_i = m_new
+            # -- epilogue: (spans, batch, heads, w) float32
+            offs_m = m0 + tl.arange(0, BLOCK_M)
+            out = ((sp * B + b) * H + h) * W + offs_m
+            tl.store(MAX + out, m_i, mask=offs_m < W)
+            tl.store(SUM + out, l_i, mask=offs_m < W)
+
+
+@triton.jit
+def _lse_rows(MAX, SUM, b, h, m0, S, B, W, H: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_M: tl.constexpr):
+    # Base-2 log-sum-exp of query rows [m0, m0 + BLOCK_M) of head h, combined from the S spans' statistics
+    # (the same fixed order in every program: the result does not depend on the launch).
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    q_ok = offs_m < W
+    top = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    total = tl.zeros([BLOCK_M], dtype=tl.float32)
+    for s0 in range(0, S, BLOCK_S):
+        offs_s = s0 + tl.arange(0, BLOCK_S)
+        ok = (offs_s < S)[:, None] & q_ok[None, :]
+        idx = ((offs_s[:, None] * B + b) * H + h) * W + offs_m[None, :]
+        m = tl.load(MAX + idx, mask=ok, other=float("-inf"))
+        l = tl.load(SUM + idx, mask=ok, other=0.0)
+        new = tl.maximum(top, tl.max(m, 0))
+        sub = tl.where(new == float("-inf"), 0.0, new)
+        total = total * tl.exp2(top - sub) + tl.sum(l * tl.exp2(m - sub[None, :]), 0)
+        top = new
+    return tl.where(top == float("-inf"), 0.0, top) + tl.log2(tl.maximum(total, 1e-38))  # no key seen: p = 0
 
 
 @triton.jit
 def _h2o_scores_kernel(
-    Q, K, QPOS, KPOS, LSE, OUT,
+    Q, K, QPOS, KPOS, MAX, SUM, OUT,
     stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
-    N, W, WINDOW, qk_scale, H: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
-    HAS_WINDOW: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, FP32_DOT: tl.constexpr,
+    B, N, W, WINDOW, SPAN, S, qk_scale, H: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
+    HAS_WINDOW: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr,
+    FP32_DOT: tl.constexpr,
 ):
-    # Pass 2: the probabilities p = exp2(s - lse) of this key tile, summed over queries and the group's heads.
-    t = tl.program_id(0)
+    # Pass 2: the probabilities p = exp2(s - lse) of this span's keys, summed over queries and the group's heads.
+    sp = tl.program_id(0)
     HK: tl.constexpr = H // GROUP
     b = tl.program_id(1) // HK
     hk = tl.program_id(1) % HK
-
-    k, kpos, k_ok, offs_n = _key_tile(K, KPOS, b, hk, t, N, stride_kb, stride_kh, stride_kn, HEAD_DIM, BLOCK_N)
-    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    k_lo = sp * SPAN
+    k_hi = tl.minimum(k_lo + SPAN, N)
+    OUTb = OUT + (b * HK + hk) * N
 
     for g in range(GROUP):
         h = hk * GROUP + g
         for m0 in range(0, W, BLOCK_M):
-            s, visible, offs_m, q_ok = _score_tile(
-                Q, QPOS, k, kpos, k_ok, b, h, m0, W, WINDOW, qk_scale, stride_qb, stride_qh, stride_qn,
-                HAS_WINDOW, HEAD_DIM, BLOCK_M, BLOCK_N, FP32_DOT)
-            lse = tl.load(LSE + (b * H + h) * W + offs_m, mask=q_ok, other=0.0)
-            p = tl.where(visible, tl.exp2(s - lse[:, None]), 0.0)
-            acc += tl.sum(p, 0)
-
-    # -- epilogue: (batch, kv_heads, n) float32
-    tl.store(OUT + (b * HK + hk) * N + offs_n, acc, mask=k_ok)
+            # -- the rows' log-sum-exp from every span's statistics (no launch, no PyTorch op in between)
+            lse = _lse_rows(MAX, SUM, b, h, m0, S, B, W, H, BLOCK_S, BLOCK_M)
+            first = (g == 0) & (m0 == 0)
+            for t0 in range(k_lo, k_hi, BLOCK_N):
+                k, kpos, k_ok, offs_n = _key_tile(K, KPOS, b, hk, t0 // BLOCK_N, k_hi, stride_kb, stride_kh,
+                                                  stride_kn, HEAD_DIM, BLOCK_N)
+                s, visible, offs_m, q_ok = _score_tile(
+                    Q, QPOS, k, kpos, k_ok, b, h, m0, W, WINDOW, qk_scale, stride_qb, stride_qh, stride_qn,
+                    HAS_WINDOW, HEAD_DIM, BLOCK_M, BLOCK_N, FP32_DOT)
+                p = tl.where(visible, tl.exp2(s - lse[:, None]), 0.0)
+                # -- epilogue: add to what the earlier heads / query tiles of this program left, (batch, kv_heads, n)
+                prev = tl.load(OUTb + offs_n, mask=k_ok & (first == 0), other=0.0)
+                tl.store(OUTb + offs_n, prev + tl.sum(p, 0), mask=k_ok)
+            tl.debug_barrier()  # the next head reads back what this one stored
 
 
 # ---------------------------------------------------------------------------------------------
@@ -214,6 +248,24 @@ def default_config(interpret: bool | None = None) -> dict:
     return dict(BLOCK_M=128, BLOCK_N=64, BLOCK=64, num_warps=4)
 
 
+_SM_COUNT: dict = {}
+
+
+def _spans(n: int, programs_per_span: int, block_n: int, device) -> tuple[int, int]:
+    """``(span, spans)``: keys per program (a multiple of ``block_n``) and the number of programs along the keys,
+    enough to fill the GPU twice over but at most 64 (pass 2 combines every span's statistics)."""
+    tiles = triton.cdiv(n, block_n)
+    if _interpreting():
+        target = 3  # small: several spans, and spans of several tiles, on the test shapes
+    else:
+        key = str(device)
+        if key not in _SM_COUNT:
+            _SM_COUNT[key] = torch.cuda.get_device_properties(device).multi_processor_count
+        target = min(64, max(1, triton.cdiv(2 * _SM_COUNT[key], programs_per_span)))
+    per_span = triton.cdiv(tiles, min(tiles, target))
+    return per_span * block_n, triton.cdiv(tiles, per_span)
+
+
 def h2o_scores_triton(query: torch.Tensor, keys: torch.Tensor, scaling: float, q_pos: torch.Tensor,
                       k_pos: torch.Tensor, window: int | None = None, config: dict | None = None) -> torch.Tensor:
     """Heavy-hitter scores, the arguments and result of :func:`kvlab.reform.reference.h2o_scores`.
@@ -230,28 +282,25 @@ def h2o_scores_triton(query: torch.Tensor, keys: torch.Tensor, scaling: float, q
     keys = keys if keys.stride(-1) == 1 else keys.contiguous()
     q_pos = q_pos.to(device=query.device, dtype=torch.int64).contiguous()
     k_pos = k_pos.to(device=query.device, dtype=torch.int64).contiguous()
-    fp32_dot = query.dtype == torch.float32 or _interpreting()
-    tiles = triton.cdiv(n, cfg["BLOCK_N"])
-    grid = (tiles, bsz * hk)
+    span, spans = _spans(n, bsz * hk, cfg["BLOCK_N"], query.device)
+    grid = (spans, bsz * hk)
     strides = (query.stride(0), query.stride(1), query.stride(2), keys.stride(0), keys.stride(1), keys.stride(2))
     meta = dict(H=h, GROUP=h // hk, HEAD_DIM=d, HAS_WINDOW=window is not None, BLOCK_M=cfg["BLOCK_M"],
-                BLOCK_N=cfg["BLOCK_N"], FP32_DOT=fp32_dot, num_warps=cfg["num_warps"])
+                BLOCK_N=cfg["BLOCK_N"], FP32_DOT=query.dtype == torch.float32 or _interpreting(),
+                num_warps=cfg["num_warps"])
     qk_scale = float(scaling) * _LOG2E
     window = 0 if window is None else int(window)
 
-    # -- pass 1: per-tile statistics; combine them into the base-2 log-sum-exp of every query row
-    row_max = torch.empty(tiles, bsz, h, w, dtype=torch.float32, device=query.device)
-    row_sum = torch.empty_like(row_max)
-    _h2o_stats_kernel[grid](query, keys, q_pos, k_pos, row_max, row_sum, *strides, bsz, n, w, window, qk_scale,
-                            **meta)
-    top = row_max.amax(dim=0)
-    top = torch.where(torch.isinf(top), torch.zeros_like(top), top)
-    lse = (top + torch.log2((row_sum * torch.exp2(row_max - top)).sum(dim=0))).contiguous()
-
-    # -- pass 2: probabilities summed per key and key/value head, then over the key/value heads
+    # -- pass 1: per-span statistics of every query row
+    stats = torch.empty(2, spans, bsz, h, w, dtype=torch.float32, device=query.device)
+    _h2o_stats_kernel[grid](query, keys, q_pos, k_pos, stats[0], stats[1], *strides, bsz, n, w, window, span,
+                            qk_scale, **meta)
+    # -- pass 2: combine them per row, then probabilities summed per key and key/value head; then over the
+    #    key/value heads (a fixed order: no atomics, the result does not vary run to run)
     out = torch.empty(bsz, hk, n, dtype=torch.float32, device=query.device)
-    _h2o_scores_kernel[grid](query, keys, q_pos, k_pos, lse, out, *strides, n, w, window, qk_scale, **meta)
-    return out.sum(dim=1)
+    _h2o_scores_kernel[grid](query, keys, q_pos, k_pos, stats[0], stats[1], out, *strides, bsz, n, w, window, span,
+                             spans, qk_scale, BLOCK_S=triton.next_power_of_2(spans), **meta)
+    return out[:, 0] if hk == 1 else out.sum(dim=1)
 
 
 _TABLES: dict = {}

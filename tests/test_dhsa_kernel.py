@@ -172,3 +172,26 @@ def test_packed_matches_oracle_cuda(d, h, hk, share):
     n = 1500
     bd = random_boundaries(n, 8, 128, seed=1)
     _check(torch.bfloat16, 1, h, hk, n, d, bd, 512, 64, share, local=64)
+
+
+@pytest.mark.parametrize("runs", [1, 2])
+def test_packed_run_loads_match_oracle(runs):
+    # fixed chunks aligned to the key tiles: every list tile is one contiguous run, loaded from one index
+    # (1: a block of pointer loads, 2: a TMA descriptor copy); the same answer as the oracle
+    cfg = dict(ROWS=16, PACK=1, BLOCK_N=16, num_warps=4, num_stages=1, LONG_ROWS=0, RUNS=runs)
+    _check(torch.float32, 2, 4, 2, 96, 16, 16, 64, 16, False, config=cfg)
+    _check(torch.bfloat16, 1, 4, 2, 80, 16, 16, 48, 0, True, local=16, config=dict(cfg, PACK=2, ROWS=8))
+
+
+def test_run_loads_refuse_lists_that_are_not_runs():
+    from kvlab.dhsa.triton import launch_tables, lists_are_runs
+
+    q, k, _ = _qkv(1, 2, 2, 96, 16, torch.float32)
+    aligned = R.chunk_plan(q, k, [R.fixed_boundaries(96, 16, device=DEV)], 64, initial=16)
+    ragged = R.chunk_plan(q, k, [torch.tensor([0, 10, 30, 50, 70, 96], device=DEV)], 64, initial=16)
+    cfg = dict(ROWS=16, PACK=1, BLOCK_N=16, num_warps=4, num_stages=1, LONG_ROWS=0, RUNS=2)
+    tables = launch_tables(aligned, "packed", cfg)
+    assert lists_are_runs(tables.tok, tables.ntok, 16, 16)
+    assert not lists_are_runs(tables.tok, tables.ntok, 16, 32)  # 32-slot tiles straddle two ranked chunks
+    with pytest.raises(ValueError, match="use RUNS=0"):
+        launch_tables(ragged, "packed", cfg)

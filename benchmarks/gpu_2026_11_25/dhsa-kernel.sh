@@ -9,7 +9,8 @@
 #   ops     python -m kvlab bench dhsa ops at 32k: SDPA, kernel variants "lists" (before) and "packed" (now)
 #           in one run, fixed 64-token and predictor-like chunks, the packed kernel's loads-only and hot-keys
 #           diagnostics (where it stands against its traffic and arithmetic limits)      -> dhsa_ops_h200.{json,md}
-#   tune    tile sweep of "packed" at 32k, fixed 64-token chunks                          -> dhsa_tune_h200.{json,md}
+#   tune    tile sweep of "packed" at 32k, fixed 64-token chunks, gathered / run / TMA key loads
+#                                                                                           -> dhsa_tune_h200.{json,md}
 #   e2e     benchmarks/dhsa_prefill_e2e.py, Gemma2-2b shape (DHSA in all 26 layers), 16k and 32k: SDPA vs the
 #           paper's setup with each kernel, selection per head or shared                  -> dhsa_prefill_e2e.{json,md}
 # Smoke test on a CPU (interpreter tests and a tiny e2e only): DHSA_SMOKE=1 bash ... /tmp/out
@@ -45,11 +46,11 @@ if [ "$SMOKE" = 1 ]; then
   exit 0
 fi
 
-step tests 30 $PY -m pytest tests/test_dhsa_kernel.py -q -p no:cacheprovider -k "cuda or configs"
-step ops 55 $PY -m kvlab bench dhsa ops --seqs 32768 --share 0,1 --variants lists,packed \
+step tests 25 $PY -m pytest tests/test_dhsa_kernel.py -q -p no:cacheprovider -k "cuda or configs or run_loads"
+step ops 50 $PY -m kvlab bench dhsa ops --seqs 32768 --share 0,1 --variants lists,packed \
   --chunkings fixed64,spaced64 --no-flex --diagnose --time-budget 0.4 --out "$OUT" --tag h200
-step e2e 65 $PY benchmarks/dhsa_prefill_e2e.py --out "$OUT" --shapes gemma2-2b-global --seqs 16384,32768 \
+step e2e 60 $PY benchmarks/dhsa_prefill_e2e.py --out "$OUT" --shapes gemma2-2b-global --seqs 16384,32768 \
   --methods sdpa,dhsa-pred-shared --kernels lists,packed --share-heads 0,1 --repeats 2 --no-compile
 step tune 40 $PY -m kvlab bench dhsa tune --seq 32768 --variant packed --chunkings fixed64 \
-  --grid 64:64,128:4,8:2,3 --out "$OUT" --tag h200
+  --grid 64:64,128:4:2,3 --runs 0,1,2 --out "$OUT" --tag h200
 exit 0

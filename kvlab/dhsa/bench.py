@@ -306,14 +306,14 @@ def run_tune(args) -> dict:
         plan = chunk_plan(q, k, bd, budget, initial=args.initial, share_heads=share)
         ref = dhsa_attention_triton(q, k, v, bd, budget, plan=plan, variant="ranges")
         if args.variant == "packed":  # BLOCK_M values are rows per head; --pack, --long-rows add two axes
-            grid = [(bm, bn, w, st, p, lr) for bm in bms for bn in bns for w in warps_ for st in stages_
-                    for p in args.pack for lr in args.long_rows]
+            grid = [(bm, bn, w, st, p, lr, ru) for bm in bms for bn in bns for w in warps_ for st in stages_
+                    for p in args.pack for lr in args.long_rows for ru in args.runs]
         else:
-            grid = [(bm, bn, w, st, 1, 0) for bm in bms for bn in bns for w in warps_ for st in stages_]
-        for bm, bn, warps, stages, pack, long_rows in grid:
+            grid = [(bm, bn, w, st, 1, 0, 0) for bm in bms for bn in bns for w in warps_ for st in stages_]
+        for bm, bn, warps, stages, pack, long_rows, runs in grid:
             if args.variant == "packed":
                 cfg = dict(ROWS=bm, PACK=pack, BLOCK_M=bm * pack, BLOCK_N=bn, num_warps=warps, num_stages=stages,
-                           LONG_ROWS=long_rows, LONG_WARPS=8)
+                           LONG_ROWS=long_rows, LONG_WARPS=8, RUNS=runs)
             else:
                 cfg = dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages)
             row = {"chunks": name, "variant": args.variant, "share_heads": share, **cfg}
@@ -363,6 +363,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="ops/tune: fixed64, fixed128, random16-128, spaced64 (predictor-like)")
     ap.add_argument("--pack", type=ints, default=[1], help="tune 'packed': query heads per program")
     ap.add_argument("--long-rows", type=ints, default=[0], help="tune 'packed': rows of the long-chunk launch (0: none)")
+    ap.add_argument("--runs", type=ints, default=[0],
+                    help="tune 'packed': key tile loads, 0 gathered, 1 contiguous runs, 2 TMA (fixed chunks)")
     ap.add_argument("--share-tune", type=int, default=0, help="tune: 1 = one selection for all heads")
     ap.add_argument("--grid", default="16,32,64,128:32,64,128:4,8:1,2,3",
                     help="tune: BLOCK_M values:BLOCK_N values:warps:stages")
@@ -403,6 +405,7 @@ def _run(argv: list[str]) -> int:
         table = fmt_table(ok[:12] + [r for r in ok if r["chunks"] != ok[0]["chunks"]][:12],
                           [("chunks", "chunks", ""), ("variant", "variant", ""),
                            ("BLOCK_M", "BLOCK_M", ""), ("PACK", "pack", ""), ("LONG_ROWS", "long rows", ""),
+                           ("RUNS", "runs", ""),
                            ("BLOCK_N", "BLOCK_N", ""),
                            ("num_warps", "warps", ""), ("num_stages", "stages", ""), ("ms", "ms", "{:.2f}"),
                            ("max_diff", "max diff", "{:.2g}")])

@@ -100,7 +100,7 @@ from kvlab.kernels.triton_utils import dot, gathered_tile, interpreting, online_
 from .reference import ChunkPlan, chunk_plan
 
 __all__ = ["dhsa_attention_triton", "launch_tables", "LaunchTables", "query_tiles", "default_config", "VARIANTS",
-           "kv_bytes", "mma_rows"]
+           "kv_bytes", "mma_rows", "lists_are_runs"]
 
 VARIANTS = ("ranges", "lists", "packed")
 
@@ -247,6 +247,10 @@ def launch_tables(plan: ChunkPlan, variant: str = "lists", config: dict | None =
         if not launches:  # cannot happen for a sequence of >= 1 token; keep the tables well formed
             tiles_p, lens = _list_tiles(plan, parts[0][0], ntok)
             launches.append((tiles_p.contiguous(), parts[0][1]))
+        if int(cfg.get("RUNS", 0)) and not lists_are_runs(tok, lens, plan.initial, cfg["BLOCK_N"]):
+            raise ValueError(f"config RUNS={cfg['RUNS']} loads each {cfg['BLOCK_N']}-slot tile of a list as one "
+                             "contiguous run, but some tile of these lists is not (chunks must be fixed, with "
+                             "BLOCK_N dividing the chunk size, initial and local); use RUNS=0 (gathered loads)")
         return LaunchTables(launches[0][0], tok.contiguous(), lens.contiguous(), variant, launches[0][1],
                             plan.budget, plan.initial, tuple(launches))
     tiles = query_tiles(plan, cfg["BLOCK_M"])
@@ -254,6 +258,18 @@ def launch_tables(plan: ChunkPlan, variant: str = "lists", config: dict | None =
         tiles, ntok = _list_tiles(plan, tiles, ntok)
     tiles, tok, ntok = tiles.contiguous(), tok.contiguous(), ntok.contiguous()
     return LaunchTables(tiles, tok, ntok, variant, cfg, plan.budget, plan.initial, ((tiles, cfg),))
+
+
+def lists_are_runs(tok: torch.Tensor, n_list: torch.Tensor, initial: int, block_n: int) -> bool:
+    """True when every ``block_n``-slot tile of every list ``[0 .. initial) ++ tok`` (its first ``n_list``
+    slots) holds consecutive positions: then one index locates a whole key tile (config ``RUNS``)."""
+    b, hs, c, length = tok.shape
+    first = torch.arange(initial, device=tok.device, dtype=tok.dtype).expand(b, hs, c, initial)
+    lst = torch.cat([first, tok], -1).long()
+    slot = torch.arange(1, lst.shape[-1], device=tok.device)
+    inner = (slot % block_n != 0) & (slot[None, None, None, :] < n_list[..., None].long())
+    step = lst[..., 1:] - lst[..., :-1]
+    return bool(((step == 1) | ~inner).all())
 
 
 def _check_packed_config(cfg: dict, selection_heads: int) -> dict:
@@ -514,18 +530,42 @@ def _packed_loads_only(TOKc, Kbh, Vbh, start, INITIAL, n_list, stride_kn, stride
 
 
 @triton.jit
+def _packed_tile(q, TOKc, Kbh, Vbh, KD, VD, b, hk, start, INITIAL, n_list, N_KEYS, stride_kn, stride_vn, offs_d,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, FP32_DOT: tl.constexpr,
+                 RUNS: tl.constexpr):
+    # One BLOCK_N-slot tile of the list. RUNS == 0: gathered row by row (_list_tile). RUNS > 0: the tables
+    # checked that every tile of every list is one contiguous run of positions (fixed chunks aligned to
+    # BLOCK_N), so one index gives the tile: 1 = a block of pointer loads, 2 = one TMA copy per tensor.
+    if RUNS == 0:
+        v, s, slot = _list_tile(q, TOKc, Kbh, Vbh, start, INITIAL, n_list, stride_kn, stride_vn, offs_d, BLOCK_M,
+                                BLOCK_N, FP32_DOT)
+    else:
+        slot = start + tl.arange(0, BLOCK_N)
+        p0 = tl.where(start < INITIAL, start, tl.load(TOKc + tl.maximum(start - INITIAL, 0)))
+        if RUNS == 1:
+            kpos = tl.minimum(p0 + tl.arange(0, BLOCK_N), N_KEYS - 1)
+            k = tl.load(Kbh + kpos[:, None] * stride_kn + offs_d[None, :])
+            v = tl.load(Vbh + kpos[:, None] * stride_vn + offs_d[None, :])
+        else:
+            k = KD.load([b, hk, p0, 0]).reshape(BLOCK_N, HEAD_DIM)
+            v = VD.load([b, hk, p0, 0]).reshape(BLOCK_N, HEAD_DIM)
+        s = dot(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), FP32_DOT)
+    return v, s, slot
+
+
+@triton.jit
 def _dhsa_packed_kernel(
-    Q, K, V, O, TILES, TOK, NLIST,
+    Q, K, V, O, TILES, TOK, NLIST, KD, VD,  # KD, VD: TMA descriptors of K, V (RUNS == 2), else K, V again
     stride_qb, stride_qh, stride_qn,
     stride_kb, stride_kh, stride_kn,
     stride_vb, stride_vh, stride_vn,
     stride_ob, stride_oh, stride_on,
     stride_tb, stride_th, stride_tc,  # TOK (batch, heads|1, C, L)
     stride_nb, stride_nh,  # NLIST (batch, heads|1, C): length of [0 .. INITIAL) ++ ranked, 0 if none
-    T_MAX, BUDGET, INITIAL, qk_scale,
+    T_MAX, BUDGET, INITIAL, N_KEYS, qk_scale,
     H: tl.constexpr, GROUP: tl.constexpr, SHARED: tl.constexpr, HEAD_DIM: tl.constexpr,
     ROWS: tl.constexpr, PACK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, FP32_DOT: tl.constexpr,
-    LOADS_ONLY: tl.constexpr,
+    LOADS_ONLY: tl.constexpr, RUNS: tl.constexpr,
 ):
     # -- which tile: rows [r0, r1) of chunk c, for the PACK query heads h0 .. h0 + PACK - 1, which read one
     #    key/value head and (PACK > 1 needs a shared selection) one list. Program row m is position
@@ -573,14 +613,14 @@ def _dhsa_packed_kernel(
         else:
             # -- stage 1: the bulk, slots every row takes: no mask
             for start in range(0, bulk, BLOCK_N):
-                v, s, slot = _list_tile(q, TOKc, Kbh, Vbh, start, INITIAL, n_list, stride_kn, stride_vn, offs_d,
-                                        BLOCK_M, BLOCK_N, FP32_DOT)
+                v, s, slot = _packed_tile(q, TOKc, Kbh, Vbh, KD, VD, b, hk, start, INITIAL, n_list, N_KEYS, stride_kn,
+                                          stride_vn, offs_d, BLOCK_M, BLOCK_N, HEAD_DIM, FP32_DOT, RUNS)
                 m_i, l_i, acc = online_softmax_step(s * qk_scale, v, m_i, l_i, acc, FP32_DOT)
 
             # -- stage 2: the tail, slots only the first rows take
             for start in range(bulk, take_first, BLOCK_N):
-                v, s, slot = _list_tile(q, TOKc, Kbh, Vbh, start, INITIAL, n_list, stride_kn, stride_vn, offs_d,
-                                        BLOCK_M, BLOCK_N, FP32_DOT)
+                v, s, slot = _packed_tile(q, TOKc, Kbh, Vbh, KD, VD, b, hk, start, INITIAL, n_list, N_KEYS, stride_kn,
+                                          stride_vn, offs_d, BLOCK_M, BLOCK_N, HEAD_DIM, FP32_DOT, RUNS)
                 s = tl.where(slot[None, :] < take[:, None], s * qk_scale, float("-inf"))
                 m_i, l_i, acc = online_softmax_step(s, v, m_i, l_i, acc, FP32_DOT)
 
@@ -595,6 +635,12 @@ def _dhsa_packed_kernel(
 
 
 _KERNELS = {"ranges": _dhsa_ranges_kernel, "lists": _dhsa_lists_kernel, "packed": _dhsa_packed_kernel}
+
+
+def _descriptor(x: torch.Tensor, block_n: int):
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    return TensorDescriptor(x, list(x.shape), list(x.stride()), [1, 1, block_n, x.shape[-1]])
 
 
 def _lastdim_contiguous(x: torch.Tensor) -> torch.Tensor:
@@ -642,12 +688,13 @@ def dhsa_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bou
             if group % pack or (pack > 1 and hs != 1):
                 raise ValueError(f"config PACK={pack} must divide the query heads per key/value head ({group}) and "
                                  "needs a shared selection (share_heads=True); use PACK=1")
+            runs = int(cfg.get("RUNS", 0))
+            kd, vd = (_descriptor(x, cfg["BLOCK_N"]) for x in (k, v)) if runs == 2 else (k, v)
             _dhsa_packed_kernel[(tiles.shape[1], bsz * h // pack)](
-                q, k, v, o, tiles, tok, ntok, *args, tiles.shape[1], tables.budget, tables.initial,
+                q, k, v, o, tiles, tok, ntok, kd, vd, *args, tiles.shape[1], tables.budget, tables.initial, n,
                 scale * 1.4426950408889634, ROWS=cfg["ROWS"], PACK=pack, BLOCK_M=cfg["ROWS"] * pack,
-                BLOCK_N=cfg["BLOCK_N"],
-                LOADS_ONLY=bool(cfg.get("LOADS_ONLY", False)), num_warps=cfg["num_warps"],
-                num_stages=cfg["num_stages"], **common)
+                BLOCK_N=cfg["BLOCK_N"], LOADS_ONLY=bool(cfg.get("LOADS_ONLY", False)), RUNS=runs,
+                num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **common)
         else:
             _KERNELS[tables.variant][(tiles.shape[1], bsz * h)](
                 q, k, v, o, tiles, tok, ntok, *args, tiles.shape[1], tables.budget, tables.initial,

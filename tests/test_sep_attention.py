@@ -180,18 +180,18 @@ def test_triton_takes_strided_inputs(variant):
 
 @needs_triton
 @pytest.mark.parametrize("variant", VARIANTS)
-@pytest.mark.parametrize("neighbors", [5, 37])
-def test_triton_tile_shapes_do_not_change_the_result(neighbors, variant):
+@pytest.mark.parametrize("neighbors, splits_per", [(5, 1), (37, 1), (5, 1000)])
+def test_triton_tile_shapes_do_not_change_the_result(neighbors, splits_per, variant):
     """The window region is aligned to BLOCK_N; unequal tiles per kernel must give the same maths
     (neighbors = 37 gives the forward pass fully visible window tiles in both configs; 70 keys with
-    far tiles of 32 leave full and partial far tiles)."""
+    far tiles of 32 leave full and partial far tiles; splits_per 1000 runs the far dK/dV walk unsplit)."""
     from kvlab.sepllm.triton import sep_attention_triton
 
     q, k, v, is_sep, do = _inputs(2, 2, 1, 70, 16, torch.float32, 0.15, seed=3)
     base = _run(lambda *x: sep_attention_triton(*x, is_sep, 2, neighbors), q, k, v, do)
     cfg = {"variant": variant, "fwd": dict(BLOCK_M=32, BLOCK_N=16, BLOCK_F=32, num_warps=4, num_stages=1),
            "dq": dict(BLOCK_M=16, BLOCK_N=32, BLOCK_F=16, num_warps=4, num_stages=1),
-           "dkdv": dict(BLOCK_M=32, BLOCK_N=16, BLOCK_F=32, num_warps=4, num_stages=1), "far_splits_per": 1}
+           "dkdv": dict(BLOCK_M=32, BLOCK_N=16, BLOCK_F=32, num_warps=4, num_stages=1), "far_splits_per": splits_per}
     other = _run(lambda *x: sep_attention_triton(*x, is_sep, 2, neighbors, config=cfg), q, k, v, do)
     for x, y in zip(base, other):
         torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-5)

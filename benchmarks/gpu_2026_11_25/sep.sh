@@ -42,13 +42,13 @@ git log -1 --format='%H %s' > "$OUT/commit.txt" 2>/dev/null
 
 XDIST=""
 $PY -c "import xdist" 2>/dev/null && XDIST="-n 8"
-step tests 45 $PY -m pytest tests/test_sep_attention.py -q -x -p no:cacheprovider $XDIST \
-  -k "not gather and not flex"
+step tests 50 $PY -m pytest tests/test_sep_attention.py -q -x -p no:cacheprovider $XDIST \
+  -k "tma and (large or strided or matches_oracle or tile_shapes)"
 FLEX=""
 [ "${SEP_FLEX:-0}" = "0" ] && FLEX="--no-flex"
-step ops 90 $PY -m kvlab bench sepllm ops --seqs "$SEQS" --variants tma,gather --budget 0.3 $FLEX \
+step ops 80 $PY -m kvlab bench sepllm ops --seqs "$SEQS" --variants tma,gather --budget 0.3 $FLEX \
   --out "$OUT" --tag h200
-step tune 70 $PY -m kvlab bench sepllm tune --seq 32768 --variants tma --parts parts,fwd,dq --budget 0.25 \
+step tune 70 $PY -m kvlab bench sepllm tune --seq 32768 --variants tma --parts parts,fwd,dq,splits,dkdv --budget 0.25 \
   --out "$OUT" --tag h200
 for f in "$OUT"/*_h200.*; do  # the names the results folder keeps
   [ -e "$f" ] && mv "$f" "$OUT/sepllm_$(basename "$f")"

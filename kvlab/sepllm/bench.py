@@ -156,8 +156,13 @@ def run_ops(args) -> dict:
             tri_rows = []
             for var, cfg in configs.items():
                 tri = lambda q_, k_, v_: sep_attention_triton(q_, k_, v_, is_sep, a, w, config=cfg)  # noqa: E731, B023
-                r_f = bench_ms(lambda: tri(q, k, v), budget)  # noqa: B023
-                r_b = bench_ms(fwd_bwd(tri), budget)
+                try:
+                    r_f = bench_ms(lambda: tri(q, k, v), budget)  # noqa: B023
+                    r_b = bench_ms(fwd_bwd(tri), budget)
+                except Exception as exc:  # noqa: BLE001 - a variant that fails to build leaves the others timed
+                    print(f"N={n} {src} triton-{var} failed: {exc}", flush=True)
+                    rows.append(base | {"method": f"triton-{var}", "variant": var, "sep": src, "error": str(exc)[:500]})
+                    continue
                 work = tile_work(is_sep, a, w, cfg, h, hk, d)
                 row = base | {"method": f"triton-{var}", "variant": var, "sep": src,
                               "sep_frac": is_sep.float().mean().item(),
@@ -404,9 +409,9 @@ def run_tune(args) -> dict:
                    lambda: st._forward(q, k, v, kept1, idx1, cnt1, w, scale, base, False), causal_flops)  # noqa: B023
         if "fwd" in args.parts:
             if var == "tma":
-                choices = [(128, 64, 128, 8, 3), (128, 64, 128, 8, 2), (128, 64, 128, 8, 4), (128, 128, 128, 8, 3),
-                           (128, 64, 64, 4, 3), (128, 32, 64, 4, 2), (128, 64, 128, 4, 2), (64, 64, 128, 4, 3),
-                           (128, 64, 128, 8, 3, True), (128, 64, 64, 4, 3, True)]
+                choices = [(128, 64, 128, 8, 2), (128, 64, 128, 8, 4), (128, 128, 128, 8, 3), (128, 64, 64, 4, 3),
+                           (128, 32, 64, 4, 2), (64, 64, 128, 4, 3), (128, 64, 128, 8, 3, True),
+                           (128, 64, 64, 4, 3, True)]
             else:
                 choices = [(128, 32, 64, 4, 2), (128, 64, 128, 8, 3)]
             for choice in choices:
@@ -419,8 +424,8 @@ def run_tune(args) -> dict:
                     rows[-1]["rel_err_vs_ref"] = _rel(st._forward(q, k, v, kept, idx, cnt, w, scale, cfg, False)[0],
                                                       o_ref)
         if "dq" in args.parts:
-            choices = ([(64, 32, 64, 4, 3), (64, 64, 64, 4, 3), (128, 64, 64, 8, 3), (64, 32, 128, 4, 3),
-                        (128, 64, 128, 8, 2), (64, 64, 128, 8, 3), (64, 32, 64, 4, 3, True)] if var == "tma" else [])
+            choices = ([(64, 64, 64, 4, 3), (128, 64, 64, 8, 3), (64, 32, 128, 4, 3), (128, 64, 128, 8, 2),
+                        (64, 32, 64, 4, 3, True)] if var == "tma" else [])
             for choice in choices:
                 name, cfg = with_kind(base, "dq", *choice)
                 record("bwd " + name, lambda: st._backward(do, q, k, v, o, lse, kept, idx, cnt, w, scale, cfg, False, ("dq",)))  # noqa: B023
@@ -428,13 +433,13 @@ def run_tune(args) -> dict:
                     rows[-1]["rel_err_vs_ref"] = _rel(
                         st._backward(do, q, k, v, o, lse, kept, idx, cnt, w, scale, cfg, False, ("dq",))[0], dq_ref)
         if "dkdv" in args.parts:
-            for choice in [(64, 128, 128, 8, 3), (32, 128, 128, 8, 3), (64, 64, 128, 4, 3), (64, 128, 64, 4, 3),
-                           (64, 64, 64, 4, 3), (32, 64, 128, 4, 3), (32, 64, 64, 4, 3)]:
+            for choice in [(64, 128, 128, 8, 3), (32, 128, 128, 8, 3), (64, 64, 64, 4, 3), (32, 64, 128, 4, 3),
+                           (64, 64, 128, 8, 3)]:
                 name, cfg = with_kind(base, "dkdv", *choice)
                 for part in ("window", "far"):
                     record(f"bwd {name} [{part}]", lambda: st._backward(do, q, k, v, o, lse, kept, idx, cnt, w, scale, cfg, False, (part,)))  # noqa: B023
         if "splits" in args.parts:
-            for per in (32, 128, 256, 1024):
+            for per in (128, 256, 1 << 20):
                 cfg = dict(base, far_splits_per=per)
                 record(f"bwd far_splits_per={per}",
                        lambda: st._backward(do, q, k, v, o, lse, kept, idx, cnt, w, scale, cfg, False, ("far",)))  # noqa: B023

@@ -474,8 +474,9 @@ def _sep_fwd_tma_kernel(
     stride_ob, stride_oh, stride_on,
     N, NEIGH, qk_scale, H: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_F: tl.constexpr, FP32_DOT: tl.constexpr,
-    WARP_SPEC: tl.constexpr,
+    WARP_SPEC: tl.constexpr, PARTS: tl.constexpr,
 ):
+    # PARTS: 3 runs both stages; 1 (far keys only) or 2 (window only) time them apart (wrong results).
     # -- which tile, which heads; descriptors of this (batch, head)'s rows
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)  # late tiles (most far keys) first
     pid_bh = tl.program_id(1)
@@ -500,6 +501,9 @@ def _sep_fwd_tma_kernel(
 
     # -- stage 1a: far keys, full tiles of the compacted copy (contiguous rows, no mask)
     n_full = (n_far // BLOCK_F) * BLOCK_F
+    if PARTS & 1 == 0:
+        n_far = 0
+        n_full = 0
     for start in tl.range(0, n_full, BLOCK_F, warp_specialize=WARP_SPEC):
         k = kc_desc.load([start, 0])
         v = vc_desc.load([start, 0])
@@ -516,6 +520,8 @@ def _sep_fwd_tma_kernel(
 
     # -- stage 2: the window region, dense tiles with the element mask
     hi = tl.minimum(q0 + BLOCK_M, N)
+    if PARTS & 2 == 0:
+        hi = lo
     KEPTb = KEPT + b * N
     for start in range(lo, hi, BLOCK_N):
         kpos = start + tl.arange(0, BLOCK_N)
@@ -605,6 +611,158 @@ def _sep_bwd_dq_tma_kernel(
     tl.store(DQ + q_ptrs, (dq * sm_scale).to(DQ.dtype.element_ty), mask=row_ok[:, None])
 
 
+@triton.jit
+def _row_dot_kernel(O, DO, DELTA, stride_ob, stride_oh, stride_on, N, H: tl.constexpr, HEAD_DIM: tl.constexpr,
+                    BLOCK: tl.constexpr):
+    # delta = rowsum(dO * O) in fp32, read once from the low-precision tensors (dO has O's layout)
+    pid = tl.program_id(0)
+    bh = tl.program_id(1)
+    rows = pid * BLOCK + tl.arange(0, BLOCK)
+    ok = rows < N
+    ptrs = (bh // H) * stride_ob + (bh % H) * stride_oh + rows[:, None] * stride_on + tl.arange(0, HEAD_DIM)[None, :]
+    o = tl.load(O + ptrs, mask=ok[:, None], other=0.0).to(tl.float32)
+    do = tl.load(DO + ptrs, mask=ok[:, None], other=0.0).to(tl.float32)
+    tl.store(DELTA + bh * N + rows, tl.sum(o * do, 1), mask=ok)
+
+
+@triton.jit
+def _dkdv_step(k, v, q, do, lse, delta, dk, dv, visible, qk_scale, MASKED: tl.constexpr, BLOCK_K: tl.constexpr,
+               BLOCK_M: tl.constexpr, FP32_DOT: tl.constexpr):
+    # dV += P^T dO and dK += dS^T Q for one query tile (transposed tiles: rows are keys)
+    sT = _dot(k, tl.trans(q), tl.zeros([BLOCK_K, BLOCK_M], dtype=tl.float32), FP32_DOT)
+    pT = tl.exp2(sT * qk_scale - lse[None, :])
+    if MASKED:
+        pT = tl.where(visible, pT, 0.0)
+    dv = _dot(pT.to(do.dtype), do, dv, FP32_DOT)
+    dpT = _dot(v, tl.trans(do), tl.zeros([BLOCK_K, BLOCK_M], dtype=tl.float32), FP32_DOT)
+    dsT = pT * (dpT - delta[None, :])
+    dk = _dot(dsT.to(q.dtype), q, dk, FP32_DOT)
+    return dk, dv
+
+
+@triton.jit
+def _sep_bwd_dkdv_far_tma_kernel(
+    Q, DO, KC, VC, DKC, DVC, LSE, DELTA, IDX, CNT, stride_qb, stride_qh, stride_qn,
+    N, NEIGH, qk_scale, sm_scale, H: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_F: tl.constexpr, N_SPLITS: tl.constexpr,
+    FP32_DOT: tl.constexpr,
+):
+    # dK, dV of the far keys into the compacted fp32 rows DKC, DVC: one program per (chunk of BLOCK_F kept
+    # keys, query split, batch x kv head). The query tiles that see only part of the chunk as far keys come
+    # first (masked by compacted index: slot j is far for tile q0 when j < cnt[lo(q0)]); from the first tile
+    # whose window starts after the chunk's last key, the whole chunk is far: no mask.
+    pid_c = tl.program_id(0)
+    split = tl.program_id(1)
+    pid_bk = tl.program_id(2)
+    HK: tl.constexpr = H // GROUP
+    b = pid_bk // HK
+    hk = pid_bk % HK
+    total = tl.load(CNT + b * (N + 1) + N)
+    c0 = pid_c * BLOCK_F
+    if c0 < total:  # the grid is sized for the worst case (every key kept): most chunks are empty
+        slots = c0 + tl.arange(0, BLOCK_F)
+        offs_d = tl.arange(0, HEAD_DIM)
+        live = slots < total
+        rows = pid_bk.to(tl.int64) * N * HEAD_DIM + slots[:, None] * HEAD_DIM + offs_d[None, :]
+        k = tl.load(KC + rows, mask=live[:, None], other=0.0)
+        v = tl.load(VC + rows, mask=live[:, None], other=0.0)
+        dk = tl.zeros([BLOCK_F, HEAD_DIM], dtype=tl.float32)
+        dv = tl.zeros([BLOCK_F, HEAD_DIM], dtype=tl.float32)
+        # -- query tiles: first one with lo(q0) > p_first (some keys far), first with lo(q0) > p_last (all far)
+        p_first = tl.load(IDX + b * N + c0)
+        p_last = tl.load(IDX + b * N + tl.minimum(c0 + BLOCK_F, total) - 1)
+        qb_first = ((p_first // BLOCK_N + 1) * BLOCK_N + NEIGH - 1 + BLOCK_M - 1) // BLOCK_M + split
+        qb_full = ((p_last // BLOCK_N + 1) * BLOCK_N + NEIGH - 1 + BLOCK_M - 1) // BLOCK_M
+        n_qb = (N + BLOCK_M - 1) // BLOCK_M
+        qb_mid = tl.minimum(qb_full, n_qb)
+        # first tile of this split's stride at or after qb_full
+        qb_unmasked = qb_first + tl.maximum((qb_full - qb_first + N_SPLITS - 1) // N_SPLITS, 0) * N_SPLITS
+        for g in range(GROUP):
+            h = hk * GROUP + g
+            bh = b * H + h
+            q_desc = _desc(Q + b * stride_qb + h * stride_qh, N, stride_qn, BLOCK_M, HEAD_DIM)
+            do_desc = _desc(DO + b * stride_qb + h * stride_qh, N, stride_qn, BLOCK_M, HEAD_DIM)
+            for qb in range(qb_first, qb_mid, N_SPLITS):
+                q0 = qb * BLOCK_M
+                offs_m = q0 + tl.arange(0, BLOCK_M)
+                q = q_desc.load([q0, 0])
+                do = do_desc.load([q0, 0])
+                lse = tl.load(LSE + bh * N + offs_m, mask=offs_m < N, other=float("inf"))
+                delta = tl.load(DELTA + bh * N + offs_m, mask=offs_m < N, other=0.0)
+                n_far = tl.load(CNT + b * (N + 1) + _window_start(q0, NEIGH, BLOCK_N))
+                dk, dv = _dkdv_step(k, v, q, do, lse, delta, dk, dv, (slots < n_far)[:, None], qk_scale, True,
+                                    BLOCK_F, BLOCK_M, FP32_DOT)
+            for qb in range(qb_unmasked, n_qb, N_SPLITS):
+                q0 = qb * BLOCK_M
+                offs_m = q0 + tl.arange(0, BLOCK_M)
+                q = q_desc.load([q0, 0])
+                do = do_desc.load([q0, 0])
+                lse = tl.load(LSE + bh * N + offs_m, mask=offs_m < N, other=float("inf"))
+                delta = tl.load(DELTA + bh * N + offs_m, mask=offs_m < N, other=0.0)
+                dk, dv = _dkdv_step(k, v, q, do, lse, delta, dk, dv, None, qk_scale, False, BLOCK_F, BLOCK_M,
+                                    FP32_DOT)
+        # -- epilogue: one split owns its rows (plain stores); several add into a zeroed buffer
+        if N_SPLITS == 1:
+            tl.store(DKC + rows, dk * sm_scale, mask=live[:, None])
+            tl.store(DVC + rows, dv, mask=live[:, None])
+        else:
+            tl.atomic_add(DKC + rows, dk * sm_scale, mask=live[:, None], sem="relaxed")
+            tl.atomic_add(DVC + rows, dv, mask=live[:, None], sem="relaxed")
+
+
+@triton.jit
+def _sep_bwd_dkdv_window_tma_kernel(
+    Q, K, V, DO, DK, DV, DKC, DVC, LSE, DELTA, KEPT, CNT,
+    stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
+    N, NEIGH, qk_scale, sm_scale, H: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_F: tl.constexpr, FP32_DOT: tl.constexpr,
+):
+    # dK, dV of one key tile: the window part (as _sep_bwd_dkdv_window_kernel), plus, for kept keys, the far
+    # part the far kernel left in the compacted rows DKC, DVC (slot of a kept key at p = cnt[p]); the sum
+    # is stored once, in the inputs' dtype.
+    pid_n = tl.program_id(0)
+    pid_bk = tl.program_id(1)
+    HK: tl.constexpr = H // GROUP
+    b = pid_bk // HK
+    hk = pid_bk % HK
+    k0 = pid_n * BLOCK_N
+    kpos = k0 + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    in_seq = kpos < N
+    k = tl.load(K + b * stride_kb + hk * stride_kh + kpos[:, None] * stride_kn + offs_d[None, :],
+                mask=in_seq[:, None], other=0.0)
+    v = tl.load(V + b * stride_vb + hk * stride_vh + kpos[:, None] * stride_vn + offs_d[None, :],
+                mask=in_seq[:, None], other=0.0)
+    kept = tl.load(KEPT + b * N + kpos, mask=in_seq, other=0)
+    dk = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
+    q_first = (k0 // BLOCK_M) * BLOCK_M
+    q_end = tl.minimum(k0 + BLOCK_N + NEIGH - 1, N)
+    for g in range(GROUP):
+        h = hk * GROUP + g
+        bh = b * H + h
+        q_desc = _desc(Q + b * stride_qb + h * stride_qh, N, stride_qn, BLOCK_M, HEAD_DIM)
+        do_desc = _desc(DO + b * stride_qb + h * stride_qh, N, stride_qn, BLOCK_M, HEAD_DIM)
+        for q0 in range(q_first, q_end, BLOCK_M):
+            offs_m = q0 + tl.arange(0, BLOCK_M)
+            q = q_desc.load([q0, 0])
+            do = do_desc.load([q0, 0])
+            lse = tl.load(LSE + bh * N + offs_m, mask=offs_m < N, other=float("inf"))
+            delta = tl.load(DELTA + bh * N + offs_m, mask=offs_m < N, other=0.0)
+            dist = offs_m[None, :] - kpos[:, None]
+            visible = (dist >= 0) & ((dist < NEIGH) | (kept[:, None] != 0))
+            dk, dv = _dkdv_step(k, v, q, do, lse, delta, dk, dv, visible, qk_scale, True, BLOCK_N, BLOCK_M, FP32_DOT)
+    # -- epilogue: add the far part of kept keys, store in the inputs' dtype
+    is_kept = in_seq & (kept != 0)
+    slot = tl.load(CNT + b * (N + 1) + kpos, mask=in_seq, other=0)
+    far_rows = pid_bk.to(tl.int64) * N * HEAD_DIM + slot[:, None] * HEAD_DIM + offs_d[None, :]
+    dk = dk * sm_scale + tl.load(DKC + far_rows, mask=is_kept[:, None], other=0.0)
+    dv = dv + tl.load(DVC + far_rows, mask=is_kept[:, None], other=0.0)
+    out = pid_bk.to(tl.int64) * N * HEAD_DIM + kpos[:, None] * HEAD_DIM + offs_d[None, :]
+    tl.store(DK + out, dk.to(DK.dtype.element_ty), mask=in_seq[:, None])
+    tl.store(DV + out, dv.to(DV.dtype.element_ty), mask=in_seq[:, None])
+
+
 # ---------------------------------------------------------------------------------------------
 # Launch configuration
 # ---------------------------------------------------------------------------------------------
@@ -651,8 +809,9 @@ def default_config(head_dim: int, dtype: torch.dtype, interpret: bool | None = N
         "fwd": fwd,
         "dq": dq,
         "dkdv": tiles(32, 64, 64, 4, 3),
-        # split the far dK/dV walk so that one program handles about this many query tiles
-        "far_splits_per": 128,
+        # split the far dK/dV walk so that one program handles about this many query tiles ("tma": unsplit, so
+        # that each chunk's program stores its rows once, with no zeroed buffer and no atomics)
+        "far_splits_per": 128 if variant == "gather" else 1 << 20,
     }
 
 
@@ -695,6 +854,8 @@ def _ensure_allocator() -> None:
 def _launch(kernel, grid, c, *args, **meta):
     if "WARP_SPEC" in kernel.arg_names:
         meta["WARP_SPEC"] = bool(c.get("warp_spec", False))
+    if "PARTS" in kernel.arg_names:
+        meta["PARTS"] = int(c.get("parts", 3))
     kernel[grid](*args, **meta, BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"], BLOCK_F=c["BLOCK_F"],
                  num_warps=c["num_warps"], num_stages=c["num_stages"])
 
@@ -724,6 +885,8 @@ def _forward(q, k, v, kept, idx, cnt, neighbors, scale, cfg, fp32_dot):
 def _backward(do, q, k, v, o, lse, kept, idx, cnt, neighbors, scale, cfg, fp32_dot,
               parts=("dq", "window", "far")):
     """Gradients of q, k, v. ``parts`` leaves kernels out, for timing them one by one."""
+    if cfg.get("variant", "gather") == "tma":
+        return _backward_tma(do, q, k, v, o, lse, kept, idx, cnt, neighbors, scale, cfg, fp32_dot, parts)
     bsz, h, n, d = q.shape
     hk = k.shape[1]
     group = h // hk
@@ -743,16 +906,8 @@ def _backward(do, q, k, v, o, lse, kept, idx, cnt, neighbors, scale, cfg, fp32_d
 
     if "dq" in parts:
         c = cfg["dq"]
-        grid = (triton.cdiv(n, c["BLOCK_M"]), bsz * h)
-        if cfg.get("variant", "gather") == "tma":
-            if not _interpreting():
-                _ensure_allocator()
-            kc, vc = compact_kv(k, v, idx, cnt)
-            _launch(_sep_bwd_dq_tma_kernel, grid, c, q, k, v, kc, vc, do, dq, lse, delta, kept, cnt, *strides,
-                    n, neighbors, qk_scale, scale, **meta)
-        else:
-            _launch(_sep_bwd_dq_kernel, grid, c, q, k, v, do, dq, lse, delta, kept, idx, cnt, *strides,
-                    n, neighbors, qk_scale, scale, **meta)
+        _launch(_sep_bwd_dq_kernel, (triton.cdiv(n, c["BLOCK_M"]), bsz * h), c, q, k, v, do, dq, lse, delta, kept,
+                idx, cnt, *strides, n, neighbors, qk_scale, scale, **meta)
     c = cfg["dkdv"]
     if "window" in parts:
         _launch(_sep_bwd_dkdv_window_kernel, (triton.cdiv(n, c["BLOCK_N"]), bsz * hk), c,
@@ -764,6 +919,52 @@ def _backward(do, q, k, v, o, lse, kept, idx, cnt, neighbors, scale, cfg, fp32_d
                 q, k, v, do, dk32, dv32, lse, delta, idx, cnt, *strides, n, neighbors, qk_scale, scale,
                 N_SPLITS=splits, **meta)
     return dq, dk32.to(k.dtype), dv32.to(v.dtype)
+
+
+def _backward_tma(do, q, k, v, o, lse, kept, idx, cnt, neighbors, scale, cfg, fp32_dot, parts):
+    # The "tma" variant's backward: delta by a small kernel; dQ as the forward walk; the far dK/dV into
+    # compacted fp32 rows first, then the window kernel adds them to kept keys and stores dK, dV once, in
+    # the inputs' dtype (no fp32 copy of the whole dK, dV to zero or convert).
+    bsz, h, n, d = q.shape
+    hk = k.shape[1]
+    group = h // hk
+    if not _interpreting():
+        _ensure_allocator()
+    do = _tma_ready(do.contiguous())
+    q = _tma_ready(q.contiguous())
+    o = o.contiguous()
+    delta = torch.empty(bsz, h, n, dtype=torch.float32, device=q.device)
+    blk = 16 if _interpreting() else 64
+    _row_dot_kernel[(triton.cdiv(n, blk), bsz * h)](o, do, delta, o.stride(0), o.stride(1), o.stride(2), n, H=h,
+                                                    HEAD_DIM=d, BLOCK=blk)
+    kc, vc = compact_kv(k, v, idx, cnt)
+    qk_scale = scale * 1.4426950408889634
+    strides = (q.stride(0), q.stride(1), q.stride(2),
+               k.stride(0), k.stride(1), k.stride(2),
+               v.stride(0), v.stride(1), v.stride(2))
+    meta = dict(H=h, GROUP=group, HEAD_DIM=d, FP32_DOT=fp32_dot)
+    dq = torch.empty_like(q)
+    if "dq" in parts:
+        c = cfg["dq"]
+        _launch(_sep_bwd_dq_tma_kernel, (triton.cdiv(n, c["BLOCK_M"]), bsz * h), c, q, k, v, kc, vc, do, dq, lse,
+                delta, kept, cnt, *strides, n, neighbors, qk_scale, scale, **meta)
+    c = cfg["dkdv"]
+    n_qb = triton.cdiv(n, c["BLOCK_M"])
+    splits = max(1, min(64, triton.cdiv(n_qb, cfg["far_splits_per"]))) if "far" in parts else 0
+    alloc = torch.empty if splits == 1 else torch.zeros  # one split stores every kept row; several add
+    dkc32 = alloc(bsz, hk, n, d, dtype=torch.float32, device=q.device)
+    dvc32 = alloc(bsz, hk, n, d, dtype=torch.float32, device=q.device)
+    if splits:
+        _launch(_sep_bwd_dkdv_far_tma_kernel, (triton.cdiv(n, c["BLOCK_F"]), splits, bsz * hk), c,
+                q, do, kc, vc, dkc32, dvc32, lse, delta, idx, cnt, q.stride(0), q.stride(1), q.stride(2),
+                n, neighbors, qk_scale, scale, N_SPLITS=splits, **meta)
+    dk = torch.empty(bsz, hk, n, d, dtype=k.dtype, device=q.device)
+    dv = torch.empty(bsz, hk, n, d, dtype=v.dtype, device=q.device)
+    if "window" in parts:
+        _launch(_sep_bwd_dkdv_window_tma_kernel, (triton.cdiv(n, c["BLOCK_N"]), bsz * hk), c,
+                q, k, v, do, dk, dv, dkc32, dvc32, lse, delta, kept, cnt, *strides, n, neighbors, qk_scale, scale,
+                **meta)
+    return dq, dk, dv
 
 
 class _SepAttentionFn(torch.autograd.Function):

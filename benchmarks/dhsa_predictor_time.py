@@ -9,7 +9,14 @@ window 4, 8 heads, hidden 256, random weights, input = the layer's keys, ``kv_he
 * ``pred_compiled_ms``: ``torch.compile(predictor)`` in bfloat16 (the fast path);
 * ``nms_ms``: threshold + NMS + chunk cap + cuts (:func:`kvlab.dhsa.reference.nms_boundaries`), on the GPU;
 * ``chunking_ms``: :func:`kvlab.dhsa.reference.predict_boundaries` with the compiled bf16 predictor: all of it;
-* ``share``: ``chunking_ms / sdpa_ms`` (target <= 0.10), and ``chunks`` / ``mean_len`` of the result.
+* ``share``: ``chunking_ms / sdpa_ms`` (target <= 0.10), and ``chunks`` / ``mean_len`` of the result;
+* the fast path (:mod:`kvlab.dhsa.chunking`, what ``predict_boundaries(backend="auto")`` runs on a GPU):
+  ``fast_pred_ms`` (:func:`~kvlab.dhsa.chunking.predictor_logits`, bf16, Triton window attention),
+  ``fast_nms_ms`` (:func:`~kvlab.dhsa.chunking.nms_boundaries_fast`: Triton NMS + cap + cuts), ``fast_ms`` (the
+  whole :func:`~kvlab.dhsa.chunking.predict_boundaries_fast`), ``share_fast`` = ``fast_ms / sdpa_ms``;
+  ``fast_compiled_ms``: the same with ``torch.compile(predictor_logits)``; ``nms_exact``: the fast NMS gives the
+  reference's offsets on this shape's probabilities; ``agree``: share of the reference's boundaries (compiled
+  bf16 predictor) that the fast path also returns (bf16 rounding can move a probability across the threshold).
 
 Shapes: ``gemma2-2b`` (8 heads, 4 KV heads, dim 256: 1024 predictor channels), ``gemma3-270m`` (4 / 1 / 256:
 256 channels), ``ops`` (32 / 32 / 128: the kernel benchmark's shape, 4096 channels: an upper bound).
@@ -31,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywher
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+from kvlab.dhsa import chunking  # noqa: E402
 from kvlab.dhsa.reference import (BoundaryPredictor, key_features, label_valid, nms_boundaries,  # noqa: E402
                                   predict_boundaries, split_long_chunks)
 
@@ -94,12 +102,45 @@ def run_shape(name: str, n: int, device, args) -> dict:
         row["nms_ms"] = timed(lambda: [split_long_chunks(b, args.max_len) for b in nms_boundaries(
             p, max_chunks=max_chunks, threshold=args.threshold, nms_window=args.nms_window, valid=valid)], device)
         call = lambda: predict_boundaries(fast, k, max_chunks=max_chunks, threshold=args.threshold,  # noqa: E731
-                                          nms_window=args.nms_window, max_len=args.max_len)
+                                          nms_window=args.nms_window, max_len=args.max_len, backend="torch")
         row["chunking_ms"] = timed(call, device)
         bd = call()[0]
         row["chunks"] = int(bd.numel() - 1)
         row["mean_len"] = n / row["chunks"]
         row["share"] = row["chunking_ms"] / row["sdpa_ms"]
+        if device.type == "cuda" or chunking._interpreting():
+            fast_nms = lambda: chunking.nms_boundaries_fast(  # noqa: E731
+                p, max_chunks=max_chunks, threshold=args.threshold, nms_window=args.nms_window, valid=valid,
+                max_len=args.max_len)
+            ref_b = [split_long_chunks(b, args.max_len) for b in nms_boundaries(
+                p, max_chunks=max_chunks, threshold=args.threshold, nms_window=args.nms_window, valid=valid)]
+            row["nms_exact"] = all(torch.equal(a, b) for a, b in zip(ref_b, fast_nms()))
+            row["fast_pred_ms"] = timed(lambda: chunking.predictor_logits(pred16, x16), device)
+            row["fast_nms_ms"] = timed(fast_nms, device)
+            fcall = lambda: chunking.predict_boundaries_fast(  # noqa: E731
+                pred16, k, max_chunks=max_chunks, threshold=args.threshold, nms_window=args.nms_window,
+                max_len=args.max_len)
+            row["fast_ms"] = timed(fcall, device)
+            row["share_fast"] = row["fast_ms"] / row["sdpa_ms"]
+            fb = fcall()[0]
+            row["fast_chunks"] = int(fb.numel() - 1)
+            row["agree"] = len(set(fb.tolist()) & set(bd.tolist())) / max(1, bd.numel())
+            if not args.no_compile and device.type == "cuda":
+                try:
+                    logits_c = torch.compile(chunking.predictor_logits, dynamic=False)
+                    t0 = time.perf_counter()
+                    logits_c(pred16, x16)
+                    row["fast_compile_s"] = time.perf_counter() - t0
+
+                    def ccall():
+                        pc = torch.sigmoid(logits_c(pred16, x16).float())
+                        return chunking.nms_boundaries_fast(pc, max_chunks=max_chunks, threshold=args.threshold,
+                                                            nms_window=args.nms_window, valid=valid,
+                                                            max_len=args.max_len)
+                    row["fast_compiled_pred_ms"] = timed(lambda: logits_c(pred16, x16), device)
+                    row["fast_compiled_ms"] = timed(ccall, device)
+                except Exception as exc:
+                    row["fast_compile_error"] = f"{type(exc).__name__}: {exc}"[:300]
     print(json.dumps(row), flush=True)
     return row
 
@@ -132,7 +173,8 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / "dhsa_predictor_time.json").write_text(json.dumps({"info": info, "rows": rows}, indent=1))
     cols = ["shape", "seq", "channels", "sdpa_ms", "pred_fp32_ms", "pred_bf16_ms", "pred_compiled_ms", "nms_ms",
-            "chunking_ms", "share", "chunks", "mean_len"]
+            "chunking_ms", "share", "chunks", "mean_len", "fast_pred_ms", "fast_nms_ms", "fast_ms", "share_fast",
+            "fast_compiled_pred_ms", "fast_compiled_ms", "nms_exact", "agree"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
         lines.append("| " + " | ".join(f"{r[c]:.3f}" if isinstance(r.get(c), float) else str(r.get(c, "-"))

@@ -104,6 +104,7 @@ class LabelSet:
     layers: list[int]
     window: int
     rule: str
+    keys: list[dict[int, torch.Tensor]] | None = None  # optional cache of the keys (never saved: App. B stores labels)
 
     def save(self, path) -> None:
         torch.save(dict(ids=self.ids, ratios=self.ratios, layers=self.layers, window=self.window, rule=self.rule),
@@ -121,18 +122,32 @@ class LabelSet:
 
 @torch.no_grad()
 def make_labels(model, samples: list[torch.Tensor], layers: list[int], *, window: int = 4,
-                rule: str = "code") -> LabelSet:
-    """Labels of every chosen layer from one forward pass per sample (App. B)."""
+                rule: str = "code", keep_keys: bool = False) -> LabelSet:
+    """Labels of every chosen layer from one forward pass per sample (App. B).
+
+    ``keep_keys``: also keep each sample's keys (on the model's device) in ``LabelSet.keys``, so that
+    training and evaluation skip their own forward passes (memory: ``layers x seq x channels`` floats per
+    sample, e.g. 24 MB for SmolLM2 at 1024 tokens; for a GPU run).
+    """
     if window < 1:
         raise ValueError(f"window must be >= 1, got {window}")
     dev = model.device
-    ratios = []
+    ratios, keys = [], []
     for ids in samples:
-        rec = LabelRecorder(window, rule, labels=True, keys=False)
+        rec = LabelRecorder(window, rule, labels=True, keys=keep_keys)
         with use_pattern(model, rec, layers):
             model(input_ids=ids[None].to(dev), use_cache=False, logits_to_keep=1)  # no logits needed
         ratios.append({layer: rec.ratios[layer][0] for layer in layers})
-    return LabelSet([s.cpu() for s in samples], ratios, list(layers), window, rule)
+        if keep_keys:
+            keys.append(dict(rec.keys))
+    return LabelSet([s.cpu() for s in samples], ratios, list(layers), window, rule, keys if keep_keys else None)
+
+
+def _sample_keys(model, labels: LabelSet, i: int) -> dict[int, torch.Tensor]:
+    """Sample ``i``'s keys of every layer: the cache if ``labels`` kept them, else one forward pass."""
+    if labels.keys is not None:
+        return labels.keys[i]
+    return record_keys(model, labels.ids[i], labels.layers)
 
 
 @torch.no_grad()
@@ -189,23 +204,23 @@ def train_predictor(model, labels: LabelSet, *, predictor: BoundaryPredictor | N
     for _ in range(epochs):
         rng.shuffle(order)
         for i in order:
-            keys = record_keys(model, labels.ids[i], labels.layers)
-            loss = 0.0
-            for layer in labels.layers:
-                x = key_features(keys[layer]).float()
-                n = x.shape[1]
-                y = _targets(labels.ratios[i][layer], alpha, beta, hard_labels).to(dev)[None]
-                logits = predictor(x)
-                loss = loss + focal_bce_loss(logits, y, pos_weight=pos_weight, gamma=gamma,
-                                             mask=label_valid(n, predictor.window, dev)[None])
-            loss = loss / len(labels.layers)
+            keys = _sample_keys(model, labels, i)
+            # every layer of the sample in one predictor call (a batch of layers): the mean over layers and
+            # valid positions equals the mean over layers of each layer's mean (same length, same valid mask)
+            x = torch.cat([key_features(keys[layer]).float() for layer in labels.layers])  # (layers, n, C)
+            n = x.shape[1]
+            y = torch.stack([_targets(labels.ratios[i][layer], alpha, beta, hard_labels)
+                             for layer in labels.layers]).to(dev)
+            logits = predictor(x)
+            mask = label_valid(n, predictor.window, dev)[None].expand_as(y)
+            loss = focal_bce_loss(logits, y, pos_weight=pos_weight, gamma=gamma, mask=mask)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
             result.losses.append(float(loss.detach()))
             step += 1
             if log_every and step % log_every == 0:
-                print(f"step {step}: loss {float(loss):.4f}", flush=True)
+                print(f"step {step}: loss {result.losses[-1]:.4f}", flush=True)
     result.seconds = time.perf_counter() - t0
     predictor.eval()
     return result
@@ -222,7 +237,7 @@ def evaluate_predictor(model, predictor: BoundaryPredictor, labels: LabelSet, *,
     tp = fp = fn = 0
     overlaps, losses = [], []
     for i, ids in enumerate(labels.ids):
-        keys = record_keys(model, ids, labels.layers)
+        keys = _sample_keys(model, labels, i)
         for layer in labels.layers:
             x = key_features(keys[layer]).float()
             n = x.shape[1]
@@ -290,17 +305,71 @@ def default_predictor_path(model_name: str) -> Path:
     return cache_dir() / "dhsa" / f"predictor-{model_name}.pt"
 
 
+def _corpus_spec(spec: str, default_count: int, flag: str) -> list[tuple[str, int]]:
+    """``"wikitext"`` -> ``[("wikitext", default_count)]``; ``"austen:160,c4-sample:56"`` -> the named counts;
+    ``"a,b"`` -> ``default_count`` split evenly (the remainder to the first ones)."""
+    parts = [p.strip() for p in spec.split(",") if p.strip()]
+    if not parts:
+        raise ValueError(f"{flag} must name at least one corpus, got {spec!r}")
+    named = [p.partition(":") for p in parts]
+    if all(sep for _, sep, _ in named):
+        out = []
+        for name, _, count in named:
+            if not count.isdigit() or int(count) < 1:
+                raise ValueError(f"{flag}: window count of {name!r} must be an int >= 1, got {count!r}")
+            out.append((name, int(count)))
+        return out
+    if any(sep for _, sep, _ in named):
+        raise ValueError(f"{flag}: give a count to every corpus (name:count,...) or to none, got {spec!r}")
+    base, extra = divmod(default_count, len(parts))
+    if base < 1:
+        raise ValueError(f"{flag}: {default_count} windows cannot be spread over {len(parts)} corpora")
+    return [(name, base + (j < extra)) for j, name in enumerate(parts)]
+
+
+def _windows(tok, spec: list[tuple[str, int]], seq_len: int, skip: dict[str, int] | None = None):
+    """Token windows of each corpus of ``spec``, after ``skip[name]`` windows (held-out windows follow the
+    training windows of the same corpus, so they never overlap)."""
+    from kvlab.datasets import load_text
+
+    ids, source = [], []
+    for name, count in spec:
+        offset = (skip or {}).get(name, 0) * seq_len
+        ids += text_samples(tok, load_text(name), seq_len, count, offset=offset)
+        source += [name] * count
+    return ids, source
+
+
+def write_sidecar(pt_path, meta: dict, **extra) -> Path:
+    """The JSON next to a predictor file (``<name>.json``): file name, sha256, bytes, command, configuration,
+    data, training settings and held-out metrics, as kvlab's shipped predictors carry."""
+    pt_path = Path(pt_path)
+    info = dict(model=meta.get("model"), file=pt_path.name, sha256=hashlib.sha256(pt_path.read_bytes()).hexdigest(),
+                bytes=pt_path.stat().st_size, command=meta.get("command"),
+                predictor=torch.load(pt_path, map_location="cpu", weights_only=True)["config"],
+                layers=meta.get("layers"), data=meta.get("data"), train=meta.get("train"),
+                first_loss=meta.get("first_loss"), last_loss=meta.get("last_loss"),
+                validation=meta.get("validation"))
+    info.update(extra)
+    side = pt_path.with_suffix(".json")
+    side.write_text(json.dumps(info, indent=1) + "\n")
+    return side
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m kvlab.dhsa.training",
         description="Train the DHSA boundary predictor of a model on a corpus (App. B): labels from one forward "
-                    "pass per sample, then one predictor for all global layers. Writes the predictor file and "
-                    "prints its sha256 and validation metrics.")
+                    "pass per sample, then one predictor for all global layers. Writes the predictor file, its "
+                    "JSON sidecar (sha256, command, held-out metrics) and prints them.")
     ap.add_argument("--model", default="smollm2-135m", help="kvlab model id (python -m kvlab fetch --list)")
-    ap.add_argument("--corpus", default="wikitext", help="training corpus id")
-    ap.add_argument("--val-corpus", default="paul-graham", help="validation corpus id")
-    ap.add_argument("--samples", type=int, default=48, help="training windows")
-    ap.add_argument("--val-samples", type=int, default=8, help="validation windows")
+    ap.add_argument("--corpus", default="wikitext",
+                    help="training corpus id, or several: 'a,b' (--samples split evenly) or 'a:160,b:56' (counts)")
+    ap.add_argument("--val-corpus", default="paul-graham",
+                    help="held-out corpus id(s), same forms (--val-samples each); a corpus also trained on gives "
+                         "windows after its training windows")
+    ap.add_argument("--samples", type=int, default=48, help="training windows (in all)")
+    ap.add_argument("--val-samples", type=int, default=8, help="held-out windows per held-out corpus")
     ap.add_argument("--seq-len", type=int, default=512, help="tokens per window")
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--lr", type=float, default=1e-3)
@@ -314,21 +383,32 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: leave as is)")
     ap.add_argument("--device", default=None)
-    ap.add_argument("--out", default=None, help="output file (default: <kvlab cache>/dhsa/predictor-<model>.pt)")
+    ap.add_argument("--cache-keys", action="store_true",
+                    help="keep every window's keys from the labelling pass (no forward pass per step; GPU memory: "
+                         "layers x seq-len x channels floats per window)")
+    ap.add_argument("--compare", default=None,
+                    help="a predictor file (or 'shipped') evaluated on the same held-out windows, for the sidecar")
+    ap.add_argument("--out", default=None, help="output file (default: <kvlab cache>/dhsa/predictor-<model>.pt); "
+                                                "the sidecar <out>.json is written beside it")
     args = ap.parse_args(argv)
     for name in ("samples", "val_samples", "seq_len", "epochs", "window", "heads", "hidden"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be >= 1")
     if args.seq_len < 4 * args.window + 2:
         ap.error(f"--seq-len must be >= 4 * window + 2 = {4 * args.window + 2} (labels need both windows)")
+    try:
+        train_spec = _corpus_spec(args.corpus, args.samples, "--corpus")
+        val_spec = _corpus_spec(args.val_corpus, args.val_samples * len(args.val_corpus.split(",")), "--val-corpus")
+    except ValueError as exc:
+        ap.error(str(exc))
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    from kvlab.datasets import load_text
     from kvlab.models import load_model
 
     from .pattern import dhsa_layers
 
+    t_start = time.perf_counter()
     torch.manual_seed(args.seed)
     model, tok = load_model(args.model, dtype=torch.float32, device=args.device)
     n_layers = model.config.num_hidden_layers
@@ -338,26 +418,46 @@ def main(argv: list[str] | None = None) -> int:
         layers = list(range(n_layers))
     else:
         layers = [int(x) for x in args.layers.split(",")]
-    train_ids = text_samples(tok, load_text(args.corpus), args.seq_len, args.samples)
-    val_ids = text_samples(tok, load_text(args.val_corpus), args.seq_len, args.val_samples)
+    train_ids, train_src = _windows(tok, train_spec, args.seq_len)
+    val_ids, val_src = _windows(tok, val_spec, args.seq_len, skip=dict(train_spec))
     t0 = time.perf_counter()
-    train_labels = make_labels(model, train_ids, layers, window=args.window, rule=args.rule)
-    val_labels = make_labels(model, val_ids, layers, window=args.window, rule=args.rule)
+    train_labels = make_labels(model, train_ids, layers, window=args.window, rule=args.rule, keep_keys=args.cache_keys)
+    val_labels = make_labels(model, val_ids, layers, window=args.window, rule=args.rule, keep_keys=args.cache_keys)
     t_labels = time.perf_counter() - t0
     print(f"labels: {len(train_ids)} + {len(val_ids)} samples x {len(layers)} layers in {t_labels:.0f} s "
           f"({train_labels.nbytes() / 1e6:.2f} MB stored)", flush=True)
     res = train_predictor(model, train_labels, epochs=args.epochs, lr=args.lr, heads=args.heads, hidden=args.hidden,
                           encoder=args.encoder, hard_labels=args.hard_labels, seed=args.seed,
                           log_every=max(1, len(train_ids) // 4))
+    t1 = time.perf_counter()
     metrics = evaluate_predictor(model, res.predictor, val_labels)
+    t_val = time.perf_counter() - t1
     print(f"trained {len(res.losses)} steps in {res.seconds:.0f} s; loss {res.losses[0]:.4f} -> {res.losses[-1]:.4f}")
     print("validation:", json.dumps({k: round(v, 4) for k, v in metrics.items()}))
     out = Path(args.out) if args.out else default_predictor_path(args.model)
-    meta = dict(model=args.model, layers=layers, command="python -m kvlab.dhsa.training " + " ".join(
-        sys.argv[1:] if argv is None else argv), train=res.config, validation=metrics,
-        first_loss=res.losses[0], last_loss=res.losses[-1])
+    command = "python -m kvlab.dhsa.training " + " ".join(sys.argv[1:] if argv is None else argv)
+    data = dict(train=dict(train_spec), val=dict(val_spec), seq_len=args.seq_len,
+                val_note="held-out windows follow a corpus's training windows (no overlap)")
+    meta = dict(model=args.model, layers=layers, command=command, train=res.config, validation=metrics,
+                first_loss=res.losses[0], last_loss=res.losses[-1], data=data)
     sha = save_predictor(res.predictor, out, meta)
-    print(f"wrote {out} ({out.stat().st_size / 1e6:.2f} MB) sha256 {sha}")
+    extra = dict(device=str(model.device) + (f" ({torch.cuda.get_device_name(model.device)})"
+                                             if model.device.type == "cuda" else ""),
+                 wall_clock=f"labels {t_labels:.0f} s + {len(res.losses)} steps {res.seconds:.0f} s + validation "
+                            f"{t_val:.0f} s; {time.perf_counter() - t_start:.0f} s with loading",
+                 date=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()))
+    if args.compare:
+        if args.compare == "shipped":
+            other, _ = shipped_predictor(args.model, model.device)
+            name = f"shipped {args.model}.pt"
+        else:
+            other, _ = load_predictor(args.compare, model.device)
+            name = str(args.compare)
+        cmp_metrics = evaluate_predictor(model, other, val_labels)
+        print(f"validation of {name}:", json.dumps({k: round(v, 4) for k, v in cmp_metrics.items()}))
+        extra["compared"] = dict(predictor=name, config=other.config(), validation=cmp_metrics)
+    side = write_sidecar(out, meta, **extra)
+    print(f"wrote {out} ({out.stat().st_size / 1e6:.2f} MB) sha256 {sha}; sidecar {side}")
     return 0
 
 

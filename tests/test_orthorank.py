@@ -645,6 +645,37 @@ def test_triton_gather_add_rmsnorm_and_silu_mul_are_the_modules(dtype):
 
 
 @pytest.mark.triton
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_triton_rope_heads_is_the_reference_rotation(dtype):
+    """One pass: heads split, each rotated by its own row's position (or the gathered one)."""
+    from kvlab.orthorank.reference import _heads, _rope
+    from kvlab.orthorank.triton import rope_heads
+    from kvlab.testing import assert_close_to_oracle
+
+    torch.manual_seed(20)
+    batch, seq, heads, dim = 2, 19, 3, 16
+    angles = torch.arange(seq)[:, None] * 0.3 ** torch.arange(dim // 2)[None, :]
+    cos = torch.cat([angles.cos(), angles.cos()], -1)[None].to(DEV, dtype)
+    sin = torch.cat([angles.sin(), angles.sin()], -1)[None].to(DEV, dtype)
+    x = (torch.randn(batch, seq, heads * dim) * 3).to(DEV, dtype)
+    sel = torch.tensor([[0, 3, 4, 18], [1, 2, 9, 17]], device=DEV)
+    x_sel = torch.stack([x[b, sel[b]] for b in range(batch)])
+
+    def ref(t, c, s_, index=None):
+        c, s_ = c.expand(batch, -1, -1), s_.expand(batch, -1, -1)
+        if index is not None:
+            c = torch.stack([c[b, index[b]] for b in range(batch)])
+            s_ = torch.stack([s_[b, index[b]] for b in range(batch)])
+        return _rope(_heads(t, dim), c, s_)
+
+    for t, index in ((x, None), (x_sel, sel)):
+        out = rope_heads(t, cos, sin, dim, index=index)
+        assert out.shape == (batch, heads, t.shape[1], dim)
+        assert_close_to_oracle(out, ref(t, cos, sin, index), ref(t.double(), cos.double(), sin.double(), index),
+                               reduction=2, dtype=dtype, name="rope")
+
+
+@pytest.mark.triton
 def test_triton_attention_unmasked_prefix_is_used_and_exact():
     """Queries late in the sequence see whole key tiles before them: those run without the mask (and
     without bounds checks); a cache whose positions do not ascend shortens that prefix, never lengthens it."""

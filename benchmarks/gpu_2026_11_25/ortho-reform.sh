@@ -24,7 +24,7 @@ fi
 
 # 1. the kernels against the fp64 oracle, compiled on the GPU
 step tests_orthorank 40 $PY -m pytest tests/test_orthorank.py -q -p no:cacheprovider -m triton \
-  -k "rmsnorm or silu_mul or unmasked_prefix or causal_on_original or routed_layer_matches or router_matches"
+  -k "rmsnorm or silu_mul or rope_heads or unmasked_prefix or causal_on_original or routed_layer_matches or router_matches"
 step tests_reform 20 $PY -m pytest tests/test_reform.py -q -p no:cacheprovider -k "h2o_scores or triton_backend or backend_choice"
 
 # 2. REFORM's scoring: eager vs fused at the run's shapes (budget 2048 + chunk) and at 256k keys, fp32 and bf16

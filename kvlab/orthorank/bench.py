@@ -36,6 +36,11 @@ SHAPES = {
 }
 
 
+ATTENTION_CONFIGS = [dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=st)
+                     for bm, bn, w, st in ((128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 4, 3), (64, 64, 4, 3),
+                                           (64, 128, 4, 3), (128, 32, 4, 4))]
+
+
 def spread_layers(num_layers: int, n: int) -> list[int]:
     """``n`` layers spread evenly over the second half of ``num_layers`` (the last layer excluded)."""
     if n == 0:
@@ -214,6 +219,11 @@ def run_layer(args) -> dict:
             if args.kernels:  # where the routed layer's time goes, kernel by kernel (torch.profiler)
                 row["kernels"] = kernel_profile(per_backend[backend][0])
                 row["dense_kernels"] = kernel_profile(dense)
+                if backend == "triton":  # the selected-attention kernel's tiles (how _attention_config was chosen)
+                    row["attention_configs"] = [
+                        {**c, "ms": bench_ms(lambda c=c: kernels.selected_attention(
+                            query, key, value, q_pos, positions, layer.self_attn.scaling, config=c),
+                            budget_s=0.2)["ms"]} for c in ATTENTION_CONFIGS]
             rows.append(row)
         del model
         torch.cuda.empty_cache()

@@ -43,11 +43,11 @@ import triton.language as tl
 
 from kvlab.kernels.triton_utils import check_triton_inputs, dot, interpreting, online_softmax_step
 
-from .reference import (_cached_positions, _gather_rows, attention_update, layer_kind, logit_softcap, mlp_update,
-                        project_qkv)
+from .reference import (_cached_positions, _gather_rows, _heads, attention_update, layer_kind, logit_softcap,
+                        mlp_update, project_qkv)
 
 __all__ = ["orthogonal_scores", "rmsnorm", "rmsnorm_form", "normalized_scores", "gather_add_rmsnorm", "silu_mul",
-           "mlp", "topk_in_order", "gather_rows", "scatter_rows", "key_ranges", "selected_attention",
+           "mlp", "rope_heads", "topk_in_order", "gather_rows", "scatter_rows", "key_ranges", "selected_attention",
            "routed_layer_triton", "check_routed_layer_triton"]
 
 
@@ -176,6 +176,57 @@ def _silu_mul_kernel(G, U, OUT, numel, BLOCK: tl.constexpr):
     u = tl.load(U + offs, mask=ok, other=0.0).to(tl.float32)
     act = (g / (1.0 + tl.exp(-g))).to(G.dtype.element_ty)  # SiLU rounded to the gate's dtype, as the module
     tl.store(OUT + offs, (act.to(tl.float32) * u).to(OUT.dtype.element_ty), mask=ok)
+
+
+@triton.jit
+def _rope_kernel(X, COS, SIN, IDX, OUT, stride_xr, stride_cb, stride_cn, K, H, HALF: tl.constexpr,
+                 HAS_IDX: tl.constexpr, BLOCK_H: tl.constexpr):
+    # One row (b, j) of a projection ``(batch, k, heads * dim)``, BLOCK_H heads of it: x * cos + rotate_half(x)
+    # * sin with cos/sin of the row's own position (or of position IDX[b, j]), PyTorch's three roundings.
+    row = tl.program_id(0)  # b * K + j
+    b = row // K
+    pos = tl.load(IDX + row) if HAS_IDX else row % K
+    offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    offs_d = tl.arange(0, HALF)
+    h_ok = offs_h < H
+    cs = COS + b.to(tl.int64) * stride_cb + pos.to(tl.int64) * stride_cn
+    sn = SIN + b.to(tl.int64) * stride_cb + pos.to(tl.int64) * stride_cn
+    c1 = tl.load(cs + offs_d).to(tl.float32)[None, :]
+    c2 = tl.load(cs + HALF + offs_d).to(tl.float32)[None, :]
+    s1 = tl.load(sn + offs_d).to(tl.float32)[None, :]
+    s2 = tl.load(sn + HALF + offs_d).to(tl.float32)[None, :]
+    src = X + row.to(tl.int64) * stride_xr + offs_h[:, None] * (2 * HALF) + offs_d[None, :]
+    x1 = tl.load(src, mask=h_ok[:, None], other=0.0).to(tl.float32)
+    x2 = tl.load(src + HALF, mask=h_ok[:, None], other=0.0).to(tl.float32)
+    TY: tl.constexpr = OUT.dtype.element_ty
+    # rotate_half(x) = (-x2, x1); each product rounded, then the sum, as the eager x * cos + rotate_half(x) * sin
+    o1 = ((x1 * c1).to(TY).to(tl.float32) + (-x2 * s1).to(TY).to(tl.float32)).to(TY)
+    o2 = ((x2 * c2).to(TY).to(tl.float32) + (x1 * s2).to(TY).to(tl.float32)).to(TY)
+    dst = OUT + row.to(tl.int64) * H * (2 * HALF) + offs_h[:, None] * (2 * HALF) + offs_d[None, :]
+    tl.store(dst, o1, mask=h_ok[:, None])
+    tl.store(dst + HALF, o2, mask=h_ok[:, None])
+
+
+def rope_heads(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, head_dim: int,
+               index: torch.Tensor | None = None) -> torch.Tensor:
+    """RoPE of a projection ``x (batch, k, heads * head_dim)`` split into heads, in one pass: returns
+    ``(batch, heads, k, head_dim)`` (a transposed view of a ``(batch, k, heads, head_dim)`` buffer), what
+    ``_rope(_heads(x), cos_rows, sin_rows)`` of :mod:`kvlab.orthorank.reference` gives. cos/sin ``(batch or 1,
+    seq, head_dim)``; row ``j`` takes position ``index[b, j]`` (``(batch, k)``) or, without ``index``, ``j``."""
+    batch, k, width = x.shape
+    heads = width // head_dim
+    x = x if x.stride(-1) == 1 and x.stride(1) == width and x.stride(0) == k * width else x.contiguous()
+    cos, sin = cos.expand(batch, *cos.shape[1:]), sin.expand(batch, *sin.shape[1:])
+    if cos.stride(-1) != 1 or sin.stride() != cos.stride():
+        cos, sin = cos.contiguous(), sin.contiguous()
+    out = torch.empty(batch, k, heads, head_dim, dtype=torch.result_type(x, cos), device=x.device)
+    if batch * k:
+        block_h = min(triton.next_power_of_2(heads), 4 if interpreting() else 8)
+        idx = index.to(torch.int64).contiguous() if index is not None else x
+        _rope_kernel[(batch * k, triton.cdiv(heads, block_h))](
+            x, cos, sin, idx, out, width, cos.stride(0), cos.stride(1), k, heads, HALF=head_dim // 2,
+            HAS_IDX=index is not None, BLOCK_H=block_h, num_warps=2)
+    return out.transpose(1, 2)
 
 
 _LLAMA_NORMS = ("LlamaRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm", "MistralRMSNorm")
@@ -580,10 +631,16 @@ def routed_layer_triton(layer: torch.nn.Module, hidden_states: torch.Tensor, sel
     positions = positions.expand(batch, seq)
     normed = rmsnorm(layer.input_layernorm, hidden_states) if normed is None else normed
 
-    # -- queries of the selected tokens, keys and values of every token (the model's own projections)
+    # -- queries of the selected tokens, keys and values of every token (the model's own projections; RoPE in
+    #    one pass each for a pre-norm layer, Gemma3's q/k norms through the reference's code)
     x_sel = gather_rows(normed, selected)
-    query, key, value = project_qkv(layer, x_sel, _gather_rows(cos, selected), _gather_rows(sin, selected),
-                                    normed, cos, sin)
+    if layer_kind(layer) == "pre" and cos.shape[-1] == attn.head_dim:
+        query = rope_heads(attn.q_proj(x_sel), cos, sin, attn.head_dim, index=selected)
+        key = rope_heads(attn.k_proj(normed), cos, sin, attn.head_dim)
+        value = _heads(attn.v_proj(normed), attn.head_dim)
+    else:
+        query, key, value = project_qkv(layer, x_sel, _gather_rows(cos, selected), _gather_rows(sin, selected),
+                                        normed, cos, sin)
     k_pos = positions
     if past_key_values is not None:
         key, value = past_key_values.update(key, value, attn.layer_idx)

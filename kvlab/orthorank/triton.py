@@ -88,13 +88,13 @@ def orthogonal_scores(states: torch.Tensor) -> torch.Tensor:
 # 1b. The layer's RMSNorm fused with the scores (and with the post-attention residual add)
 # ---------------------------------------------------------------------------------------------
 @triton.jit
-def _rms_apply(x, rstd, w, GEMMA: tl.constexpr, IN_TY: tl.constexpr, OUT_TY: tl.constexpr):
-    # The model's own rounding: Llama/Qwen2 ``w * (x * rstd).to(input dtype)``; Gemma3 ``(x * rstd * (1 + w))``
-    # in fp32, then cast.
+def _rms_apply(x, rstd, w, X, Y, GEMMA: tl.constexpr):
+    # The model's own rounding (X, Y: the input and output pointers, for their dtypes): Llama/Qwen2
+    # ``w * (x * rstd).to(input dtype)``; Gemma3 ``(x * rstd * (1 + w))`` in fp32, then cast.
     if GEMMA:
-        y = (x * rstd * (1.0 + w)).to(OUT_TY)
+        y = (x * rstd * (1.0 + w)).to(Y.dtype.element_ty)
     else:
-        y = ((x * rstd).to(IN_TY).to(tl.float32) * w).to(OUT_TY)
+        y = ((x * rstd).to(X.dtype.element_ty).to(tl.float32) * w).to(Y.dtype.element_ty)
     return y
 
 
@@ -105,8 +105,6 @@ def _norm_scores_kernel(X, W, Y, S, stride_xb, stride_xn, N, D, eps, GEMMA: tl.c
     offs_t = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
     row_ok = offs_t < N
     Xb = X + b.to(tl.int64) * stride_xb
-    IN_TY: tl.constexpr = X.dtype.element_ty
-    OUT_TY: tl.constexpr = Y.dtype.element_ty
     # -- pass 1: sums of squares of this block's rows and of the sink row (token 0 of the sequence)
     ss = tl.zeros([BLOCK_T], dtype=tl.float32)
     ss0 = tl.zeros([BLOCK_D], dtype=tl.float32)
@@ -130,11 +128,11 @@ def _norm_scores_kernel(X, W, Y, S, stride_xb, stride_xn, N, D, eps, GEMMA: tl.c
         m2 = row_ok[:, None] & d_ok[None, :]
         x = tl.load(Xb + offs_t[:, None] * stride_xn + offs_d[None, :], mask=m2, other=0.0).to(tl.float32)
         w = tl.load(W + offs_d, mask=d_ok, other=0.0).to(tl.float32)
-        y = _rms_apply(x, rstd[:, None], w[None, :], GEMMA, IN_TY, OUT_TY)
+        y = _rms_apply(x, rstd[:, None], w[None, :], X, Y, GEMMA)
         tl.store(Yb + offs_t[:, None] * D + offs_d[None, :], y, mask=m2)
         if SCORE:
             x0 = tl.load(Xb + offs_d, mask=d_ok, other=0.0).to(tl.float32)
-            y0 = _rms_apply(x0, rstd0, w, GEMMA, IN_TY, OUT_TY).to(tl.float32)
+            y0 = _rms_apply(x0, rstd0, w, X, Y, GEMMA).to(tl.float32)
             acc += tl.sum(y.to(tl.float32) * y0[None, :], axis=1)
     if SCORE:
         tl.store(S + b * N + offs_t, tl.abs(acc), mask=row_ok)
@@ -148,13 +146,12 @@ def _gather_add_norm_kernel(X, IDX, ADD, W, A, Y, N, K, D, eps, GEMMA: tl.conste
     src = tl.load(IDX + row)
     Xr = X + (b.to(tl.int64) * N + src) * D
     Ar = ADD + row.to(tl.int64) * D
-    IN_TY: tl.constexpr = X.dtype.element_ty
     ss = tl.zeros([BLOCK_D], dtype=tl.float32)
     for d0 in range(0, D, BLOCK_D):
         offs = d0 + tl.arange(0, BLOCK_D)
         ok = offs < D
         a = (tl.load(Xr + offs, mask=ok, other=0.0).to(tl.float32)
-             + tl.load(Ar + offs, mask=ok, other=0.0).to(tl.float32)).to(IN_TY)
+             + tl.load(Ar + offs, mask=ok, other=0.0).to(tl.float32)).to(X.dtype.element_ty)
         tl.store(A + row.to(tl.int64) * D + offs, a, mask=ok)
         a = a.to(tl.float32)
         ss += a * a
@@ -163,9 +160,9 @@ def _gather_add_norm_kernel(X, IDX, ADD, W, A, Y, N, K, D, eps, GEMMA: tl.conste
         offs = d0 + tl.arange(0, BLOCK_D)
         ok = offs < D
         a = (tl.load(Xr + offs, mask=ok, other=0.0).to(tl.float32)
-             + tl.load(Ar + offs, mask=ok, other=0.0).to(tl.float32)).to(IN_TY).to(tl.float32)
+             + tl.load(Ar + offs, mask=ok, other=0.0).to(tl.float32)).to(X.dtype.element_ty).to(tl.float32)
         w = tl.load(W + offs, mask=ok, other=0.0).to(tl.float32)
-        tl.store(Y + row.to(tl.int64) * D + offs, _rms_apply(a, rstd, w, GEMMA, IN_TY, Y.dtype.element_ty), mask=ok)
+        tl.store(Y + row.to(tl.int64) * D + offs, _rms_apply(a, rstd, w, X, Y, GEMMA), mask=ok)
 
 
 @triton.jit
@@ -179,13 +176,22 @@ def _silu_mul_kernel(G, U, OUT, numel, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def _round_sum(a, b, OUT):
+    # a and b rounded to OUT's dtype, then their sum: PyTorch's ``a + b`` of two low-precision products
+    ty = OUT.dtype.element_ty
+    return (a.to(ty).to(tl.float32) + b.to(ty).to(tl.float32)).to(ty)
+
+
+@triton.jit
 def _rope_kernel(X, COS, SIN, IDX, OUT, stride_xr, stride_cb, stride_cn, K, H, HALF: tl.constexpr,
                  HAS_IDX: tl.constexpr, BLOCK_H: tl.constexpr):
     # One row (b, j) of a projection ``(batch, k, heads * dim)``, BLOCK_H heads of it: x * cos + rotate_half(x)
     # * sin with cos/sin of the row's own position (or of position IDX[b, j]), PyTorch's three roundings.
     row = tl.program_id(0)  # b * K + j
     b = row // K
-    pos = tl.load(IDX + row) if HAS_IDX else row % K
+    pos = row % K
+    if HAS_IDX:
+        pos = tl.load(IDX + row)
     offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     offs_d = tl.arange(0, HALF)
     h_ok = offs_h < H
@@ -198,10 +204,9 @@ def _rope_kernel(X, COS, SIN, IDX, OUT, stride_xr, stride_cb, stride_cn, K, H, H
     src = X + row.to(tl.int64) * stride_xr + offs_h[:, None] * (2 * HALF) + offs_d[None, :]
     x1 = tl.load(src, mask=h_ok[:, None], other=0.0).to(tl.float32)
     x2 = tl.load(src + HALF, mask=h_ok[:, None], other=0.0).to(tl.float32)
-    TY: tl.constexpr = OUT.dtype.element_ty
     # rotate_half(x) = (-x2, x1); each product rounded, then the sum, as the eager x * cos + rotate_half(x) * sin
-    o1 = ((x1 * c1).to(TY).to(tl.float32) + (-x2 * s1).to(TY).to(tl.float32)).to(TY)
-    o2 = ((x2 * c2).to(TY).to(tl.float32) + (x1 * s2).to(TY).to(tl.float32)).to(TY)
+    o1 = _round_sum(x1 * c1, -x2 * s1, OUT)
+    o2 = _round_sum(x2 * c2, x1 * s2, OUT)
     dst = OUT + row.to(tl.int64) * H * (2 * HALF) + offs_h[:, None] * (2 * HALF) + offs_d[None, :]
     tl.store(dst, o1, mask=h_ok[:, None])
     tl.store(dst + HALF, o2, mask=h_ok[:, None])

@@ -179,7 +179,7 @@ def _h2o_scores_kernel(
         for m0 in range(0, W, BLOCK_M):
             # -- the rows' log-sum-exp from every span's statistics (no launch, no PyTorch op in between)
             lse = _lse_rows(MAX, SUM, b, h, m0, S, B, W, H, BLOCK_S, BLOCK_M)
-            first = (g == 0) & (m0 == 0)
+            later = (g + m0) > 0  # the first head and query tile of the program start from 0
             for t0 in range(k_lo, k_hi, BLOCK_N):
                 k, kpos, k_ok, offs_n = _key_tile(K, KPOS, b, hk, t0 // BLOCK_N, k_hi, stride_kb, stride_kh,
                                                   stride_kn, HEAD_DIM, BLOCK_N)
@@ -188,7 +188,7 @@ def _h2o_scores_kernel(
                     HAS_WINDOW, HEAD_DIM, BLOCK_M, BLOCK_N, FP32_DOT)
                 p = tl.where(visible, tl.exp2(s - lse[:, None]), 0.0)
                 # -- epilogue: add to what the earlier heads / query tiles of this program left, (batch, kv_heads, n)
-                prev = tl.load(OUTb + offs_n, mask=k_ok & (first == 0), other=0.0)
+                prev = tl.load(OUTb + offs_n, mask=k_ok & later, other=0.0)
                 tl.store(OUTb + offs_n, prev + tl.sum(p, 0), mask=k_ok)
             tl.debug_barrier()  # the next head reads back what this one stored
 

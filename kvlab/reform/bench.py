@@ -364,11 +364,44 @@ def run_scoring(args) -> int:
             ms = bench_ms(lambda: h2o_scores_triton(q, k, d ** -0.5, q_pos, k_pos, config=cfg), args.time_budget)
             tune.append({"dtype": str(dtype)[6:], "cache": n, **cfg, "ms": ms["ms"]})
             print(tune[-1], flush=True)
+    run = _scoring_of_a_run(args, h, hk, d, w) if args.run_tokens else []
     report = {"device": device_info(), "shape": "SmolLM2-135M: 9 heads, 3 KV heads, dim 64, last 128 queries",
               "budget": args.budget, "n_initial": args.n_initial, "n_recent": args.n_recent, "rows": rows,
-              "table": table, "tune": tune, "command": "python -m kvlab bench reform " + " ".join(args.argv)}
+              "table": table, "tune": tune, "run_scoring": run,
+              "command": "python -m kvlab bench reform " + " ".join(args.argv)}
     _write(args.out, report)
     return 0
+
+
+def _scoring_of_a_run(args, h: int, hk: int, d: int, w: int) -> list[dict[str, Any]]:
+    """The scoring part of a ``--run-tokens`` REFORM pass on random inputs: every chunk after the first scores
+    ``budget + chunk`` keys in each layer below the shipped heads file's exit layer, the device synchronised after
+    each call as the profile's timers do; eager vs fused, fp32 and bf16, in one process."""
+    from kvlab.reform.reference import h2o_scores
+    from kvlab.reform.triton import h2o_scores_triton
+
+    heads = json.loads((Path(__file__).parent / "heads" / "smollm2-135m.json").read_text())
+    layers = int(heads["early_exit_layer"])
+    calls = (args.run_tokens // args.chunk_size - 1) * layers
+    n = args.budget + args.chunk_size
+    out = []
+    for dtype in (torch.float32, torch.bfloat16):
+        q = (torch.randn(1, h, w, d, device="cuda") * 2).to(dtype)
+        k = torch.randn(1, hk, n, d, device="cuda").to(dtype)
+        q_pos, k_pos = torch.arange(n - w, n, device="cuda"), torch.arange(n, device="cuda")
+        row = {"dtype": str(dtype)[6:], "tokens": args.run_tokens, "calls": calls, "keys_per_call": n}
+        for name, fn in (("torch", h2o_scores), ("triton", h2o_scores_triton)):
+            fn(q, k, d ** -0.5, q_pos, k_pos)
+            torch.cuda.synchronize()
+            begin = time.perf_counter()
+            for _ in range(calls):
+                fn(q, k, d ** -0.5, q_pos, k_pos)
+                torch.cuda.synchronize()
+            row[f"{name}_s"] = round(time.perf_counter() - begin, 3)
+        row["speedup"] = round(row["torch_s"] / row["triton_s"], 2)
+        out.append(row)
+        print(row, flush=True)
+    return out
 
 
 def run_profile(args) -> int:
@@ -467,6 +500,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--chunks", type=int, nargs="+", default=[2048, 4096, 8192],
                    help="scoring: chunk lengths added to the budget (keys scored = budget + chunk)")
     p.add_argument("--time-budget", type=float, default=0.5, help="scoring: seconds of repeats per timing")
+    p.add_argument("--run-tokens", type=int, default=0,
+                   help="scoring: also time every scoring call of a REFORM pass over this many tokens (random inputs)")
     p.add_argument("--baseline-max", type=int, default=262144, help="longest input the baselines run on")
     return p
 

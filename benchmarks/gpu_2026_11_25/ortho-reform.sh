@@ -29,7 +29,7 @@ step tests_reform 20 $PY -m pytest tests/test_reform.py -q -p no:cacheprovider -
 
 # 2. REFORM's scoring: eager vs fused at the run's shapes (budget 2048 + chunk) and at 256k keys, fp32 and bf16
 step reform_scoring 25 $PY -m kvlab bench reform scoring --out "$OUT/reform_scoring.json" \
-  --chunks 2048 8192 260096 --time-budget 0.3
+  --chunks 2048 8192 260096 --time-budget 0.3 --run-tokens 262144
 
 # 3. OrthoRank: one routed layer of the 8B shape with a per-kernel profile, then the model's throughput
 step ortho_layer 40 $PY -m kvlab bench orthorank layer --shapes 8b --budget 0.5 --backends triton --kernels \

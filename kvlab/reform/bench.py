@@ -359,8 +359,11 @@ def run_scoring(args) -> int:
         q = torch.randn(1, h, w, d, device=device).to(dtype)
         k = torch.randn(1, hk, n, d, device=device).to(dtype)
         q_pos, k_pos = torch.arange(n - w, n, device=device), torch.arange(n, device=device)
-        for bm, bn, warps in ((128, 32, 4), (128, 64, 4), (128, 64, 8), (64, 128, 4)):
-            cfg = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK=64, num_warps=warps)
+        for bm, bn, warps, precision in ((128, 32, 4, "tf32x3"), (128, 64, 4, "tf32x3"), (128, 64, 8, "tf32x3"),
+                                         (64, 128, 4, "tf32x3"), (128, 64, 4, "ieee")):
+            if precision == "ieee" and dtype != torch.float32:
+                continue
+            cfg = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK=64, num_warps=warps, fp32_precision=precision)
             ms = bench_ms(lambda: h2o_scores_triton(q, k, d ** -0.5, q_pos, k_pos, config=cfg), args.time_budget)
             tune.append({"dtype": str(dtype)[6:], "cache": n, **cfg, "ms": ms["ms"]})
             print(tune[-1], flush=True)

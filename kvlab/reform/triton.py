@@ -75,7 +75,10 @@ def _score_tile(Q, QPOS, k, kpos, k_ok, b, h, m0, W, WINDOW, qk_scale, stride_qb
     q = tl.load(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qn + offs_d[None, :],
                 mask=q_ok[:, None], other=0.0)
     qpos = tl.load(QPOS + offs_m, mask=q_ok, other=0)
-    s = _dot(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), FP32_DOT) * qk_scale
+    if FP32_DOT == 2:  # float32 on the GPU: three tf32 tensor-core products (hi*hi + hi*lo + lo*hi), ~fp32
+        s = tl.dot(q, tl.trans(k), input_precision="tf32x3") * qk_scale
+    else:  # 1: true fp32 products (float32 with fp32_precision="ieee", the CPU interpreter); 0: bf16/fp16
+        s = _dot(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), FP32_DOT == 1) * qk_scale
     diff = qpos[:, None] - kpos[None, :]
     visible = (diff >= 0) & q_ok[:, None] & k_ok[None, :]
     if HAS_WINDOW:  # Gemma3's local layers
@@ -266,6 +269,20 @@ def _spans(n: int, programs_per_span: int, block_n: int, device) -> tuple[int, i
     return per_span * block_n, triton.cdiv(tiles, per_span)
 
 
+def _dot_mode(dtype: torch.dtype, cfg: dict) -> int:
+    """0: bf16/fp16 tensor cores; 1: true fp32 products (the interpreter, or ``fp32_precision="ieee"``);
+    2: float32 as three tf32 products (``"tf32x3"``, the default on the GPU: the plain fp32 FMA path makes the
+    kernel's two passes over the keys slower than the eager matmul at 256k keys)."""
+    if dtype != torch.float32:
+        return 1 if _interpreting() else 0
+    if _interpreting():
+        return 1
+    precision = cfg.get("fp32_precision", "tf32x3")
+    if precision not in ("tf32x3", "ieee"):
+        raise ValueError(f"config fp32_precision must be 'tf32x3' or 'ieee', got {precision!r}")
+    return 2 if precision == "tf32x3" else 1
+
+
 def h2o_scores_triton(query: torch.Tensor, keys: torch.Tensor, scaling: float, q_pos: torch.Tensor,
                       k_pos: torch.Tensor, window: int | None = None, config: dict | None = None) -> torch.Tensor:
     """Heavy-hitter scores, the arguments and result of :func:`kvlab.reform.reference.h2o_scores`.
@@ -286,7 +303,7 @@ def h2o_scores_triton(query: torch.Tensor, keys: torch.Tensor, scaling: float, q
     grid = (spans, bsz * hk)
     strides = (query.stride(0), query.stride(1), query.stride(2), keys.stride(0), keys.stride(1), keys.stride(2))
     meta = dict(H=h, GROUP=h // hk, HEAD_DIM=d, HAS_WINDOW=window is not None, BLOCK_M=cfg["BLOCK_M"],
-                BLOCK_N=cfg["BLOCK_N"], FP32_DOT=query.dtype == torch.float32 or _interpreting(),
+                BLOCK_N=cfg["BLOCK_N"], FP32_DOT=_dot_mode(query.dtype, cfg),
                 num_warps=cfg["num_warps"])
     qk_scale = float(scaling) * _LOG2E
     window = 0 if window is None else int(window)

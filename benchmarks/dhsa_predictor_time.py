@@ -85,6 +85,27 @@ def run_shape(name: str, n: int, device, args) -> dict:
         pred16.load_state_dict(pred.state_dict())
         x16 = key_features(k)
         row["pred_bf16_ms"] = timed(lambda: pred16(x16), device)
+        valid = label_valid(n, 4, device)
+        max_chunks = max(2, n // args.min_mean_len)
+        fb = None
+        if device.type == "cuda" or chunking._interpreting():  # the fast path first: a time limit keeps it
+            p16 = torch.sigmoid(pred16(x16).float())
+            fast_nms = lambda: chunking.nms_boundaries_fast(  # noqa: E731
+                p16, max_chunks=max_chunks, threshold=args.threshold, nms_window=args.nms_window, valid=valid,
+                max_len=args.max_len)
+            ref_b = [split_long_chunks(b, args.max_len) for b in nms_boundaries(
+                p16, max_chunks=max_chunks, threshold=args.threshold, nms_window=args.nms_window, valid=valid)]
+            row["nms_exact"] = all(torch.equal(a, b) for a, b in zip(ref_b, fast_nms()))
+            row["fast_pred_ms"] = timed(lambda: chunking.predictor_logits(pred16, x16), device)
+            row["fast_nms_ms"] = timed(fast_nms, device)
+            fcall = lambda: chunking.predict_boundaries_fast(  # noqa: E731
+                pred16, k, max_chunks=max_chunks, threshold=args.threshold, nms_window=args.nms_window,
+                max_len=args.max_len)
+            row["fast_ms"] = timed(fcall, device)
+            row["share_fast"] = row["fast_ms"] / row["sdpa_ms"]
+            fb = fcall()[0]
+            row["fast_chunks"] = int(fb.numel() - 1)
+            print(json.dumps(row), flush=True)
         fast = pred16
         if not args.no_compile:
             try:
@@ -97,8 +118,6 @@ def run_shape(name: str, n: int, device, args) -> dict:
                 row["compile_error"] = f"{type(exc).__name__}: {exc}"[:200]
                 fast = pred16
         p = torch.sigmoid(fast(x16).float())
-        valid = label_valid(n, 4, device)
-        max_chunks = max(2, n // args.min_mean_len)
         row["nms_ms"] = timed(lambda: [split_long_chunks(b, args.max_len) for b in nms_boundaries(
             p, max_chunks=max_chunks, threshold=args.threshold, nms_window=args.nms_window, valid=valid)], device)
         call = lambda: predict_boundaries(fast, k, max_chunks=max_chunks, threshold=args.threshold,  # noqa: E731
@@ -108,41 +127,43 @@ def run_shape(name: str, n: int, device, args) -> dict:
         row["chunks"] = int(bd.numel() - 1)
         row["mean_len"] = n / row["chunks"]
         row["share"] = row["chunking_ms"] / row["sdpa_ms"]
-        if device.type == "cuda" or chunking._interpreting():
-            fast_nms = lambda: chunking.nms_boundaries_fast(  # noqa: E731
-                p, max_chunks=max_chunks, threshold=args.threshold, nms_window=args.nms_window, valid=valid,
-                max_len=args.max_len)
-            ref_b = [split_long_chunks(b, args.max_len) for b in nms_boundaries(
-                p, max_chunks=max_chunks, threshold=args.threshold, nms_window=args.nms_window, valid=valid)]
-            row["nms_exact"] = all(torch.equal(a, b) for a, b in zip(ref_b, fast_nms()))
-            row["fast_pred_ms"] = timed(lambda: chunking.predictor_logits(pred16, x16), device)
-            row["fast_nms_ms"] = timed(fast_nms, device)
-            fcall = lambda: chunking.predict_boundaries_fast(  # noqa: E731
-                pred16, k, max_chunks=max_chunks, threshold=args.threshold, nms_window=args.nms_window,
-                max_len=args.max_len)
-            row["fast_ms"] = timed(fcall, device)
-            row["share_fast"] = row["fast_ms"] / row["sdpa_ms"]
-            fb = fcall()[0]
-            row["fast_chunks"] = int(fb.numel() - 1)
+        if fb is not None:
             row["agree"] = len(set(fb.tolist()) & set(bd.tolist())) / max(1, bd.numel())
-            if not args.no_compile and device.type == "cuda":
-                try:
-                    logits_c = torch.compile(chunking.predictor_logits, dynamic=False)
-                    t0 = time.perf_counter()
-                    logits_c(pred16, x16)
-                    row["fast_compile_s"] = time.perf_counter() - t0
+        if fb is not None and not args.no_compile and device.type == "cuda":
+            try:
+                logits_c = torch.compile(chunking.predictor_logits, dynamic=False)
+                t0 = time.perf_counter()
+                logits_c(pred16, x16)
+                row["fast_compile_s"] = time.perf_counter() - t0
 
-                    def ccall():
-                        pc = torch.sigmoid(logits_c(pred16, x16).float())
-                        return chunking.nms_boundaries_fast(pc, max_chunks=max_chunks, threshold=args.threshold,
-                                                            nms_window=args.nms_window, valid=valid,
-                                                            max_len=args.max_len)
-                    row["fast_compiled_pred_ms"] = timed(lambda: logits_c(pred16, x16), device)
-                    row["fast_compiled_ms"] = timed(ccall, device)
-                except Exception as exc:
-                    row["fast_compile_error"] = f"{type(exc).__name__}: {exc}"[:300]
+                def ccall():
+                    pc = torch.sigmoid(logits_c(pred16, x16).float())
+                    return chunking.nms_boundaries_fast(pc, max_chunks=max_chunks, threshold=args.threshold,
+                                                        nms_window=args.nms_window, valid=valid,
+                                                        max_len=args.max_len)
+                row["fast_compiled_pred_ms"] = timed(lambda: logits_c(pred16, x16), device)
+                row["fast_compiled_ms"] = timed(ccall, device)
+            except Exception as exc:
+                row["fast_compile_error"] = f"{type(exc).__name__}: {exc}"[:300]
     print(json.dumps(row), flush=True)
     return row
+
+
+COLS = ["shape", "seq", "channels", "sdpa_ms", "pred_fp32_ms", "pred_bf16_ms", "pred_compiled_ms", "nms_ms",
+        "chunking_ms", "share", "chunks", "mean_len", "fast_pred_ms", "fast_nms_ms", "fast_ms", "share_fast",
+        "fast_compiled_pred_ms", "fast_compiled_ms", "nms_exact", "agree"]
+
+
+def write(out: Path, info: dict, rows: list[dict]) -> None:
+    (out / "dhsa_predictor_time.json").write_text(json.dumps({"info": info, "rows": rows}, indent=1))
+    lines = ["| " + " | ".join(COLS) + " |", "|" + "---|" * len(COLS)]
+    for r in rows:
+        lines.append("| " + " | ".join(f"{r[c]:.3f}" if isinstance(r.get(c), float) else str(r.get(c, "-"))
+                                        for c in COLS) + " |")
+    table = "\n".join(lines)
+    (out / "dhsa_predictor_time.md").write_text(f"{info['device']} ({info['date']})\n\n`{info['command']}`\n\n"
+                                                f"{table}\n")
+    print(table, flush=True)
 
 
 def main(argv=None) -> int:
@@ -161,6 +182,8 @@ def main(argv=None) -> int:
     info = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "torch": torch.__version__,
             "date": time.strftime("%Y-%m-%d %H:%M:%S"), "command": " ".join(sys.argv)}
     print(json.dumps(info), flush=True)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
     rows = []
     for name in args.shapes.split(","):
         try:
@@ -169,20 +192,7 @@ def main(argv=None) -> int:
             rows.append({"shape": name, "seq": args.seq, "error": "OOM"})
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "dhsa_predictor_time.json").write_text(json.dumps({"info": info, "rows": rows}, indent=1))
-    cols = ["shape", "seq", "channels", "sdpa_ms", "pred_fp32_ms", "pred_bf16_ms", "pred_compiled_ms", "nms_ms",
-            "chunking_ms", "share", "chunks", "mean_len", "fast_pred_ms", "fast_nms_ms", "fast_ms", "share_fast",
-            "fast_compiled_pred_ms", "fast_compiled_ms", "nms_exact", "agree"]
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    for r in rows:
-        lines.append("| " + " | ".join(f"{r[c]:.3f}" if isinstance(r.get(c), float) else str(r.get(c, "-"))
-                                        for c in cols) + " |")
-    table = "\n".join(lines)
-    (out / "dhsa_predictor_time.md").write_text(f"{info['device']} ({info['date']})\n\n`{info['command']}`\n\n"
-                                                f"{table}\n")
-    print(table)
+        write(out, info, rows)  # after every shape: a run stopped by a time limit keeps what it measured
     return 0
 
 

@@ -184,12 +184,14 @@ def test_triton_takes_strided_inputs(variant):
 def test_triton_tile_shapes_do_not_change_the_result(neighbors, splits_per, variant):
     """The window region is aligned to BLOCK_N; unequal tiles per kernel must give the same maths
     (neighbors = 37 gives the forward pass fully visible window tiles in both configs; 70 keys with
-    far tiles of 32 leave full and partial far tiles; splits_per 1000 runs the far dK/dV walk unsplit)."""
+    far tiles of 32 leave full and partial far tiles; splits_per 1000 runs the far dK/dV walk unsplit; the "tma"
+    forward's window_split sends whole window tiles through an unmasked loop)."""
     from kvlab.sepllm.triton import sep_attention_triton
 
     q, k, v, is_sep, do = _inputs(2, 2, 1, 70, 16, torch.float32, 0.15, seed=3)
     base = _run(lambda *x: sep_attention_triton(*x, is_sep, 2, neighbors), q, k, v, do)
-    cfg = {"variant": variant, "fwd": dict(BLOCK_M=32, BLOCK_N=16, BLOCK_F=32, num_warps=4, num_stages=1),
+    cfg = {"variant": variant, "fwd": dict(BLOCK_M=32, BLOCK_N=16, BLOCK_F=32, num_warps=4, num_stages=1,
+                                           window_split=True),
            "dq": dict(BLOCK_M=16, BLOCK_N=32, BLOCK_F=16, num_warps=4, num_stages=1),
            "dkdv": dict(BLOCK_M=32, BLOCK_N=16, BLOCK_F=32, num_warps=4, num_stages=1), "far_splits_per": splits_per}
     other = _run(lambda *x: sep_attention_triton(*x, is_sep, 2, neighbors, config=cfg), q, k, v, do)

@@ -362,10 +362,11 @@ def run_tune(args) -> dict:
             rows.append({"variant": name, "error": str(exc)[:300]})
         print(rows[-1], flush=True)
 
-    def with_kind(base, kind, bm, bn, bf, nw, ns, ws=False, **extra):
+    def with_kind(base, kind, bm, bn, bf, nw, ns, ws=False, extra=None):
         cfg = {key: dict(val) if isinstance(val, dict) else val for key, val in base.items()}
-        cfg[kind] = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_F=bf, num_warps=nw, num_stages=ns, warp_spec=ws) | extra
-        return f"{cfg['variant']} {kind} {bm}x{bn}/{bf} w{nw} s{ns}{' ws' if ws else ''}", cfg
+        cfg[kind] = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_F=bf, num_warps=nw, num_stages=ns, warp_spec=ws) | (extra or {})
+        more = "".join(f" {key}" for key, val in (extra or {}).items() if val)
+        return f"{cfg['variant']} {kind} {bm}x{bn}/{bf} w{nw} s{ns}{' ws' if ws else ''}{more}", cfg
 
     qg, kg, vg = (x.detach().clone().requires_grad_() for x in (q, k, v))
     record("sdpa causal fwd", lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=h != hk),
@@ -395,6 +396,7 @@ def run_tune(args) -> dict:
         record(f"{var} fwd default", lambda: st._forward(q, k, v, kept, idx, cnt, w, scale, base, False),  # noqa: B023
                work["useful_flop"], TFLOPs_computed=None)
         rows[-1]["TFLOPs_computed"] = work["computed_flop"] / rows[-1]["ms"] / 1e9 if "ms" in rows[-1] else None
+        print("   ", {"TFLOPs_computed": rows[-1]["TFLOPs_computed"], "work": work}, flush=True)
         for part in ("dq", "window", "far"):
             record(f"{var} bwd part {part} (default)",
                    lambda: st._backward(do, q, k, v, o, lse, kept, idx, cnt, w, scale, base, False, (part,)))  # noqa: B023
@@ -409,9 +411,10 @@ def run_tune(args) -> dict:
                    lambda: st._forward(q, k, v, kept1, idx1, cnt1, w, scale, base, False), causal_flops)  # noqa: B023
         if "fwd" in args.parts:
             if var == "tma":
-                choices = [(128, 64, 128, 8, 2), (128, 64, 128, 8, 4), (128, 128, 128, 8, 3), (128, 64, 64, 4, 3),
-                           (128, 32, 64, 4, 2), (64, 64, 128, 4, 3), (128, 64, 128, 8, 3, True),
-                           (128, 64, 64, 4, 3, True)]
+                split = {"window_split": True}
+                choices = [(128, 64, 128, 8, 3, False, split), (128, 64, 128, 8, 2), (128, 64, 128, 8, 4),
+                           (128, 128, 128, 8, 3), (128, 64, 64, 4, 3), (128, 32, 64, 4, 2), (64, 64, 128, 4, 3),
+                           (128, 32, 128, 8, 3, False, split), (128, 64, 128, 8, 3, True), (128, 64, 64, 4, 3, True)]
             else:
                 choices = [(128, 32, 64, 4, 2), (128, 64, 128, 8, 3)]
             for choice in choices:
@@ -423,6 +426,7 @@ def run_tune(args) -> dict:
                     rows[-1]["TFLOPs_computed"] = wk["computed_flop"] / rows[-1]["ms"] / 1e9
                     rows[-1]["rel_err_vs_ref"] = _rel(st._forward(q, k, v, kept, idx, cnt, w, scale, cfg, False)[0],
                                                       o_ref)
+                    print("   ", {key: rows[-1][key] for key in ("TFLOPs_computed", "rel_err_vs_ref")}, flush=True)
         if "dq" in args.parts:
             choices = ([(64, 64, 64, 4, 3), (128, 64, 64, 8, 3), (64, 32, 128, 4, 3), (128, 64, 128, 8, 2),
                         (64, 32, 64, 4, 3, True)] if var == "tma" else [])
@@ -432,6 +436,7 @@ def run_tune(args) -> dict:
                 if "ms" in rows[-1]:
                     rows[-1]["rel_err_vs_ref"] = _rel(
                         st._backward(do, q, k, v, o, lse, kept, idx, cnt, w, scale, cfg, False, ("dq",))[0], dq_ref)
+                    print("    rel_err_vs_ref", rows[-1]["rel_err_vs_ref"], flush=True)
         if "dkdv" in args.parts:
             for choice in [(64, 128, 128, 8, 3), (32, 128, 128, 8, 3), (64, 64, 64, 4, 3), (32, 64, 128, 4, 3),
                            (64, 64, 128, 8, 3)]:

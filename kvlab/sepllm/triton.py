@@ -468,13 +468,28 @@ def _far_step_unmasked(q, k, v, m_i, l_i, acc, qk_scale, BLOCK_M: tl.constexpr, 
 
 
 @triton.jit
+def _window_step(q, k_desc, v_desc, KEPTb, start, N, NEIGH, offs_m, m_i, l_i, acc, qk_scale, BLOCK_M: tl.constexpr,
+                 BLOCK_N: tl.constexpr, FP32_DOT: tl.constexpr):
+    # One masked window tile: causal, and a neighbour (q - k < NEIGH) or a kept key
+    kpos = start + tl.arange(0, BLOCK_N)
+    k = k_desc.load([start, 0])
+    v = v_desc.load([start, 0])
+    kept = tl.load(KEPTb + kpos, mask=kpos < N, other=0)
+    dist = offs_m[:, None] - kpos[None, :]
+    visible = (dist >= 0) & ((dist < NEIGH) | (kept[None, :] != 0))
+    s = _dot(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), FP32_DOT)
+    s = tl.where(visible, s * qk_scale, float("-inf"))
+    return _online_softmax_step(s, v, m_i, l_i, acc, FP32_DOT)
+
+
+@triton.jit
 def _sep_fwd_tma_kernel(
     Q, K, V, KC, VC, O, LSE, KEPT, CNT,
     stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
     stride_ob, stride_oh, stride_on,
     N, NEIGH, qk_scale, H: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_F: tl.constexpr, FP32_DOT: tl.constexpr,
-    WARP_SPEC: tl.constexpr, PARTS: tl.constexpr,
+    WARP_SPEC: tl.constexpr, PARTS: tl.constexpr, WINDOW_SPLIT: tl.constexpr,
 ):
     # PARTS: 3 runs both stages; 1 (far keys only) or 2 (window only) time them apart (wrong results).
     # -- which tile, which heads; descriptors of this (batch, head)'s rows
@@ -518,21 +533,31 @@ def _sep_fwd_tma_kernel(
         s = tl.where(live[None, :], s * qk_scale, float("-inf"))
         m_i, l_i, acc = _online_softmax_step(s, v, m_i, l_i, acc, FP32_DOT)
 
-    # -- stage 2: the window region, dense tiles with the element mask
+    # -- stage 2: the window region, dense tiles with the element mask. WINDOW_SPLIT: the tiles every query
+    #    of the tile sees whole (k <= q0 and q0 + BLOCK_M - 1 - k < NEIGH) go through an unmasked loop
+    #    between the masked ones (BLOCK_N divides BLOCK_M, so the diagonal starts on a tile boundary).
     hi = tl.minimum(q0 + BLOCK_M, N)
     if PARTS & 2 == 0:
         hi = lo
     KEPTb = KEPT + b * N
-    for start in range(lo, hi, BLOCK_N):
-        kpos = start + tl.arange(0, BLOCK_N)
+    mid_lo = hi
+    mid_hi = hi
+    if WINDOW_SPLIT:
+        mid_lo = tl.minimum(tl.maximum((q0 + BLOCK_M - NEIGH + BLOCK_N - 1) // BLOCK_N * BLOCK_N, lo), q0)
+        mid_hi = tl.maximum(q0, mid_lo)
+        if PARTS & 2 == 0:
+            mid_lo = lo
+            mid_hi = lo
+    for start in range(lo, mid_lo, BLOCK_N):
+        m_i, l_i, acc = _window_step(q, k_desc, v_desc, KEPTb, start, N, NEIGH, offs_m, m_i, l_i, acc, qk_scale,
+                                     BLOCK_M, BLOCK_N, FP32_DOT)
+    for start in range(mid_lo, mid_hi, BLOCK_N):
         k = k_desc.load([start, 0])
         v = v_desc.load([start, 0])
-        kept = tl.load(KEPTb + kpos, mask=kpos < N, other=0)
-        dist = offs_m[:, None] - kpos[None, :]
-        visible = (dist >= 0) & ((dist < NEIGH) | (kept[None, :] != 0))
-        s = _dot(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), FP32_DOT)
-        s = tl.where(visible, s * qk_scale, float("-inf"))
-        m_i, l_i, acc = _online_softmax_step(s, v, m_i, l_i, acc, FP32_DOT)
+        m_i, l_i, acc = _far_step_unmasked(q, k, v, m_i, l_i, acc, qk_scale, BLOCK_M, BLOCK_N, FP32_DOT)
+    for start in range(mid_hi, hi, BLOCK_N):
+        m_i, l_i, acc = _window_step(q, k_desc, v_desc, KEPTb, start, N, NEIGH, offs_m, m_i, l_i, acc, qk_scale,
+                                     BLOCK_M, BLOCK_N, FP32_DOT)
 
     # -- epilogue: normalise, store the output and the base-2 log-sum-exp for the backward pass
     acc = acc / l_i[:, None]
@@ -856,6 +881,8 @@ def _launch(kernel, grid, c, *args, **meta):
         meta["WARP_SPEC"] = bool(c.get("warp_spec", False))
     if "PARTS" in kernel.arg_names:
         meta["PARTS"] = int(c.get("parts", 3))
+    if "WINDOW_SPLIT" in kernel.arg_names:
+        meta["WINDOW_SPLIT"] = bool(c.get("window_split", False)) and c["BLOCK_M"] % c["BLOCK_N"] == 0
     kernel[grid](*args, **meta, BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"], BLOCK_F=c["BLOCK_F"],
                  num_warps=c["num_warps"], num_stages=c["num_stages"])
 

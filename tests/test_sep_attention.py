@@ -296,3 +296,26 @@ def test_default_tiles_follow_head_dim_and_dtype():
         assert cfg["fwd"]["BLOCK_M"] == tuned["fwd"]["BLOCK_M"] // 2
         assert cfg["dkdv"]["BLOCK_M"] == cfg["dkdv"]["BLOCK_M"] and cfg["fwd"]["BLOCK_N"] == tuned["fwd"]["BLOCK_N"]
     assert default_config(64, torch.bfloat16, interpret=False) == tuned
+
+
+def test_tile_work_counts_the_mask_and_the_tiles():
+    """The benchmark's work model: useful FLOP = 4 * dim per visible (query, key) entry of the mask; computed FLOP
+    = every entry of the tiles the forward kernel walks (far tiles of BLOCK_F, window tiles of BLOCK_N)."""
+    from kvlab.sepllm.bench import tile_work
+
+    g = torch.Generator().manual_seed(12)
+    is_sep = torch.rand(2, 300, generator=g) < 0.1
+    cfg = {"variant": "tma", "fwd": dict(BLOCK_M=64, BLOCK_N=32, BLOCK_F=16)}
+    work = tile_work(is_sep, 4, 50, cfg, heads=3, kv_heads=1, dim=8)
+    assert work["useful_flop"] == pytest.approx(4 * 8 * 3 * sepllm_mask(is_sep, 4, 50).sum().item())
+    computed = 0
+    for b in range(2):
+        kept = is_sep[b].clone()
+        kept[:4] = True
+        for q0 in range(0, 300, 64):
+            lo = max(q0 - 49, 0) // 32 * 32
+            hi = min(q0 + 64, 300)
+            far = int(kept[:lo].sum())
+            computed += 64 * (-(-far // 16) * 16 + -(-(hi - lo) // 32) * 32)
+    assert work["computed_flop"] == pytest.approx(4 * 8 * 3 * computed)
+    assert work["computed_flop"] >= work["useful_flop"]

@@ -29,7 +29,7 @@ from kvlab.kernels.benchmarking import (allow_many_compiles, bench_ms, device_in
 
 DATA = Path(__file__).resolve().parent / "data"  # package data: works from a wheel too
 
-__all__ = ["main", "load_separators"]
+__all__ = ["main", "load_separators", "roofline", "tile_work"]
 
 
 def load_separators(name: str, n: int, batch: int = 1, seed: int = 0):
@@ -192,6 +192,36 @@ def run_ops(args) -> dict:
         torch.cuda.empty_cache()
     return {"init": a, "neighbors": w, "dtype": "bfloat16", "variants": list(args.variants), "ceilings": ceilings,
             "rows": rows}
+
+
+def roofline(rec: dict, n: int | None = None) -> list[dict]:
+    """Where each method of an ``ops`` record stands at length ``n`` (default: the longest): its time, the
+    FLOP it computes and the bytes it must move (``tile_work``'s model for the Triton rows; for SDPA the
+    causal triangle and q, k, v, o once), the rates that gives, and the ceilings measured in the same run."""
+    n = n or max(r["N"] for r in rec["rows"])
+    cei = rec.get("ceilings", {})
+    out = []
+    for r in rec["rows"]:
+        if r["N"] != n or "fwd_ms" not in r:
+            continue
+        d, h, hk = r["dim"], r["heads"], r["kv_heads"]
+        causal = 4 * d * h * n * (n + 1) / 2
+        if r["method"] == "sdpa_causal":
+            flop, useful = causal, causal
+            hbm, smem = (2 * h + 2 * hk) * n * d * 2, None
+        elif "work" in r:
+            flop, useful = r["work"]["computed_flop"], r["work"]["useful_flop"]
+            hbm, smem = r["work"]["hbm_bytes_min"], r["work"]["smem_bytes"]
+        else:  # flex: no work model (it computes every touched 128 x 128 tile)
+            continue
+        ms = r["fwd_ms"]
+        out.append({"method": r["method"], "sep": r["sep"], "fwd_ms": ms, "computed_TFLOPs": flop / ms / 1e9,
+                    "useful_TFLOPs": useful / ms / 1e9, "hbm_GBps_min": hbm / ms / 1e6,
+                    "intensity_hbm": flop / hbm, "smem_GBps": smem / ms / 1e6 if smem else None,
+                    "intensity_smem": flop / smem if smem else None,
+                    "share_of_limit": r.get("share_of_limit_fwd"), "x_sdpa": r.get("x_sdpa_fwd"),
+                    "bf16_mm_TFLOPs": cei.get("bf16_mm_TFLOPs"), "copy_GBps": cei.get("copy_GBps")})
+    return out
 
 
 def print_ops(rec: dict) -> str:

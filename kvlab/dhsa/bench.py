@@ -289,13 +289,29 @@ def run_decode(args) -> dict:
     return {"rows": rows, "budget": args.budget_keys, "cache": args.cache, "steps": args.steps}
 
 
+def _tune_one(row, plan, variant, cfg, q, k, v, bd, budget, ref):
+    """Time one config into ``row`` (``ms``, ``max_diff`` against the reference kernel), or its error."""
+    from .triton import dhsa_attention_triton, launch_tables
+
+    try:
+        tables = launch_tables(plan, variant, cfg)
+
+        def call():
+            return dhsa_attention_triton(q, k, v, bd, budget, tables=tables)
+
+        row["max_diff"] = float((call().float() - ref.float()).abs().max())
+        row["ms"] = bench_ms(call, 0.3)["ms"]
+    except Exception as exc:  # a config the compiler refuses: report it, go on
+        row["error"] = f"{type(exc).__name__}: {exc}"[:120]
+
+
 def run_tune(args) -> dict:
     """Tile-size sweep of one Triton variant at one length (how :func:`~kvlab.dhsa.triton.default_config`
     was chosen)."""
     torch = require_cuda()
 
     from .reference import chunk_plan
-    from .triton import dhsa_attention_triton, launch_tables
+    from .triton import dhsa_attention_triton
 
     h, hk, d, budget, n = args.heads, args.kv_heads, args.dim, args.budget_keys, args.seq
     q, k, v = random_qkv(n, h, hk, d)
@@ -310,23 +326,26 @@ def run_tune(args) -> dict:
                     for p in args.pack for lr in args.long_rows for ru in args.runs]
         else:
             grid = [(bm, bn, w, st, 1, 0, 0) for bm in bms for bn in bns for w in warps_ for st in stages_]
-        for bm, bn, warps, stages, pack, long_rows, runs in grid:
+        if args.configs:  # explicit configs (JSON list of dicts) instead of the grid
+            grid = [json.loads(args.configs)] if args.configs.lstrip().startswith("{") else json.loads(args.configs)
+        for item in grid:
+            if isinstance(item, dict):
+                cfg = dict(item)
+                if args.variant == "packed":
+                    cfg.setdefault("BLOCK_M", cfg["ROWS"] * cfg.get("PACK", 1))
+                row = {"chunks": name, "variant": args.variant, "share_heads": share, **cfg}
+                _tune_one(row, plan, args.variant, cfg, q, k, v, bd, budget, ref)
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+                continue
+            bm, bn, warps, stages, pack, long_rows, runs = item
             if args.variant == "packed":
                 cfg = dict(ROWS=bm, PACK=pack, BLOCK_M=bm * pack, BLOCK_N=bn, num_warps=warps, num_stages=stages,
                            LONG_ROWS=long_rows, LONG_WARPS=8, RUNS=runs)
             else:
                 cfg = dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages)
             row = {"chunks": name, "variant": args.variant, "share_heads": share, **cfg}
-            try:
-                tables = launch_tables(plan, args.variant, cfg)
-
-                def call(tables=tables, bd=bd):
-                    return dhsa_attention_triton(q, k, v, bd, budget, tables=tables)
-
-                row["max_diff"] = float((call().float() - ref.float()).abs().max())
-                row["ms"] = bench_ms(call, 0.3)["ms"]
-            except Exception as exc:  # a config the compiler refuses: report it, go on
-                row["error"] = f"{type(exc).__name__}: {exc}"[:120]
+            _tune_one(row, plan, args.variant, cfg, q, k, v, bd, budget, ref)
             rows.append(row)
             print(json.dumps(row), flush=True)
         done = [r for r in rows if r["chunks"] == name and "ms" in r]
@@ -365,6 +384,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--long-rows", type=ints, default=[0], help="tune 'packed': rows of the long-chunk launch (0: none)")
     ap.add_argument("--runs", type=ints, default=[0],
                     help="tune 'packed': key tile loads, 0 gathered, 1 contiguous runs, 2 TMA (fixed chunks)")
+    ap.add_argument("--configs", default="",
+                    help="tune: a JSON list of config dicts to time instead of --grid (e.g. packed ROWS/PACK/LONG_ROWS)")
     ap.add_argument("--share-tune", type=int, default=0, help="tune: 1 = one selection for all heads")
     ap.add_argument("--grid", default="16,32,64,128:32,64,128:4,8:1,2,3",
                     help="tune: BLOCK_M values:BLOCK_N values:warps:stages")

@@ -338,14 +338,20 @@ def _rank_keys(sc: torch.Tensor, sure: torch.Tensor) -> torch.Tensor:
     return torch.where(sure, pos - (1 << 62) - (1 << 31), score_key)
 
 
-def nms_status(scores: torch.Tensor, live: torch.Tensor, sure: torch.Tensor, nms_window: int) -> torch.Tensor:
-    """Greedy NMS of ``live`` positions in rank order, in parallel: ``(batch, n)`` bool, True where kept.
+def nms_status(scores: torch.Tensor, live: torch.Tensor, sure: torch.Tensor, nms_window: int,
+               *, cap: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Greedy NMS of ``live`` positions in rank order, in parallel.
 
     Args:
         scores: ``(batch, n)`` float32 or float64; live: ``(batch, n)`` bool (positions that may be kept:
             candidates and sure positions); sure: ``(batch, n)`` bool (ranked before every score, by index).
         nms_window: a kept position suppresses live positions within this distance (0: none).
-    No cap on the number kept (see :func:`nms_boundaries_fast`).
+        cap: if given, the host also learns whether a row keeps more than ``cap`` positions, in the same
+            synchronisation as the kernel's convergence check.
+
+    Returns:
+        ``(kept, over)``: ``(batch, n)`` bool, True where greedy keeps the position (no cap applied), and a
+        Python bool, True when some row keeps more than ``cap`` (False without ``cap``).
     """
     _check_device(scores, "nms_status")
     if nms_window > MAX_NMS_WINDOW:
@@ -363,8 +369,13 @@ def nms_status(scores: torch.Tensor, live: torch.Tensor, sure: torch.Tensor, nms
         undecided = torch.zeros(bsz, dtype=torch.int32, device=scores.device)
         _nms_pass_kernel[(progs, bsz)](sc, sure8, status, scratch, undecided, n, nms_window, sc.stride(0),
                                        status.stride(0), B=block, HALO=halo, num_warps=4)
-        if int(undecided.sum()) == 0:  # one sync; on predictor outputs the first pass decides everything
-            return status == KEPT
+        kept = status == KEPT
+        flags = undecided.sum()[None]
+        if cap is not None:
+            flags = torch.cat([flags, (kept.sum(-1).max() > cap)[None].int()])
+        flags = flags.tolist()  # one sync; on predictor outputs the first pass decides everything
+        if flags[0] == 0:
+            return kept, bool(cap is not None and flags[1])
 
 
 def nms_boundaries_fast(scores: torch.Tensor, *, max_chunks: int, threshold: float | None, nms_window: int = 8,
@@ -396,10 +407,9 @@ def nms_boundaries_fast(scores: torch.Tensor, *, max_chunks: int, threshold: flo
     cand = ok & (sc == sc) if threshold is None else ok & (sc > threshold)
     firsts = torch.zeros_like(cand) if sure is None else sure.to(dev).bool().expand(bsz, n) & ok
     live = cand | firsts
-    kept = nms_status(sc, live, firsts, nms_window)
     cap = max_chunks - 1
-    counts = kept.sum(-1)
-    if int(counts.max()) > cap:  # keep the best-ranked `cap` (a prefix of greedy's order)
+    kept, over = nms_status(sc, live, firsts, nms_window, cap=cap)
+    if over:  # keep the best-ranked `cap` (a prefix of greedy's order)
         keys = torch.where(kept, _rank_keys(sc, firsts), torch.iinfo(torch.long).max)
         best = torch.topk(keys, min(cap, n), dim=-1, largest=False).indices if cap else None
         capped = torch.zeros_like(kept)

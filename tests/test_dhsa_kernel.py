@@ -195,3 +195,17 @@ def test_run_loads_refuse_lists_that_are_not_runs():
     assert not lists_are_runs(tables.tok, tables.ntok, 16, 32)  # 32-slot tiles straddle two ranked chunks
     with pytest.raises(ValueError, match="use RUNS=0"):
         launch_tables(ragged, "packed", cfg)
+
+
+def test_runs_auto_picks_tma_only_for_aligned_runs():
+    from kvlab.dhsa.triton import launch_tables
+
+    cfg = dict(ROWS=16, PACK=1, BLOCK_N=16, num_warps=4, num_stages=1, LONG_ROWS=32, RUNS="auto")
+    q, k, _ = _qkv(1, 2, 2, 96, 16, torch.float32)
+    aligned = R.chunk_plan(q, k, [R.fixed_boundaries(96, 16, device=DEV)], 64, initial=16)
+    ragged = R.chunk_plan(q, k, [torch.tensor([0, 10, 30, 50, 70, 96], device=DEV)], 64, initial=16)
+    off_grid = R.chunk_plan(q, k, [R.fixed_boundaries(96, 16, device=DEV)], 64, initial=8)
+    assert all(c["RUNS"] == 2 for _, c in launch_tables(aligned, "packed", cfg).launches)
+    assert all(c["RUNS"] == 0 for _, c in launch_tables(ragged, "packed", cfg).launches)
+    assert all(c["RUNS"] == 0 for _, c in launch_tables(off_grid, "packed", cfg).launches)
+    _check(torch.bfloat16, 1, 2, 2, 96, 16, 16, 64, 16, False, config=cfg)  # and it computes the oracle's answer

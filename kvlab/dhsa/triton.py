@@ -247,6 +247,10 @@ def launch_tables(plan: ChunkPlan, variant: str = "lists", config: dict | None =
         if not launches:  # cannot happen for a sequence of >= 1 token; keep the tables well formed
             tiles_p, lens = _list_tiles(plan, parts[0][0], ntok)
             launches.append((tiles_p.contiguous(), parts[0][1]))
+        if cfg.get("RUNS", 0) == "auto":
+            runs = _auto_runs(plan, tok, lens, cfg["BLOCK_N"])
+            cfg = dict(cfg, RUNS=runs)
+            launches = [(t, dict(c, RUNS=runs)) for t, c in launches]
         if int(cfg.get("RUNS", 0)) and not lists_are_runs(tok, lens, plan.initial, cfg["BLOCK_N"]):
             raise ValueError(f"config RUNS={cfg['RUNS']} loads each {cfg['BLOCK_N']}-slot tile of a list as one "
                              "contiguous run, but some tile of these lists is not (chunks must be fixed, with "
@@ -270,6 +274,17 @@ def lists_are_runs(tok: torch.Tensor, n_list: torch.Tensor, initial: int, block_
     inner = (slot % block_n != 0) & (slot[None, None, None, :] < n_list[..., None].long())
     step = lst[..., 1:] - lst[..., :-1]
     return bool(((step == 1) | ~inner).all())
+
+
+def _auto_runs(plan: ChunkPlan, tok: torch.Tensor, lens: torch.Tensor, block_n: int) -> int:
+    """``RUNS="auto"``: TMA copies (2) where every list tile is one run and the GPU has the copy engine
+    (Hopper or later; the interpreter emulates it), else gathered loads (0). Chunks whose starts are not
+    multiples of ``block_n`` never give runs, so the exact check runs only for aligned chunkings."""
+    if plan.initial % block_n or any(bool((st % block_n).any()) for st in plan.starts):
+        return 0
+    if not interpreting() and not (tok.is_cuda and torch.cuda.get_device_capability(tok.device)[0] >= 9):
+        return 0
+    return 2 if lists_are_runs(tok, lens, plan.initial, block_n) else 0
 
 
 def _check_packed_config(cfg: dict, selection_heads: int) -> dict:

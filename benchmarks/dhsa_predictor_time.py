@@ -14,7 +14,8 @@ window 4, 8 heads, hidden 256, random weights, input = the layer's keys, ``kv_he
   ``fast_pred_ms`` (:func:`~kvlab.dhsa.chunking.predictor_logits`, bf16, Triton window attention),
   ``fast_nms_ms`` (:func:`~kvlab.dhsa.chunking.nms_boundaries_fast`: Triton NMS + cap + cuts), ``fast_ms`` (the
   whole :func:`~kvlab.dhsa.chunking.predict_boundaries_fast`), ``share_fast`` = ``fast_ms / sdpa_ms``;
-  ``fast_compiled_ms``: the same with ``torch.compile(predictor_logits)``; ``nms_exact``: the fast NMS gives the
+  ``fast_compiled_ms``: the same with ``torch.compile(predictor_logits)``; ``fast_graph_ms``: with
+  :class:`~kvlab.dhsa.chunking.GraphedLogits` (the predictor replayed from a CUDA graph); ``nms_exact``: the fast NMS gives the
   reference's offsets on this shape's probabilities; ``agree``: share of the reference's boundaries (compiled
   bf16 predictor) that the fast path also returns (bf16 rounding can move a probability across the threshold).
 
@@ -106,6 +107,21 @@ def run_shape(name: str, n: int, device, args) -> dict:
             fb = fcall()[0]
             row["fast_chunks"] = int(fb.numel() - 1)
             print(json.dumps(row), flush=True)
+            if device.type == "cuda":
+                try:
+                    graphed = chunking.GraphedLogits(pred16)
+                    row["graph_exact"] = bool(torch.equal(graphed(x16), chunking.predictor_logits(pred16, x16)))
+                    row["fast_graph_pred_ms"] = timed(lambda: graphed(x16), device)
+
+                    def gcall():
+                        pg = torch.sigmoid(graphed(x16).float())
+                        return chunking.nms_boundaries_fast(pg, max_chunks=max_chunks, threshold=args.threshold,
+                                                            nms_window=args.nms_window, valid=valid,
+                                                            max_len=args.max_len)
+                    row["fast_graph_ms"] = timed(gcall, device)
+                except Exception as exc:
+                    row["graph_error"] = f"{type(exc).__name__}: {exc}"[:300]
+                print(json.dumps(row), flush=True)
         fast = pred16
         if not args.no_compile:
             try:
@@ -151,7 +167,7 @@ def run_shape(name: str, n: int, device, args) -> dict:
 
 COLS = ["shape", "seq", "channels", "sdpa_ms", "pred_fp32_ms", "pred_bf16_ms", "pred_compiled_ms", "nms_ms",
         "chunking_ms", "share", "chunks", "mean_len", "fast_pred_ms", "fast_nms_ms", "fast_ms", "share_fast",
-        "fast_compiled_pred_ms", "fast_compiled_ms", "nms_exact", "agree"]
+        "fast_compiled_pred_ms", "fast_compiled_ms", "fast_graph_pred_ms", "fast_graph_ms", "nms_exact", "agree"]
 
 
 def write(out: Path, info: dict, rows: list[dict]) -> None:

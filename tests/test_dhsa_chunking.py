@@ -270,3 +270,17 @@ def test_predictor_logits_bf16_cuda_against_float64_oracle(channels, heads):
         got = predictor_logits(p16, x)
     assert_close_to_oracle(got, eager, oracle, reduction=4 * channels + 1, dtype=torch.bfloat16, name="logits")
     assert math.isfinite(float(got.float().abs().max()))
+
+
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+def test_graphed_logits_replay_equals_eager_cuda():
+    from kvlab.dhsa.chunking import GraphedLogits, predictor_logits
+
+    torch.manual_seed(0)
+    p = R.BoundaryPredictor(256, window=4, heads=8, hidden=256).cuda().bfloat16().eval()
+    graphed = GraphedLogits(p)
+    for seed in (0, 1):  # a second input through the same graph: the copy-in is what it reads
+        x = torch.randn(1, 2048, 256, device="cuda", generator=torch.Generator("cuda").manual_seed(seed)).bfloat16()
+        assert torch.equal(graphed(x), predictor_logits(p, x))
+    with pytest.raises(ValueError, match="CUDA tensors"):
+        graphed(torch.randn(1, 8, 256))

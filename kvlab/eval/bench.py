@@ -20,6 +20,12 @@ Ratios are against ``plain`` (CPU target: static within 1.1x of its time) and ``
 ``--repeats R`` times plain and static back to back R times per policy (the ratio is the median of the
 pairs; tokens/s the best run) and keeps the best of R hooks runs: a shared CPU is noisy. ``plain`` and
 ``hooks`` run ``--plain-tokens`` / ``--hooks-tokens`` tokens (they are the slow ones on a GPU).
+
+``python -m kvlab bench eval streams``: the static engine at 1 / 64 / 256 streams (issue 28) with each cache
+layout (``--kernels compact,triton``: the engine before and after the indexed layout) beside transformers'
+static ``generate`` at the same batch, on SmolLM2-135M-Instruct (``--model``) with StreamingLLM(4, 324) by
+default; every row's cache is filled first (``budget + 1`` steps), then ``--steps`` steps are timed; the step
+at ``--profile-batches`` is profiled (top GPU kernels) and ``begin_step`` / ``end_step`` timed alone.
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["SMOLLM2_SHAPE", "main", "random_smollm2"]
+__all__ = ["SMOLLM2_SHAPE", "main", "main_streams", "random_smollm2"]
 
 #: SmolLM2-135M's architecture (its config.json).
 SMOLLM2_SHAPE = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
@@ -226,9 +232,244 @@ def _table(rec: dict) -> str:
     return text
 
 
+# ----------------------------------------------------------------------------------------------------------
+# ``streams``: the static engine at many streams (issue 28), its layouts beside transformers' static generate
+
+def _plain_copy(model):
+    """The same weights in an un-attached model running SDPA (for transformers' own ``generate``)."""
+    import copy
+
+    config = copy.deepcopy(model.config)
+    config._attn_implementation = "sdpa"
+    plain = type(model)(config).to(device=model.device, dtype=next(model.parameters()).dtype).eval()
+    plain.load_state_dict(model.state_dict())
+    return plain
+
+
+def _stream_ids(tok, vocab: int, rows: int, tokens: int, gen) -> torch.Tensor:
+    """``(rows, tokens)`` token ids: consecutive pieces of a real text when there is a tokenizer (wikitext,
+    repeated as needed), random ids otherwise."""
+    if tok is None:
+        return torch.randint(0, vocab, (rows, tokens), generator=gen)
+    import kvlab
+
+    text = kvlab.datasets.load_text("wikitext")
+    ids = torch.tensor(tok(text[: 4_000_000], add_special_tokens=False)["input_ids"], dtype=torch.long)
+    need = rows * tokens
+    ids = ids.repeat(need // ids.numel() + 1)[:need]
+    return ids.view(rows, tokens)
+
+
+def _stream_policy(name: str, tok, cache: int):
+    import kvlab
+
+    if name == "streamingllm":
+        return kvlab.policies.StreamingLLM(4, cache_size=cache)
+    if name == "sepllm":
+        seps = tok if tok is not None else list(range(0, SMOLLM2_SHAPE["vocab_size"], 16))
+        return kvlab.policies.SepLLMStreaming(4, 32, cache - 100, cache, separators=seps)
+    raise ValueError(f"--policies takes streamingllm and sepllm, got {name!r}")
+
+
+def _kernel_table(prof, steps: int, top: int = 15) -> tuple[list[dict], float]:
+    """The profiler's CUDA kernels by GPU time: ``(rows, total ms per step)``."""
+    events = [e for e in prof.key_averages() if getattr(e, "device_type", None) is not None
+              and str(e.device_type).endswith("CUDA")]
+    timed = [(e.key, getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0.0),
+              e.count) for e in events]
+    timed = [t for t in timed if t[1] > 0]
+    total = sum(t[1] for t in timed) / 1e3 / steps
+    timed.sort(key=lambda t: -t[1])
+    rows = [dict(kernel=name[:90], ms_per_step=us / 1e3 / steps, share=us / 1e3 / steps / total if total else 0.0,
+                 calls_per_step=count / steps) for name, us, count in timed[:top]]
+    return rows, total
+
+
+@torch.no_grad()
+def _engine_run(model, policy, ids, kernel: str, fill: int, steps: int, device, profile: bool) -> dict:
+    """Fill every row's cache (``fill`` steps), then time ``steps`` graph-replayed steps (with the eval loop's
+    cross entropy); optionally profile 3 more steps and time ``begin_step`` / ``end_step`` alone."""
+    from kvlab.eval import FastDecoder
+
+    batch = ids.shape[0]
+    start = time.perf_counter()
+    decoder = FastDecoder(model, policy, batch, kernel=kernel)
+    decoder.step(ids[:, :1])  # capture
+    _sync(device)
+    capture_s = time.perf_counter() - start
+    fill_s = _timed(lambda: [decoder.step(ids[:, t:t + 1]) for t in range(1, fill)], device)
+
+    def run():
+        for t in range(fill, fill + steps):
+            logits = decoder.step(ids[:, t:t + 1])
+            torch.nn.functional.cross_entropy(logits.float(), ids[:, t + 1])
+
+    seconds = _timed(run, device)
+    held = decoder.cache.length.float().mean().item()
+    out = dict(kernel=decoder.cache.kernel, batch=batch, step_ms=seconds / steps * 1e3,
+               tokens_per_s=batch * steps / seconds, capture_s=capture_s, fill_steps=fill,
+               fill_tokens_per_s=batch * (fill - 1) / fill_s, mean_held=held)
+    if profile and device.type == "cuda":
+        from torch.profiler import ProfilerActivity, profile as torch_profile
+
+        t0 = fill + steps
+        with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for t in range(t0, t0 + 3):
+                decoder.step(ids[:, t:t + 1])
+            _sync(device)
+        out["profile"], out["profile_ms_per_step"] = _kernel_table(prof, 3)
+        # begin_step (re-rotation of every slot, "compact") and end_step (keep + compaction) alone, graph-replayed
+        cache = decoder.cache
+        for part, fn in (("begin_step", lambda: cache.begin_step(decoder.ids)), ("end_step", cache.end_step)):
+            side = torch.cuda.Stream(device)
+            side.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(side):
+                fn()
+            torch.cuda.current_stream(device).wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                fn()
+            out[f"{part}_ms"] = _timed(lambda: [graph.replay() for _ in range(10)], device) / 10 * 1e3
+    del decoder
+    return out
+
+
+@torch.no_grad()
+def _generate_run(plain, ids, new: int, device, compile: bool) -> dict:
+    """transformers' ``generate(cache_implementation="static")``, greedy, ``new`` tokens from a 1-token prompt:
+    a warm-up call (its compilation, when transformers compiles), then the timed call."""
+    kwargs = dict(max_new_tokens=new, min_new_tokens=new, do_sample=False, cache_implementation="static",
+                  pad_token_id=0)
+    if not compile:
+        kwargs["disable_compile"] = True
+    prompt = ids[:, :1]
+    warm = _timed(lambda: plain.generate(prompt, **kwargs), device)
+    seconds = _timed(lambda: plain.generate(prompt, **kwargs), device)
+    return dict(kernel="generate" + ("" if compile else " (no compile)"), batch=ids.shape[0],
+                step_ms=seconds / new * 1e3, tokens_per_s=ids.shape[0] * new / seconds, warmup_s=warm,
+                fill_steps=new)
+
+
+def streams(args) -> dict:
+    """Tokens/s of the static engine's layouts and of transformers' static generate at several batch sizes."""
+    import kvlab
+
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    deadline = time.perf_counter() + args.budget_s
+    gen = torch.Generator().manual_seed(0)
+    rows, skipped = [], []
+    for dtype_name in args.dtypes.split(","):
+        dtype = getattr(torch, dtype_name)
+        if args.model == "random":
+            model, tok = random_smollm2(device, dtype), None
+        else:
+            model, tok = kvlab.load_model(args.model, dtype=dtype, device=device)
+        vocab = model.config.vocab_size
+        plain = _plain_copy(model) if "generate" in args.kernels and device.type == "cuda" else None
+        for policy_name in args.policies.split(","):
+            policy = _stream_policy(policy_name, tok, args.cache)
+            fill = policy.budget + 1
+            for batch in (int(b) for b in args.batches.split(",")):
+                ids = _stream_ids(tok, vocab, batch, fill + args.steps + 8, gen).to(device)
+                for kernel in args.kernels.split(","):
+                    label = dict(dtype=dtype_name, policy=policy_name, batch=batch, kernel=kernel)
+                    if time.perf_counter() > deadline:
+                        skipped.append(label)
+                        print(json.dumps(dict(label, skipped="time budget")), flush=True)
+                        continue
+                    try:
+                        if kernel.startswith("generate"):
+                            if plain is None or policy_name != args.policies.split(",")[0]:
+                                continue  # generate knows no policy: once per dtype and batch
+                            row = _generate_run(plain, ids, fill + args.steps, device, compile=kernel == "generate")
+                        else:
+                            row = _engine_run(model, policy, ids, kernel, fill, args.steps, device,
+                                              profile=batch in args.profile_batches)
+                    except Exception as err:  # a failure is a row of the table, not the end of the run
+                        row = dict(error=f"{type(err).__name__}: {err}"[:400])
+                    row.update(label)
+                    rows.append(row)
+                    print(json.dumps({k: v for k, v in row.items() if k != "profile"}), flush=True)
+                    if device.type == "cuda":
+                        torch.cuda.empty_cache()
+        del model, plain
+    for row in rows:  # ratios against the engine before ("compact") and generate, same dtype and batch
+        for anchor in ("compact", "generate"):
+            same = [r for r in rows if r.get("kernel") == anchor and r["dtype"] == row["dtype"]
+                    and r["batch"] == row["batch"] and "tokens_per_s" in r
+                    and (anchor == "generate" or r["policy"] == row["policy"])]
+            if same and "tokens_per_s" in row:
+                row[f"x_{anchor}"] = row["tokens_per_s"] / same[0]["tokens_per_s"]
+    return dict(rows=rows, skipped=skipped, steps=args.steps, cache=args.cache, model=args.model)
+
+
+def _streams_md(rec: dict) -> str:
+    cols = [("dtype", "dtype", ""), ("policy", "policy", ""), ("batch", "streams", ""), ("kernel", "engine", ""),
+            ("step_ms", "ms / step", "{:.2f}"), ("tokens_per_s", "aggregate tok/s", "{:.0f}"),
+            ("x_compact", "x engine before", "{:.2f}x"), ("x_generate", "x generate", "{:.2f}x"),
+            ("mean_held", "entries held", "{:.0f}"), ("begin_step_ms", "begin_step ms", "{:.3f}"),
+            ("end_step_ms", "end_step ms", "{:.3f}"), ("error", "error", "")]
+    text = fmt_table(rec["rows"], cols)
+    for row in rec["rows"]:
+        if row.get("profile"):
+            text += (f"\n\n### Top GPU kernels, {row['kernel']}, {row['policy']}, {row['dtype']}, {row['batch']} streams "
+                     f"({row['profile_ms_per_step']:.2f} ms of kernels per step)\n\n")
+            text += fmt_table(row["profile"], [("kernel", "kernel", ""), ("ms_per_step", "ms / step", "{:.3f}"),
+                                               ("share", "share", "{:.1%}"), ("calls_per_step", "calls / step", "{:.0f}")])
+    if rec["skipped"]:
+        text += "\n\nskipped (time budget): " + "; ".join(
+            f"{s['dtype']} {s['policy']} {s['batch']} {s['kernel']}" for s in rec["skipped"])
+    return text
+
+
+def main_streams(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="kvlab bench eval streams",
+                                 description="the static engine's layouts at many streams beside generate")
+    ap.add_argument("what", choices=["streams"])
+    ap.add_argument("--model", default="smollm2-135m", help="a kvlab model id, or 'random' (SmolLM2 shape)")
+    ap.add_argument("--dtypes", default="float32")
+    ap.add_argument("--policies", default="streamingllm", help="streamingllm,sepllm")
+    ap.add_argument("--cache", type=int, default=324, help="policy budget (StreamingLLM cache_size, SepLLM c)")
+    ap.add_argument("--batches", default="1,64,256")
+    ap.add_argument("--kernels", default="generate,compact,triton",
+                    help="engine layouts (compact, indexed, triton) and generate / 'generate-nocompile'")
+    ap.add_argument("--steps", type=int, default=64, help="timed steps after the caches are full")
+    ap.add_argument("--profile-batches", default="256", help="batches whose step is profiled")
+    ap.add_argument("--budget-s", type=float, default=1e9, help="skip what starts after this many seconds")
+    ap.add_argument("--device", default=None)
+    ap.add_argument("--out", default="build/bench")
+    ap.add_argument("--tag", default="")
+    args = ap.parse_args(argv)
+    args.profile_batches = {int(b) for b in args.profile_batches.split(",") if b}
+    rec = streams(args)
+    cuda = torch.cuda.is_available() and (args.device or "cuda").startswith("cuda")
+    rec["info"] = dict(device=torch.cuda.get_device_name(0) if cuda else platform.processor() or "cpu",
+                       torch=torch.__version__, date=time.strftime("%Y-%m-%d %H:%M:%S"),
+                       command="python -m kvlab bench eval " + " ".join(argv))
+    try:
+        import transformers
+        import triton
+
+        rec["info"].update(transformers=transformers.__version__, triton=triton.__version__)
+    except ImportError:
+        pass
+    table = _streams_md(rec)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    name = "engine_streams" + (f"_{args.tag}" if args.tag else "")
+    (out / f"{name}.json").write_text(json.dumps(rec, indent=1))
+    (out / f"{name}.md").write_text(f"{rec['info']['device']} ({rec['info']['date']})\n\n`{rec['info']['command']}`"
+                                    f"\n\n{table}\n")
+    print(f"\n## {name} ({rec['info']['device']})\n{table}\n-> {out / name}.json", flush=True)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["streams"]:
+        return main_streams(argv)
     ap = argparse.ArgumentParser(prog="kvlab bench eval", description=__doc__.split("\n\n")[0])
-    ap.add_argument("what", choices=["decode"], nargs="?", default="decode")
+    ap.add_argument("what", choices=["decode", "streams"], nargs="?", default="decode")
     ap.add_argument("--tokens", type=int, default=512, help="tokens per stream (plain, generate, static)")
     ap.add_argument("--hooks-tokens", type=int, default=128, help="tokens for the (slow) hooks engine")
     ap.add_argument("--plain-tokens", type=int, default=128, help="tokens for the (slow) plain loop")

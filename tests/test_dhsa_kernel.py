@@ -209,3 +209,23 @@ def test_runs_auto_picks_tma_only_for_aligned_runs():
     assert all(c["RUNS"] == 0 for _, c in launch_tables(ragged, "packed", cfg).launches)
     assert all(c["RUNS"] == 0 for _, c in launch_tables(off_grid, "packed", cfg).launches)
     _check(torch.bfloat16, 1, 2, 2, 96, 16, 16, 64, 16, False, config=cfg)  # and it computes the oracle's answer
+
+
+@pytest.mark.parametrize("spread", [1.0, 40.0])
+def test_lazy_rescale_matches_oracle(spread):
+    # LAZY keeps a stale running max in the unmasked bulk loop (rescaling only when a row's max grows by > 2^8);
+    # spread 40 makes scores span hundreds of units in base 2: without the rescale on later tiles exp2 overflows
+    from kvlab.dhsa.triton import dhsa_attention_triton, launch_tables
+
+    n, d, budget, initial = 160, 16, 96, 16
+    q, k, v = _qkv(1, 2, 1, n, d, torch.float32, seed=3)
+    q = q * spread * torch.linspace(0.2, 1.0, n, device=DEV)[None, None, :, None]
+    k = k * torch.linspace(0.2, 2.0, n, device=DEV)[None, None, :, None]  # later keys score higher
+    bd = [R.fixed_boundaries(n, 16, device=DEV)]
+    plan = R.chunk_plan(q, k, bd, budget, initial=initial)
+    cfg = dict(ROWS=16, PACK=1, BLOCK_N=16, num_warps=4, num_stages=1, LONG_ROWS=0, LAZY=True)
+    with torch.no_grad():
+        fast = dhsa_attention_triton(q, k, v, None, None, tables=launch_tables(plan, "packed", cfg))
+        oracle = R.dhsa_attention_reference(q.double(), k.double(), v.double(), bd, budget, initial=initial)
+        eager = R.dhsa_attention_reference(q, k, v, bd, budget, initial=initial)
+    assert_close_to_oracle(fast, eager, oracle, reduction=budget)

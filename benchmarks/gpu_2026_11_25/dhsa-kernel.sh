@@ -11,7 +11,7 @@
 #           diagnostics (where it stands against its traffic and arithmetic limits)      -> dhsa_ops_h200.{json,md}
 #   tune_gemma2  configs of "packed" at the e2e layer's shape (8 / 4 heads, dim 256, shared selection, predictor-
 #           like chunks): rows per head, packing, the long-chunk launch            -> dhsa_tune_h200_gemma2.{json,md}
-#   tune    tile sweep of "packed" at 32k, fixed 64-token chunks, gathered / run / TMA key loads
+#   tune    configs of "packed" at 32k, fixed 64-token chunks: gathered / run / TMA key loads, lazy rescaling
 #                                                                                           -> dhsa_tune_h200.{json,md}
 #   e2e     benchmarks/dhsa_prefill_e2e.py, Gemma2-2b shape (DHSA in all 26 layers), 16k and 32k: SDPA vs the
 #           paper's setup with each kernel, selection per head or shared                  -> dhsa_prefill_e2e.{json,md}
@@ -48,7 +48,7 @@ if [ "$SMOKE" = 1 ]; then
   exit 0
 fi
 
-step tests 20 $PY -m pytest tests/test_dhsa_kernel.py -q -p no:cacheprovider -k "cuda or configs or run_loads"
+step tests 20 $PY -m pytest tests/test_dhsa_kernel.py -q -p no:cacheprovider -k "cuda or run_loads or lazy"
 step ops 45 $PY -m kvlab bench dhsa ops --seqs 32768 --share 0,1 --variants lists,packed \
   --chunkings fixed64,spaced64 --no-flex --diagnose --time-budget 0.4 --out "$OUT" --tag h200
 step e2e 60 $PY benchmarks/dhsa_prefill_e2e.py --out "$OUT" --shapes gemma2-2b-global --seqs 16384,32768 \
@@ -57,10 +57,16 @@ step e2e 60 $PY benchmarks/dhsa_prefill_e2e.py --out "$OUT" --shapes gemma2-2b-g
 step tune_gemma2 25 $PY -m kvlab bench dhsa tune --seq 32768 --heads 8 --kv-heads 4 --dim 256 --share-tune 1 \
   --budget-keys 2048 --initial 128 --variant packed --chunkings spaced64 --out "$OUT" --tag h200_gemma2 --configs \
   '[{"ROWS":64,"PACK":2,"BLOCK_N":32,"num_warps":8,"num_stages":2,"LONG_ROWS":0},
+    {"ROWS":64,"PACK":2,"BLOCK_N":32,"num_warps":8,"num_stages":2,"LONG_ROWS":0,"LAZY":true},
     {"ROWS":32,"PACK":2,"BLOCK_N":32,"num_warps":4,"num_stages":2,"LONG_ROWS":64,"LONG_WARPS":8},
+    {"ROWS":32,"PACK":2,"BLOCK_N":32,"num_warps":4,"num_stages":2,"LONG_ROWS":64,"LONG_WARPS":8,"LAZY":true},
     {"ROWS":64,"PACK":2,"BLOCK_N":64,"num_warps":8,"num_stages":2,"LONG_ROWS":0},
-    {"ROWS":64,"PACK":1,"BLOCK_N":32,"num_warps":4,"num_stages":2,"LONG_ROWS":128,"LONG_WARPS":8},
-    {"ROWS":32,"PACK":2,"BLOCK_N":32,"num_warps":4,"num_stages":3,"LONG_ROWS":64,"LONG_WARPS":8}]'
-step tune 20 $PY -m kvlab bench dhsa tune --seq 32768 --variant packed --chunkings fixed64 \
-  --grid 64:64:4:2,3 --runs 0,1,2 --out "$OUT" --tag h200
+    {"ROWS":64,"PACK":1,"BLOCK_N":32,"num_warps":4,"num_stages":2,"LONG_ROWS":128,"LONG_WARPS":8}]'
+step tune 22 $PY -m kvlab bench dhsa tune --seq 32768 --variant packed --chunkings fixed64 --out "$OUT" --tag h200 \
+  --configs '[{"ROWS":64,"PACK":1,"BLOCK_N":64,"num_warps":4,"num_stages":3,"RUNS":0},
+    {"ROWS":64,"PACK":1,"BLOCK_N":64,"num_warps":4,"num_stages":3,"RUNS":2},
+    {"ROWS":64,"PACK":1,"BLOCK_N":64,"num_warps":4,"num_stages":3,"RUNS":2,"LAZY":true},
+    {"ROWS":64,"PACK":1,"BLOCK_N":64,"num_warps":4,"num_stages":3,"RUNS":0,"LAZY":true},
+    {"ROWS":64,"PACK":1,"BLOCK_N":64,"num_warps":4,"num_stages":2,"RUNS":2},
+    {"ROWS":64,"PACK":1,"BLOCK_N":64,"num_warps":4,"num_stages":3,"RUNS":1}]'
 exit 0

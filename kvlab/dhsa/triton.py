@@ -545,6 +545,23 @@ def _packed_loads_only(TOKc, Kbh, Vbh, start, INITIAL, n_list, stride_kn, stride
 
 
 @triton.jit
+def _lazy_softmax_step(s, v, m_i, l_i, acc, FP32_DOT: tl.constexpr):
+    # LAZY, unmasked tiles only: keep a stale running max unless some row's max grew by more than 8 (base 2: a
+    # factor 256), so the accumulator is rescaled only then (rarely, once the first tiles set the max); the
+    # result is the same softmax (numerator and denominator share the stale max), p = exp2(s - m) <= 256
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    if tl.max(m_new - m_i, 0) > 8.0:
+        alpha = tl.exp2(m_i - m_new)
+        acc = acc * alpha[:, None]
+        l_i = l_i * alpha
+        m_i = m_new
+    p = tl.exp2(s - m_i[:, None])
+    l_i = l_i + tl.sum(p, 1)
+    acc = dot(p.to(v.dtype), v, acc, FP32_DOT)
+    return m_i, l_i, acc
+
+
+@triton.jit
 def _packed_tile(q, TOKc, Kbh, Vbh, KD, VD, b, hk, start, INITIAL, n_list, N_KEYS, stride_kn, stride_vn, offs_d,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, FP32_DOT: tl.constexpr,
                  RUNS: tl.constexpr):
@@ -580,7 +597,7 @@ def _dhsa_packed_kernel(
     T_MAX, BUDGET, INITIAL, N_KEYS, qk_scale,
     H: tl.constexpr, GROUP: tl.constexpr, SHARED: tl.constexpr, HEAD_DIM: tl.constexpr,
     ROWS: tl.constexpr, PACK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, FP32_DOT: tl.constexpr,
-    LOADS_ONLY: tl.constexpr, RUNS: tl.constexpr,
+    LOADS_ONLY: tl.constexpr, RUNS: tl.constexpr, LAZY: tl.constexpr,
 ):
     # -- which tile: rows [r0, r1) of chunk c, for the PACK query heads h0 .. h0 + PACK - 1, which read one
     #    key/value head and (PACK > 1 needs a shared selection) one list. Program row m is position
@@ -630,7 +647,10 @@ def _dhsa_packed_kernel(
             for start in range(0, bulk, BLOCK_N):
                 v, s, slot = _packed_tile(q, TOKc, Kbh, Vbh, KD, VD, b, hk, start, INITIAL, n_list, N_KEYS, stride_kn,
                                           stride_vn, offs_d, BLOCK_M, BLOCK_N, HEAD_DIM, FP32_DOT, RUNS)
-                m_i, l_i, acc = online_softmax_step(s * qk_scale, v, m_i, l_i, acc, FP32_DOT)
+                if LAZY:
+                    m_i, l_i, acc = _lazy_softmax_step(s * qk_scale, v, m_i, l_i, acc, FP32_DOT)
+                else:
+                    m_i, l_i, acc = online_softmax_step(s * qk_scale, v, m_i, l_i, acc, FP32_DOT)
 
             # -- stage 2: the tail, slots only the first rows take
             for start in range(bulk, take_first, BLOCK_N):
@@ -709,6 +729,7 @@ def dhsa_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bou
                 q, k, v, o, tiles, tok, ntok, kd, vd, *args, tiles.shape[1], tables.budget, tables.initial, n,
                 scale * 1.4426950408889634, ROWS=cfg["ROWS"], PACK=pack, BLOCK_M=cfg["ROWS"] * pack,
                 BLOCK_N=cfg["BLOCK_N"], LOADS_ONLY=bool(cfg.get("LOADS_ONLY", False)), RUNS=runs,
+                LAZY=bool(cfg.get("LAZY", False)),
                 num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **common)
         else:
             _KERNELS[tables.variant][(tiles.shape[1], bsz * h)](

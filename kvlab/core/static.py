@@ -5,8 +5,10 @@ policy returns indices of data-dependent length. That is simple and exact, but e
 Python, host synchronisation and dozens of small allocations. :class:`StaticKVCache` keeps the *same
 entries* in buffers of fixed capacity ``C``::
 
-    keys, values   (L, B, kv_heads, C, d)   entries of layer l, row b: compacted as a prefix, oldest first
-    positions      (L, B, C)   original stream position of each entry
+    keys, values   (L, B, kv_heads, C, d)   entries of layer l, row b ("compact": a prefix, oldest first;
+                                            indexed layouts: entry i in physical slot phys[l, b, i])
+    phys           (L, B, C)   indexed layouts only: a permutation of the slots per row
+    positions      (L, B, C)   original stream position of each entry (entry i at index i, oldest first)
     token_ids      (L, B, C)   its token id
     rot            (L, B, C)   position its key was rotated at when stored (RoPE)
     length         (L, B)      entries held (slots >= length are garbage, never read)
@@ -21,11 +23,12 @@ One step (one token per row)::
                                            # the new entry's position, id, rotation into slot length[l, b]
     for each layer l:                      # inside the model
         update(k, v, l)                    # scatter its key and value into slot length[l, b]
-        attend(q, l)                       # SDPA over the slots < length + 1 (a boolean slot mask)
+                                           # (indexed: physical slot phys[l, b, length[l, b]])
+        attend(q, l)                       # the entries < length + 1 (SDPA with a slot mask, or the kernel)
     end_step()                             # length += 1; keep = policy.static_keep(view): (L*B, C) bool,
                                            # every layer and row in one call;
                                            # stable partition (cumsums, one scatter): kept slots move
-                                           # to the front, in order
+                                           # to the front, in order (indexed: the metadata and phys only)
 
 Positions follow :mod:`kvlab.core.cache` exactly: with ``"cache"`` the query sits at the largest number of
 entries any layer holds and entry ``i`` of a layer holding ``n`` is re-rotated to ``query - n + i``; with

@@ -72,13 +72,11 @@ def parse_cores(text: str) -> list[int]:
 
 
 def ci_parameters(nb: pathlib.Path) -> dict:
-    """The CI set of ``nb``: ``notebooks/params/NN_name.ci.yaml`` (or the older ``notebooks/NN_name.ci.yaml``)."""
+    """The CI set of ``nb``: ``notebooks/params/NN_name.ci.yaml`` ({} where there is none)."""
     import yaml
 
-    for path in (PARAMS / f"{nb.stem}.ci.yaml", nb.with_name(f"{nb.stem}.ci.yaml")):
-        if path.exists():
-            return yaml.safe_load(path.read_text()) or {}
-    return {}
+    path = PARAMS / f"{nb.stem}.ci.yaml"
+    return yaml.safe_load(path.read_text()) or {} if path.exists() else {}
 
 
 def declared(nb: pathlib.Path) -> dict:
@@ -133,10 +131,12 @@ def execute(source: pathlib.Path, target: pathlib.Path, params_json: str) -> Non
 
 def progress(target: pathlib.Path) -> dict:
     """From the (partial) executed notebook papermill saves after each cell: cells done, the last cell reached
-    (index among all cells, first line of its source), the kernel's CPU line and the error of a failed cell."""
+    (index among all cells, first line of its source), the three slowest cells (wall seconds), the kernel's CPU
+    line and the error of a failed cell."""
     import nbformat
 
-    info: dict = {"cells": None, "cells_done": None, "last_cell": None, "kernel": None, "error": None}
+    info: dict = {"cells": None, "cells_done": None, "last_cell": None, "slowest_cells": {}, "kernel": None,
+                  "error": None}
     try:
         nb = nbformat.read(target, as_version=4)
     except Exception:  # not written yet, or written half when the process was killed
@@ -146,6 +146,8 @@ def progress(target: pathlib.Path) -> dict:
     reached = [i for i, c in enumerate(cells) if c.metadata.get("papermill", {}).get("status") in ("completed",
                                                                                                      "running")]
     info["cells_done"] = sum(c.metadata.get("papermill", {}).get("status") == "completed" for c in cells)
+    took = [(c.metadata.get("papermill", {}).get("duration") or 0.0, i) for i, c in enumerate(cells)]
+    info["slowest_cells"] = {f"cell {i}": round(d, 1) for d, i in sorted(took, reverse=True)[:3] if d >= 0.5}
     if reached:
         i = reached[-1]
         first = next((line for line in cells[i].source.splitlines()
@@ -389,6 +391,88 @@ def table(report: dict) -> str:
     return "\n".join(lines)
 
 
+# ----------------------------------------------------------------------------------------------- the first cells
+LINE = "**Run time** on one CPU core, one thread: "
+# what ``stamp`` writes and the tests read back: the defaults' time (a lower bound where the run was stopped or ran
+# without an input that was not at hand), then the CI set's seconds
+RUN_TIME = re.compile(r"\*\*Run time\*\* on one CPU core, one thread: (about|at least|more than) (\d+) (s|min) at the "
+                      r"defaults(?: \(([^()]*)\))?, about (\d+) s with the small parameter set "
+                      r"`params/([\w.-]+)\.ci\.yaml`")
+# parameters that say where and how a notebook runs, not what it computes
+NEUTRAL = {"device", "num_threads", "out", "results_path", "examples_out"}
+
+
+def rounded(seconds: float) -> tuple[int, str]:
+    """Seconds as the first cell states them: below 2 min to 5 s (at least 5 s), else to the minute."""
+    if seconds < 120:
+        return max(5, 5 * round(seconds / 5)), "s"
+    return round(seconds / 60), "min"
+
+
+def run_time_line(stem: str, ci: dict, defaults: dict, declared_defaults: dict, date: str) -> str:
+    """The sentence for a notebook from its rows of the CI table and of the defaults table."""
+    if ci.get("status") != "ok":
+        raise ValueError(f"{stem}: its CI set did not run to the end ({ci.get('status')}): measure it again")
+    ci_s, unit = rounded(ci["cpu_s"])
+    if unit != "s":
+        raise ValueError(f"{stem}: its CI set takes {ci['cpu_s']:.0f} s of CPU, over the 2 min target: shrink "
+                         f"notebooks/params/{stem}.ci.yaml")
+    changed = {k: v for k, v in defaults.get("parameters", {}).items()
+               if k not in NEUTRAL and k in declared_defaults and declared_defaults[k] != v}
+    if defaults.get("status") == "timeout":
+        minutes = int(defaults["limit_s"] // 60)
+        head = f"more than {minutes} min"
+    elif defaults.get("status") == "ok":
+        value, unit = rounded(defaults["cpu_s"])
+        head = f"{'at least' if changed else 'about'} {value} {unit}"
+    else:
+        raise ValueError(f"{stem}: its defaults run {defaults.get('status')} ({defaults.get('error')}): no time to "
+                         f"state")
+    note = ""
+    if changed:
+        note = " (measured with " + ", ".join(f"{k} = {json.dumps(v)}" for k, v in changed.items()) + \
+               ": the rest was not at hand)"
+    return (f"{LINE}{head} at the defaults{note}, about {ci_s} s with the small parameter set "
+            f"`params/{stem}.ci.yaml` (CPU time, {date}; `benchmarks/results/notebook_times/`).")
+
+
+def set_first_cell_line(path: pathlib.Path, line: str) -> bool:
+    """Put ``line`` as the last paragraph of the notebook's first (markdown) cell, replacing an earlier one.
+    Reads the file just before writing it and touches nothing else. Returns whether the file changed."""
+    text = path.read_text()
+    nb = json.loads(text)
+    cell = nb["cells"][0]
+    if cell["cell_type"] != "markdown":
+        raise ValueError(f"{path.name}: the first cell is not the title cell (markdown)")
+    source = "".join(cell["source"])
+    kept = [p for p in source.rstrip("\n").split("\n\n") if not p.startswith(LINE)]
+    new = "\n\n".join([*kept, line])
+    if new == source:
+        return False
+    cell["source"] = new.splitlines(keepends=True)
+    path.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
+    return True
+
+
+def stamp(ci_path: pathlib.Path, defaults_path: pathlib.Path, names: list[str]) -> None:
+    ci, defaults = json.loads(ci_path.read_text()), json.loads(defaults_path.read_text())
+    ci_rows = {r["notebook"]: r for r in ci["notebooks"]}
+    default_rows = {r["notebook"]: r for r in defaults["notebooks"]}
+    date = defaults["date"].split()[0]
+    problems = []
+    for nb in selected(names):
+        try:
+            if nb.name not in ci_rows or nb.name not in default_rows:
+                raise ValueError(f"{nb.stem}: not in {ci_path.name} and {defaults_path.name} both")
+            line = run_time_line(nb.stem, ci_rows[nb.name], default_rows[nb.name], declared(nb), date)
+        except ValueError as err:
+            problems.append(str(err))
+            continue
+        print(("updated " if set_first_cell_line(nb, line) else "unchanged ") + nb.name)
+    if problems:
+        raise SystemExit("not stamped:\n  " + "\n  ".join(problems))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -408,6 +492,10 @@ def main() -> None:
     r.add_argument("names", nargs="*", help="notebooks (paths, or prefixes such as 03); default: all numbered")
     t = sub.add_parser("table", help="print the markdown table of a results JSON")
     t.add_argument("json", type=pathlib.Path)
+    st = sub.add_parser("stamp", help="write the run-time line into each notebook's first cell")
+    st.add_argument("--ci", type=pathlib.Path, required=True, help="results JSON of the CI sets")
+    st.add_argument("--defaults", type=pathlib.Path, required=True, help="results JSON of the defaults")
+    st.add_argument("names", nargs="*")
     e = sub.add_parser("_execute", help=argparse.SUPPRESS)
     e.add_argument("source", type=pathlib.Path)
     e.add_argument("target", type=pathlib.Path)
@@ -418,6 +506,8 @@ def main() -> None:
             run(args)
         except ValueError as err:
             raise SystemExit(str(err))
+    elif args.command == "stamp":
+        stamp(args.ci, args.defaults, args.names)
     elif args.command == "table":
         print(table(json.loads(args.json.read_text())), end="")
     else:

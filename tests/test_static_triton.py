@@ -63,12 +63,17 @@ def _reference(t, extra, dtype, scale):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rotate", [True, False], ids=["rotate", "no-rotate"])
-def test_kernel_matches_float64_oracle(device, dtype, rotate):
-    from kvlab.core.static_triton import static_decode_triton
+@pytest.mark.parametrize("splits", [1, 3], ids=["one-range", "3-ranges"])
+def test_kernel_matches_float64_oracle(device, dtype, rotate, splits):
+    """One program per (row, kv head), or each row's entries cut into 3 ranges merged by the second kernel
+    (what small batches get); rows with fewer entries than a range leave later ranges empty."""
+    from kvlab.core.static_triton import default_config, static_decode_triton
 
     t, extra = _case(device, dtype, rotate=rotate)
     scale = 16 ** -0.5
-    out = static_decode_triton(t["q"], t["keys"], t["values"], t["phys"], t["length"], scale, **extra)
+    config = dict(default_config(), BLOCK_N=8, splits=splits)
+    out = static_decode_triton(t["q"], t["keys"], t["values"], t["phys"], t["length"], scale, config=config,
+                               **extra)
     truth = _reference(t, extra, torch.float64, scale)
     eager = _reference(t, extra, dtype, scale)
     eps = torch.finfo(dtype).eps
@@ -85,6 +90,7 @@ def test_kernel_reads_only_live_entries(device):
 
     t, extra = _case(device, torch.float32, seed=4)
     scale = 0.25
+    t["length"][1] = 2  # a short row: most of its ranges are empty
     clean = static_decode_triton(t["q"], t["keys"], t["values"], t["phys"], t["length"], scale, **extra)
     keys, values = t["keys"].clone(), t["values"].clone()
     for b in range(keys.shape[0]):
@@ -93,6 +99,12 @@ def test_kernel_reads_only_live_entries(device):
         values[b][:, dead] = float("nan")
     dirty = static_decode_triton(t["q"], keys, values, t["phys"], t["length"], scale, **extra)
     assert torch.equal(clean, dirty)
+    from kvlab.core.static_triton import default_config
+
+    split = static_decode_triton(t["q"], keys, values, t["phys"], t["length"], scale,
+                                 config=dict(default_config(), BLOCK_N=8, splits=3), **extra)
+    assert torch.isfinite(split).all()
+    torch.testing.assert_close(split, clean, rtol=1e-5, atol=1e-6)
 
 
 def _steps(model, policy, ids, kernel, shortcuts):

@@ -97,11 +97,22 @@ def static_decode_reference(q, keys, values, phys, n, scale, *, rot=None, rope=N
 
 
 def default_config(interpret: bool | None = None) -> dict:
-    """Tile size and warps (``num_stages`` 1 in the interpreter)."""
+    """Tile size, warps, and ``programs``: split a row's entries into ranges (merged by a second kernel) until
+    about this many programs run, when ``rows x kv_heads`` alone is fewer (small batches); ``splits`` forces it."""
     interpret = _interpreting() if interpret is None else interpret
     if interpret:
-        return dict(BLOCK_N=8, num_warps=4, num_stages=1)
-    return dict(BLOCK_N=32, num_warps=4, num_stages=2)
+        return dict(BLOCK_N=8, num_warps=4, num_stages=1, programs=None, splits=None)
+    return dict(BLOCK_N=32, num_warps=4, num_stages=2, programs=2 * _sm_count(), splits=None)
+
+
+_SM: list = []
+
+
+def _sm_count() -> int:
+    if not _SM:
+        _SM.append(torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+                   if torch.cuda.is_available() else 4)
+    return _SM[0]
 
 
 try:  # the kernel exists only where Triton is installed
@@ -110,17 +121,18 @@ try:  # the kernel exists only where Triton is installed
 
     @triton.jit
     def _static_decode_kernel(
-        Q, K, V, PHYS, N, ROT, ROPE, COS, SIN, O,
+        Q, K, V, PHYS, N, ROT, ROPE, COS, SIN, O, OPART, LPART,
         stride_qb, stride_qh, stride_kb, stride_kh, stride_kc, stride_vb, stride_vh, stride_vc,
         stride_pb, stride_rb, stride_ob, stride_oh,
-        qk_scale, base, max_shift,
+        qk_scale, base, max_shift, split_size,
         HK: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
-        BLOCK_N: tl.constexpr, ROTATE: tl.constexpr,
+        BLOCK_N: tl.constexpr, ROTATE: tl.constexpr, SPLIT: tl.constexpr,
     ):
-        # -- which row and kv head
+        # -- which row and kv head, and (SPLIT) which range of the row's entries
         pid = tl.program_id(0)
         b = pid // HK
         hk = pid % HK
+        part = tl.program_id(1)
         offs_g = tl.arange(0, GROUP_PAD)
         offs_d = tl.arange(0, HEAD_DIM)
         g_ok = offs_g < GROUP
@@ -138,10 +150,12 @@ try:  # the kernel exists only where Triton is installed
         m_i = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([GROUP_PAD], dtype=tl.float32)
         acc = tl.zeros([GROUP_PAD, HEAD_DIM], dtype=tl.float32)
-        # -- stream the live entries [0, n) through the slot index, online softmax in base 2
-        for i0 in range(0, n, BLOCK_N):
+        # -- stream the live entries [lo, hi) through the slot index, online softmax in base 2
+        lo = part * split_size
+        hi = tl.minimum(n, lo + split_size)
+        for i0 in range(lo, hi, BLOCK_N):
             i = i0 + tl.arange(0, BLOCK_N)
-            ok = i < n
+            ok = i < hi
             slot = tl.load(PHYS + b * stride_pb + i, mask=ok, other=0)
             k = tl.load(kbh + slot[:, None] * stride_kc + offs_d[None, :], mask=ok[:, None], other=0.0)
             v = tl.load(vbh + slot[:, None] * stride_vc + offs_d[None, :], mask=ok[:, None], other=0.0)
@@ -159,19 +173,54 @@ try:  # the kernel exists only where Triton is installed
             kf = k.to(tl.float32)
             s = tl.sum(q[:, None, :] * kf[None, :, :], axis=2) * qk_scale  # (GROUP_PAD, BLOCK_N), base 2
             s = tl.where(ok[None, :], s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))  # entry 0 is always live: finite from the first tile
+            m_new = tl.maximum(m_i, tl.max(s, 1))  # the first tile of a range holds a live entry: finite
             alpha = tl.exp2(m_i - m_new)
             p = tl.exp2(s - m_new[:, None])
             l_i = l_i * alpha + tl.sum(p, 1)
             acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v.to(tl.float32)[None, :, :], axis=1)
             m_i = m_new
 
-        # -- epilogue
-        out = acc / l_i[:, None]
+        # -- epilogue: the output, or (SPLIT) this range's normalised partial and its base-2 log-sum-exp
+        has = l_i > 0  # False only for a range past the row's end
+        out = acc / tl.where(has, l_i, 1.0)[:, None]
+        if SPLIT:
+            row = (pid * tl.num_programs(1) + part) * GROUP_PAD + offs_g
+            tl.store(LPART + row, tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf")))
+            tl.store(OPART + row[:, None] * HEAD_DIM + offs_d[None, :], out)
+        else:
+            tl.store(O + b * stride_ob + (hk * GROUP + offs_g)[:, None] * stride_oh + offs_d[None, :],
+                     out.to(O.dtype.element_ty), mask=g_ok[:, None])
+
+    @triton.jit
+    def _static_merge_kernel(
+        OPART, LPART, O, stride_ob, stride_oh, PARTS,
+        HK: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
+    ):
+        # -- the partials of one (row, kv head): lse = log2(sum 2^lse_j), out = sum 2^(lse_j - lse) out_j
+        pid = tl.program_id(0)
+        b = pid // HK
+        hk = pid % HK
+        offs_g = tl.arange(0, GROUP_PAD)
+        offs_d = tl.arange(0, HEAD_DIM)
+        m = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
+        denom = tl.zeros([GROUP_PAD], dtype=tl.float32)
+        acc = tl.zeros([GROUP_PAD, HEAD_DIM], dtype=tl.float32)
+        for j in range(0, PARTS):
+            row = (pid * PARTS + j) * GROUP_PAD + offs_g
+            lse = tl.load(LPART + row)
+            part = tl.load(OPART + row[:, None] * HEAD_DIM + offs_d[None, :])
+            m_new = tl.maximum(m, lse)
+            m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)  # range 0 always has entries: only padding rows
+            alpha = tl.exp2(m - m_sub)
+            w = tl.exp2(lse - m_sub)
+            denom = denom * alpha + w
+            acc = acc * alpha[:, None] + w[:, None] * part
+            m = m_new
+        out = acc / tl.where(denom > 0, denom, 1.0)[:, None]
         tl.store(O + b * stride_ob + (hk * GROUP + offs_g)[:, None] * stride_oh + offs_d[None, :],
-                 out.to(O.dtype.element_ty), mask=g_ok[:, None])
+                 out.to(O.dtype.element_ty), mask=(offs_g < GROUP)[:, None])
 except ImportError:  # pragma: no cover - kvlab without the triton extra
-    _static_decode_kernel = None
+    _static_decode_kernel = _static_merge_kernel = None
 
 
 def static_decode_triton(q, keys, values, phys, length, scale: float, *, rot=None, rope=None, cos=None, sin=None,
@@ -188,16 +237,30 @@ def static_decode_triton(q, keys, values, phys, length, scale: float, *, rot=Non
     rotate = rot is not None
     n = length + 1
     dummy = phys  # never read when not rotating
-    _static_decode_kernel[(bsz * hk,)](
+    # ranges per row: enough programs for the GPU when the batch alone is too small (never a range of < 1 tile)
+    splits = cfg.get("splits") or (1 if not cfg.get("programs") else
+                                   max(1, min(triton.cdiv(cfg["programs"], bsz * hk), triton.cdiv(c, cfg["BLOCK_N"]))))
+    split_size = triton.cdiv(triton.cdiv(c, splits), cfg["BLOCK_N"]) * cfg["BLOCK_N"]
+    splits = triton.cdiv(c, split_size)
+    group_pad = triton.next_power_of_2(group)
+    if splits > 1:
+        opart = torch.empty((bsz * hk * splits * group_pad, d), dtype=torch.float32, device=q.device)
+        lpart = torch.empty((bsz * hk * splits * group_pad,), dtype=torch.float32, device=q.device)
+    else:
+        opart = lpart = out  # never touched
+    _static_decode_kernel[(bsz * hk, splits)](
         q, keys, values, phys, n, rot if rotate else dummy, rope if rotate else dummy,
-        cos if rotate else q, sin if rotate else q, out,
+        cos if rotate else q, sin if rotate else q, out, opart, lpart,
         q.stride(0), q.stride(1), keys.stride(0), keys.stride(1), keys.stride(2),
         values.stride(0), values.stride(1), values.stride(2),
         phys.stride(0), rot.stride(0) if rotate else 0, out.stride(0), out.stride(1),
-        float(scale) * 1.4426950408889634, base, 2 * c,
-        HK=hk, GROUP=group, GROUP_PAD=triton.next_power_of_2(group), HEAD_DIM=d, BLOCK_N=cfg["BLOCK_N"],
-        ROTATE=rotate, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        float(scale) * 1.4426950408889634, base, 2 * c, split_size,
+        HK=hk, GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=d, BLOCK_N=cfg["BLOCK_N"],
+        ROTATE=rotate, SPLIT=splits > 1, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
+    if splits > 1:
+        _static_merge_kernel[(bsz * hk,)](opart, lpart, out, out.stride(0), out.stride(1), splits,
+                                          HK=hk, GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=d, num_warps=4)
     return out
 
 

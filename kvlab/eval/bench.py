@@ -285,6 +285,54 @@ def _kernel_table(prof, steps: int, top: int = 15) -> tuple[list[dict], float]:
     return rows, total
 
 
+def _graph_profile():
+    from torch.profiler import ProfilerActivity, profile as torch_profile
+
+    return torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+
+
+_PHASES = ("begin_step", "update", "attend", "end_step")
+
+
+def _phase_table(decoder, ids, device) -> tuple[list[dict], float]:
+    """GPU time per step of each part of the cache's work (``begin_step``: the new entry's metadata and, for
+    "compact", every slot's re-rotation; ``update``: the new key/value written, 30x; ``attend``: attention, 30x;
+    ``end_step``: the policy's keep + compaction) and of the model around them, from eager steps."""
+    from torch.profiler import record_function
+
+    cache, steps = decoder.cache, ids.shape[1]
+    saved = {name: getattr(cache, name) for name in _PHASES}
+
+    def labelled(name, fn):
+        def call(*args, **kwargs):
+            with record_function(f"phase:{name}"):
+                return fn(*args, **kwargs)
+        return call
+
+    for name in _PHASES:
+        setattr(cache, name, labelled(name, saved[name]))
+    try:
+        with _graph_profile() as prof:
+            for t in range(steps):
+                with record_function("phase:step"):
+                    decoder.ids.copy_(ids[:, t:t + 1])
+                    decoder._forward()
+            _sync(device)
+    finally:
+        for name in _PHASES:
+            delattr(cache, name)  # back to the class's methods
+    times = {}
+    for e in prof.key_averages():
+        if e.key.startswith("phase:") and str(getattr(e, "device_type", "CPU")).endswith("CPU"):  # not the GPU span
+            times[e.key[6:]] = (getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0.0)) / 1e3 / steps
+    total = times.pop("step", 0.0)
+    rows = [dict(phase=name, ms_per_step=times.get(name, 0.0)) for name in _PHASES]
+    rows.append(dict(phase="model (the rest)", ms_per_step=total - sum(r["ms_per_step"] for r in rows)))
+    for row in rows:
+        row["share"] = row["ms_per_step"] / total if total else 0.0
+    return rows, total
+
+
 @torch.no_grad()
 def _engine_run(model, policy, ids, kernel: str, fill: int, steps: int, device, profile: bool) -> dict:
     """Fill every row's cache (``fill`` steps), then time ``steps`` graph-replayed steps (with the eval loop's
@@ -310,14 +358,15 @@ def _engine_run(model, policy, ids, kernel: str, fill: int, steps: int, device, 
                tokens_per_s=batch * steps / seconds, capture_s=capture_s, fill_steps=fill,
                fill_tokens_per_s=batch * (fill - 1) / fill_s, mean_held=held)
     if profile and device.type == "cuda":
-        from torch.profiler import ProfilerActivity, profile as torch_profile
-
         t0 = fill + steps
-        with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        with _graph_profile() as prof:  # the graph replays as they run
             for t in range(t0, t0 + 3):
                 decoder.step(ids[:, t:t + 1])
             _sync(device)
         out["profile"], out["profile_ms_per_step"] = _kernel_table(prof, 3)
+        # the same step run eagerly (decoder._forward, same buffers), each part of the cache's work labelled:
+        # GPU time per part, the rest is the model's own layers
+        out["phases"], out["phases_ms_per_step"] = _phase_table(decoder, ids[:, t0 + 3:t0 + 6], device)
         # begin_step (re-rotation of every slot, "compact") and end_step (keep + compaction) alone, graph-replayed
         cache = decoder.cache
         for part, fn in (("begin_step", lambda: cache.begin_step(decoder.ids)), ("end_step", cache.end_step)):
@@ -389,7 +438,7 @@ def streams(args) -> dict:
                         row = dict(error=f"{type(err).__name__}: {err}"[:400])
                     row.update(label)
                     rows.append(row)
-                    print(json.dumps({k: v for k, v in row.items() if k != "profile"}), flush=True)
+                    print(json.dumps({k: v for k, v in row.items() if k not in ("profile", "phases")}), flush=True)
                     if device.type == "cuda":
                         torch.cuda.empty_cache()
         del model, plain
@@ -407,10 +456,14 @@ def _streams_md(rec: dict) -> str:
     cols = [("dtype", "dtype", ""), ("policy", "policy", ""), ("batch", "streams", ""), ("kernel", "engine", ""),
             ("step_ms", "ms / step", "{:.2f}"), ("tokens_per_s", "aggregate tok/s", "{:.0f}"),
             ("x_compact", "x engine before", "{:.2f}x"), ("x_generate", "x generate", "{:.2f}x"),
-            ("mean_held", "entries held", "{:.0f}"), ("begin_step_ms", "begin_step ms", "{:.3f}"),
-            ("end_step_ms", "end_step ms", "{:.3f}"), ("error", "error", "")]
+            ("mean_held", "entries held", "{:.0f}"), ("error", "error", "")]
     text = fmt_table(rec["rows"], cols)
     for row in rec["rows"]:
+        if row.get("phases"):
+            text += (f"\n\n### Where the step's GPU time goes, {row['kernel']}, {row['policy']}, {row['dtype']}, "
+                     f"{row['batch']} streams (eager step: {row['phases_ms_per_step']:.2f} ms of kernels)\n\n")
+            text += fmt_table(row["phases"], [("phase", "part", ""), ("ms_per_step", "ms / step", "{:.3f}"),
+                                              ("share", "share", "{:.1%}")])
         if row.get("profile"):
             text += (f"\n\n### Top GPU kernels, {row['kernel']}, {row['policy']}, {row['dtype']}, {row['batch']} streams "
                      f"({row['profile_ms_per_step']:.2f} ms of kernels per step)\n\n")

@@ -149,7 +149,8 @@ def _rotated_haystack(text: str, trial: int, trials: int) -> str:
 
 def needle_records(model, tokenizer, methods: dict, layers, lengths, depths, *, trials: int = 1,
                    max_new_tokens: int = 32, model_name: str = "", haystack: str | None = None,
-                   progress: bool = False, sink=None) -> list[dict]:
+                   progress: bool = False, sink=None, max_seconds: float | None = None,
+                   show: int = 5) -> list[dict]:
     """Needle-in-a-haystack (Fig. 2/6), one record per (prompt, method) for the claims ledger.
 
     Prompts: :func:`kvlab.datasets.niah_prompt` for every length x depth x trial; trial ``t`` starts the Paul
@@ -163,6 +164,11 @@ def needle_records(model, tokenizer, methods: dict, layers, lengths, depths, *, 
     ``"needle_recall"`` (share of the needle's words in the answer, kvlab's needle score) and ``"answer_nll"``
     (nats per answer token), ``example`` = ``"niah/<model>/L<length>/d<depth>/t<trial>"``. ``sink(records)``,
     if given, receives each prompt's records as they are made (a long run keeps what it finished).
+
+    Prompts run trial by trial (every length x depth of trial 0, then of trial 1, ...), so a run stopped by
+    ``max_seconds`` (no new prompt starts after it) has the same number of haystacks in every cell, give or
+    take one. With ``progress``, the raw answers of the first ``show`` trials of each cell are printed (look at
+    them before trusting a score).
     """
     from kvlab import datasets
     from kvlab.baselines import Full
@@ -172,8 +178,13 @@ def needle_records(model, tokenizer, methods: dict, layers, lengths, depths, *, 
     check_int("trials", trials, 1)
     text = haystack if haystack is not None else datasets.load_text("paul-graham")
     records = []
-    cells = [(n, d, t) for n in lengths for d in depths for t in range(trials)]
+    cells = [(n, d, t) for t in range(trials) for n in lengths for d in depths]
+    t_start = time.perf_counter()
     for i, (n, depth, trial) in enumerate(cells):
+        if max_seconds is not None and time.perf_counter() - t_start > max_seconds:
+            if progress:
+                print(f"stopped after {i} of {len(cells)} prompts: max_seconds={max_seconds} reached", flush=True)
+            break
         p = datasets.niah_prompt(tokenizer, _rotated_haystack(text, trial, trials), n, depth)
         tail = question_tail_tokens(tokenizer, p.prompt)
         n_tok = len(tokenizer(p.prompt).input_ids)
@@ -181,19 +192,24 @@ def needle_records(model, tokenizer, methods: dict, layers, lengths, depths, *, 
         for name, pattern in methods.items():
             if getattr(pattern, "dense_tail", None) == "question":
                 pattern.question_tokens = tail
+            t0 = time.perf_counter()
             with use_pattern(model, pattern, layers) if pattern is not None else nullcontext():
                 said, nll = ask(model, tokenizer, p.prompt, p.answer, Full(), chunk_size=n_tok + 8,
                                 max_new_tokens=max_new_tokens)
             config = {"model": model_name, "length": n, "depth": depth, "trial": trial, "prompt_tokens": n_tok,
-                      "question_tokens": tail, "pattern": repr(pattern) if pattern is not None else "dense"}
+                      "question_tokens": tail, "pattern": repr(pattern) if pattern is not None else "dense",
+                      "seconds": round(time.perf_counter() - t0, 3)}
             for metric, value in (("needle_recall", _needle_score(said, p.answer)), ("answer_nll", nll)):
                 records.append({"example": example, "method": name, "metric": metric, "value": float(value),
                                 "output": said, "target": p.answer, "config": config})
         if sink is not None:
             sink(records[-2 * len(methods):])
         if progress:
-            print(f"[{i + 1}/{len(cells)}] {example}: " + ", ".join(
+            print(f"[{i + 1}/{len(cells)}] {example} ({time.perf_counter() - t_start:.0f} s): " + ", ".join(
                 f"{r['method']} {r['value']:.2f}" for r in records[-2 * len(methods)::2]), flush=True)
+            if trial < show:
+                for r in records[-2 * len(methods)::2]:
+                    print(f"    {r['method']:24s} said {r['output'][:80]!r}", flush=True)
     return records
 
 
@@ -533,11 +549,13 @@ def decode_cost(model, ids: torch.Tensor, policy, pattern=None, layers=None, *, 
 # ================================================================================================
 def needle_methods(budgets, *, predictor=None, chunk_size: int = 16, initial: int = 4, authors_initial: int = 4,
                    authors_local: int = 0, protocols=("app_a", "authors"), baselines=("dense", "block-sparse"),
-                   backend: str = "auto") -> dict:
+                   backend: str = "auto", nms_window: int = 8, suffix: str = "") -> dict:
     """The methods of the needle grid: dense, block-sparse (fixed chunks, mean) and DHSA under each protocol
     (``"app_a"``: the text, :class:`~kvlab.dhsa.pattern.DHSAPattern`'s default; ``"authors"``:
     :func:`~kvlab.dhsa.pattern.authors_pattern`) at each budget. DHSA uses ``predictor``'s chunks (the
-    oracle's when None); dynamic chunks are cut at ``min(2 chunk_size, room)``."""
+    oracle's when None); dynamic chunks are cut at ``min(2 chunk_size, room)``. ``nms_window``: App. B's NMS
+    distance for DHSA's boundaries (0: none); ``suffix`` is appended to the DHSA method names (an ablation's
+    label, e.g. ``" nms64"``)."""
     from .pattern import DHSAPattern, authors_pattern, block_sparse_pattern
 
     out = {"dense": None} if "dense" in baselines else {}
@@ -548,11 +566,11 @@ def needle_methods(budgets, *, predictor=None, chunk_size: int = 16, initial: in
         for proto in protocols:
             ini, loc = (initial, 0) if proto == "app_a" else (authors_initial, authors_local)
             kw = dict(chunking=chunking, predictor=predictor, chunk_size=chunk_size, initial=ini, local=loc,
-                      max_len=max(1, min(2 * chunk_size, nb - ini - loc)), backend=backend)
+                      max_len=max(1, min(2 * chunk_size, nb - ini - loc)), backend=backend, nms_window=nms_window)
             if proto == "app_a":
-                out[f"DHSA app_a {nb}"] = DHSAPattern(nb, name=f"DHSA app_a {nb}", **kw)
+                out[f"DHSA app_a {nb}{suffix}"] = DHSAPattern(nb, name=f"DHSA app_a {nb}{suffix}", **kw)
             elif proto == "authors":
-                out[f"DHSA authors {nb}"] = authors_pattern(nb, name=f"DHSA authors {nb}", **kw)
+                out[f"DHSA authors {nb}{suffix}"] = authors_pattern(nb, name=f"DHSA authors {nb}{suffix}", **kw)
             else:
                 raise ValueError(f"protocols are 'app_a' and 'authors', got {proto!r}")
     return out
@@ -584,7 +602,14 @@ def main(argv=None) -> int:
     ap.add_argument("--baselines", default="dense,block-sparse")
     ap.add_argument("--max-new-tokens", type=int, default=16)
     ap.add_argument("--device", default=None)
-    ap.add_argument("--backend", default="auto", help="prefill backend: auto (Triton on CUDA), torch, triton")
+    ap.add_argument("--backend", default="sdpa",
+                    help="prefill backend: sdpa (the kept set from the chunk ranking + torch SDPA, the fast path), "
+                         "auto (Triton on CUDA), torch, triton")
+    ap.add_argument("--nms-window", type=int, default=8, help="NMS distance of the predicted boundaries (0: no NMS)")
+    ap.add_argument("--suffix", default="", help="appended to the DHSA method names (an ablation's label)")
+    ap.add_argument("--max-seconds", type=float, default=None,
+                    help="start no new prompt after this many seconds (the cells stay balanced: trials run in turn)")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--out", required=True, help="output file, *.examples.jsonl")
     args = ap.parse_args(argv)
@@ -596,7 +621,7 @@ def main(argv=None) -> int:
     from .training import load_predictor, shipped_predictor
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    model, tok = kvlab.load_model(args.model, device=device, dtype=torch.float32)
+    model, tok = kvlab.load_model(args.model, device=device, dtype=getattr(torch, args.dtype))
     pred = None
     if args.predictor == "shipped":
         pred = shipped_predictor(args.model, device)[0]
@@ -605,7 +630,8 @@ def main(argv=None) -> int:
     methods = needle_methods([int(x) for x in args.budgets.split(",")], predictor=pred, chunk_size=args.chunk_size,
                              initial=args.initial, authors_initial=args.authors_initial,
                              authors_local=args.authors_local, protocols=args.protocols.split(","),
-                             baselines=args.baselines.split(","), backend=args.backend)
+                             baselines=args.baselines.split(","), backend=args.backend,
+                             nms_window=args.nms_window, suffix=args.suffix)
     out = Path(args.out)
     write_examples(out, [])
     t0 = time.perf_counter()
@@ -617,7 +643,7 @@ def main(argv=None) -> int:
 
     needle_records(model, tok, methods, dhsa_layers(model), [int(x) for x in args.lengths.split(",")],
                    [float(x) for x in args.depths.split(",")], trials=args.trials, max_new_tokens=args.max_new_tokens,
-                   model_name=args.model, progress=True, sink=sink)
+                   model_name=args.model, progress=True, sink=sink, max_seconds=args.max_seconds)
     recs = read_examples(out)
     print(f"{len(recs)} records in {time.perf_counter() - t0:.0f} s -> {out}")
     for name in methods:

@@ -67,14 +67,82 @@ from kvlab.core import AttentionCall, AttentionPattern, MaskPattern, attend, cau
 
 from .api import check_flag, dhsa_attention, dhsa_selection
 from .policy import decode_attention
-from .reference import (BoundaryPredictor, attention_recall, dhsa_mask, fixed_boundaries, oracle_boundaries,
-                        predict_boundaries, split_long_chunks)
+from .api import BACKENDS
+from .reference import (BoundaryPredictor, _per_batch, attention_recall, chunk_index, chunk_similarity, dhsa_mask,
+                        fixed_boundaries, local_starts, oracle_boundaries, predict_boundaries, split_long_chunks)
 
 __all__ = ["DHSAPattern", "authors_pattern", "block_sparse_pattern", "sliding_window_pattern", "dhsa_layers",
-           "CHUNKINGS", "DECODES"]
+           "ranked_chunk_mask", "CHUNKINGS", "DECODES", "PATTERN_BACKENDS"]
 
 CHUNKINGS = ("fixed", "oracle", "predictor", "predictor+fixed")
 DECODES = ("app_a", "dense")
+PATTERN_BACKENDS = BACKENDS + ("sdpa",)  # "sdpa": ranked_chunk_mask + torch's scaled_dot_product_attention
+
+
+@torch.no_grad()
+def ranked_chunk_mask(q: torch.Tensor, k: torch.Tensor, boundaries, budget: int | None, *, initial: int = 0,
+                      local: int = 0, aggregation: str = "eq4", share_heads: bool = False, dense_tail: int = 0,
+                      score_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """:func:`~kvlab.dhsa.reference.dhsa_mask` (``keep_diagonal=True``, ``causal_query=False``) without the
+    token-level sort: the same ``(batch, heads | 1, seq, seq)`` bool mask, built from the chunk ranking.
+
+    The reference upsamples the chunk scores to ``(seq, seq)`` and sorts every row (``O(seq^2 log seq)``, 90 %
+    of a 1k-token needle prompt on a CPU). Every token of a chunk carries its chunk's score and ties go to the
+    lower position, so a row's sorted candidates are its query chunk's ranked key chunks laid end to end::
+
+        order[h, c]        = key chunks by decreasing S[h, c, :] (ties: lower chunk first), candidates only
+        before[h, c, c']   = candidate tokens of the chunks ranked above c'       (exclusive cumsum)
+        place[h, c, j]     = before[h, c, c(j)] + (j - max(b_c(j), initial))     (j's place in c's list)
+        keep[h, i, j]      = forced(i, j)  or  place[h, c(i), j] < budget - |forced(i)|
+
+    with ``forced(i, j)`` = ``j <= i`` and (``j < initial`` or ``j >= local_starts[c(i)]``) and candidates
+    ``initial <= j < local_starts[c]``. One sort of ``(heads, C, C)`` and a gather: no loop over chunks or rows.
+    Arguments as :func:`~kvlab.dhsa.reference.dhsa_mask`; ``dense_tail`` rows keep every causal key.
+    """
+    bsz, _, n, _ = q.shape
+    per = _per_batch(boundaries, bsz, n)
+    if budget is not None and budget >= n:
+        budget = None
+    dev = q.device
+    pos = torch.arange(n, device=dev)
+    causal = pos[None, :] <= pos[:, None]
+    out = []
+    for b in range(bsz):
+        bd = per[b].to(dev)
+        st, en = bd[:-1], bd[1:]
+        nc = st.numel()
+        cidx = chunk_index(bd, n).to(dev)
+        ls = local_starts(bd, local, initial)  # (C,) first always-kept key before each query chunk
+        forced = causal & ((pos[None, :] < initial) | (pos[None, :] >= ls[cidx][:, None]))  # (n, n)
+        if budget is None:
+            heads = 1 if share_heads else q.shape[1]
+            m = causal[None].expand(heads, n, n).clone()
+        else:
+            s = chunk_similarity(q[b:b + 1], k[b:b + 1], bd, aggregation, share_heads, score_dtype)[0]  # (H, C, C)
+            cstart = st.clamp(min=initial)
+            clen = (torch.minimum(en[None, :], ls[:, None]) - cstart[None, :]).clamp(min=0)  # (C query, C key)
+            ci = torch.arange(nc, device=dev)
+            is_cand = (ci[None, :] < ci[:, None]) & (clen > 0)
+            order = torch.sort(s.masked_fill(~is_cand[None], float("-inf")), dim=-1, descending=True,
+                               stable=True).indices  # (H, C, C)
+            olen = torch.gather((clen * is_cand)[None].expand_as(order), -1, order)
+            before = torch.empty_like(order)
+            before.scatter_(-1, order, olen.cumsum(-1) - olen)  # back to key-chunk order
+            place = before[:, :, cidx] + (pos - cstart[cidx])[None, None, :]  # (H, C, n)
+            cand = (pos[None, :] >= initial) & (pos[None, :] < ls[:, None])  # (C, n)
+            place = place.masked_fill(~cand[None], n).to(torch.int32)
+            n_forced = forced.sum(-1)  # (n,)
+            if int(n_forced.max()) > budget:
+                raise ValueError(f"budget={budget} is smaller than the always-kept keys of some query "
+                                 f"({int(n_forced.max())} = initial + local + its chunk so far): raise budget, lower "
+                                 "initial or local, or use shorter chunks")
+            room = (budget - n_forced).to(torch.int32)
+            m = (place[:, cidx, :] < room[None, :, None]) | forced[None]
+        if dense_tail:
+            t = min(dense_tail, n)
+            m[:, n - t:] = causal[n - t:]
+        out.append(m)
+    return torch.stack(out)
 
 
 class _PhaseTimer:
@@ -137,7 +205,10 @@ class DHSAPattern(AttentionPattern):
         window: ``w`` of the labelling rule for the oracle (the predictor has its own).
         max_len: dynamic chunks longer than this are cut (ours; default ``min(2 chunk_size, budget - initial)``).
         initial, keep_diagonal, aggregation, share_heads: as :func:`kvlab.dhsa.dhsa_attention`.
-        backend: ``"auto" | "torch" | "flex" | "triton"``.
+        backend: ``"auto" | "torch" | "flex" | "triton"`` (:func:`kvlab.dhsa.dhsa_attention`), or ``"sdpa"``:
+            the reference's kept set built from the chunk ranking (:func:`ranked_chunk_mask`, no token-level
+            sort) and torch's ``scaled_dot_product_attention`` with it, any device: the fast path of the needle
+            grid (``keep_diagonal=True``, ``causal_query=False``).
         record: keep, per layer, the chunk offsets of the last call (always) and the share of dense
             attention mass the mask keeps (``self.recall``; computes the dense map: small inputs).
         local: keys before each query's chunk always kept (the authors' 128 "recent" keys), in the budget.
@@ -183,6 +254,12 @@ class DHSAPattern(AttentionPattern):
                              "[0, 1) (p > threshold ends a chunk; >= 1 keeps none)")
         if chunking not in CHUNKINGS:
             raise ValueError(f"chunking must be one of {CHUNKINGS}, got {chunking!r}")
+        if backend not in PATTERN_BACKENDS:
+            raise ValueError(f"backend must be one of {PATTERN_BACKENDS}, got {backend!r}")
+        if backend == "sdpa" and (causal_query or not keep_diagonal):
+            raise ValueError("backend='sdpa' builds the kept set from the chunk ranking (one list per query chunk), "
+                             "which needs keep_diagonal=True and causal_query=False; use backend='torch' for "
+                             "causal_query=True (perplexity) or keep_diagonal=False")
         _pos_int("chunk_size", chunk_size)
         _pos_int("initial", initial, 0)
         _pos_int("nms_window", nms_window, 0)
@@ -276,6 +353,22 @@ class DHSAPattern(AttentionPattern):
     def _phase(self, name, device):
         return self._timer.phase(name, device) if self._timer is not None else _nothing()
 
+    def _sdpa_prefill(self, query, key, value, bds, mask, scaling):
+        """The ``"sdpa"`` backend: :func:`ranked_chunk_mask` (the reference's kept set) and torch's fused
+        attention with that boolean mask, all heads at once."""
+        if mask is None:
+            with self._phase("selection", query.device):
+                kw = self._kw()
+                mask = ranked_chunk_mask(query, key, bds, kw.pop("budget"), dense_tail=self._tail(),
+                                         initial=kw["initial"], local=kw["local"], aggregation=kw["aggregation"],
+                                         share_heads=kw["share_heads"])
+            if self.share_selection:
+                self._shared["selection"] = mask
+        with self._phase("attention", query.device):
+            g = query.shape[1] // key.shape[1]
+            k, v = (key, value) if g == 1 else (key.repeat_interleave(g, 1), value.repeat_interleave(g, 1))
+            return torch.nn.functional.scaled_dot_product_attention(query, k, v, attn_mask=mask, scale=scaling)
+
     def _prefill_boundaries(self, query, key, call):
         """Boundaries of this layer: computed here, or (``share_boundaries``) once per forward."""
         st = self._shared
@@ -307,6 +400,8 @@ class DHSAPattern(AttentionPattern):
                                  causal_query=self.causal_query, **kw)
                 self.recall[call.layer_idx] = float(attention_recall(query, key, mask, call.scaling).mean())
             sel = self._shared["selection"] if self.share_selection else None
+            if self.backend == "sdpa":
+                return self._sdpa_prefill(query, key, value, bds, sel, call.scaling)
             if sel is None:
                 with self._phase("selection", query.device):
                     sel = dhsa_selection(query, key, chunks=bds, causal_query=self.causal_query,

@@ -1,0 +1,128 @@
+"""The needle grid's fast path (issue 24): the kept set built from the chunk ranking
+(:func:`kvlab.dhsa.pattern.ranked_chunk_mask`) is the reference's token-sorted mask, the ``"sdpa"`` backend
+gives the eager backend's logits, and the needle harness runs trial by trial."""
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from kvlab.dhsa import reference as R
+from kvlab.dhsa.pattern import DHSAPattern, authors_pattern, ranked_chunk_mask
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def _chunks(n, seed, lo=1, hi=9):
+    g = torch.Generator().manual_seed(seed)
+    ends = torch.cumsum(torch.randint(lo, hi, (n,), generator=g), 0)
+    return torch.cat([torch.tensor([0]), ends[ends < n], torch.tensor([n])])
+
+
+CONFIGS = list(itertools.product([(0, 0), (3, 0), (4, 7), (0, 12), (2, 40)], ["eq4", "mean"], [False, True],
+                                 [0, 5], [0, 3, 20]))
+
+
+def _check_same_mask(device, seed, initial, local, agg, share, tail, extra, n=64):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(2, 4, n, 16, generator=g, dtype=torch.float64).to(device)
+    k = torch.randn(2, 2, n, 16, generator=g, dtype=torch.float64).to(device)
+    bds = [_chunks(n, seed).to(device), _chunks(n, seed + 7).to(device)]
+    budget = max(R.max_forced(b, initial, local=local) for b in bds) + extra
+    kw = dict(initial=initial, local=local, aggregation=agg, share_heads=share, dense_tail=tail)
+    ref = R.dhsa_mask(q, k, bds, budget, **kw)
+    fast = ranked_chunk_mask(q, k, bds, budget, **kw)
+    assert fast.shape == ref.shape and torch.equal(fast, ref)
+
+
+@pytest.mark.parametrize("seed", range(2))
+@pytest.mark.parametrize("config", CONFIGS[::3])
+def test_ranked_chunk_mask_is_the_reference_mask(seed, config):
+    (initial, local), agg, share, tail, extra = config
+    _check_same_mask("cpu", seed, initial, local, agg, share, tail, extra)
+
+
+@cuda
+@pytest.mark.parametrize("config", CONFIGS[::5])
+def test_ranked_chunk_mask_is_the_reference_mask_cuda(config):
+    (initial, local), agg, share, tail, extra = config
+    _check_same_mask("cuda", 3, initial, local, agg, share, tail, extra, n=200)
+
+
+def test_ranked_chunk_mask_ties_go_to_the_earlier_chunk():
+    """Equal chunk scores everywhere: a row keeps its earliest candidate tokens, as the stable token sort does."""
+    q = torch.ones(1, 2, 40, 8)
+    bd = torch.tensor([0, 8, 16, 24, 32, 40])
+    for budget in (9, 15, 23):
+        fast = ranked_chunk_mask(q, q, bd, budget, initial=1, aggregation="mean")
+        assert torch.equal(fast, R.dhsa_mask(q, q, bd, budget, initial=1, aggregation="mean"))
+        row = fast[0, 0, 39]  # last row: initial 1 + its chunk (8) + the earliest (budget - 9) candidates
+        assert row.nonzero().flatten().tolist() == [0] + list(range(1, 1 + budget - 9)) + list(range(32, 40))
+
+
+def test_ranked_chunk_mask_budget_error_names_the_fix():
+    q = torch.randn(1, 2, 32, 8)
+    with pytest.raises(ValueError, match="budget=6 is smaller .* raise budget"):
+        ranked_chunk_mask(q, q, torch.tensor([0, 16, 32]), 6, initial=2)
+
+
+def _logits(model, ids, pattern):
+    from kvlab.core import use_pattern
+
+    with torch.no_grad(), use_pattern(model, pattern):
+        return model(ids).logits
+
+
+def _predictor(model):
+    nk = model.config.num_key_value_heads * (model.config.hidden_size // model.config.num_attention_heads)
+    torch.manual_seed(0)
+    return R.BoundaryPredictor(nk, window=2, heads=2, hidden=16).eval()
+
+
+@pytest.mark.parametrize("protocol", ["block-sparse", "app_a fixed", "authors"])
+def test_sdpa_backend_gives_the_eager_logits(tiny_llama, ids, protocol):
+    """Same kept set, fused attention: the logits of the whole forward agree with the eager reference backend
+    (boundaries shared or fixed, so both backends chunk the same keys)."""
+    pred = _predictor(tiny_llama)
+
+    def make(backend):
+        if protocol == "block-sparse":
+            return DHSAPattern(20, chunk_size=4, aggregation="mean", initial=2, backend=backend)
+        if protocol == "app_a fixed":
+            return DHSAPattern(20, chunk_size=4, initial=2, backend=backend)
+        p = authors_pattern(30, predictor=pred, chunk_size=4, initial=4, local=8, max_len=8, backend=backend)
+        p.question_tokens = 5
+        return p
+
+    ref, fast = _logits(tiny_llama, ids, make("torch")), _logits(tiny_llama, ids, make("sdpa"))
+    dense = _logits(tiny_llama, ids, DHSAPattern(None, backend="torch"))
+    assert not torch.allclose(ref, dense, atol=1e-3)  # the pattern is sparse here
+    torch.testing.assert_close(fast, ref, atol=2e-5, rtol=1e-5)
+
+
+def test_sdpa_backend_shares_its_mask_across_layers(tiny_llama, ids):
+    p = DHSAPattern(16, chunk_size=4, initial=2, share_boundaries=True, share_selection=True, backend="sdpa")
+    q = DHSAPattern(16, chunk_size=4, initial=2, share_boundaries=True, share_selection=True, backend="torch")
+    torch.testing.assert_close(_logits(tiny_llama, ids, p), _logits(tiny_llama, ids, q), atol=2e-5, rtol=1e-5)
+
+
+def test_sdpa_backend_refuses_what_it_cannot_express():
+    with pytest.raises(ValueError, match="causal_query=True"):
+        DHSAPattern(16, chunk_size=4, causal_query=True, backend="sdpa")
+    with pytest.raises(ValueError, match="keep_diagonal=True"):
+        DHSAPattern(16, chunk_size=4, keep_diagonal=False, backend="sdpa")
+    with pytest.raises(ValueError, match="backend must be one of"):
+        DHSAPattern(16, chunk_size=4, backend="fast")
+
+
+@cuda
+def test_sdpa_backend_on_cuda_matches_cpu(tiny_llama, ids):
+    import copy
+
+    model = copy.deepcopy(tiny_llama).cuda()
+    p = DHSAPattern(20, chunk_size=4, initial=2, backend="sdpa")
+    torch.testing.assert_close(_logits(model, ids.cuda(), p).cpu(), _logits(tiny_llama, ids, p), atol=1e-4,
+                               rtol=1e-4)

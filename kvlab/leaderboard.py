@@ -377,8 +377,10 @@ def run_cell(method: str, task: str, level: int, kv_budget: int, flop_budget: fl
     layers = _num_layers(net)
     out = {**base, "status": "ok", "method_params": {}}
 
-    def flop_setup(n: int):
-        """The pattern or router context of a FLOP method for an ``n``-token input, and its kept fraction."""
+    def flop_setup(n: int, causal: bool = False):
+        """The pattern or router context of a FLOP method for an ``n``-token input, and its kept fraction.
+        ``causal``: teacher-forced scoring, so DHSA ranks keys with the causal chunk query (the whole-chunk
+        query averages later tokens: a leak into perplexity, notebook 07)."""
         if method == "DHSA":
             from kvlab.dhsa.pattern import DHSAPattern, dhsa_layers
 
@@ -387,8 +389,10 @@ def run_cell(method: str, task: str, level: int, kv_budget: int, flop_budget: fl
                 else match_dhsa(flop_budget, n)
             frac = (len(chosen) * attention_fraction(n, nb) + layers - len(chosen)) / layers
             out["method_params"] = {"budget": nb, "chunking": "fixed", "chunk_size": 16, "initial": 4,
-                                    "layers": len(chosen)}
-            return use_pattern(net, DHSAPattern(nb, chunking="fixed", chunk_size=16), chosen), frac
+                                    "layers": len(chosen), "causal_query": causal}
+            pattern = DHSAPattern(nb, chunking="fixed", chunk_size=16, causal_query=causal,
+                                  backend="torch" if causal else "auto")  # the causal query is the eager backend's
+            return use_pattern(net, pattern, chosen), frac
         from kvlab.orthorank import orthorank
 
         routed, frac = match_orthorank(net.config, flop_budget, n, candidates=len(_orthorank_ranking(model)))
@@ -404,7 +408,7 @@ def run_cell(method: str, task: str, level: int, kv_budget: int, flop_budget: fl
 
         ids = stream_ids(net, tok, load_text("wikitext"), tokens)
         if method in FLOP_METHODS:
-            ctx, frac = flop_setup(ids.shape[1])
+            ctx, frac = flop_setup(ids.shape[1], causal=True)
             with ctx:
                 logits = net(input_ids=ids.to(net.device), use_cache=False).logits[0, :-1].float()
             nll = torch.nn.functional.cross_entropy(logits, ids[0, 1:].to(logits.device))

@@ -316,3 +316,26 @@ def test_key_mean_bias_and_real_key_rates_see_an_offset():
     flat = real_key_selection_rates(q, k, [4, 16, 64], samples=300)["eq4"]
     tilted = real_key_selection_rates(q, shifted, [4, 16, 64], samples=300)["eq4"]
     assert float((flat - 1 / 3).abs().max()) < 0.08 and float((tilted - 1 / 3).abs().max()) > 0.15
+
+
+def test_leaderboard_dhsa_perplexity_uses_the_causal_chunk_query():
+    """The leaderboard's teacher-forced perplexity cell for DHSA scores with the causal chunk query: its ppl is the
+    causal pattern's, not the leaking whole-chunk one's (issue 24)."""
+    from kvlab import leaderboard as lb
+    from kvlab.datasets import load_text
+    from kvlab.dhsa.experiments import pattern_perplexity
+    from kvlab.dhsa.pattern import DHSAPattern, dhsa_layers
+    from kvlab.eval import stream_ids
+
+    g = lb.GRIDS["tiny"]
+    model = g["models"][0]
+    r = lb.run_cell("DHSA", "ppl", 0, g["kv_budgets"][0], g["flop_budgets"][0], model, lb.model_checksum(model), 0,
+                    g["tokens"], g["lengths"], g["depths"], g["examples"], g["chunk"], g["max_new_tokens"])
+    net, tok = lb._model(model)
+    ids = stream_ids(net, tok, load_text("wikitext"), g["tokens"])
+    nb = r["method_params"]["budget"]
+    ppl = {causal: pattern_perplexity(net, ids, {"p": DHSAPattern(nb, chunking="fixed", chunk_size=16,
+                                                                  causal_query=causal, backend="torch")},
+                                      dhsa_layers(net), causal=causal)["p"] for causal in (True, False)}
+    assert ppl[True] != pytest.approx(ppl[False], rel=1e-6)  # the leak shows at this size
+    assert r["ppl"] == pytest.approx(ppl[True], rel=1e-4), (r["ppl"], ppl)

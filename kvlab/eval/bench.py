@@ -399,15 +399,60 @@ def _generate_run(plain, ids, new: int, device, compile: bool) -> dict:
                 fill_steps=new)
 
 
-def streams(args) -> dict:
-    """Tokens/s of the static engine's layouts and of transformers' static generate at several batch sizes."""
+def _tune_kernel(batch: int, kv_heads: int, heads: int, dim: int, capacity: int, dtypes, device) -> list[dict]:
+    """The static Triton kernel alone at the engine's shape (every row full, keys rotated as under
+    positions='cache'), a few tile / warp / pipelining choices: GPU time and the bandwidth its live K/V bytes
+    (+ the cos/sin rows it gathers, from L2) imply."""
+    import triton
+
+    from kvlab.core.static_triton import default_config, static_decode_triton
+
+    rows = []
+    for dtype in dtypes:
+        gen = torch.Generator(device=device).manual_seed(0)
+        q = torch.randn(batch, heads, dim, device=device, dtype=dtype, generator=gen)
+        k, v = (torch.randn(batch, kv_heads, capacity, dim, device=device, dtype=dtype, generator=gen)
+                for _ in range(2))
+        phys = torch.argsort(torch.rand(batch, capacity, device=device, generator=gen), dim=1)
+        length = torch.full((batch,), capacity - 1, device=device)
+        rot = torch.randint(0, capacity, (batch, capacity), device=device, generator=gen)
+        rope = torch.full((batch,), capacity, device=device)
+        table = torch.randn(4 * capacity + 1, dim, device=device, dtype=dtype, generator=gen)
+        live_bytes = 2 * batch * kv_heads * capacity * dim * k.element_size()
+        for block, warps, stages in ((16, 2, 2), (32, 4, 2), (32, 4, 3), (64, 4, 2), (64, 8, 2), (32, 2, 2),
+                                     (16, 4, 2), (128, 8, 2)):
+            cfg = dict(default_config(), BLOCK_N=block, num_warps=warps, num_stages=stages)
+            for rotate in (True, False):
+                extra = dict(rot=rot, rope=rope, cos=table, sin=table, base=2 * capacity) if rotate else {}
+                fn = lambda: static_decode_triton(q, k, v, phys, length, dim ** -0.5, config=cfg, **extra)  # noqa
+                try:
+                    ms = triton.testing.do_bench(fn, warmup=5, rep=20, return_mode="median")
+                except Exception as err:  # a tile that does not fit is a row, not the end
+                    rows.append(dict(dtype=str(dtype)[6:], BLOCK_N=block, num_warps=warps, num_stages=stages,
+                                     rotate=rotate, error=f"{type(err).__name__}: {err}"[:200]))
+                    continue
+                rows.append(dict(dtype=str(dtype)[6:], BLOCK_N=block, num_warps=warps, num_stages=stages,
+                                 rotate=rotate, ms=ms, kv_gb_s=live_bytes / ms / 1e6, batch=batch))
+                print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def streams(args, save=None) -> dict:
+    """Tokens/s of the static engine's layouts and of transformers' static generate at several batch sizes;
+    ``save(record)`` is called after every row (a run stopped by a time limit keeps what it measured)."""
     import kvlab
 
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     deadline = time.perf_counter() + args.budget_s
     gen = torch.Generator().manual_seed(0)
     rows, skipped = [], []
-    for dtype_name in args.dtypes.split(","):
+    tune = []
+    if args.tune and device.type == "cuda":
+        shape = SMOLLM2_SHAPE
+        tune = _tune_kernel(max(int(b) for b in args.batches.split(",")), shape["num_key_value_heads"],
+                            shape["num_attention_heads"], shape["head_dim"], args.cache + 1,
+                            [getattr(torch, d) for d in args.dtypes.split(",")], device)
+    for dtype_name in args.dtypes.split(",") if args.kernels else ():  # --kernels "": the kernel tuning only
         dtype = getattr(torch, dtype_name)
         if args.model == "random":
             model, tok = random_smollm2(device, dtype), None
@@ -439,17 +484,27 @@ def streams(args) -> dict:
                     row.update(label)
                     rows.append(row)
                     print(json.dumps({k: v for k, v in row.items() if k not in ("profile", "phases")}), flush=True)
+                    if save is not None:
+                        save(_with_ratios(dict(rows=rows, skipped=skipped, steps=args.steps, cache=args.cache,
+                                               model=args.model, tune=tune)))
                     if device.type == "cuda":
                         torch.cuda.empty_cache()
         del model, plain
-    for row in rows:  # ratios against the engine before ("compact") and generate, same dtype and batch
+    return _with_ratios(dict(rows=rows, skipped=skipped, steps=args.steps, cache=args.cache, model=args.model,
+                             tune=tune))
+
+
+def _with_ratios(rec: dict) -> dict:
+    """Each row's tokens/s against the engine before ("compact") and generate, same dtype and batch."""
+    rows = rec["rows"]
+    for row in rows:
         for anchor in ("compact", "generate"):
             same = [r for r in rows if r.get("kernel") == anchor and r["dtype"] == row["dtype"]
                     and r["batch"] == row["batch"] and "tokens_per_s" in r
                     and (anchor == "generate" or r["policy"] == row["policy"])]
             if same and "tokens_per_s" in row:
                 row[f"x_{anchor}"] = row["tokens_per_s"] / same[0]["tokens_per_s"]
-    return dict(rows=rows, skipped=skipped, steps=args.steps, cache=args.cache, model=args.model)
+    return rec
 
 
 def _streams_md(rec: dict) -> str:
@@ -469,6 +524,11 @@ def _streams_md(rec: dict) -> str:
                      f"({row['profile_ms_per_step']:.2f} ms of kernels per step)\n\n")
             text += fmt_table(row["profile"], [("kernel", "kernel", ""), ("ms_per_step", "ms / step", "{:.3f}"),
                                                ("share", "share", "{:.1%}"), ("calls_per_step", "calls / step", "{:.0f}")])
+    if rec.get("tune"):
+        text += "\n\n### The static Triton kernel alone (every row full), tiles and warps\n\n" + fmt_table(
+            rec["tune"], [("dtype", "dtype", ""), ("rotate", "rotate", ""), ("BLOCK_N", "BLOCK_N", ""),
+                          ("num_warps", "warps", ""), ("num_stages", "stages", ""), ("ms", "ms", "{:.4f}"),
+                          ("kv_gb_s", "GB/s of live K/V", "{:.0f}"), ("error", "error", "")])
     if rec["skipped"]:
         text += "\n\nskipped (time budget): " + "; ".join(
             f"{s['dtype']} {s['policy']} {s['batch']} {s['kernel']}" for s in rec["skipped"])
@@ -488,32 +548,39 @@ def main_streams(argv: list[str]) -> int:
                     help="engine layouts (compact, indexed, triton) and generate / 'generate-nocompile'")
     ap.add_argument("--steps", type=int, default=64, help="timed steps after the caches are full")
     ap.add_argument("--profile-batches", default="256", help="batches whose step is profiled")
+    ap.add_argument("--tune", action="store_true", help="first time the Triton kernel alone over a few configs")
     ap.add_argument("--budget-s", type=float, default=1e9, help="skip what starts after this many seconds")
     ap.add_argument("--device", default=None)
     ap.add_argument("--out", default="build/bench")
     ap.add_argument("--tag", default="")
     args = ap.parse_args(argv)
     args.profile_batches = {int(b) for b in args.profile_batches.split(",") if b}
-    rec = streams(args)
     cuda = torch.cuda.is_available() and (args.device or "cuda").startswith("cuda")
-    rec["info"] = dict(device=torch.cuda.get_device_name(0) if cuda else platform.processor() or "cpu",
-                       torch=torch.__version__, date=time.strftime("%Y-%m-%d %H:%M:%S"),
-                       command="python -m kvlab bench eval " + " ".join(argv))
+    info = dict(device=torch.cuda.get_device_name(0) if cuda else platform.processor() or "cpu",
+                torch=torch.__version__, date=time.strftime("%Y-%m-%d %H:%M:%S"),
+                command="python -m kvlab bench eval " + " ".join(argv))
     try:
         import transformers
         import triton
 
-        rec["info"].update(transformers=transformers.__version__, triton=triton.__version__)
+        info.update(transformers=transformers.__version__, triton=triton.__version__)
     except ImportError:
         pass
-    table = _streams_md(rec)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     name = "engine_streams" + (f"_{args.tag}" if args.tag else "")
-    (out / f"{name}.json").write_text(json.dumps(rec, indent=1))
-    (out / f"{name}.md").write_text(f"{rec['info']['device']} ({rec['info']['date']})\n\n`{rec['info']['command']}`"
-                                    f"\n\n{table}\n")
-    print(f"\n## {name} ({rec['info']['device']})\n{table}\n-> {out / name}.json", flush=True)
+
+    def save(rec: dict) -> str:
+        rec["info"] = info
+        table = _streams_md(rec)
+        rec["table"] = table
+        (out / f"{name}.json").write_text(json.dumps(rec, indent=1))
+        (out / f"{name}.md").write_text(f"{info['device']} ({info['date']})\n\n`{info['command']}`\n\n{table}\n")
+        return table
+
+    rec = streams(args, save)
+    table = save(rec)
+    print(f"\n## {name} ({info['device']})\n{table}\n-> {out / name}.json", flush=True)
     return 0
 
 
@@ -555,7 +622,7 @@ def main(argv: list[str] | None = None) -> int:
     name = "eval_decode" + (f"_{args.tag}" if args.tag else "")
     (out / f"{name}.json").write_text(json.dumps(rec, indent=1))
     (out / f"{name}.md").write_text(f"{rec['info']['device']} ({rec['info']['date']})\n\n{table}\n")
-    print(f"\n## {name} ({rec['info']['device']})\n{table}\n-> {out / name}.json", flush=True)
+    print(f"\n## {name} ({info['device']})\n{table}\n-> {out / name}.json", flush=True)
     return 0
 
 

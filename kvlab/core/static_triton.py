@@ -233,6 +233,10 @@ def static_decode_triton(q, keys, values, phys, length, scale: float, *, rot=Non
     hk, c = keys.shape[1], keys.shape[2]
     group = h // hk
     cfg = default_config() if config is None else config
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    if keys.stride(-1) != 1 or values.stride(-1) != 1 or phys.stride(-1) != 1:
+        raise ValueError("keys, values and phys must be contiguous in their last dimension (the engine's buffers are)")
     out = torch.empty((bsz, h, d), dtype=q.dtype, device=q.device)
     rotate = rot is not None
     n = length + 1

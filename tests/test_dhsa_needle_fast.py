@@ -126,3 +126,30 @@ def test_sdpa_backend_on_cuda_matches_cpu(tiny_llama, ids):
     p = DHSAPattern(20, chunk_size=4, initial=2, backend="sdpa")
     torch.testing.assert_close(_logits(model, ids.cuda(), p).cpu(), _logits(tiny_llama, ids, p), atol=1e-4,
                                rtol=1e-4)
+
+
+def test_newline_ends_follow_every_newline_token():
+    from kvlab.dhsa.experiments import newline_ends
+    from kvlab.models import load_tokenizer
+
+    tok = load_tokenizer("smollm2-135m")
+    ids = tok("one\ntwo three\n\nfour").input_ids
+    ends = newline_ends(tok, ids)
+    assert ends and all("\n" in tok.decode([ids[e - 1]]) for e in ends)
+    assert sum("\n" in tok.decode([i]) for i in ids) == len(ends)
+
+
+def test_newline_boundaries_join_the_predicted_ones(tiny_llama, ids):
+    pred = _predictor(tiny_llama)
+    plain = DHSAPattern(24, chunking="predictor", predictor=pred, chunk_size=4, initial=2, share_boundaries=True)
+    nl = DHSAPattern(24, chunking="predictor", predictor=pred, chunk_size=4, initial=2, share_boundaries=True,
+                     newlines=True)
+    with pytest.raises(ValueError, match="newline_ends"):
+        _logits(tiny_llama, ids, nl)
+    nl.newline_ends = [5, 17, 30]
+    _logits(tiny_llama, ids, plain)
+    _logits(tiny_llama, ids, nl)
+    a, b = plain.boundaries[0][0].tolist(), nl.boundaries[0][0].tolist()
+    assert sorted(set(a) | {5, 17, 30}) == b
+    with pytest.raises(ValueError, match="dynamic chunking"):
+        DHSAPattern(24, chunking="fixed", chunk_size=4, newlines=True)

@@ -36,7 +36,8 @@ import torch
 from kvlab.core import AttentionCall, AttentionPattern, attend, check_choice, check_int, use_pattern
 
 __all__ = ["QKRecorder", "record_qk", "pattern_perplexity", "position_nll", "needle_under_patterns",
-           "question_tail_tokens", "needle_records", "needle_methods", "records_grid", "write_examples",
+           "question_tail_tokens", "newline_ends", "needle_records",
+           "boundary_records", "table2_rows", "needle_methods", "records_grid", "write_examples",
            "read_examples", "main",
            "QA_TASKS", "QAItem", "qa_items", "qa_f1", "qa_under_patterns",
            "peak_bytes", "prefill_cost", "decode_cost", "random_model", "MODEL_SHAPES"]
@@ -136,6 +137,15 @@ def question_tail_tokens(tokenizer, prompt: str, marker: str = "\n\nQuestion:") 
     return total - len(tokenizer(prompt[:at]).input_ids)
 
 
+def newline_ends(tokenizer, ids) -> list[int]:
+    """Offsets just after every token of ``ids`` (a list or ``(1, seq)`` tensor) whose text holds a newline: the
+    explicit boundaries App. B adds to the predicted ones (``DHSAPattern(newlines=True)``)."""
+    ids = ids[0].tolist() if isinstance(ids, torch.Tensor) else list(ids)
+    pieces = tokenizer.convert_ids_to_tokens(ids)
+    text = [tokenizer.convert_tokens_to_string([p]) for p in pieces]
+    return [i + 1 for i, t in enumerate(text) if "\n" in t]
+
+
 def _rotated_haystack(text: str, trial: int, trials: int) -> str:
     """The haystack started at the ``trial``-th of ``trials`` paragraph breaks spread over ``text`` (trial 0: as is)."""
     if trial == 0:
@@ -189,9 +199,14 @@ def needle_records(model, tokenizer, methods: dict, layers, lengths, depths, *, 
         tail = question_tail_tokens(tokenizer, p.prompt)
         n_tok = len(tokenizer(p.prompt).input_ids)
         example = f"niah/{model_name}/L{n}/d{depth:.2f}/t{trial}"
+        ends = None
         for name, pattern in methods.items():
             if getattr(pattern, "dense_tail", None) == "question":
                 pattern.question_tokens = tail
+            if getattr(pattern, "newlines", False):
+                if ends is None:
+                    ends = newline_ends(tokenizer, tokenizer(p.prompt).input_ids)
+                pattern.newline_ends = ends
             t0 = time.perf_counter()
             with use_pattern(model, pattern, layers) if pattern is not None else nullcontext():
                 said, nll = ask(model, tokenizer, p.prompt, p.answer, Full(), chunk_size=n_tok + 8,
@@ -211,6 +226,62 @@ def needle_records(model, tokenizer, methods: dict, layers, lengths, depths, *, 
                 for r in records[-2 * len(methods)::2]:
                     print(f"    {r['method']:24s} said {r['output'][:80]!r}", flush=True)
     return records
+
+
+def _prepare(pattern, tokenizer, prompt: str, ids) -> None:
+    """Per-prompt inputs of a pattern: the question length (authors' dense tail) and the newline offsets."""
+    if getattr(pattern, "dense_tail", None) == "question":
+        pattern.question_tokens = question_tail_tokens(tokenizer, prompt)
+    if getattr(pattern, "newlines", False):
+        pattern.newline_ends = newline_ends(tokenizer, ids)
+
+
+def boundary_records(model, tokenizer, methods: dict, layers, length: int, depths, *, trials: int = 1,
+                     model_name: str = "", haystack: str | None = None) -> list[dict]:
+    """How good each method's chunks are on needle prompts, one prefill per (prompt, method), per-example records
+    for the ledger: ``"attention_recall"`` (share of the dense attention mass the kept set holds, mean over the
+    DHSA layers and queries: :func:`kvlab.dhsa.reference.attention_recall`), ``"chunks"`` (chunks per layer) and
+    ``"chunk_len"`` (mean tokens per chunk). ``methods``: ``{name: DHSAPattern}`` (``record=True`` is set here;
+    it computes each layer's dense attention map, so keep ``length`` to a few thousand tokens)."""
+    from kvlab import datasets
+
+    text = haystack if haystack is not None else datasets.load_text("paul-graham")
+    out = []
+    for trial in range(trials):
+        for depth in depths:
+            p = datasets.niah_prompt(tokenizer, _rotated_haystack(text, trial, trials), length, depth)
+            ids = tokenizer(p.prompt, return_tensors="pt").input_ids
+            example = f"niah/{model_name}/L{length}/d{depth:.2f}/t{trial}"
+            for name, pattern in methods.items():
+                pattern.record = True
+                pattern.recall.clear()
+                pattern.boundaries.clear()
+                _prepare(pattern, tokenizer, p.prompt, ids)
+                with torch.no_grad(), use_pattern(model, pattern, layers):
+                    model(input_ids=ids.to(model.device), use_cache=False, logits_to_keep=1)
+                counts = [len(b[0]) - 1 for b in pattern.boundaries.values()]
+                n = ids.shape[1]
+                config = {"model": model_name, "length": length, "depth": depth, "trial": trial, "prompt_tokens": n,
+                          "pattern": repr(pattern), "nms_window": pattern.nms_window}
+                for metric, value in (("attention_recall", statistics.mean(pattern.recall.values())),
+                                      ("chunks", statistics.mean(counts)),
+                                      ("chunk_len", n / statistics.mean(counts))):
+                    out.append({"example": example, "method": name, "metric": metric, "value": float(value),
+                                "config": config})
+    return out
+
+
+def table2_rows(model, tokenizer, methods: dict, layers, prompt: str, *, repeats: int = 3) -> list[dict]:
+    """Table 2's cost columns: latency (median of ``repeats``) and peak memory of one prefill of ``prompt`` per
+    method (``{name: pattern or None}``, None = the model's own attention), :func:`prefill_cost`."""
+    ids = tokenizer(prompt, return_tensors="pt").input_ids
+    rows = []
+    for name, pattern in methods.items():
+        if pattern is not None:
+            _prepare(pattern, tokenizer, prompt, ids)
+        c = prefill_cost(model, ids, pattern, layers, repeats=repeats)
+        rows.append({"method": name, "ms": c["ms"], "peak_bytes": c["peak_bytes"], "tokens": ids.shape[1]})
+    return rows
 
 
 def records_grid(records: list[dict], method: str, metric: str = "needle_recall"):
@@ -549,13 +620,13 @@ def decode_cost(model, ids: torch.Tensor, policy, pattern=None, layers=None, *, 
 # ================================================================================================
 def needle_methods(budgets, *, predictor=None, chunk_size: int = 16, initial: int = 4, authors_initial: int = 4,
                    authors_local: int = 0, protocols=("app_a", "authors"), baselines=("dense", "block-sparse"),
-                   backend: str = "auto", nms_window: int = 8, suffix: str = "") -> dict:
+                   backend: str = "auto", nms_window: int = 8, suffix: str = "", newlines: bool = False) -> dict:
     """The methods of the needle grid: dense, block-sparse (fixed chunks, mean) and DHSA under each protocol
     (``"app_a"``: the text, :class:`~kvlab.dhsa.pattern.DHSAPattern`'s default; ``"authors"``:
     :func:`~kvlab.dhsa.pattern.authors_pattern`) at each budget. DHSA uses ``predictor``'s chunks (the
     oracle's when None); dynamic chunks are cut at ``min(2 chunk_size, room)``. ``nms_window``: App. B's NMS
     distance for DHSA's boundaries (0: none); ``suffix`` is appended to the DHSA method names (an ablation's
-    label, e.g. ``" nms64"``)."""
+    label, e.g. ``" nms64"``); ``newlines``: DHSA also cuts after every newline token (App. B)."""
     from .pattern import DHSAPattern, authors_pattern, block_sparse_pattern
 
     out = {"dense": None} if "dense" in baselines else {}
@@ -566,7 +637,8 @@ def needle_methods(budgets, *, predictor=None, chunk_size: int = 16, initial: in
         for proto in protocols:
             ini, loc = (initial, 0) if proto == "app_a" else (authors_initial, authors_local)
             kw = dict(chunking=chunking, predictor=predictor, chunk_size=chunk_size, initial=ini, local=loc,
-                      max_len=max(1, min(2 * chunk_size, nb - ini - loc)), backend=backend, nms_window=nms_window)
+                      max_len=max(1, min(2 * chunk_size, nb - ini - loc)), backend=backend, nms_window=nms_window,
+                      newlines=newlines)
             if proto == "app_a":
                 out[f"DHSA app_a {nb}{suffix}"] = DHSAPattern(nb, name=f"DHSA app_a {nb}{suffix}", **kw)
             elif proto == "authors":
@@ -574,6 +646,68 @@ def needle_methods(budgets, *, predictor=None, chunk_size: int = 16, initial: in
             else:
                 raise ValueError(f"protocols are 'app_a' and 'authors', got {proto!r}")
     return out
+
+
+def _accuracy(records: list[dict], method: str, metric: str = "needle_recall"):
+    """(mean, n, low, high): the mean of ``metric`` of ``method`` with its 95 % bootstrap interval."""
+    from kvlab.eval.stats import paired_bootstrap
+
+    v = [r["value"] for r in records if r["method"] == method and r["metric"] == metric]
+    if not v:
+        return None, 0, None, None
+    iv = paired_bootstrap(v)
+    return iv.estimate, len(v), iv.low, iv.high
+
+
+def _table2(args, model, tok, pred, out_path) -> None:
+    """``table2``: latency / peak memory of one prefill per method and backend beside the needle accuracy of the
+    same configuration (read from ``--needle-file``), written as JSON + Markdown."""
+    import json
+    from pathlib import Path
+
+    from kvlab import datasets
+
+    from .pattern import DHSAPattern, dhsa_layers
+
+    n = int(args.lengths.split(",")[0])
+    prompt = datasets.niah_prompt(tok, datasets.load_text("paul-graham"), n, 0.5).prompt
+    methods, base = {"dense [sdpa]": None, "dense [eager]": DHSAPattern(None, backend="torch")}, {}
+    base.update({"dense [sdpa]": "dense", "dense [eager]": "dense"})
+    for be in args.timing_backends.split(","):
+        ms = needle_methods([int(x) for x in args.budgets.split(",")], predictor=pred, chunk_size=args.chunk_size,
+                            initial=args.initial, authors_initial=args.authors_initial,
+                            authors_local=args.authors_local, protocols=args.protocols.split(","),
+                            baselines=("block-sparse",), backend=be, nms_window=args.nms_windows[0])
+        for name, pattern in ms.items():
+            methods[f"{name} [{be}]"] = pattern
+            base[f"{name} [{be}]"] = name
+    recs = []
+    for f in (args.needle_file or "").split(","):
+        if f.strip() and Path(f.strip()).is_file():
+            recs += read_examples(f.strip())
+    rows = []
+    for r in table2_rows(model, tok, methods, dhsa_layers(model), prompt, repeats=args.repeats):
+        acc, k, low, high = _accuracy(recs, base[r["method"]])
+        rows.append(r | {"accuracy_of": base[r["method"]], "needle_recall": acc, "n": k, "ci_low": low,
+                         "ci_high": high})
+        print(f"  {r['method']:32s} {r['ms']:9.1f} ms  peak {(r['peak_bytes'] or 0) / 2**30:6.2f} GiB  needle "
+              f"{'-' if acc is None else f'{acc:.3f}'} (n {k})", flush=True)
+    dev = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    meta = {"model": args.model, "tokens": rows[0]["tokens"], "device": dev, "torch": torch.__version__,
+            "command": " ".join(__import__("sys").argv), "needle_file": args.needle_file}
+    out_path.with_suffix(".json").write_text(json.dumps(meta | {"rows": rows}, indent=1))
+    lines = [f"# DHSA Table 2 analogue: {args.model}, {rows[0]['tokens']} tokens, {dev}", "",
+             f"`{meta['command']}`", "",
+             "Latency: median of one prefill (no cache, last logits only); peak memory above the weights; needle "
+             "recall of the same method and budget (mean over the needle file's prompts, 95 % bootstrap interval). "
+             "Backends keep the same keys (tests), so the accuracy column is the method's whatever its backend.", "",
+             "| method [backend] | ms | peak GiB | needle recall | n | 95 % CI |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        acc = "-" if r["needle_recall"] is None else f"{r['needle_recall']:.3f}"
+        ci = "-" if r["ci_low"] is None else f"[{r['ci_low']:.2f}, {r['ci_high']:.2f}]"
+        lines.append(f"| {r['method']} | {r['ms']:.1f} | {(r['peak_bytes'] or 0) / 2**30:.2f} | {acc} | {r['n']} | "
+                     f"{ci} |")
+    out_path.with_suffix(".md").write_text("\n".join(lines) + "\n")
 
 
 def main(argv=None) -> int:
@@ -586,8 +720,11 @@ def main(argv=None) -> int:
         prog="python -m kvlab.dhsa.experiments",
         description="needle: the Fig. 2/6 needle grid with dense, block-sparse and DHSA under the text's protocol "
                     "(App. A: sparse question, sparse decode) and the authors' (dense question tail, dense decode, "
-                    "shared boundaries); writes one record per (prompt, method) to OUT (*.examples.jsonl) as it goes.")
-    ap.add_argument("what", choices=["needle"])
+                    "shared boundaries); writes one record per (prompt, method) to OUT (*.examples.jsonl) as it goes. "
+                    "boundaries: attention mass kept and chunk counts per NMS window (App. B ablation), per prompt. "
+                    "table2: prefill latency / peak memory per method and backend beside the needle accuracy of "
+                    "--needle-file (OUT: a .json and a .md).")
+    ap.add_argument("what", choices=["needle", "boundaries", "table2"])
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--predictor", default="shipped", help="'shipped', a predictor file, or 'oracle'")
     ap.add_argument("--lengths", default="4096")
@@ -599,20 +736,28 @@ def main(argv=None) -> int:
     ap.add_argument("--authors-initial", type=int, default=4, help="authors' protocol: initial keys (their code: 128)")
     ap.add_argument("--authors-local", type=int, default=0, help="authors' protocol: recent keys (their code: 128)")
     ap.add_argument("--protocols", default="app_a,authors")
-    ap.add_argument("--baselines", default="dense,block-sparse")
+    ap.add_argument("--baselines", default="dense,block-sparse", help="comma list, or 'none'")
     ap.add_argument("--max-new-tokens", type=int, default=16)
     ap.add_argument("--device", default=None)
     ap.add_argument("--backend", default="sdpa",
                     help="prefill backend: sdpa (the kept set from the chunk ranking + torch SDPA, the fast path), "
                          "auto (Triton on CUDA), torch, triton")
-    ap.add_argument("--nms-window", type=int, default=8, help="NMS distance of the predicted boundaries (0: no NMS)")
+    ap.add_argument("--nms-window", dest="nms_windows", default="8",
+                    help="NMS distance of the predicted boundaries (0: no NMS); several (e.g. 0,8,64): one set of "
+                         "DHSA methods each, named with ' nms<w>'")
+    ap.add_argument("--newlines", action="store_true", help="DHSA also ends a chunk after every newline token")
     ap.add_argument("--suffix", default="", help="appended to the DHSA method names (an ablation's label)")
     ap.add_argument("--max-seconds", type=float, default=None,
                     help="start no new prompt after this many seconds (the cells stay balanced: trials run in turn)")
+    ap.add_argument("--needle-file", default=None, help="table2: needle records (comma list) for the accuracy column")
+    ap.add_argument("--timing-backends", default="torch,sdpa,triton", help="table2: DHSA / block-sparse backends")
+    ap.add_argument("--repeats", type=int, default=3, help="table2: timed prefills per row (median)")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--threads", type=int, default=0)
-    ap.add_argument("--out", required=True, help="output file, *.examples.jsonl")
+    ap.add_argument("--out", required=True, help="output file: *.examples.jsonl (needle, boundaries), a .json "
+                                                 "(table2)")
     args = ap.parse_args(argv)
+    args.nms_windows = [int(x) for x in args.nms_windows.split(",")]
     if args.threads:
         torch.set_num_threads(args.threads)
     import kvlab
@@ -627,12 +772,20 @@ def main(argv=None) -> int:
         pred = shipped_predictor(args.model, device)[0]
     elif args.predictor != "oracle":
         pred = load_predictor(args.predictor, device)[0]
-    methods = needle_methods([int(x) for x in args.budgets.split(",")], predictor=pred, chunk_size=args.chunk_size,
-                             initial=args.initial, authors_initial=args.authors_initial,
-                             authors_local=args.authors_local, protocols=args.protocols.split(","),
-                             baselines=args.baselines.split(","), backend=args.backend,
-                             nms_window=args.nms_window, suffix=args.suffix)
     out = Path(args.out)
+    if args.what == "table2":
+        out.parent.mkdir(parents=True, exist_ok=True)
+        _table2(args, model, tok, pred, out)
+        return 0
+    baselines = () if args.baselines == "none" else tuple(args.baselines.split(","))
+    methods: dict = {}
+    for i, w in enumerate(args.nms_windows):
+        suffix = args.suffix + (f" nms{w}" if len(args.nms_windows) > 1 else "")
+        methods.update(needle_methods([int(x) for x in args.budgets.split(",")], predictor=pred,
+                                      chunk_size=args.chunk_size, initial=args.initial,
+                                      authors_initial=args.authors_initial, authors_local=args.authors_local,
+                                      protocols=args.protocols.split(","), baselines=baselines if i == 0 else (),
+                                      backend=args.backend, nms_window=w, suffix=suffix, newlines=args.newlines))
     write_examples(out, [])
     t0 = time.perf_counter()
 
@@ -641,14 +794,29 @@ def main(argv=None) -> int:
             for r in recs:
                 f.write(json.dumps(r | {"config": r["config"] | {"command": " ".join(sys.argv)}}) + "\n")
 
-    needle_records(model, tok, methods, dhsa_layers(model), [int(x) for x in args.lengths.split(",")],
-                   [float(x) for x in args.depths.split(",")], trials=args.trials, max_new_tokens=args.max_new_tokens,
-                   model_name=args.model, progress=True, sink=sink, max_seconds=args.max_seconds)
+    lengths = [int(x) for x in args.lengths.split(",")]
+    depths = [float(x) for x in args.depths.split(",")]
+    if args.what == "boundaries":
+        methods = {k: v for k, v in methods.items() if v is not None}  # block-sparse too: fixed chunks
+        sink(boundary_records(model, tok, methods, dhsa_layers(model), lengths[0], depths, trials=args.trials,
+                              model_name=args.model))
+        recs = read_examples(out)
+        for name in methods:
+            for metric in ("attention_recall", "chunks", "chunk_len"):
+                v = [r["value"] for r in recs if r["method"] == name and r["metric"] == metric]
+                print(f"  {name:28s} {metric:16s} {statistics.mean(v):.4f} over {len(v)} prompts")
+        return 0
+    needle_records(model, tok, methods, dhsa_layers(model), lengths, depths, trials=args.trials,
+                   max_new_tokens=args.max_new_tokens, model_name=args.model, progress=True, sink=sink,
+                   max_seconds=args.max_seconds)
     recs = read_examples(out)
     print(f"{len(recs)} records in {time.perf_counter() - t0:.0f} s -> {out}")
     for name in methods:
         v = [r["value"] for r in recs if r["method"] == name and r["metric"] == "needle_recall"]
-        print(f"  {name:22s} needle recall {statistics.mean(v):.3f} over {len(v)} prompts")
+        sec = [r["config"]["seconds"] for r in recs if r["method"] == name and r["metric"] == "needle_recall"]
+        if v:
+            print(f"  {name:28s} needle recall {statistics.mean(v):.3f} over {len(v)} prompts, "
+                  f"{statistics.median(sec):.2f} s a prompt (median)")
     return 0
 
 

@@ -224,6 +224,9 @@ class DHSAPattern(AttentionPattern):
         causal_query: each query's chunk vector from its chunk's queries up to itself (no later token
             enters its selection): the variant teacher-forced perplexity needs (notebook 07); ``"torch"``.
         profile: accumulate the time of chunking / selection / attention (``self.timings()``; CUDA events).
+        newlines: also end a chunk after every newline token (App. B: "we also augment the output with explicit
+            boundaries such as \\n, \\n\\n"); the harness sets ``pattern.newline_ends`` per prompt
+            (:func:`kvlab.dhsa.experiments.newline_ends`); a prefill without it raises.
     """
 
     def __init__(self, budget: int | None, *, chunking: str = "fixed", chunk_size: int = 64,
@@ -232,7 +235,8 @@ class DHSAPattern(AttentionPattern):
                  initial: int = 4, keep_diagonal: bool = True, aggregation: str = "eq4", share_heads: bool = False,
                  backend: str = "auto", record: bool = False, name: str | None = None, local: int = 0,
                  dense_tail: int = 0, decode: str = "app_a", share_boundaries: bool = False,
-                 share_selection: bool = False, causal_query: bool = False, profile: bool = False):
+                 share_selection: bool = False, causal_query: bool = False, profile: bool = False,
+                 newlines: bool = False):
         if budget is not None:
             _pos_int("budget", budget)
         _pos_int("local", local, 0)
@@ -243,7 +247,7 @@ class DHSAPattern(AttentionPattern):
                              f"code), got {decode!r}")
         for flag, val in (("keep_diagonal", keep_diagonal), ("share_heads", share_heads), ("record", record),
                           ("share_boundaries", share_boundaries), ("share_selection", share_selection),
-                          ("causal_query", causal_query), ("profile", profile)):
+                          ("causal_query", causal_query), ("profile", profile), ("newlines", newlines)):
             check_flag(flag, val)
         if threshold is not None and (isinstance(threshold, bool) or not isinstance(threshold, (int, float))
                                       or not math.isfinite(threshold)):
@@ -289,6 +293,11 @@ class DHSAPattern(AttentionPattern):
         self.share_heads, self.backend, self.record = share_heads, backend, record
         self.local, self.dense_tail, self.decode = local, dense_tail, decode
         self.question_tokens: int | None = None  # set per prompt when dense_tail == "question"
+        if newlines and chunking == "fixed":
+            raise ValueError("newlines=True adds boundaries to a dynamic chunking ('oracle', 'predictor', "
+                             "'predictor+fixed'); chunking='fixed' is the block-sparse baseline")
+        self.newlines = newlines
+        self.newline_ends = None  # set per prompt when newlines: offsets just after each newline token
         self.share_boundaries, self.share_selection, self.causal_query = share_boundaries, share_selection, causal_query
         self.name = name or f"DHSA({chunking}, budget={budget})"
         self.boundaries: dict[int, list[torch.Tensor]] = {}
@@ -319,13 +328,24 @@ class DHSAPattern(AttentionPattern):
                 bd = oracle_boundaries(attn[b], window=self.window, max_chunks=max_chunks,
                                        threshold=self.threshold, nms_window=self.nms_window)
                 out.append(split_long_chunks(bd, self.max_len))
-            return out
+            return self._with_newlines(out, n)
         out = predict_boundaries(self.predictor.to(dev), key, max_chunks=max_chunks, threshold=self.threshold,
                                  nms_window=self.nms_window, max_len=self.max_len)
         if self.chunking == "predictor+fixed":
             fixed = fixed_boundaries(n, self.chunk_size, device=dev)
             out = [torch.unique(torch.cat([b, fixed])) for b in out]
-        return out
+        return self._with_newlines(out, n)
+
+    def _with_newlines(self, out: list[torch.Tensor], n: int) -> list[torch.Tensor]:
+        """``newlines=True``: the predicted offsets plus a boundary after every newline token (App. B)."""
+        if not self.newlines:
+            return out
+        if self.newline_ends is None:
+            raise ValueError("newlines=True needs pattern.newline_ends (offsets just after each newline token of the "
+                             "prompt) set before the prefill; kvlab.dhsa.experiments.newline_ends finds them")
+        ends = torch.as_tensor(self.newline_ends, dtype=torch.long)
+        ends = ends[(ends > 0) & (ends < n)]
+        return [torch.unique(torch.cat([b, ends.to(b.device)])) for b in out]
 
     # -- attention --------------------------------------------------------------------------------
     def _tail(self) -> int:

@@ -40,8 +40,8 @@ fi
 step tests 60 $PY -m pytest tests/test_dhsa_needle_fast.py -q -p no:cacheprovider
 if [ "$ROUND" = 1 ]; then
   # 60 prompts x 4 methods at the paper's smaller budget (512 of 4k tokens)
-  step needle_smollm2_4k 190 $PY "${NEEDLE[@]}" --model smollm2-135m --lengths 4096 --trials 20 --budgets 512 \
-    --max-seconds 150 --out "$OUT/dhsa_needle_smollm2_4k_2026_11_25.examples.jsonl"
+  step needle_smollm2_4k 165 $PY "${NEEDLE[@]}" --model smollm2-135m --lengths 4096 --trials 20 --budgets 512 \
+    --max-seconds 130 --out "$OUT/dhsa_needle_smollm2_4k_2026_11_25.examples.jsonl"
 else
   step needle_gemma3_4k 200 $PY "${NEEDLE[@]}" --model gemma3-270m --lengths 4096 --trials 20 --budgets 512 \
     --max-seconds 160 --out "$OUT/dhsa_needle_gemma3_4k_2026_11_25.examples.jsonl"

@@ -153,3 +153,19 @@ def test_newline_boundaries_join_the_predicted_ones(tiny_llama, ids):
     assert sorted(set(a) | {5, 17, 30}) == b
     with pytest.raises(ValueError, match="dynamic chunking"):
         DHSAPattern(24, chunking="fixed", chunk_size=4, newlines=True)
+
+
+def test_needle_table_means_per_depth_and_counts():
+    from kvlab.dhsa.experiments import needle_table
+
+    def rec(method, depth, trial, value):
+        return {"example": f"niah/m/L64/d{depth}/t{trial}", "method": method, "metric": "needle_recall",
+                "value": value, "config": {"model": "m", "length": 64, "depth": depth, "seconds": 0.5}}
+
+    recs = [rec("dense", 0.1, 0, 1.0), rec("dense", 0.1, 1, 0.5), rec("dense", 0.9, 0, 0.0),
+            rec("DHSA", 0.9, 0, 1.0)]
+    lines = needle_table(recs).splitlines()
+    assert lines[1].split()[3:] == ["0.75", "0.00", "0.50", "3", "0.50"]  # d=0.1, d=0.9, all, n, s/prompt
+    assert lines[2].split()[3:] == ["-", "1.00", "1.00", "1", "0.50"]
+    with pytest.raises(ValueError, match="no 'answer_nll' records"):
+        needle_table(recs, "answer_nll")

@@ -37,7 +37,7 @@ from kvlab.core import AttentionCall, AttentionPattern, attend, check_choice, ch
 
 __all__ = ["QKRecorder", "record_qk", "pattern_perplexity", "position_nll", "needle_under_patterns",
            "question_tail_tokens", "newline_ends", "needle_records",
-           "boundary_records", "table2_rows", "needle_methods", "records_grid", "write_examples",
+           "boundary_records", "table2_rows", "needle_methods", "records_grid", "needle_table", "write_examples",
            "read_examples", "main",
            "QA_TASKS", "QAItem", "qa_items", "qa_f1", "qa_under_patterns",
            "peak_bytes", "prefill_cost", "decode_cost", "random_model", "MODEL_SHAPES"]
@@ -296,6 +296,30 @@ def records_grid(records: list[dict], method: str, metric: str = "needle_recall"
     grid = torch.tensor([[statistics.mean(cells[(n, d)]) if (n, d) in cells else float("nan") for d in depths]
                          for n in lengths])
     return lengths, depths, grid
+
+
+def needle_table(records: list[dict], metric: str = "needle_recall") -> str:
+    """A text table of needle records: one line per (model, length, method), the mean of ``metric`` per depth,
+    over all depths, the number of prompts and the median seconds per prompt (where recorded)."""
+    cells: dict = {}
+    for r in records:
+        if r["metric"] == metric:
+            c = r["config"]
+            cells.setdefault((c["model"], c["length"], r["method"]), {}).setdefault(c["depth"], []).append(r)
+    if not cells:
+        raise ValueError(f"no {metric!r} records")
+    depths = sorted({d for v in cells.values() for d in v})
+    w = max(len(k[2]) for k in cells)
+    head = f"{'model':14s} {'tokens':>6s} {'method':{w}s} " + " ".join(f"{f'd={d:g}':>6s}" for d in depths)
+    lines = [head + f" {'all':>6s} {'n':>4s} {'s/prompt':>8s}"]
+    for (model, n, method), by in cells.items():
+        every = [r for v in by.values() for r in v]
+        sec = [r["config"]["seconds"] for r in every if "seconds" in r["config"]]
+        lines.append(f"{model:14s} {n:6d} {method:{w}s} " + " ".join(
+            f"{statistics.mean(x['value'] for x in by[d]):6.2f}" if d in by else f"{'-':>6s}" for d in depths)
+            + f" {statistics.mean(x['value'] for x in every):6.2f} {len(every):4d} "
+            + (f"{statistics.median(sec):8.2f}" if sec else f"{'-':>8s}"))
+    return "\n".join(lines)
 
 
 def write_examples(path, records: list[dict]) -> None:

@@ -64,14 +64,16 @@ def _reference(t, extra, dtype, scale):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rotate", [True, False], ids=["rotate", "no-rotate"])
 @pytest.mark.parametrize("splits", [1, 3], ids=["one-range", "3-ranges"])
-def test_kernel_matches_float64_oracle(device, dtype, rotate, splits):
+@pytest.mark.parametrize("use_dot", [False, True], ids=["broadcast", "dot"])
+def test_kernel_matches_float64_oracle(device, dtype, rotate, splits, use_dot):
     """One program per (row, kv head), or each row's entries cut into 3 ranges merged by the second kernel
-    (what small batches get); rows with fewer entries than a range leave later ranges empty."""
+    (what small batches get; rows with fewer entries than a range leave later ranges empty); scores by broadcast
+    products or by tl.dot over padded query rows."""
     from kvlab.core.static_triton import default_config, static_decode_triton
 
     t, extra = _case(device, dtype, rotate=rotate)
     scale = 16 ** -0.5
-    config = dict(default_config(), BLOCK_N=8, splits=splits)
+    config = dict(default_config(), BLOCK_N=16 if use_dot else 8, splits=splits, USE_DOT=use_dot)
     out = static_decode_triton(t["q"], t["keys"], t["values"], t["phys"], t["length"], scale, config=config,
                                **extra)
     truth = _reference(t, extra, torch.float64, scale)
@@ -101,10 +103,11 @@ def test_kernel_reads_only_live_entries(device):
     assert torch.equal(clean, dirty)
     from kvlab.core.static_triton import default_config
 
-    split = static_decode_triton(t["q"], keys, values, t["phys"], t["length"], scale,
-                                 config=dict(default_config(), BLOCK_N=8, splits=3), **extra)
-    assert torch.isfinite(split).all()
-    torch.testing.assert_close(split, clean, rtol=1e-5, atol=1e-6)
+    for cfg in (dict(BLOCK_N=8, splits=3), dict(BLOCK_N=16, splits=2, USE_DOT=True)):
+        split = static_decode_triton(t["q"], keys, values, t["phys"], t["length"], scale,
+                                     config=dict(default_config(), **cfg), **extra)
+        assert torch.isfinite(split).all()
+        torch.testing.assert_close(split, clean, rtol=1e-5, atol=1e-6)
 
 
 def _steps(model, policy, ids, kernel, shortcuts):
@@ -162,6 +165,23 @@ def test_triton_engine_same_greedy_tokens_and_entries(policy):
     torch.testing.assert_close(runs["triton"][1], runs["compact"][1], rtol=1e-5, atol=1e-5)
     for i in (2, 3, 4):
         assert torch.equal(runs["compact"][i], runs["triton"][i])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the timing needs a GPU")
+def test_cuda_tuned_config_is_cached_and_correct():
+    """The engine's one-off timing of the kernel's choices picks one, caches it, and its output is right."""
+    from kvlab.core import static_triton
+
+    t, extra = _case("cuda", torch.bfloat16, batch=5, seed=8)
+    scale = 16 ** -0.5
+    out = static_triton.static_decode_triton(t["q"], t["keys"], t["values"], t["phys"], t["length"], scale, **extra)
+    assert len(static_triton._TUNED) >= 1
+    chosen = list(static_triton._TUNED.values())[-1]
+    assert chosen in static_triton.candidate_configs(5 * 2, 21)
+    truth = _reference(t, extra, torch.float64, scale)
+    eager = _reference(t, extra, torch.bfloat16, scale)
+    bound = (eager.double() - truth).abs().max() + (21 ** 0.5) * torch.finfo(torch.bfloat16).eps * truth.abs().max()
+    assert (out.double() - truth).abs().max() <= bound
 
 
 def test_kernel_choice_is_checked():

@@ -36,7 +36,8 @@ import os
 
 import torch
 
-__all__ = ["check_static_triton", "static_decode_reference", "static_decode_triton"]
+__all__ = ["candidate_configs", "check_static_triton", "default_config", "static_decode_reference",
+           "static_decode_triton", "tuned_config"]
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -97,12 +98,14 @@ def static_decode_reference(q, keys, values, phys, n, scale, *, rot=None, rope=N
 
 
 def default_config(interpret: bool | None = None) -> dict:
-    """Tile size, warps, and ``programs``: split a row's entries into ranges (merged by a second kernel) until
-    about this many programs run, when ``rows x kv_heads`` alone is fewer (small batches); ``splits`` forces it."""
+    """Tile size, warps, products (``USE_DOT``: ``tl.dot`` over 16 padded query rows, else broadcast products), and
+    ``programs``: a row's entries are cut into ranges (merged by a second kernel) until about this many programs
+    run, when ``rows x kv_heads`` alone is fewer; ``splits`` forces the number of ranges. On CUDA the engine times
+    a few of these choices at its shape once (:func:`tuned_config`)."""
     interpret = _interpreting() if interpret is None else interpret
     if interpret:
-        return dict(BLOCK_N=8, num_warps=4, num_stages=1, programs=None, splits=None)
-    return dict(BLOCK_N=32, num_warps=4, num_stages=2, programs=2 * _sm_count(), splits=None)
+        return dict(BLOCK_N=8, num_warps=4, num_stages=1, programs=None, splits=None, USE_DOT=False)
+    return dict(BLOCK_N=16, num_warps=2, num_stages=2, programs=16 * _sm_count(), splits=None, USE_DOT=False)
 
 
 _SM: list = []
@@ -113,6 +116,68 @@ def _sm_count() -> int:
         _SM.append(torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
                    if torch.cuda.is_available() else 4)
     return _SM[0]
+
+
+def _splits(cfg: dict, rows: int, capacity: int) -> tuple[int, int]:
+    """``(ranges per row, entries per range)`` for a config: enough programs for the GPU, never a range shorter
+    than one tile."""
+    block = cfg["BLOCK_N"]
+    splits = cfg.get("splits") or (1 if not cfg.get("programs") else
+                                   max(1, min(-(-cfg["programs"] // rows), -(-capacity // block))))
+    size = -(-(-(-capacity // splits)) // block) * block
+    return -(-capacity // size), size
+
+
+#: (device, dtype, batch, kv heads, group, capacity, dim, rotate) -> the fastest config timed there
+_TUNED: dict = {}
+
+
+def candidate_configs(rows: int, capacity: int) -> list[dict]:
+    """The choices :func:`tuned_config` times (distinct numbers of ranges only)."""
+    sm, seen, out = _sm_count(), set(), []
+    for use_dot, block, warps in ((False, 16, 2), (False, 32, 2), (False, 16, 4), (True, 16, 4), (True, 32, 4),
+                                  (True, 64, 4)):
+        for programs in (2 * sm, 8 * sm, 32 * sm):
+            cfg = dict(BLOCK_N=block, num_warps=warps, num_stages=2, programs=programs, splits=None,
+                       USE_DOT=use_dot)
+            splits, _ = _splits(cfg, rows, capacity)
+            key = (use_dot, block, warps, splits)
+            if key not in seen:
+                seen.add(key)
+                out.append(dict(cfg, splits=splits))
+    return out
+
+
+def tuned_config(q, keys, values, phys, length, scale, extra: dict) -> dict:
+    """The fastest of :func:`candidate_configs` on these buffers with every row full (the steady state of a stream:
+    the first call comes with nearly empty rows), CUDA events, best of 5 launches each; timed once per shape and
+    cached; inside a CUDA graph capture (or with ``KVLAB_STATIC_TUNE=0``) the default."""
+    rows, c = q.shape[0] * keys.shape[1], keys.shape[2]
+    key = (q.device, q.dtype, q.shape[0], keys.shape[1], q.shape[1] // keys.shape[1], c, q.shape[2],
+           extra.get("rot") is not None)
+    if key in _TUNED:
+        return _TUNED[key]
+    if os.environ.get("KVLAB_STATIC_TUNE", "1") == "0" or torch.cuda.is_current_stream_capturing():
+        return default_config()
+    best, best_ms = None, float("inf")
+    length = torch.full_like(length, c - 1)  # full rows (phys is a permutation of the slots: every slot is valid)
+    for cfg in candidate_configs(rows, c):
+        try:
+            _launch(q, keys, values, phys, length, scale, cfg, **extra)  # compile
+        except Exception:  # noqa: BLE001 - a tile that does not fit this GPU is not a candidate
+            continue
+        times = []
+        for _ in range(5):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            _launch(q, keys, values, phys, length, scale, cfg, **extra)
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        if min(times) < best_ms:
+            best, best_ms = cfg, min(times)
+    _TUNED[key] = best if best is not None else default_config()
+    return _TUNED[key]
 
 
 try:  # the kernel exists only where Triton is installed
@@ -126,7 +191,8 @@ try:  # the kernel exists only where Triton is installed
         stride_pb, stride_rb, stride_ob, stride_oh,
         qk_scale, base, max_shift, split_size,
         HK: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
-        BLOCK_N: tl.constexpr, ROTATE: tl.constexpr, SPLIT: tl.constexpr,
+        BLOCK_N: tl.constexpr, ROTATE: tl.constexpr, SPLIT: tl.constexpr, USE_DOT: tl.constexpr,
+        FP32_DOT: tl.constexpr,
     ):
         # -- which row and kv head, and (SPLIT) which range of the row's entries
         pid = tl.program_id(0)
@@ -170,14 +236,25 @@ try:  # the kernel exists only where Triton is installed
                 a = (k.to(tl.float32) * cos.to(tl.float32)).to(k.dtype)
                 c = ((k_sw.to(tl.float32) * sign[None, :]) * sin.to(tl.float32)).to(k.dtype)
                 k = (a.to(tl.float32) + c.to(tl.float32)).to(k.dtype)
-            kf = k.to(tl.float32)
-            s = tl.sum(q[:, None, :] * kf[None, :, :], axis=2) * qk_scale  # (GROUP_PAD, BLOCK_N), base 2
-            s = tl.where(ok[None, :], s, float("-inf"))
+            if USE_DOT:  # (16, d) x (d, BLOCK_N) on the tensor cores (bf16) or fp32 FMAs (ieee)
+                if FP32_DOT:
+                    s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
+                else:
+                    s = tl.dot(q.to(k.dtype), tl.trans(k))
+            else:  # broadcast products reduced in fp32: no padding rows
+                s = tl.sum(q[:, None, :] * k.to(tl.float32)[None, :, :], axis=2)
+            s = tl.where(ok[None, :], s * qk_scale, float("-inf"))  # (GROUP_PAD, BLOCK_N), base 2
             m_new = tl.maximum(m_i, tl.max(s, 1))  # the first tile of a range holds a live entry: finite
             alpha = tl.exp2(m_i - m_new)
             p = tl.exp2(s - m_new[:, None])
             l_i = l_i * alpha + tl.sum(p, 1)
-            acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v.to(tl.float32)[None, :, :], axis=1)
+            if USE_DOT:
+                if FP32_DOT:
+                    acc = tl.dot(p, v.to(tl.float32), acc * alpha[:, None], input_precision="ieee")
+                else:
+                    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+            else:
+                acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v.to(tl.float32)[None, :, :], axis=1)
             m_i = m_new
 
         # -- epilogue: the output, or (SPLIT) this range's normalised partial and its base-2 log-sum-exp
@@ -228,25 +305,29 @@ def static_decode_triton(q, keys, values, phys, length, scale: float, *, rot=Non
     """The kernel: ``q (B, heads, d)``, ``keys``/``values`` ``(B, kv_heads, C, d)``, ``phys (B, C)``, ``length (B,)``
     entries held *before* this step's (so ``length + 1`` are read: the caller wrote the new one at
     ``phys[length]``); the re-rotation arguments as in :func:`static_decode_reference`. Returns ``(B, heads, d)``.
-    Inputs are not checked on the device (that would synchronise; the engine builds them)."""
-    bsz, h, d = q.shape
-    hk, c = keys.shape[1], keys.shape[2]
-    group = h // hk
-    cfg = default_config() if config is None else config
+    ``config``: tiles and ranges (default: :func:`tuned_config` on CUDA, :func:`default_config` in the
+    interpreter). Inputs are not checked on the device (that would synchronise; the engine builds them)."""
     if q.stride(-1) != 1:
         q = q.contiguous()
     if keys.stride(-1) != 1 or values.stride(-1) != 1 or phys.stride(-1) != 1:
         raise ValueError("keys, values and phys must be contiguous in their last dimension (the engine's buffers are)")
+    extra = dict(rot=rot, rope=rope, cos=cos, sin=sin, base=base)
+    if config is None:
+        config = tuned_config(q, keys, values, phys, length, scale, extra) if q.is_cuda else default_config()
+    return _launch(q, keys, values, phys, length, scale, config, **extra)
+
+
+def _launch(q, keys, values, phys, length, scale, cfg, *, rot=None, rope=None, cos=None, sin=None, base=0):
+    bsz, h, d = q.shape
+    hk, c = keys.shape[1], keys.shape[2]
+    group = h // hk
     out = torch.empty((bsz, h, d), dtype=q.dtype, device=q.device)
     rotate = rot is not None
     n = length + 1
     dummy = phys  # never read when not rotating
-    # ranges per row: enough programs for the GPU when the batch alone is too small (never a range of < 1 tile)
-    splits = cfg.get("splits") or (1 if not cfg.get("programs") else
-                                   max(1, min(triton.cdiv(cfg["programs"], bsz * hk), triton.cdiv(c, cfg["BLOCK_N"]))))
-    split_size = triton.cdiv(triton.cdiv(c, splits), cfg["BLOCK_N"]) * cfg["BLOCK_N"]
-    splits = triton.cdiv(c, split_size)
-    group_pad = triton.next_power_of_2(group)
+    splits, split_size = _splits(cfg, bsz * hk, c)
+    use_dot = bool(cfg.get("USE_DOT", False))
+    group_pad = max(16, triton.next_power_of_2(group)) if use_dot else triton.next_power_of_2(group)
     if splits > 1:
         opart = torch.empty((bsz * hk * splits * group_pad, d), dtype=torch.float32, device=q.device)
         lpart = torch.empty((bsz * hk * splits * group_pad,), dtype=torch.float32, device=q.device)
@@ -260,7 +341,8 @@ def static_decode_triton(q, keys, values, phys, length, scale: float, *, rot=Non
         phys.stride(0), rot.stride(0) if rotate else 0, out.stride(0), out.stride(1),
         float(scale) * 1.4426950408889634, base, 2 * c, split_size,
         HK=hk, GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=d, BLOCK_N=cfg["BLOCK_N"],
-        ROTATE=rotate, SPLIT=splits > 1, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        ROTATE=rotate, SPLIT=splits > 1, USE_DOT=use_dot, FP32_DOT=q.dtype == torch.float32 or _interpreting(),
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     if splits > 1:
         _static_merge_kernel[(bsz * hk,)](opart, lpart, out, out.stride(0), out.stride(1), splits,

@@ -193,7 +193,8 @@ def test_triton_tile_shapes_do_not_change_the_result(neighbors, splits_per, vari
     cfg = {"variant": variant, "fwd": dict(BLOCK_M=32, BLOCK_N=16, BLOCK_F=32, num_warps=4, num_stages=1,
                                            window_split=True),
            "dq": dict(BLOCK_M=16, BLOCK_N=32, BLOCK_F=16, num_warps=4, num_stages=1),
-           "dkdv": dict(BLOCK_M=32, BLOCK_N=16, BLOCK_F=32, num_warps=4, num_stages=1), "far_splits_per": splits_per}
+           "dkdv": dict(BLOCK_M=32, BLOCK_N=16, BLOCK_F=32, num_warps=4, num_stages=1), "far_splits_per": splits_per,
+           "far": dict(BLOCK_M=16, BLOCK_N=64, BLOCK_F=16, num_warps=4, num_stages=1)}  # tma: its own tiles
     other = _run(lambda *x: sep_attention_triton(*x, is_sep, 2, neighbors, config=cfg), q, k, v, do)
     for x, y in zip(base, other):
         torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-5)

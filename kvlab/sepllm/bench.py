@@ -57,6 +57,21 @@ def load_separators(name: str, n: int, batch: int = 1, seed: int = 0):
 # ---------------------------------------------------------------------------------------------
 # ops: SepLLM attention, SDPA vs Flex vs Triton
 # ---------------------------------------------------------------------------------------------
+def variant_config(spec: str, dim: int, dtype) -> dict:
+    """The default config of a variant named ``NAME[+split][+ws]`` (``tma+split``: the forward's window_split on;
+    ``+ws``: its far loop warp-specialised), so that ``ops`` can time such options side by side."""
+    from kvlab.sepllm.triton import default_config
+
+    name, *flags = spec.split("+")
+    cfg = default_config(dim, dtype, variant=name)
+    for flag in flags:
+        key = {"split": "window_split", "ws": "warp_spec"}.get(flag)
+        if key is None:
+            raise ValueError(f"variant {spec!r}: unknown option {flag!r} (use +split, +ws)")
+        cfg["fwd"] = dict(cfg["fwd"], **{key: True})
+    return cfg
+
+
 def tile_work(is_sep, init: int, neighbors: int, cfg: dict, heads: int, kv_heads: int, dim: int,
               elsize: int = 2) -> dict:
     """What the forward kernel computes and moves for one batch of separator flags, counted from its tiling.
@@ -102,13 +117,13 @@ def run_ops(args) -> dict:
     from kvlab.kernels.benchmarking import machine_ceilings
     from kvlab.sepllm.flex import sep_attention_flex, sepllm_block_mask
     from kvlab.sepllm.reference import kept_fraction
-    from kvlab.sepllm.triton import default_config, sep_attention_triton
+    from kvlab.sepllm.triton import sep_attention_triton
 
     allow_many_compiles()
     a, w, h, hk, d, dtype = args.init, args.neighbors, args.heads, args.kv_heads, args.dim, torch.bfloat16
     ceilings = machine_ceilings()
     print(json.dumps(ceilings), flush=True)
-    configs = {var: default_config(d, dtype, variant=var) for var in args.variants}
+    configs = {var: variant_config(var, d, dtype) for var in args.variants}
     rows = []
     for n in args.seqs:
         q, k, v = random_qkv(n, h, hk, d, dtype)
@@ -471,8 +486,13 @@ def run_tune(args) -> dict:
             for choice in [(64, 128, 128, 8, 3), (32, 128, 128, 8, 3), (64, 64, 64, 4, 3), (32, 64, 128, 4, 3),
                            (64, 64, 128, 8, 3)]:
                 name, cfg = with_kind(base, "dkdv", *choice)
-                for part in ("window", "far"):
+                for part in ("window",) + (() if "far" in base else ("far",)):
                     record(f"bwd {name} [{part}]", lambda: st._backward(do, q, k, v, o, lse, kept, idx, cnt, w, scale, cfg, False, (part,)))  # noqa: B023
+        if "far" in args.parts and "far" in base:  # the tma variant's far dK/dV kernel has its own tiles
+            for choice in [(64, 64, 128, 8, 3), (128, 64, 128, 8, 3), (64, 64, 64, 4, 3), (32, 64, 128, 4, 4),
+                           (64, 64, 128, 8, 2)]:
+                name, cfg = with_kind(base, "far", *choice)
+                record(f"bwd {name}", lambda: st._backward(do, q, k, v, o, lse, kept, idx, cnt, w, scale, cfg, False, ("far",)))  # noqa: B023
         if "splits" in args.parts:
             for per in (128, 256, 1 << 20):
                 cfg = dict(base, far_splits_per=per)
@@ -523,7 +543,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--flex-max-n", type=int, default=65536)
     ap.add_argument("--tokens", type=int, default=16384, help="tokens per training step")
     ap.add_argument("--variants", default="tma,gather",
-                    help="Triton variants to time (ops, tune), the first is compared with the others")
+                    help="Triton variants to time (ops, tune), the first is compared with the others; "
+                         "NAME+split / NAME+ws turn on the forward's window_split / warp_spec")
     ap.add_argument("--parts", default="fwd,dq,dkdv,splits,decode", help="what tune sweeps")
     return ap
 

@@ -403,11 +403,9 @@ def _sep_bwd_dkdv_far_kernel(
 @triton.jit
 def _compact_kv_kernel(K, V, KC, VC, IDX, CNT, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
                        N, HK: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr):
-    # One program per (chunk of BLOCK compacted slots, batch x kv head): rows K[idx[j]] -> KC[j].
+    # One program per (chunk of BLOCK compacted slots, batch row), for every kv head: rows K[idx[j]] -> KC[j].
     pid = tl.program_id(0)
-    pid_bk = tl.program_id(1)
-    b = pid_bk // HK
-    hk = pid_bk % HK
+    b = tl.program_id(1)
     total = tl.load(CNT + b * (N + 1) + N)
     j0 = pid * BLOCK
     if j0 < total:  # the grid is sized for the worst case (every key kept)
@@ -415,13 +413,14 @@ def _compact_kv_kernel(K, V, KC, VC, IDX, CNT, stride_kb, stride_kh, stride_kn, 
         live = slot < total
         offs_d = tl.arange(0, HEAD_DIM)
         kpos = tl.load(IDX + b * N + slot, mask=live, other=0)
-        k = tl.load(K + b * stride_kb + hk * stride_kh + kpos[:, None] * stride_kn + offs_d[None, :],
-                    mask=live[:, None], other=0.0)
-        v = tl.load(V + b * stride_vb + hk * stride_vh + kpos[:, None] * stride_vn + offs_d[None, :],
-                    mask=live[:, None], other=0.0)
-        out = pid_bk.to(tl.int64) * N * HEAD_DIM + slot[:, None] * HEAD_DIM + offs_d[None, :]
-        tl.store(KC + out, k, mask=live[:, None])
-        tl.store(VC + out, v, mask=live[:, None])
+        for hk in range(HK):
+            k = tl.load(K + b * stride_kb + hk * stride_kh + kpos[:, None] * stride_kn + offs_d[None, :],
+                        mask=live[:, None], other=0.0)
+            v = tl.load(V + b * stride_vb + hk * stride_vh + kpos[:, None] * stride_vn + offs_d[None, :],
+                        mask=live[:, None], other=0.0)
+            out = (b * HK + hk).to(tl.int64) * N * HEAD_DIM + slot[:, None] * HEAD_DIM + offs_d[None, :]
+            tl.store(KC + out, k, mask=live[:, None])
+            tl.store(VC + out, v, mask=live[:, None])
 
 
 def compact_kv(k: torch.Tensor, v: torch.Tensor, idx: torch.Tensor, cnt: torch.Tensor):
@@ -440,7 +439,7 @@ def compact_kv(k: torch.Tensor, v: torch.Tensor, idx: torch.Tensor, cnt: torch.T
     kc = torch.empty(bsz, hk, n, d, dtype=k.dtype, device=k.device)
     vc = torch.empty_like(kc)
     block = 16 if _interpreting() else 64
-    _compact_kv_kernel[(triton.cdiv(n, block), bsz * hk)](
+    _compact_kv_kernel[(triton.cdiv(n, block), bsz)](
         k, v, kc, vc, idx, cnt, k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
         n, HK=hk, HEAD_DIM=d, BLOCK=block, num_warps=4)
     return kc, vc
@@ -672,10 +671,11 @@ def _sep_bwd_dkdv_far_tma_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_F: tl.constexpr, N_SPLITS: tl.constexpr,
     FP32_DOT: tl.constexpr,
 ):
-    # dK, dV of the far keys into the compacted fp32 rows DKC, DVC: one program per (chunk of BLOCK_F kept
-    # keys, query split, batch x kv head). The query tiles that see only part of the chunk as far keys come
-    # first (masked by compacted index: slot j is far for tile q0 when j < cnt[lo(q0)]); from the first tile
-    # whose window starts after the chunk's last key, the whole chunk is far: no mask.
+    # dK, dV of the far pairs into the compacted fp32 rows DKC, DVC: one program per (chunk of BLOCK_F kept
+    # keys, query split, batch x kv head). Here a pair is far when q - k >= NEIGH (the kept key is no
+    # neighbour of that query), decided per element, so this kernel's tiles need not match the window
+    # kernel's (which takes every pair with 0 <= q - k < NEIGH). The query tiles that hold both kinds come
+    # first, masked; from the first tile with q0 >= (last key of the chunk) + NEIGH, every pair is far.
     pid_c = tl.program_id(0)
     split = tl.program_id(1)
     pid_bk = tl.program_id(2)
@@ -688,16 +688,16 @@ def _sep_bwd_dkdv_far_tma_kernel(
         slots = c0 + tl.arange(0, BLOCK_F)
         offs_d = tl.arange(0, HEAD_DIM)
         live = slots < total
+        kpos = tl.load(IDX + b * N + slots, mask=live, other=0)
         rows = pid_bk.to(tl.int64) * N * HEAD_DIM + slots[:, None] * HEAD_DIM + offs_d[None, :]
         k = tl.load(KC + rows, mask=live[:, None], other=0.0)
         v = tl.load(VC + rows, mask=live[:, None], other=0.0)
         dk = tl.zeros([BLOCK_F, HEAD_DIM], dtype=tl.float32)
         dv = tl.zeros([BLOCK_F, HEAD_DIM], dtype=tl.float32)
-        # -- query tiles: first one with lo(q0) > p_first (some keys far), first with lo(q0) > p_last (all far)
         p_first = tl.load(IDX + b * N + c0)
         p_last = tl.load(IDX + b * N + tl.minimum(c0 + BLOCK_F, total) - 1)
-        qb_first = ((p_first // BLOCK_N + 1) * BLOCK_N + NEIGH - 1 + BLOCK_M - 1) // BLOCK_M + split
-        qb_full = ((p_last // BLOCK_N + 1) * BLOCK_N + NEIGH - 1 + BLOCK_M - 1) // BLOCK_M
+        qb_first = (p_first + NEIGH) // BLOCK_M + split
+        qb_full = (p_last + NEIGH + BLOCK_M - 1) // BLOCK_M
         n_qb = (N + BLOCK_M - 1) // BLOCK_M
         qb_mid = tl.minimum(qb_full, n_qb)
         # first tile of this split's stride at or after qb_full
@@ -714,9 +714,8 @@ def _sep_bwd_dkdv_far_tma_kernel(
                 do = do_desc.load([q0, 0])
                 lse = tl.load(LSE + bh * N + offs_m, mask=offs_m < N, other=float("inf"))
                 delta = tl.load(DELTA + bh * N + offs_m, mask=offs_m < N, other=0.0)
-                n_far = tl.load(CNT + b * (N + 1) + _window_start(q0, NEIGH, BLOCK_N))
-                dk, dv = _dkdv_step(k, v, q, do, lse, delta, dk, dv, (slots < n_far)[:, None], qk_scale, True,
-                                    BLOCK_F, BLOCK_M, FP32_DOT)
+                far = (offs_m[None, :] - kpos[:, None]) >= NEIGH
+                dk, dv = _dkdv_step(k, v, q, do, lse, delta, dk, dv, far, qk_scale, True, BLOCK_F, BLOCK_M, FP32_DOT)
             for qb in range(qb_unmasked, n_qb, N_SPLITS):
                 q0 = qb * BLOCK_M
                 offs_m = q0 + tl.arange(0, BLOCK_M)
@@ -742,9 +741,10 @@ def _sep_bwd_dkdv_window_tma_kernel(
     N, NEIGH, qk_scale, sm_scale, H: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_F: tl.constexpr, FP32_DOT: tl.constexpr,
 ):
-    # dK, dV of one key tile: the window part (as _sep_bwd_dkdv_window_kernel), plus, for kept keys, the far
-    # part the far kernel left in the compacted rows DKC, DVC (slot of a kept key at p = cnt[p]); the sum
-    # is stored once, in the inputs' dtype.
+    # dK, dV of one key tile: every pair with 0 <= q - k < NEIGH (neighbours, kept or not; the far kernel
+    # takes the kept keys' pairs with q - k >= NEIGH), plus, for kept keys, the far part the far kernel left
+    # in the compacted rows DKC, DVC (slot of a kept key at p = cnt[p]); the sum is stored once, in the
+    # inputs' dtype.
     pid_n = tl.program_id(0)
     pid_bk = tl.program_id(1)
     HK: tl.constexpr = H // GROUP
@@ -775,7 +775,7 @@ def _sep_bwd_dkdv_window_tma_kernel(
             lse = tl.load(LSE + bh * N + offs_m, mask=offs_m < N, other=float("inf"))
             delta = tl.load(DELTA + bh * N + offs_m, mask=offs_m < N, other=0.0)
             dist = offs_m[None, :] - kpos[:, None]
-            visible = (dist >= 0) & ((dist < NEIGH) | (kept[:, None] != 0))
+            visible = (dist >= 0) & (dist < NEIGH)
             dk, dv = _dkdv_step(k, v, q, do, lse, delta, dk, dv, visible, qk_scale, True, BLOCK_N, BLOCK_M, FP32_DOT)
     # -- epilogue: add the far part of kept keys, store in the inputs' dtype
     is_kept = in_seq & (kept != 0)
@@ -807,8 +807,10 @@ def default_config(head_dim: int, dtype: torch.dtype, interpret: bool | None = N
     where Triton has them) or ``"gather"`` (far keys gathered row by row from K/V, the kernel of the
     first release). Per kernel: ``BLOCK_M`` queries per tile, ``BLOCK_N`` keys per window tile (also the
     window alignment), ``BLOCK_F`` far keys per tile, warps, pipeline stages and (``"tma"``) whether
-    the far loop is warp-specialised. The two dK/dV kernels share ``BLOCK_M``, ``BLOCK_N`` (they must
-    split the work the same way).
+    the far loop is warp-specialised (``warp_spec``) and whether the forward sends whole window tiles
+    through an unmasked loop (``window_split``). ``"gather"``: the two dK/dV kernels share ``"dkdv"``'s
+    ``BLOCK_M``, ``BLOCK_N`` (they split the pairs by tile). ``"tma"``: the far dK/dV kernel has its own
+    tiles, ``"far"`` (it splits the pairs per element).
     """
     interpret = _interpreting() if interpret is None else interpret
     variant = variant or ("tma" if tma_supported() else "gather")
@@ -816,7 +818,8 @@ def default_config(head_dim: int, dtype: torch.dtype, interpret: bool | None = N
         raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
     if interpret:
         small = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_F=16, num_warps=4, num_stages=1, warp_spec=False)
-        return {"variant": variant, "fwd": small, "dq": dict(small), "dkdv": dict(small), "far_splits_per": 4}
+        cfg = {"variant": variant, "fwd": small, "dq": dict(small), "dkdv": dict(small), "far_splits_per": 4}
+        return cfg | ({"far": dict(small, BLOCK_M=32)} if variant == "tma" else {})
     # Chosen on an H200 at N = 32k, 32 heads, dim 128, bf16 (benchmarks/results/kernels/tune_*.log). Larger rows
     # (dim 256, or 4-byte fp32 elements) are untuned: the query and far-key tiles shrink by the same factor
     # so that a tile's bytes in shared memory stay those of the tuned case; smaller rows keep the tuned tiles.
@@ -826,18 +829,15 @@ def default_config(head_dim: int, dtype: torch.dtype, interpret: bool | None = N
         return dict(BLOCK_M=max(16, m // grow), BLOCK_N=n, BLOCK_F=max(16, f // grow), num_warps=warps,
                     num_stages=stages, warp_spec=False)
     if variant == "gather":
-        fwd, dq = tiles(128, 32, 64, 4, 2), tiles(64, 32, 64, 4, 3)
-    else:
-        fwd, dq = tiles(128, 64, 128, 8, 3), tiles(64, 32, 64, 4, 3)
-    return {
-        "variant": variant,
-        "fwd": fwd,
-        "dq": dq,
-        "dkdv": tiles(32, 64, 64, 4, 3),
-        # split the far dK/dV walk so that one program handles about this many query tiles ("tma": unsplit, so
-        # that each chunk's program stores its rows once, with no zeroed buffer and no atomics)
-        "far_splits_per": 128 if variant == "gather" else 1 << 20,
-    }
+        return {"variant": variant, "fwd": tiles(128, 32, 64, 4, 2), "dq": tiles(64, 32, 64, 4, 3),
+                "dkdv": tiles(32, 64, 64, 4, 3),
+                # split the far dK/dV walk so that one program handles about this many query tiles
+                "far_splits_per": 128}
+    # "tma": from the sweep of 2026-11-25 (benchmarks/results/kernels/sepllm_tune_h200_round1_2026_11_25.log).
+    # "far" tiles the far dK/dV kernel on its own (its pairs are q - k >= n, decided per element); its walk is
+    # unsplit, so each chunk's program stores its rows once (no zeroed buffer, no atomics).
+    return {"variant": variant, "fwd": tiles(128, 32, 64, 4, 2), "dq": tiles(128, 64, 64, 8, 3),
+            "dkdv": tiles(32, 64, 64, 4, 3), "far": tiles(64, 64, 128, 8, 3), "far_splits_per": 1 << 20}
 
 
 def _check_config(cfg: dict) -> None:
@@ -846,7 +846,9 @@ def _check_config(cfg: dict) -> None:
     if cfg.get("variant") == "tma" and not tma_supported():
         raise ValueError(f"config['variant'] = 'tma' needs tensor descriptors (Triton >= 3.4, this is "
                          f"{triton.__version__}): use variant 'gather'")
-    for key in ("fwd", "dq", "dkdv"):
+    for key in ("fwd", "dq", "dkdv", "far"):
+        if key not in cfg:
+            continue
         for blk in ("BLOCK_M", "BLOCK_N", "BLOCK_F"):
             val = cfg[key][blk]
             if val < 16 or val & (val - 1):
@@ -975,7 +977,7 @@ def _backward_tma(do, q, k, v, o, lse, kept, idx, cnt, neighbors, scale, cfg, fp
         c = cfg["dq"]
         _launch(_sep_bwd_dq_tma_kernel, (triton.cdiv(n, c["BLOCK_M"]), bsz * h), c, q, k, v, kc, vc, do, dq, lse,
                 delta, kept, cnt, *strides, n, neighbors, qk_scale, scale, **meta)
-    c = cfg["dkdv"]
+    c = cfg.get("far", cfg["dkdv"])
     n_qb = triton.cdiv(n, c["BLOCK_M"])
     splits = max(1, min(64, triton.cdiv(n_qb, cfg["far_splits_per"]))) if "far" in parts else 0
     alloc = torch.empty if splits == 1 else torch.zeros  # one split stores every kept row; several add
@@ -987,6 +989,7 @@ def _backward_tma(do, q, k, v, o, lse, kept, idx, cnt, neighbors, scale, cfg, fp
                 n, neighbors, qk_scale, scale, N_SPLITS=splits, **meta)
     dk = torch.empty(bsz, hk, n, d, dtype=k.dtype, device=q.device)
     dv = torch.empty(bsz, hk, n, d, dtype=v.dtype, device=q.device)
+    c = cfg["dkdv"]
     if "window" in parts:
         _launch(_sep_bwd_dkdv_window_tma_kernel, (triton.cdiv(n, c["BLOCK_N"]), bsz * hk), c,
                 q, k, v, do, dk, dv, dkc32, dvc32, lse, delta, kept, cnt, *strides, n, neighbors, qk_scale, scale,

@@ -6,21 +6,24 @@
 #   bash benchmarks/gpu_2026_11_25/sep.sh OUTDIR        # from the repository root, plain `python`
 #
 # Steps (each with its own time limit and log; a failing step does not stop the others; steps.txt has the exits):
-#   tests  the kernels' GPU tests of the default variant (float64 oracle, 4k-token shapes): tests/test_sep_attention.py
-#   (ops runs before tune, so that the benchmark is measured whatever the sweep costs)
-#   tune   python -m kvlab bench sepllm tune at 32k, random 8 %: per-part forward times, the core loop's dense rate
-#          (every key kept), a short tile sweep of the forward and dQ kernels, each checked against the old kernel
+#   tests     the kernels' GPU tests of the default variant (float64 oracle, 4k-token shapes): tests/test_sep_attention.py
+#   ops       python -m kvlab bench sepllm ops at 32k: SDPA, triton-gather (the old kernel), triton-tma (the new one) and
+#             two options of it in one run, random 8 % and Paradise Lost separators (package data kvlab/sepllm/data)
+#                                                                                 -> sepllm_ops_h200.{json,md,png}
+#   tune      python -m kvlab bench sepllm tune at 32k, random 8 %: per-part forward times, the far loop's rate on
+#             dense tiles (every key kept), a short sweep near the default tiles, each checked against the old kernel
 #                                                                                 -> sepllm_tune_h200.{json,md}
-#   ops    python -m kvlab bench sepllm ops at 32k: SDPA, Flex (with SEP_FLEX=1), triton-tma and triton-gather in one
-#          run, random 8 % and Paradise Lost separators (package data kvlab/sepllm/data)  -> sepllm_ops_h200.{json,md,png}
-# Environment: SEP_STEPS (default tests,tune,ops), SEP_FLEX (0), SEP_SEQS (32768), BUDGET (seconds in all, 175).
+#   ops_flex  the same ops with FlexAttention (compiled, slow to build) beside SDPA and triton-tma, in the time left
+#             (SEP_FLEX=0 leaves it out)                                          -> sepllm_ops_h200_flex.{json,md,png}
+# Round 1 (2026-11-25 01:20) ran tests, ops without Flex, and a wider tune (--parts parts,fwd,dq,splits,dkdv).
+# Environment: SEP_STEPS (default tests,ops,tune,ops_flex), SEP_FLEX (1), SEP_SEQS (32768), BUDGET (seconds, 175).
 # Smoke test on a CPU (interpreter tests only): SEP_STEPS=tests bash ... /tmp/out
 set -uo pipefail
 OUT=${1:?usage: sep.sh OUTDIR}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 PY=${PYTHON:-python}
-STEPS=${SEP_STEPS:-tests,tune,ops}
+STEPS=${SEP_STEPS:-tests,ops,tune,ops_flex}
 SEQS=${SEP_SEQS:-32768}
 START=$(date +%s)
 BUDGET=${BUDGET:-175}
@@ -43,14 +46,20 @@ git log -1 --format='%H %s' > "$OUT/commit.txt" 2>/dev/null
 XDIST=""
 $PY -c "import xdist" 2>/dev/null && XDIST="-n 8"
 step tests 50 $PY -m pytest tests/test_sep_attention.py -q -x -p no:cacheprovider $XDIST \
-  -k "tma and (large or strided or matches_oracle or tile_shapes)"
-FLEX=""
-[ "${SEP_FLEX:-0}" = "0" ] && FLEX="--no-flex"
-step ops 80 $PY -m kvlab bench sepllm ops --seqs "$SEQS" --variants tma,gather --budget 0.3 $FLEX \
+  -k "(tma and (large or strided or tile_shapes)) or compact or default_variant"
+# the benchmark: SDPA, the old kernel (gather) and the new one (tma, and its two options) in one run
+step ops 70 $PY -m kvlab bench sepllm ops --seqs "$SEQS" --variants tma,gather,tma+split,tma+ws --budget 0.3 \
+  --no-flex --out "$OUT" --tag h200
+# where the forward's time goes (far loop, window loop, the rest; the far loop's rate on dense tiles), a sweep near
+# the default tiles
+step tune 35 $PY -m kvlab bench sepllm tune --seq 32768 --variants tma --parts parts,fwd-near --budget 0.25 \
   --out "$OUT" --tag h200
-step tune 70 $PY -m kvlab bench sepllm tune --seq 32768 --variants tma --parts parts,fwd,dq,splits,dkdv --budget 0.25 \
-  --out "$OUT" --tag h200
-for f in "$OUT"/*_h200.*; do  # the names the results folder keeps
+# FlexAttention (the paper's kernel, compiled: slow to build) beside SDPA and the new kernel, in the time left
+FLEX_TAG=h200_flex
+[ "${SEP_FLEX:-1}" = "0" ] && FLEX_TAG=""
+[ -n "$FLEX_TAG" ] && step ops_flex 90 $PY -m kvlab bench sepllm ops --seqs "$SEQS" --variants tma --budget 0.3 \
+  --out "$OUT" --tag "$FLEX_TAG"
+for f in "$OUT"/*_h200*.*; do  # the names the results folder keeps
   [ -e "$f" ] && mv "$f" "$OUT/sepllm_$(basename "$f")"
 done
 cat "$OUT/steps.txt"

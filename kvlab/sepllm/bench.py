@@ -446,7 +446,7 @@ def run_tune(args) -> dict:
             record(f"{var} bwd part {part} (default)",
                    lambda: st._backward(do, q, k, v, o, lse, kept, idx, cnt, w, scale, base, False, (part,)))  # noqa: B023
         if var == "tma" and "parts" in args.parts:  # where the forward time goes, and the core loop's dense rate
-            for parts, label in ((1, "far keys only"), (2, "window only")):
+            for parts, label in ((1, "far keys only"), (2, "window only"), (0, "neither (compaction, q, o, lse)")):
                 cfg = {key: dict(val) if isinstance(val, dict) else val for key, val in base.items()}
                 cfg["fwd"]["parts"] = parts
                 record(f"tma fwd {label}", lambda: st._forward(q, k, v, kept, idx, cnt, w, scale, cfg, False))  # noqa: B023
@@ -454,6 +454,7 @@ def run_tune(args) -> dict:
             kept1, idx1, cnt1 = st.compact_kept_keys(all_sep, a)
             record("tma fwd, every key kept (causal through the far loop)",
                    lambda: st._forward(q, k, v, kept1, idx1, cnt1, w, scale, base, False), causal_flops)  # noqa: B023
+        choices = []
         if "fwd" in args.parts:
             if var == "tma":
                 split = {"window_split": True}
@@ -462,6 +463,11 @@ def run_tune(args) -> dict:
                            (128, 32, 128, 8, 3, False, split), (128, 64, 128, 8, 3, True), (128, 64, 64, 4, 3, True)]
             else:
                 choices = [(128, 32, 64, 4, 2), (128, 64, 128, 8, 3)]
+        if "fwd-near" in args.parts and var == "tma":  # round 2: around the round-1 winner (128 x 32 / 64, 4 warps)
+            split, ws = {"window_split": True}, True
+            choices = [(128, 32, 64, 4, 3), (128, 32, 64, 8, 2), (128, 64, 64, 4, 2), (128, 32, 128, 4, 2),
+                       (128, 16, 64, 4, 2), (128, 32, 64, 4, 2, ws, split)]
+        if ("fwd" in args.parts) or ("fwd-near" in args.parts and var == "tma"):
             for choice in choices:
                 name, cfg = with_kind(base, "fwd", *choice)
                 wk = tile_work(is_sep, a, w, cfg, h, hk, d)

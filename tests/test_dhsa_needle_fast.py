@@ -169,3 +169,49 @@ def test_needle_table_means_per_depth_and_counts():
     assert lines[2].split()[3:] == ["-", "1.00", "1.00", "1", "0.50"]
     with pytest.raises(ValueError, match="no 'answer_nll' records"):
         needle_table(recs, "answer_nll")
+
+
+DECODE_CONFIGS = list(itertools.product([(0, 0), (3, 0), (4, 7), (2, 30)], ["eq4", "mean", "sum"], [False, True],
+                                        [1, 30], [(40, 0, 1), (40, 0, 6), (40, 5, 1), (40, 5, 4)]))
+
+
+@pytest.mark.parametrize("config", DECODE_CONFIGS[::7])
+def test_decode_mask_is_the_reference_step_by_step(config):
+    """All new tokens at once (prompt chunks, the generated tokens as one chunk, the token itself) keep what
+    dhsa_decode_reference keeps one token after the other."""
+    from kvlab.dhsa.policy import decode_mask
+
+    (initial, local), agg, share, extra, (n0, gen, q_len) = config
+    g = torch.Generator().manual_seed(len(DECODE_CONFIGS) + extra)
+    n = n0 + gen + q_len
+    q = torch.randn(1, 4, q_len, 8, generator=g, dtype=torch.float64)
+    k = torch.randn(1, 2, n, 8, generator=g, dtype=torch.float64)
+    bd = _chunks(n0, extra)
+    budget = initial + local + 1 + extra
+    fast = decode_mask(q, k, bd, budget=budget, initial=initial, local=local, aggregation=agg, share_heads=share)
+    for i in range(q_len):
+        t = n - q_len + i
+        _, ref = R.dhsa_decode_reference(q[:, :, i:i + 1], k[:, :, :t + 1], k[:, :, :t + 1], bd, budget,
+                                         initial=initial, local=local, aggregation=agg, share_heads=share,
+                                         return_mask=True)
+        assert torch.equal(fast[:, :, i, :t + 1], ref[:, :, 0]) and not fast[:, :, i, t + 1:].any()
+
+
+def test_sdpa_backend_decodes_as_the_reference(tiny_llama, ids):
+    """App. A decode through decode_attention_sdpa: the logits of a teacher-forced continuation and of a
+    one-token step equal the reference loop's."""
+    import copy
+
+    from kvlab.core import use_pattern
+
+    outs = {}
+    for backend in ("torch", "sdpa"):
+        p = DHSAPattern(14, chunk_size=4, initial=2, local=3, backend=backend)
+        with torch.no_grad(), use_pattern(tiny_llama, p):
+            cache = tiny_llama(ids[:, :30], use_cache=True).past_key_values
+            forked = copy.deepcopy(cache)
+            several = tiny_llama(ids[:, 30:36], past_key_values=forked, use_cache=True).logits
+            one = tiny_llama(ids[:, 30:31], past_key_values=cache, use_cache=True).logits
+            two = tiny_llama(ids[:, 31:32], past_key_values=cache, use_cache=True).logits
+        outs[backend] = torch.cat([several, one, two], 1)
+    torch.testing.assert_close(outs["sdpa"], outs["torch"], atol=2e-5, rtol=1e-5)

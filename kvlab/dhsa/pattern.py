@@ -66,7 +66,7 @@ import torch
 from kvlab.core import AttentionCall, AttentionPattern, MaskPattern, attend, causal_mask, model_state
 
 from .api import check_flag, dhsa_attention, dhsa_selection
-from .policy import decode_attention
+from .policy import decode_attention, decode_attention_sdpa
 from .api import BACKENDS
 from .reference import (BoundaryPredictor, _per_batch, attention_recall, chunk_index, chunk_similarity, dhsa_mask,
                         fixed_boundaries, local_starts, oracle_boundaries, predict_boundaries, split_long_chunks)
@@ -439,6 +439,11 @@ class DHSAPattern(AttentionPattern):
                              f"{n - q_len} keys under this pattern; run the prompt through the model in one piece "
                              "inside the same use_pattern block (chunked prefill is not supported)")
         # decode (App. A), one new token after the other: earlier new tokens form one chunk
+        if self.backend == "sdpa" and self.aggregation != "padded_mean":  # the same keys, all new tokens at once
+            kw = self._kw()
+            return decode_attention_sdpa(query, key, value, [b.to(query.device) for b in prompt], scale=call.scaling,
+                                         budget=kw["budget"], initial=kw["initial"], local=kw["local"],
+                                         aggregation=kw["aggregation"], share_heads=kw["share_heads"])
         return decode_attention(query, key, value, [b.to(query.device) for b in prompt], scale=call.scaling,
                                 **self._kw())
 

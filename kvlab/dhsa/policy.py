@@ -35,7 +35,8 @@ from kvlab.core import check_choice, check_int
 
 from .api import dhsa_decode
 
-__all__ = ["DHSADecode", "decode_attention", "decode_memory", "DECODE_METHODS"]
+__all__ = ["DHSADecode", "decode_attention", "decode_mask", "decode_attention_sdpa", "decode_memory",
+           "DECODE_METHODS"]
 
 DECODE_METHODS = ("dense", "dhsa", "streamingllm", "h2o")
 
@@ -102,6 +103,89 @@ def decode_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
                         prompt_chunks=torch.as_tensor(per[b]).to(query.device), budget=budget, scale=scale, **kw)
             for b in range(bsz)], 0))
     return torch.cat(rows, 2)
+
+
+@torch.no_grad()
+def decode_mask(query: torch.Tensor, key: torch.Tensor, prompt_chunks, *, budget: int | None, initial: int = 0,
+                local: int = 0, aggregation: str = "eq4", share_heads: bool = False,
+                score_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The kept keys of every new token of :func:`decode_attention` (App. A, ``keep_diagonal=True``), all new
+    tokens at once: ``(batch, heads | 1, q_len, n)`` bool, the masks :func:`kvlab.dhsa.api.dhsa_decode` builds one
+    token after the other (a test pins it), without a token-level sort.
+
+    New token ``t`` (the last ``q_len`` of the ``n`` keys) sees the prompt's chunks, the generated tokens
+    ``[n0, t)`` as one chunk (their key sum from a cumulative sum) and itself. Its candidate chunks are ranked by
+    ``q_t . k_C`` (ties: earlier chunk first), laid end to end, and it keeps the first ``budget - |forced|``
+    candidate tokens, forced = the ``initial`` first keys and ``[max(t - local, initial), t]``. Aggregations
+    ``"eq4" | "mean" | "sum"`` (``"padded_mean"`` depends on the longest chunk of each step: use the reference).
+    """
+    from .reference import AGGREGATIONS, chunk_index, chunk_representation
+
+    if aggregation not in AGGREGATIONS or aggregation == "padded_mean":
+        raise ValueError(f"aggregation must be 'eq4', 'mean' or 'sum' here, got {aggregation!r}; "
+                         "decode_attention (the reference loop) takes 'padded_mean'")
+    bsz, heads, q_len, _ = query.shape
+    n = key.shape[2]
+    per = prompt_chunks if isinstance(prompt_chunks, (list, tuple)) else [prompt_chunks] * bsz
+    dev = query.device
+    t = torch.arange(n - q_len, n, device=dev)  # positions of the new tokens
+    j = torch.arange(n, device=dev)
+    out = []
+    for b in range(bsz):
+        bd = torch.as_tensor(per[b]).to(dev).long()
+        n0 = int(bd[-1])
+        if n0 > n - q_len:
+            raise ValueError(f"prompt_chunks end at {n0} but only {n - q_len} keys precede the {q_len} new tokens")
+        qs, ks = query[b:b + 1].to(score_dtype), key[b:b + 1].to(score_dtype)
+        if share_heads:
+            qs, ks = qs.mean(1, keepdim=True), ks.mean(1, keepdim=True)
+        g = qs.shape[1] // ks.shape[1]
+        kc = chunk_representation(ks[..., :n0, :], bd, aggregation)  # (1, hk, C0, d)
+        c0 = kc.shape[2]
+        csum = torch.nn.functional.pad(ks[..., n0:, :].cumsum(-2), (0, 0, 1, 0))  # keys [n0, n0 + m) summed
+        glen = (t - n0).to(score_dtype)  # generated tokens before each new token
+        gsum = csum[..., t - n0, :]  # (1, hk, q_len, d)
+        div = glen.clamp(min=1)[:, None]
+        rep = {"sum": gsum, "mean": gsum / div, "eq4": gsum / div * div.sqrt()}[aggregation]
+        s_prompt = qs @ kc.repeat_interleave(g, 1).transpose(-1, -2)  # (1, h, q_len, C0)
+        s_gen = (qs * rep.repeat_interleave(g, 1)).sum(-1, keepdim=True)  # (1, h, q_len, 1)
+        scores = torch.cat([s_prompt, s_gen], -1)[0]  # (h, q_len, C0 + 1)
+        starts = torch.cat([bd[:-1], bd.new_tensor([n0])])  # (C0 + 1,)
+        ends = torch.cat([bd[1:].expand(q_len, c0), t[:, None]], 1)  # (q_len, C0 + 1)
+        ls = torch.minimum(t, (t - local).clamp(min=initial))  # first forced recent key of each new token
+        cstart = starts.clamp(min=initial)
+        clen = (torch.minimum(ends, ls[:, None]) - cstart[None, :]).clamp(min=0)
+        is_cand = clen > 0
+        forced = (j[None, :] <= t[:, None]) & ((j[None, :] < initial) | (j[None, :] >= ls[:, None]))  # (q_len, n)
+        n_forced = forced.sum(-1)
+        if budget is None or budget >= n:
+            m = (j[None, :] <= t[:, None]).expand(scores.shape[0], q_len, n)
+        else:
+            if int(n_forced.max()) > budget:
+                raise ValueError(f"budget={budget} must be >= initial ({initial}) + local ({local}) + 1 (the new "
+                                 "token) at decode; raise budget or lower initial / local")
+            order = torch.sort(scores.masked_fill(~is_cand, float("-inf")), dim=-1, descending=True,
+                               stable=True).indices
+            olen = torch.gather((clen * is_cand).expand_as(order), -1, order)
+            before = torch.empty_like(order)
+            before.scatter_(-1, order, olen.cumsum(-1) - olen)
+            cidx = torch.cat([chunk_index(bd, n0).to(dev), torch.full((n - n0,), c0, device=dev)])
+            place = before[..., cidx] + (j - cstart[cidx])  # (h, q_len, n)
+            cand = (j[None, :] >= initial) & (j[None, :] < ls[:, None])
+            m = ((place < (budget - n_forced)[:, None]) & cand) | forced
+        out.append(m)
+    return torch.stack(out)
+
+
+def decode_attention_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, prompt_chunks, *,
+                          budget: int | None, scale: float | None = None, **kw) -> torch.Tensor:
+    """:func:`decode_attention` through :func:`decode_mask` and torch's ``scaled_dot_product_attention``: the same
+    kept keys, every new token at once (the needle grid's fast path, ``DHSAPattern(backend="sdpa")``).
+    ``kw``: ``initial``, ``local``, ``aggregation``, ``share_heads``. Returns ``(batch, heads, q_len, dim)``."""
+    mask = decode_mask(query, key, prompt_chunks, budget=budget, **kw)
+    g = query.shape[1] // key.shape[1]
+    k, v = (key, value) if g == 1 else (key.repeat_interleave(g, 1), value.repeat_interleave(g, 1))
+    return torch.nn.functional.scaled_dot_product_attention(query, k, v, attn_mask=mask, scale=scale)
 
 
 def decode_memory(model_shape, prompt: int, generated: int, *, method: str, budget: int | None = None,

@@ -75,6 +75,16 @@ def test_nms_cuts_long_chunks_like_split_long_chunks():
         _assert_same(ref, got, f"max_len {max_len}")
 
 
+def test_nms_cuts_carry_the_last_boundary_across_kernel_slices():
+    # the offsets kernel scans 1024 offsets at a time in the interpreter: a chunk that spans a slice edge must be
+    # cut from its own start, not from the slice's
+    g = torch.Generator().manual_seed(5)
+    sc = torch.rand(1, 1300, generator=g) ** 12
+    for max_len in (7, 50, 300):
+        ref, got = _both(sc, max_chunks=30, threshold=0.5, nms_window=8, max_len=max_len)
+        _assert_same(ref, got, f"max_len {max_len}")
+
+
 def test_nms_dependency_chain_longer_than_the_halo_needs_and_gets_several_passes():
     # strictly monotone scores, every position a candidate, window 1: greedy keeps every other position from the
     # best end, a chain of decisions across the whole row (the interpreter's halo is 64 positions)

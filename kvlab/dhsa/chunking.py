@@ -88,67 +88,71 @@ def _check_device(x: torch.Tensor, what: str) -> None:
 # Window attention with pooling (Eq. 1), one program per (block of windows, batch x head)
 # ================================================================================================
 if triton is not None:
+    from kvlab.kernels.triton_utils import dot as _dot
 
     @triton.jit
-    def _window_pool_kernel(QKV, OUT, T, DH, stride_b, stride_p, stride_c, stride_h, out_b, out_t, out_g, out_h,
-                            scale, S: tl.constexpr, S_PAD: tl.constexpr, G: tl.constexpr, NUM_H: tl.constexpr,
-                            BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
-        # Window t holds padded positions t .. t+S-1. scores[i, j] = q_{t+i} . k_{t+j} * scale; softmax over j;
-        # group g's pooled output = mean over its rows i of sum_j softmax[i, j] v_{t+j} = sum_j abar_g[j] v_{t+j}.
-        pid_t = tl.program_id(0)
+    def _window_pool_kernel(QKV, OUT, T, P, DH, stride_b, stride_p, stride_c, stride_h, out_b, out_t, out_g, out_h,
+                            scale, S: tl.constexpr, G: tl.constexpr, NUM_H: tl.constexpr, R: tl.constexpr,
+                            BLOCK_D: tl.constexpr, FP32_DOT: tl.constexpr):
+        # One program: windows a = 0 .. R-S of this tile (window t = r0 + a holds padded rows t .. t+S-1), all
+        # inside the tile's R rows r0 .. r0+R-1, so every key and value row is loaded once per tile.
+        #   M_i[a, c] = q_{r0+a+i} . k_{r0+c} * scale     (row i of window a against every key row c: a tl.dot)
+        #   P_i[a, :] = softmax over c in [a, a+S) of M_i[a, :]          (zero elsewhere)
+        #   B_g[a, c] = mean over the group's rows i of P_i[a, c]         (band matrix: column means abar)
+        #   out_g[a]  = B_g[a, :] @ V                                       (a tl.dot)
+        pid = tl.program_id(0)
         pid_bh = tl.program_id(1)
         b = pid_bh // NUM_H
         h = pid_bh % NUM_H
-        t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
-        pair = tl.arange(0, S_PAD * S_PAD)  # (i, j) = (pair // S_PAD, pair % S_PAD)
-        pi = pair // S_PAD
-        pj = pair % S_PAD
+        A_EFF: tl.constexpr = R - S + 1
+        r0 = pid * A_EFF
+        a = tl.arange(0, R)
+        c = tl.arange(0, R)
         d = tl.arange(0, BLOCK_D)
-        t_ok = t < T
-        pair_ok = (pi < S) & (pj < S)
         base = QKV + b * stride_b + h * stride_h
-        row_q = (t[:, None] + pi[None, :]) * stride_p  # (BLOCK_T, S_PAD^2)
-        row_k = (t[:, None] + pj[None, :]) * stride_p
-        m2 = t_ok[:, None] & pair_ok[None, :]
+        row_ok = (r0 + c) < P
+        band = (c[None, :] >= a[:, None]) & (c[None, :] < a[:, None] + S) & row_ok[None, :]
+        rows: tl.constexpr = S // G
+        b0 = tl.zeros([R, R], dtype=tl.float32)
+        b1 = tl.zeros([R, R], dtype=tl.float32)
+        for i in tl.static_range(S):
+            # -- scores of query row i of every window against the tile's keys, over head-dim slices --
+            m = tl.zeros([R, R], dtype=tl.float32)
+            q_ok = (r0 + a + i) < P
+            for d0 in range(0, DH, BLOCK_D):
+                dd = d0 + d
+                qi = tl.load(base + (r0 + a + i)[:, None] * stride_p + dd[None, :],
+                             mask=q_ok[:, None] & (dd < DH)[None, :], other=0.0)
+                kc = tl.load(base + stride_c + (r0 + c)[:, None] * stride_p + dd[None, :],
+                             mask=row_ok[:, None] & (dd < DH)[None, :], other=0.0)
+                m = _dot(qi, tl.trans(kc), m, FP32_DOT)
+            # -- softmax inside the window's band; rows without a band (past the tile) give 0, not NaN --
+            m = tl.where(band, m * scale, float("-inf"))
+            mx = tl.max(m, axis=1)
+            mx = tl.where(mx == float("-inf"), 0.0, mx)
+            e = tl.exp(m - mx[:, None])
+            den = tl.sum(e, axis=1)
+            pr = e / tl.where(den == 0.0, 1.0, den)[:, None]
+            if G == 1 or i < rows:
+                b0 += pr
+            else:
+                b1 += pr
+        b0 = b0 / rows
+        b1 = b1 / rows
 
-        # -- scores of every (i, j) pair, accumulated over head-dim slices (fp32) --
-        s = tl.zeros([BLOCK_T, S_PAD * S_PAD], dtype=tl.float32)
-        for d0 in range(0, DH, BLOCK_D):
-            dd = d0 + d
-            m3 = m2[:, :, None] & (dd < DH)[None, None, :]
-            qv = tl.load(base + row_q[:, :, None] + dd[None, None, :], mask=m3, other=0.0).to(tl.float32)
-            kv = tl.load(base + stride_c + row_k[:, :, None] + dd[None, None, :], mask=m3, other=0.0).to(tl.float32)
-            s += tl.sum(qv * kv, axis=2)
-
-        # -- softmax over j for each row i, then the column means of each group of rows --
-        s3 = tl.reshape(s * scale, [BLOCK_T, S_PAD, S_PAD])
-        jj = tl.arange(0, S_PAD)
-        s3 = tl.where((jj < S)[None, None, :], s3, float("-inf"))
-        mx = tl.max(s3, axis=2)
-        p = tl.exp(s3 - mx[:, :, None])
-        p = p / tl.sum(p, axis=2)[:, :, None]  # (BLOCK_T, S_PAD i, S_PAD j)
-        ii = tl.arange(0, S_PAD)
-        rows = S // G
-        w0 = ((ii < rows) & (ii < S)).to(tl.float32) / rows
-        abar0 = tl.sum(p * w0[None, :, None], axis=1)  # (BLOCK_T, S_PAD j)
-        if G == 2:
-            w1 = ((ii >= rows) & (ii < S)).to(tl.float32) / rows
-            abar1 = tl.sum(p * w1[None, :, None], axis=1)
-
-        # -- epilogue: weighted sums of the window's values, slice by slice --
-        row_v = (t[:, None] + jj[None, :]) * stride_p  # (BLOCK_T, S_PAD)
-        mv = t_ok[:, None] & (jj < S)[None, :]
+        # -- epilogue: the pooled outputs of the windows a < A_EFF that exist (t < T), slice by slice --
+        t = r0 + a
+        t_ok = (a < A_EFF) & (t < T)
         obase = OUT + b * out_b + h * out_h + t[:, None] * out_t
         for d0 in range(0, DH, BLOCK_D):
             dd = d0 + d
-            m3 = mv[:, :, None] & (dd < DH)[None, None, :]
-            vv = tl.load(base + 2 * stride_c + row_v[:, :, None] + dd[None, None, :], mask=m3,
-                         other=0.0).to(tl.float32)
+            vc = tl.load(base + 2 * stride_c + (r0 + c)[:, None] * stride_p + dd[None, :],
+                         mask=row_ok[:, None] & (dd < DH)[None, :], other=0.0)
             mo = t_ok[:, None] & (dd < DH)[None, :]
-            o0 = tl.sum(abar0[:, :, None] * vv, axis=1)
+            o0 = _dot(b0.to(vc.dtype), vc, tl.zeros([R, BLOCK_D], dtype=tl.float32), FP32_DOT)
             tl.store(obase + dd[None, :], o0.to(OUT.dtype.element_ty), mask=mo)
             if G == 2:
-                o1 = tl.sum(abar1[:, :, None] * vv, axis=1)
+                o1 = _dot(b1.to(vc.dtype), vc, tl.zeros([R, BLOCK_D], dtype=tl.float32), FP32_DOT)
                 tl.store(obase + out_g + dd[None, :], o1.to(OUT.dtype.element_ty), mask=mo)
 
 
@@ -164,8 +168,12 @@ def window_pool(qkv: torch.Tensor, size: int, groups: int, count: int) -> torch.
     Returns:
         ``(batch, T, groups, heads, head_dim)`` in ``qkv.dtype``:
         ``out[b, t, g, h] = sum_j abar_g[j] v[b, t + j, h]`` with ``abar_g`` the column means over the
-        group's rows of ``softmax_j(q_{t+i} . k_{t+j} / sqrt(head_dim))``. Arithmetic in float32 (float64
-        inputs are computed in float32 too: use the reference for a float64 oracle).
+        group's rows of ``softmax_j(q_{t+i} . k_{t+j} / sqrt(head_dim))``. One program per tile of 64 rows
+        and (batch, head): the scores are tensor-core products of the tile's rows (``q`` shifted by each
+        window row ``i`` against all 64 keys, masked to the window's band), the pooled outputs one more
+        product of the band matrix of ``abar`` with the tile's values; every row is read from memory once.
+        Scores and softmax in float32; the band weights meet the values in the values' dtype (as the
+        eager reference's ``att @ v`` does in bf16); float32 inputs get true float32 products.
     """
     _check_device(qkv, "window_pool")
     if qkv.dim() != 5 or qkv.shape[2] != 3:
@@ -178,15 +186,13 @@ def window_pool(qkv: torch.Tensor, size: int, groups: int, count: int) -> torch.
     if qkv.stride(-1) != 1:
         qkv = qkv.contiguous()
     out = torch.empty(bsz, count, groups, heads, dh, dtype=qkv.dtype, device=qkv.device)
-    s_pad = triton.next_power_of_2(size)
-    block_d = min(triton.next_power_of_2(dh), max(16, 512 // (s_pad * s_pad)))
-    block_t = 16 if s_pad <= 4 else 8
-    if _interpreting():
-        block_t = min(block_t, 8)
-    grid = (triton.cdiv(count, block_t), bsz * heads)
-    _window_pool_kernel[grid](qkv, out, count, dh, qkv.stride(0), qkv.stride(1), qkv.stride(2), qkv.stride(3),
+    r = 64 if size <= 16 else triton.next_power_of_2(4 * size)  # tile rows: R - size + 1 windows per program
+    block_d = max(16, min(triton.next_power_of_2(dh), 64))
+    fp32_dot = qkv.dtype == torch.float32 or _interpreting()
+    grid = (triton.cdiv(count, r - size + 1), bsz * heads)
+    _window_pool_kernel[grid](qkv, out, count, plen, dh, qkv.stride(0), qkv.stride(1), qkv.stride(2), qkv.stride(3),
                               out.stride(0), out.stride(1), out.stride(2), out.stride(3), 1.0 / math.sqrt(dh),
-                              S=size, S_PAD=s_pad, G=groups, NUM_H=heads, BLOCK_T=block_t, BLOCK_D=block_d,
+                              S=size, G=groups, NUM_H=heads, R=r, BLOCK_D=block_d, FP32_DOT=fp32_dot,
                               num_warps=4)
     return out
 
@@ -360,6 +366,29 @@ if triton is not None:
         tl.store(STATUS + row * stride_st + pos, st.to(tl.int8), mask=own)
         tl.atomic_add(UNDECIDED + row, tl.sum((own & (st == 0)).to(tl.int32), axis=0))
 
+    @triton.jit
+    def _max_combine(x, y):
+        return tl.maximum(x, y)
+
+    @triton.jit
+    def _ends_kernel(KEPT, ENDS, n, max_len, stride_k, stride_e, BLOCK: tl.constexpr, CUT: tl.constexpr):
+        # Offsets e in [0, n] of one row: 0, n, every kept t + 1, and (CUT) the cuts of split_long_chunks:
+        # e - prev(e) a multiple of max_len, prev(e) = the last real boundary <= e (a running maximum; the
+        # carry brings it across slices of BLOCK offsets).
+        row = tl.program_id(0)
+        carry = 0
+        for start in range(0, n + 1, BLOCK):
+            e = start + tl.arange(0, BLOCK)
+            inr = e <= n
+            kept_prev = tl.load(KEPT + row * stride_k + e - 1, mask=(e >= 1) & inr, other=0)
+            is_b = ((e == 0) | (e == n) | (kept_prev != 0)) & inr
+            if CUT:
+                mark = tl.where(is_b, e, 0)
+                prev = tl.maximum(tl.associative_scan(mark, 0, _max_combine), carry)
+                is_b = is_b | ((~is_b) & inr & ((e - prev) % max_len == 0))
+                carry = tl.maximum(carry, tl.max(mark, axis=0))
+            tl.store(ENDS + row * stride_e + e, is_b.to(tl.int8), mask=inr)
+
 
 def _rank_keys(sc: torch.Tensor, sure: torch.Tensor) -> torch.Tensor:
     """``(batch, n)`` positions' rank as sort keys, smaller first: one int64 per position (exact, unique)."""
@@ -455,18 +484,16 @@ def nms_boundaries_fast(scores: torch.Tensor, *, max_chunks: int, threshold: flo
         if cap:
             capped.scatter_(-1, best, True)
         kept = capped & kept
-    # offsets e in [0, n]: 0, n, every kept t + 1, and the cuts of chunks longer than max_len
-    ends = torch.zeros(bsz, n + 1, dtype=torch.bool, device=dev)
-    ends[:, 1:] = kept
-    ends[:, 0] = True
-    ends[:, n] = True
-    if max_len:
-        e = torch.arange(n + 1, device=dev)
-        prev = torch.cummax(torch.where(ends, e, 0), dim=-1).values  # last boundary at or before e
-        ends |= ((e - prev) % max_len == 0) & (e > prev)
-    sizes = ends.sum(-1).tolist()
-    flat = ends.nonzero()[:, 1]
-    return list(torch.split(flat, sizes))
+    # offsets e in [0, n]: 0, n, every kept t + 1, and the cuts of chunks longer than max_len (one kernel)
+    ends = torch.empty(bsz, n + 1, dtype=torch.int8, device=dev)
+    kept8 = kept.to(torch.int8).contiguous()
+    _ends_kernel[(bsz,)](kept8, ends, n, max_len or 1, kept8.stride(0), ends.stride(0),
+                         BLOCK=1024 if _interpreting() else 4096, CUT=bool(max_len), num_warps=8)
+    nz = ends.nonzero()  # the one synchronisation of the output (its size)
+    if bsz == 1:
+        return [nz[:, 1]]
+    sizes = torch.bincount(nz[:, 0], minlength=bsz).tolist()
+    return list(torch.split(nz[:, 1], sizes))
 
 
 # ================================================================================================

@@ -160,7 +160,7 @@ def _rotated_haystack(text: str, trial: int, trials: int) -> str:
 def needle_records(model, tokenizer, methods: dict, layers, lengths, depths, *, trials: int = 1,
                    max_new_tokens: int = 32, model_name: str = "", haystack: str | None = None,
                    progress: bool = False, sink=None, max_seconds: float | None = None,
-                   show: int = 5) -> list[dict]:
+                   show: int = 5, first_trial: int = 0) -> list[dict]:
     """Needle-in-a-haystack (Fig. 2/6), one record per (prompt, method) for the claims ledger.
 
     Prompts: :func:`kvlab.datasets.niah_prompt` for every length x depth x trial; trial ``t`` starts the Paul
@@ -177,8 +177,9 @@ def needle_records(model, tokenizer, methods: dict, layers, lengths, depths, *, 
 
     Prompts run trial by trial (every length x depth of trial 0, then of trial 1, ...), so a run stopped by
     ``max_seconds`` (no new prompt starts after it) has the same number of haystacks in every cell, give or
-    take one. With ``progress``, the raw answers of the first ``show`` trials of each cell are printed (look at
-    them before trusting a score).
+    take one; ``first_trial`` resumes such a run (trials ``first_trial .. trials - 1``, the same haystacks as in
+    the full run). With ``progress``, the raw answers of the first ``show`` trials of each cell are printed (look
+    at them before trusting a score).
     """
     from kvlab import datasets
     from kvlab.baselines import Full
@@ -188,7 +189,8 @@ def needle_records(model, tokenizer, methods: dict, layers, lengths, depths, *, 
     check_int("trials", trials, 1)
     text = haystack if haystack is not None else datasets.load_text("paul-graham")
     records = []
-    cells = [(n, d, t) for t in range(trials) for n in lengths for d in depths]
+    check_int("first_trial", first_trial, 0)
+    cells = [(n, d, t) for t in range(first_trial, trials) for n in lengths for d in depths]
     t_start = time.perf_counter()
     for i, (n, depth, trial) in enumerate(cells):
         if max_seconds is not None and time.perf_counter() - t_start > max_seconds:
@@ -222,7 +224,7 @@ def needle_records(model, tokenizer, methods: dict, layers, lengths, depths, *, 
         if progress:
             print(f"[{i + 1}/{len(cells)}] {example} ({time.perf_counter() - t_start:.0f} s): " + ", ".join(
                 f"{r['method']} {r['value']:.2f}" for r in records[-2 * len(methods)::2]), flush=True)
-            if trial < show:
+            if trial < first_trial + show:
                 for r in records[-2 * len(methods)::2]:
                     print(f"    {r['method']:24s} said {r['output'][:80]!r}", flush=True)
     return records
@@ -754,6 +756,7 @@ def main(argv=None) -> int:
     ap.add_argument("--lengths", default="4096")
     ap.add_argument("--depths", default="0.0,0.25,0.5,0.75,1.0")
     ap.add_argument("--trials", type=int, default=20, help="haystacks per (length, depth) cell")
+    ap.add_argument("--first-trial", type=int, default=0, help="resume a stopped grid at this trial")
     ap.add_argument("--budgets", default="128")
     ap.add_argument("--chunk-size", type=int, default=16)
     ap.add_argument("--initial", type=int, default=4)
@@ -832,7 +835,7 @@ def main(argv=None) -> int:
         return 0
     needle_records(model, tok, methods, dhsa_layers(model), lengths, depths, trials=args.trials,
                    max_new_tokens=args.max_new_tokens, model_name=args.model, progress=True, sink=sink,
-                   max_seconds=args.max_seconds)
+                   max_seconds=args.max_seconds, first_trial=args.first_trial)
     recs = read_examples(out)
     print(f"{len(recs)} records in {time.perf_counter() - t0:.0f} s -> {out}")
     for name in methods:

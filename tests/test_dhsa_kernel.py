@@ -229,3 +229,38 @@ def test_lazy_rescale_matches_oracle(spread):
         oracle = R.dhsa_attention_reference(q.double(), k.double(), v.double(), bd, budget, initial=initial)
         eager = R.dhsa_attention_reference(q, k, v, bd, budget, initial=initial)
     assert_close_to_oracle(fast, eager, oracle, reduction=budget)
+
+
+@pytest.mark.skipif(CUDA, reason="Triton's CPU interpreter only")
+def test_interpreter_loop_bounds_with_strict_numpy(monkeypatch):
+    # Triton 3.6's interpreter converts loop bounds with int(array) on 1-element arrays, which NumPy 2.5 refuses
+    # (the round-1 failure of notebooks 13/14 on the GPU machine's CPU). Emulate that converter, then check that
+    # interpreter_scalar_bounds (kvlab.kernels.triton_utils, applied when kvlab's kernels load under the
+    # interpreter) makes every variant run again.
+    import numpy as np
+    import triton.runtime.interpreter as interp
+
+    from kvlab.dhsa.triton import dhsa_attention_triton
+    from kvlab.kernels.triton_utils import interpreter_scalar_bounds
+
+    def strict_int(self):
+        if np.ndim(self.handle.data):
+            raise TypeError("only 0-dimensional arrays can be converted to Python scalars")
+        return int(self.handle.data)
+
+    original = interp._patch_lang_tensor
+
+    def strict_patch(tensor, scope):  # Triton 3.6 + NumPy 2.5, as seen on the GPU machine
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", strict_int)
+
+    monkeypatch.setattr(interp, "_patch_lang_tensor", strict_patch)
+    q, k, v = _qkv(1, 2, 1, 48, 16, torch.float32)
+    bd = [torch.tensor([0, 5, 30, 48])]
+    with pytest.raises(Exception, match="0-dimensional"):
+        dhsa_attention_triton(q, k, v, bd, 32, initial=2, variant="packed")
+    assert interpreter_scalar_bounds()
+    for variant in ("ranges", "lists", "packed"):
+        out = dhsa_attention_triton(q, k, v, bd, 32, initial=2, variant=variant)
+        ref = R.dhsa_attention_reference(q.double(), k.double(), v.double(), bd, 32, initial=2)
+        torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)

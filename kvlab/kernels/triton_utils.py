@@ -12,7 +12,8 @@ import os
 
 import torch
 
-__all__ = ["TRITON_DTYPES", "check_triton_inputs", "dot", "gathered_tile", "interpreting", "online_softmax_step"]
+__all__ = ["TRITON_DTYPES", "check_triton_inputs", "dot", "gathered_tile", "interpreting", "online_softmax_step",
+           "interpreter_scalar_bounds"]
 
 TRITON_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -20,6 +21,32 @@ TRITON_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 def interpreting() -> bool:
     """True when Triton runs kernels in its CPU interpreter (``TRITON_INTERPRET=1``, read at import)."""
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def interpreter_scalar_bounds() -> bool:
+    """Make Triton's CPU interpreter turn 1-element scalars into loop bounds the way Triton 3.7 does.
+
+    The interpreter keeps a kernel's scalars (loaded values, their minima) in 1-element arrays and converts a
+    ``range(lo, hi, step)`` bound with ``int(array)``; NumPy 2.5 refuses that for arrays with a dimension, so
+    under Triton 3.6 every loop bounded by a loaded value fails (``only 0-dimensional arrays can be converted
+    to Python scalars``). Triton 3.7 squeezes the array first; this applies the same conversion to older
+    versions. Idempotent; returns True when it wrapped the interpreter's tensor patch.
+    """
+    try:
+        import triton.runtime.interpreter as interp
+    except ImportError:  # pragma: no cover - no interpreter in this Triton
+        return False
+    inner = getattr(interp, "_patch_lang_tensor", None)
+    if inner is None or getattr(inner, "_kvlab_squeezes", False):
+        return False
+
+    def patch_tensor(tensor, scope):
+        inner(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.squeeze()))
+
+    patch_tensor._kvlab_squeezes = True
+    interp._patch_lang_tensor = patch_tensor
+    return True
 
 
 def check_triton_inputs(x: torch.Tensor, head_dim: int, *, fallback: str = "backend='torch'") -> None:
@@ -37,6 +64,9 @@ def check_triton_inputs(x: torch.Tensor, head_dim: int, *, fallback: str = "back
 try:  # the jit helper exists only where Triton is installed
     import triton
     import triton.language as tl
+
+    if interpreting():
+        interpreter_scalar_bounds()
 
     @triton.jit
     def dot(a, b, acc, FP32_DOT: tl.constexpr):

@@ -45,16 +45,19 @@ def _case(device, dtype, batch=3, heads=6, kv_heads=2, capacity=21, dim=16, seed
         extra = dict(rot=rot, rope=rope, cos=emb.cos(), sin=emb.sin(), base=2 * c)
     cast = lambda t: t.to(device=device, dtype=dtype)  # noqa: E731
     tensors = dict(q=cast(q), keys=cast(k), values=cast(v), phys=phys.to(device), length=length.to(device))
+    inv = torch.argsort(phys, dim=1)  # the engine's inverse: slot phys[b, i] holds entry i
+    extra["inv"] = inv.to(device)
     if rotate:
+        rot_phys = torch.zeros_like(extra["rot"]).scatter_(1, phys, extra["rot"])  # each slot's rotation
         extra = dict(extra, rot=extra["rot"].to(device), rope=extra["rope"].to(device), cos=cast(extra["cos"]),
-                     sin=cast(extra["sin"]))
+                     sin=cast(extra["sin"]), rot_phys=rot_phys.to(device))
     return tensors, extra
 
 
 def _reference(t, extra, dtype, scale):
     """The oracle on the given tensors promoted to ``dtype`` (float64: the truth; the input dtype: eager error)."""
     up = lambda x: x.to(dtype) if x.is_floating_point() else x  # noqa: E731
-    ex = {k: up(v) if isinstance(v, torch.Tensor) else v for k, v in extra.items()}
+    ex = {k: up(v) if isinstance(v, torch.Tensor) else v for k, v in extra.items() if k not in ("inv", "rot_phys")}
     return static_decode_reference(up(t["q"]), up(t["keys"]), up(t["values"]), t["phys"], t["length"] + 1, scale,
                                    **ex)
 
@@ -65,15 +68,17 @@ def _reference(t, extra, dtype, scale):
 @pytest.mark.parametrize("rotate", [True, False], ids=["rotate", "no-rotate"])
 @pytest.mark.parametrize("splits", [1, 3], ids=["one-range", "3-ranges"])
 @pytest.mark.parametrize("use_dot", [False, True], ids=["broadcast", "dot"])
-def test_kernel_matches_float64_oracle(device, dtype, rotate, splits, use_dot):
+@pytest.mark.parametrize("order", [False, True], ids=["logical", "physical"])
+def test_kernel_matches_float64_oracle(device, dtype, rotate, splits, use_dot, order):
     """One program per (row, kv head), or each row's entries cut into 3 ranges merged by the second kernel
     (what small batches get; rows with fewer entries than a range leave later ranges empty); scores by broadcast
-    products or by tl.dot over padded query rows."""
+    products or by tl.dot over padded query rows; entries walked in logical order through ``phys`` or slots in
+    memory order through the inverse."""
     from kvlab.core.static_triton import default_config, static_decode_triton
 
     t, extra = _case(device, dtype, rotate=rotate)
     scale = 16 ** -0.5
-    config = dict(default_config(), BLOCK_N=16 if use_dot else 8, splits=splits, USE_DOT=use_dot)
+    config = dict(default_config(), BLOCK_N=16 if use_dot else 8, splits=splits, USE_DOT=use_dot, PHYS_ORDER=order)
     out = static_decode_triton(t["q"], t["keys"], t["values"], t["phys"], t["length"], scale, config=config,
                                **extra)
     truth = _reference(t, extra, torch.float64, scale)
@@ -103,7 +108,8 @@ def test_kernel_reads_only_live_entries(device):
     assert torch.equal(clean, dirty)
     from kvlab.core.static_triton import default_config
 
-    for cfg in (dict(BLOCK_N=8, splits=3), dict(BLOCK_N=16, splits=2, USE_DOT=True)):
+    for cfg in (dict(BLOCK_N=8, splits=3), dict(BLOCK_N=16, splits=2, USE_DOT=True), dict(BLOCK_N=8, PHYS_ORDER=True),
+                dict(BLOCK_N=16, splits=3, USE_DOT=True, PHYS_ORDER=True)):
         split = static_decode_triton(t["q"], keys, values, t["phys"], t["length"], scale,
                                      config=dict(default_config(), **cfg), **extra)
         assert torch.isfinite(split).all()
@@ -141,10 +147,17 @@ def test_indexed_layout_is_bit_identical_to_compact(policy, shortcuts):
 
 
 @needs_kernel
-@pytest.mark.parametrize("policy", POLICIES, ids=repr)
-def test_triton_engine_same_greedy_tokens_and_entries(policy):
+@pytest.mark.parametrize("policy,order", [(p, False) for p in POLICIES] + [(POLICIES[0], True), (POLICIES[2], True)],
+                         ids=lambda x: repr(x) if not isinstance(x, bool) else ("physical" if x else "logical"))
+def test_triton_engine_same_greedy_tokens_and_entries(policy, order, monkeypatch):
     """kernel='triton' (the kernel rotates each key as it reads it): the same greedy tokens as the engine before
-    (a model fed its own argmax), the same entries kept, logits to fp32 rounding."""
+    (a model fed its own argmax), the same entries kept, logits to fp32 rounding; the kernel walking entries in
+    logical order (through phys) or slots in memory order (through the inverse the engine keeps)."""
+    from kvlab.core import static_triton
+
+    base = static_triton.default_config
+    monkeypatch.setenv("KVLAB_STATIC_TUNE", "0")
+    monkeypatch.setattr(static_triton, "default_config", lambda interpret=None: dict(base(interpret), PHYS_ORDER=order))
     device = DEVICES[0]
     model = _tiny("llama").to(device)
     runs = {}

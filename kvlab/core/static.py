@@ -160,6 +160,11 @@ class StaticKVCache(Cache):
         self.length = torch.zeros((L, b), **long)
         # indexed layouts: the physical slot of the i-th entry of a row (a permutation of 0..C-1 per row)
         self.phys = torch.arange(c, device=dev).expand(L, b, c).clone() if self.indexed else None
+        # "triton" also keeps the inverse (the logical index of each physical slot's entry) and each slot's rotation,
+        # so that the kernel may walk the slots in memory order (its PHYS_ORDER configs)
+        triton = self.kernel == "triton"
+        self.inv = torch.arange(c, device=dev).expand(L, b, c).clone() if triton else None
+        self.rot_phys = torch.zeros((L, b, c), **long) if triton else None
         self.layer_of_row = torch.arange(L, device=dev).repeat_interleave(b)  # (L * B,)
         self._init_state = self.policy.static_state(L * b, dev)
         self.state = {key: t.clone() for key, t in self._init_state.items()}
@@ -202,8 +207,9 @@ class StaticKVCache(Cache):
             self.length.zero_()
             for key, t in self.state.items():
                 t.copy_(self._init_state[key])
-            if self.phys is not None:
-                self.phys.copy_(torch.arange(self.capacity, device=self.device).expand_as(self.phys))
+            for index in (self.phys, self.inv):
+                if index is not None:
+                    index.copy_(torch.arange(self.capacity, device=self.device).expand_as(index))
 
     # -- one step -----------------------------------------------------------------------------------------
     def begin_step(self, ids: torch.Tensor) -> torch.Tensor:
@@ -254,6 +260,8 @@ class StaticKVCache(Cache):
         k.scatter_(2, where[:, None, :, None].expand(-1, k.shape[1], 1, k.shape[3]), key_states)
         v.scatter_(2, where[:, None, :, None].expand(-1, v.shape[1], 1, v.shape[3]), value_states)
         if self.kernel == "triton":
+            if self.policy.positions == "cache":
+                self.rot_phys[layer_idx].scatter_(1, where, self.rope)
             return k, v
         rot = self.rot[layer_idx]
         live = k.shape[2]
@@ -294,7 +302,8 @@ class StaticKVCache(Cache):
                 query[:, :, 0], key, value, self.phys[layer_idx], length, scaling,
                 rot=self.rot[layer_idx] if cache else None, rope=self.rope[:, 0] if cache else None,
                 cos=self._cos if cache else None, sin=self._sin if cache else None,
-                base=self._base_of[layer_idx] if cache else 0)[:, :, None]
+                base=self._base_of[layer_idx] if cache else 0, inv=self.inv[layer_idx],
+                rot_phys=self.rot_phys[layer_idx] if cache else None)[:, :, None]
         slots = torch.arange(key.shape[2], device=self.device)[None]
         mask = (slots <= length[:, None])[:, None, None, :]  # (B, 1, 1, slots)
         if self.shortcuts and self.batch == 1:
@@ -330,6 +339,9 @@ class StaticKVCache(Cache):
             flat = buf.view(rows, c)
             flat.copy_(torch.empty_like(flat).scatter_(1, dest, flat))
         self.length.view(rows).copy_(kept[:, 0])
+        if self.inv is not None:  # inverse of the new order: slot phys[i] holds entry i
+            phys = self.phys.view(rows, c)
+            self.inv.view(rows, c).scatter_(1, phys, torch.arange(c, device=self.device).expand(rows, c))
 
     # -- what a run reports -------------------------------------------------------------------------------
     def entry_bytes(self) -> int:

@@ -104,8 +104,9 @@ def default_config(interpret: bool | None = None) -> dict:
     a few of these choices at its shape once (:func:`tuned_config`)."""
     interpret = _interpreting() if interpret is None else interpret
     if interpret:
-        return dict(BLOCK_N=8, num_warps=4, num_stages=1, programs=None, splits=None, USE_DOT=False)
-    return dict(BLOCK_N=16, num_warps=2, num_stages=2, programs=16 * _sm_count(), splits=None, USE_DOT=False)
+        return dict(BLOCK_N=8, num_warps=4, num_stages=1, programs=None, splits=None, USE_DOT=False, PHYS_ORDER=False)
+    return dict(BLOCK_N=16, num_warps=2, num_stages=2, programs=16 * _sm_count(), splits=None, USE_DOT=False,
+                PHYS_ORDER=False)
 
 
 _SM: list = []
@@ -130,18 +131,22 @@ def _splits(cfg: dict, rows: int, capacity: int) -> tuple[int, int]:
 
 #: (device, dtype, batch, kv heads, group, capacity, dim, rotate) -> the fastest config timed there
 _TUNED: dict = {}
+#: every timing tuned_config made (for the benchmark's record)
+TUNE_LOG: list = []
 
 
-def candidate_configs(rows: int, capacity: int) -> list[dict]:
+def candidate_configs(rows: int, capacity: int, phys_order: bool = True) -> list[dict]:
     """The choices :func:`tuned_config` times (distinct numbers of ranges only)."""
     sm, seen, out = _sm_count(), set(), []
-    for use_dot, block, warps in ((False, 16, 2), (False, 32, 2), (False, 16, 4), (True, 16, 4), (True, 32, 4),
-                                  (True, 64, 4)):
+    variants = [(False, 16, 2, False), (False, 32, 2, False), (True, 32, 4, False)]
+    if phys_order:
+        variants += [(False, 16, 2, True), (True, 32, 4, True)]
+    for use_dot, block, warps, order in variants:
         for programs in (2 * sm, 8 * sm, 32 * sm):
             cfg = dict(BLOCK_N=block, num_warps=warps, num_stages=2, programs=programs, splits=None,
-                       USE_DOT=use_dot)
+                       USE_DOT=use_dot, PHYS_ORDER=order)
             splits, _ = _splits(cfg, rows, capacity)
-            key = (use_dot, block, warps, splits)
+            key = (use_dot, block, warps, order, splits)
             if key not in seen:
                 seen.add(key)
                 out.append(dict(cfg, splits=splits))
@@ -161,7 +166,7 @@ def tuned_config(q, keys, values, phys, length, scale, extra: dict) -> dict:
         return default_config()
     best, best_ms = None, float("inf")
     length = torch.full_like(length, c - 1)  # full rows (phys is a permutation of the slots: every slot is valid)
-    for cfg in candidate_configs(rows, c):
+    for cfg in candidate_configs(rows, c, phys_order=extra.get("inv") is not None):
         try:
             _launch(q, keys, values, phys, length, scale, cfg, **extra)  # compile
         except Exception:  # noqa: BLE001 - a tile that does not fit this GPU is not a candidate
@@ -174,6 +179,7 @@ def tuned_config(q, keys, values, phys, length, scale, extra: dict) -> dict:
             end.record()
             end.synchronize()
             times.append(start.elapsed_time(end))
+        TUNE_LOG.append(dict(key=[str(k) for k in key], config=cfg, ms=min(times)))
         if min(times) < best_ms:
             best, best_ms = cfg, min(times)
     _TUNED[key] = best if best is not None else default_config()
@@ -189,11 +195,15 @@ try:  # the kernel exists only where Triton is installed
         Q, K, V, PHYS, N, ROT, ROPE, COS, SIN, O, OPART, LPART,
         stride_qb, stride_qh, stride_kb, stride_kh, stride_kc, stride_vb, stride_vh, stride_vc,
         stride_pb, stride_rb, stride_ob, stride_oh,
-        qk_scale, base, max_shift, split_size,
+        qk_scale, base, max_shift, split_size, capacity,
         HK: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
         BLOCK_N: tl.constexpr, ROTATE: tl.constexpr, SPLIT: tl.constexpr, USE_DOT: tl.constexpr,
-        FP32_DOT: tl.constexpr,
+        FP32_DOT: tl.constexpr, PHYS_ORDER: tl.constexpr,
     ):
+        # PHYS_ORDER: walk the physical slots [0, C) in order (PHYS then holds the *logical index* of each slot's
+        # entry, the inverse permutation, and ROT the rotation of each slot's key): K/V addresses no longer depend
+        # on loaded data, dead slots (logical index >= n) are read and masked. Otherwise walk the entries [0, n)
+        # in logical order through PHYS (slot of entry i) with ROT in logical order.
         # -- which row and kv head, and (SPLIT) which range of the row's entries
         pid = tl.program_id(0)
         b = pid // HK
@@ -218,21 +228,37 @@ try:  # the kernel exists only where Triton is installed
         acc = tl.zeros([GROUP_PAD, HEAD_DIM], dtype=tl.float32)
         # -- stream the live entries [lo, hi) through the slot index, online softmax in base 2
         lo = part * split_size
-        hi = tl.minimum(n, lo + split_size)
+        if PHYS_ORDER:
+            hi = tl.minimum(capacity, lo + split_size)
+        else:
+            hi = tl.minimum(n, lo + split_size)
         for i0 in range(lo, hi, BLOCK_N):
-            i = i0 + tl.arange(0, BLOCK_N)
-            ok = i < hi
-            slot = tl.load(PHYS + b * stride_pb + i, mask=ok, other=0)
-            k = tl.load(kbh + slot[:, None] * stride_kc + offs_d[None, :], mask=ok[:, None], other=0.0)
-            v = tl.load(vbh + slot[:, None] * stride_vc + offs_d[None, :], mask=ok[:, None], other=0.0)
+            if PHYS_ORDER:
+                slot = i0 + tl.arange(0, BLOCK_N)
+                inb = slot < hi
+                i = tl.load(PHYS + b * stride_pb + slot, mask=inb, other=0)  # logical index of the slot's entry
+                ok = inb & (i < n)
+                k = tl.load(kbh + slot[:, None] * stride_kc + offs_d[None, :], mask=inb[:, None], other=0.0)
+                v = tl.load(vbh + slot[:, None] * stride_vc + offs_d[None, :], mask=inb[:, None], other=0.0)
+                v = tl.where(ok[:, None], v, tl.zeros_like(v))  # a dead slot's value must not meet p = 0 as NaN
+                rot_at = slot
+                readable = inb
+            else:
+                i = i0 + tl.arange(0, BLOCK_N)
+                ok = i < hi
+                slot = tl.load(PHYS + b * stride_pb + i, mask=ok, other=0)
+                k = tl.load(kbh + slot[:, None] * stride_kc + offs_d[None, :], mask=ok[:, None], other=0.0)
+                v = tl.load(vbh + slot[:, None] * stride_vc + offs_d[None, :], mask=ok[:, None], other=0.0)
+                rot_at = i
+                readable = ok
             if ROTATE:
                 # -- lazy re-rotation, rounded as torch rounds keys * cos + rotate_half(keys) * sin in k's dtype
-                rot = tl.load(ROT + b * stride_rb + i, mask=ok, other=0)
+                rot = tl.load(ROT + b * stride_rb + rot_at, mask=ok, other=0)
                 shift = first + i - rot
                 row = tl.minimum(tl.maximum(shift, -max_shift), max_shift) + base
                 cos = tl.load(COS + row[:, None] * HEAD_DIM + offs_d[None, :], mask=ok[:, None], other=0.0)
                 sin = tl.load(SIN + row[:, None] * HEAD_DIM + offs_d[None, :], mask=ok[:, None], other=0.0)
-                k_sw = tl.load(kbh + slot[:, None] * stride_kc + swap[None, :], mask=ok[:, None], other=0.0)
+                k_sw = tl.load(kbh + slot[:, None] * stride_kc + swap[None, :], mask=readable[:, None], other=0.0)
                 a = (k.to(tl.float32) * cos.to(tl.float32)).to(k.dtype)
                 c = ((k_sw.to(tl.float32) * sign[None, :]) * sin.to(tl.float32)).to(k.dtype)
                 k = (a.to(tl.float32) + c.to(tl.float32)).to(k.dtype)
@@ -301,24 +327,34 @@ except ImportError:  # pragma: no cover - kvlab without the triton extra
 
 
 def static_decode_triton(q, keys, values, phys, length, scale: float, *, rot=None, rope=None, cos=None, sin=None,
-                         base: int = 0, config: dict | None = None) -> torch.Tensor:
+                         base: int = 0, inv=None, rot_phys=None, config: dict | None = None) -> torch.Tensor:
     """The kernel: ``q (B, heads, d)``, ``keys``/``values`` ``(B, kv_heads, C, d)``, ``phys (B, C)``, ``length (B,)``
     entries held *before* this step's (so ``length + 1`` are read: the caller wrote the new one at
     ``phys[length]``); the re-rotation arguments as in :func:`static_decode_reference`. Returns ``(B, heads, d)``.
-    ``config``: tiles and ranges (default: :func:`tuned_config` on CUDA, :func:`default_config` in the
-    interpreter). Inputs are not checked on the device (that would synchronise; the engine builds them)."""
+    ``inv``/``rot_phys`` ``(B, C)``: the logical index of each physical slot's entry and the rotation of its key
+    (what ``PHYS_ORDER`` configs walk; without them those configs are not candidates). ``config``: tiles and ranges
+    (default: :func:`tuned_config` on CUDA, :func:`default_config` in the interpreter). Inputs are not checked on
+    the device (that would synchronise; the engine builds them)."""
     if q.stride(-1) != 1:
         q = q.contiguous()
     if keys.stride(-1) != 1 or values.stride(-1) != 1 or phys.stride(-1) != 1:
         raise ValueError("keys, values and phys must be contiguous in their last dimension (the engine's buffers are)")
-    extra = dict(rot=rot, rope=rope, cos=cos, sin=sin, base=base)
+    extra = dict(rot=rot, rope=rope, cos=cos, sin=sin, base=base, inv=inv, rot_phys=rot_phys)
+    if inv is not None and inv.stride(-1) != 1:
+        raise ValueError("inv must be contiguous in its last dimension")
     if config is None:
         config = tuned_config(q, keys, values, phys, length, scale, extra) if q.is_cuda else default_config()
     return _launch(q, keys, values, phys, length, scale, config, **extra)
 
 
-def _launch(q, keys, values, phys, length, scale, cfg, *, rot=None, rope=None, cos=None, sin=None, base=0):
+def _launch(q, keys, values, phys, length, scale, cfg, *, rot=None, rope=None, cos=None, sin=None, base=0,
+            inv=None, rot_phys=None):
     bsz, h, d = q.shape
+    phys_order = bool(cfg.get("PHYS_ORDER", False))
+    if phys_order:  # the inverse permutation and the rotations by physical slot
+        if inv is None:
+            raise ValueError("config PHYS_ORDER needs inv= (the logical index of each slot's entry)")
+        phys, rot = inv, (rot_phys if rot is not None else None)
     hk, c = keys.shape[1], keys.shape[2]
     group = h // hk
     out = torch.empty((bsz, h, d), dtype=q.dtype, device=q.device)
@@ -339,9 +375,10 @@ def _launch(q, keys, values, phys, length, scale, cfg, *, rot=None, rope=None, c
         q.stride(0), q.stride(1), keys.stride(0), keys.stride(1), keys.stride(2),
         values.stride(0), values.stride(1), values.stride(2),
         phys.stride(0), rot.stride(0) if rotate else 0, out.stride(0), out.stride(1),
-        float(scale) * 1.4426950408889634, base, 2 * c, split_size,
+        float(scale) * 1.4426950408889634, base, 2 * c, split_size, c,
         HK=hk, GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=d, BLOCK_N=cfg["BLOCK_N"],
         ROTATE=rotate, SPLIT=splits > 1, USE_DOT=use_dot, FP32_DOT=q.dtype == torch.float32 or _interpreting(),
+        PHYS_ORDER=phys_order,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     if splits > 1:

@@ -125,6 +125,8 @@ def main(argv=None) -> int:
     ap.add_argument("--methods", default="sdpa,dhsa-fixed,dhsa-pred,dhsa-pred-shared")
     ap.add_argument("--kernels", default="packed", help="Triton variants for the DHSA rows (lists, packed)")
     ap.add_argument("--share-heads", default="1", help="0 and/or 1: a selection per head / one for all heads")
+    ap.add_argument("--combos", default="", help="kernel:share pairs instead of --kernels x --share-heads, "
+                                                 "e.g. lists:0,packed:1")
     ap.add_argument("--budget", type=int, default=2048, help="N_b keys per query")
     ap.add_argument("--initial", type=int, default=128)
     ap.add_argument("--local", type=int, default=128)
@@ -143,16 +145,19 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = []
+    t_start = time.perf_counter()
     methods = args.methods.split(",")
     for shape in args.shapes.split(","):
         model = random_model(shape, attn_implementation="sdpa", device=device)
+        print(json.dumps({"shape": shape, "model_ready_s": time.perf_counter() - t_start}), flush=True)
         layers = dhsa_layers(model)
         pred = make_predictor(model, args, device)
         for n in (int(x) for x in args.seqs.split(",")):
             ids = torch.randint(0, model.config.vocab_size, (1, n), device=device)
             runs = [("sdpa", None, None)] if "sdpa" in methods else []
-            runs += [(m, kern, int(sh)) for m in methods if m != "sdpa" for kern in args.kernels.split(",")
-                     for sh in args.share_heads.split(",")]
+            combos = ([(c.split(":")[0], int(c.split(":")[1])) for c in args.combos.split(",")] if args.combos else
+                      [(kern, int(sh)) for kern in args.kernels.split(",") for sh in args.share_heads.split(",")])
+            runs += [(m, kern, sh) for m in methods if m != "sdpa" for kern, sh in combos]
             for method, kern, sh in runs:
                 label = method if kern is None else f"{method}@{kern}{'+sh' if sh else ''}"
                 row = {"shape": shape, "seq": n, "method": label, "dhsa_layers": len(layers),
@@ -176,6 +181,7 @@ def main(argv=None) -> int:
                     row["error"] = "OOM"
                 except Exception as exc:  # report, keep the other rows
                     row["error"] = f"{type(exc).__name__}: {exc}"[:300]
+                row["elapsed_s"] = time.perf_counter() - t_start
                 rows.append(row)
                 print(json.dumps(row), flush=True)
                 if device.type == "cuda":

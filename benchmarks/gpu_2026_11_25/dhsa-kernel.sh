@@ -4,17 +4,18 @@
 #
 #   bash benchmarks/gpu_2026_11_25/dhsa-kernel.sh OUTDIR        # from the repository root, plain `python`
 #
-# Steps (each with its own time limit and log; a failing step does not stop the others; steps.txt has the exits):
+# Steps (each with its own time limit and log; a failing step does not stop the others; steps.txt has the exits).
+# DHSA_ROUND=1 is what ran in round 1 (01:22 UTC; its tune steps swept the tiles, TMA and packing); the default
+# (round 2) measures the chosen defaults:
 #   tests   the kernel's GPU tests (production tile sizes, float64 oracle): tests/test_dhsa_kernel.py
-#   ops     python -m kvlab bench dhsa ops at 32k: SDPA, kernel variants "lists" (before) and "packed" (now)
-#           in one run, fixed 64-token and predictor-like chunks, the packed kernel's loads-only and hot-keys
-#           diagnostics (where it stands against its traffic and arithmetic limits)      -> dhsa_ops_h200.{json,md}
-#   tune_gemma2  configs of "packed" at the e2e layer's shape (8 / 4 heads, dim 256, shared selection, predictor-
-#           like chunks): rows per head, packing, the long-chunk launch            -> dhsa_tune_h200_gemma2.{json,md}
-#   tune    configs of "packed" at 32k, fixed 64-token chunks: gathered / run / TMA key loads, lazy rescaling
-#                                                                                           -> dhsa_tune_h200.{json,md}
+#   ops     python -m kvlab bench dhsa ops at 32k, 32 x 128 heads: SDPA, kernel "lists" (before), "packed" (now) and
+#           "packed+lazy" in one run, fixed 64-token and predictor-like chunks, the packed kernel's loads-only and
+#           hot-keys diagnostics (its traffic and arithmetic limits)                  -> dhsa_ops_h200.{json,md}
 #   e2e     benchmarks/dhsa_prefill_e2e.py, Gemma2-2b shape (DHSA in all 26 layers), 16k and 32k: SDPA vs the
-#           paper's setup with each kernel, selection per head or shared                  -> dhsa_prefill_e2e.{json,md}
+#           paper's setup with the earlier kernel (selection per head) and the packed one (one selection, as the
+#           authors' code averages heads); dense attention alone timed beside SDPA   -> dhsa_prefill_e2e.{json,md}
+#   ops_gemma2  the same ops at the e2e layer's shape (8 / 4 heads, dim 256, one selection)
+#                                                                                  -> dhsa_ops_h200_gemma2.{json,md}
 # Smoke test on a CPU (interpreter tests and a tiny e2e only): DHSA_SMOKE=1 bash ... /tmp/out
 set -uo pipefail
 OUT=${1:?usage: dhsa-kernel.sh OUTDIR}
@@ -22,9 +23,9 @@ mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 PY=${PYTHON:-python}
 SMOKE=${DHSA_SMOKE:-0}
-STEPS=${DHSA_STEPS:-tests,ops,e2e,tune_gemma2,tune}
+STEPS=${DHSA_STEPS:-tests,ops,e2e,tune_gemma2,tune,ops_gemma2}
 START=$(date +%s)
-BUDGET=${BUDGET:-175}
+BUDGET=${BUDGET:-177}
 
 step() {  # step NAME LIMIT_S CMD...: run with a limit (never past the budget), log to NAME.log, record the exit
   local name=$1 limit=$2; shift 2
@@ -48,6 +49,8 @@ if [ "$SMOKE" = 1 ]; then
   exit 0
 fi
 
+case "${DHSA_ROUND:-2}" in
+1)  # round 1 (2026-11-25 01:22 UTC): first look, the tile sweeps
 step tests 20 $PY -m pytest tests/test_dhsa_kernel.py -q -p no:cacheprovider -k "cuda or run_loads or lazy"
 step ops 45 $PY -m kvlab bench dhsa ops --seqs 32768 --share 0,1 --variants lists,packed \
   --chunkings fixed64,spaced64 --no-flex --diagnose --time-budget 0.4 --out "$OUT" --tag h200
@@ -57,16 +60,20 @@ step e2e 60 $PY benchmarks/dhsa_prefill_e2e.py --out "$OUT" --shapes gemma2-2b-g
 step tune_gemma2 25 $PY -m kvlab bench dhsa tune --seq 32768 --heads 8 --kv-heads 4 --dim 256 --share-tune 1 \
   --budget-keys 2048 --initial 128 --variant packed --chunkings spaced64 --out "$OUT" --tag h200_gemma2 --configs \
   '[{"ROWS":64,"PACK":2,"BLOCK_N":32,"num_warps":8,"num_stages":2,"LONG_ROWS":0},
-    {"ROWS":64,"PACK":2,"BLOCK_N":32,"num_warps":8,"num_stages":2,"LONG_ROWS":0,"LAZY":true},
     {"ROWS":32,"PACK":2,"BLOCK_N":32,"num_warps":4,"num_stages":2,"LONG_ROWS":64,"LONG_WARPS":8},
-    {"ROWS":32,"PACK":2,"BLOCK_N":32,"num_warps":4,"num_stages":2,"LONG_ROWS":64,"LONG_WARPS":8,"LAZY":true},
     {"ROWS":64,"PACK":2,"BLOCK_N":64,"num_warps":8,"num_stages":2,"LONG_ROWS":0},
-    {"ROWS":64,"PACK":1,"BLOCK_N":32,"num_warps":4,"num_stages":2,"LONG_ROWS":128,"LONG_WARPS":8}]'
-step tune 22 $PY -m kvlab bench dhsa tune --seq 32768 --variant packed --chunkings fixed64 --out "$OUT" --tag h200 \
-  --configs '[{"ROWS":64,"PACK":1,"BLOCK_N":64,"num_warps":4,"num_stages":3,"RUNS":0},
-    {"ROWS":64,"PACK":1,"BLOCK_N":64,"num_warps":4,"num_stages":3,"RUNS":2},
-    {"ROWS":64,"PACK":1,"BLOCK_N":64,"num_warps":4,"num_stages":3,"RUNS":2,"LAZY":true},
-    {"ROWS":64,"PACK":1,"BLOCK_N":64,"num_warps":4,"num_stages":3,"RUNS":0,"LAZY":true},
-    {"ROWS":64,"PACK":1,"BLOCK_N":64,"num_warps":4,"num_stages":2,"RUNS":2},
-    {"ROWS":64,"PACK":1,"BLOCK_N":64,"num_warps":4,"num_stages":3,"RUNS":1}]'
+    {"ROWS":64,"PACK":1,"BLOCK_N":32,"num_warps":4,"num_stages":2,"LONG_ROWS":128,"LONG_WARPS":8},
+    {"ROWS":32,"PACK":2,"BLOCK_N":32,"num_warps":4,"num_stages":3,"LONG_ROWS":64,"LONG_WARPS":8}]'
+step tune 20 $PY -m kvlab bench dhsa tune --seq 32768 --variant packed --chunkings fixed64 \
+  --grid 64:64:4:2,3 --runs 0,1,2 --out "$OUT" --tag h200 ;;
+*)  # round 2: the defaults chosen from round 1, measured against SDPA and the earlier kernel in one run
+step tests 22 $PY -m pytest tests/test_dhsa_kernel.py -q -p no:cacheprovider -k "cuda or run_loads or lazy or auto"
+step ops 40 $PY -m kvlab bench dhsa ops --seqs 32768 --share 0 --variants lists,packed,packed+lazy \
+  --chunkings fixed64,spaced64 --no-flex --diagnose --time-budget 0.4 --out "$OUT" --tag h200
+step e2e 85 $PY benchmarks/dhsa_prefill_e2e.py --out "$OUT" --shapes gemma2-2b-global --seqs 16384,32768 \
+  --methods sdpa,dhsa-pred-shared --combos lists:0,packed:1 --repeats 2 --no-compile
+step ops_gemma2 30 $PY -m kvlab bench dhsa ops --seqs 32768 --heads 8 --kv-heads 4 --dim 256 --initial 128 \
+  --share 1 --variants lists,packed,packed+lazy --chunkings spaced64,fixed64 --no-flex --time-budget 0.4 \
+  --out "$OUT" --tag h200_gemma2 ;;
+esac
 exit 0

@@ -104,6 +104,25 @@ def _chunking_ms(k, time_budget):
                         time_budget, max_reps=10)["ms"]
 
 
+_OPTIONS = {"lazy": {"LAZY": True}, "gather": {"RUNS": 0}, "tma": {"RUNS": 2}}
+
+
+def _variant_tables(plan, spec: str, *, dtype, head_dim: int, group: int):
+    """Launch tables of a variant spec: a kernel variant with ``+option`` switches on its default config
+    (``packed+lazy``: lazy rescaling, ``packed+gather``: gathered key loads, ``packed+tma``: TMA copies)."""
+    from .triton import VARIANTS, default_config, launch_tables
+
+    base, *opts = spec.split("+")
+    if base not in VARIANTS or any(o not in _OPTIONS for o in opts):
+        raise ValueError(f"variants: {spec!r} must be one of {VARIANTS} with optional +{'/+'.join(_OPTIONS)}")
+    cfg = None
+    if opts:
+        cfg = default_config(plan, dtype, base, head_dim=head_dim, group=group)
+        for o in opts:
+            cfg.update(_OPTIONS[o])
+    return launch_tables(plan, base, cfg, dtype, head_dim=head_dim, group=group)
+
+
 def _diagnose(q, k, v, plan, tables, budget, time_budget) -> dict:
     """Where the ``"packed"`` kernel stands against its two limits, measured apart: ``ms_packed_loads``, the same
     key/value gathers with no arithmetic (``LOADS_ONLY``: the traffic alone), and ``ms_packed_hot``, the same
@@ -151,8 +170,9 @@ def run_ops(args) -> dict:
                 row["plan_ms"] = bench_ms(lambda: chunk_plan(q, k, bd, budget, **kw), args.time_budget)["ms"]
                 for var in args.variants:  # each kernel variant on the same plan
                     tkw = dict(dtype=dtype, head_dim=d, group=h // hk)
-                    tables = launch_tables(plan, var, **tkw)
-                    row[f"tables_ms_{var}"] = bench_ms(lambda: launch_tables(plan, var, **tkw), 0.3)["ms"]
+                    tables = _variant_tables(plan, var, **tkw)
+                    row[f"tables_ms_{var}"] = bench_ms(lambda: _variant_tables(plan, var, **tkw), 0.3)["ms"]
+                    row[f"config_{var}"] = {key: val for key, val in tables.config.items() if key != "LOADS_ONLY"}
                     row[f"ms_{var}"] = bench_ms(lambda: dhsa_attention_triton(q, k, v, bd, budget, tables=tables),
                                                 args.time_budget)["ms"]
                     row[f"kv_gib_{var}"] = kv_bytes(tables, plan, h, d) / 2**30

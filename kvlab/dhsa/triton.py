@@ -121,7 +121,13 @@ def default_config(plan: ChunkPlan, dtype: torch.dtype, variant: str = "lists", 
     the older MMA), ``PACK`` query heads of one key/value head per program when the selection is
     shared (``ROWS`` positions x ``PACK`` heads = ``BLOCK_M`` rows, one key load for all), and, without
     packing, a second launch of ``LONG_ROWS``-row tiles for chunks longer than ``ROWS`` (one list
-    load per chunk instead of one per 64 rows).
+    load per chunk instead of one per 64 rows); ``RUNS="auto"``: TMA copies of whole key tiles where
+    the chunks are aligned to them. Measured on an H200 (``bench dhsa tune``, 2026-11-25, 32k, budget
+    2048): 32 x 128 heads, fixed 64-token chunks, 64 x 64 tiles, 4 warps, 3 stages: TMA 2.93 ms,
+    contiguous pointer loads 3.21, gathers 3.45 (2 stages: 3.21 / 3.27 / 3.66); Gemma2-2b's layer (8 / 4
+    heads, dim 256, shared selection, predictor-like chunks): PACK 2 x 64 rows, 64-key tiles, 8 warps,
+    2 stages 2.05 ms; 32-key tiles 2.94; 2 x 32 rows + a 2 x 64-row long launch 2.53-2.73; no packing
+    with a 128-row long launch 3.07.
     """
     if variant == "packed":
         return _packed_config(plan, head_dim, group)
@@ -142,13 +148,14 @@ def _packed_config(plan: ChunkPlan, head_dim: int, group: int) -> dict:
         pack *= 2
     if interpreting():
         return dict(ROWS=16 // pack, PACK=pack, BLOCK_M=16, BLOCK_N=16, num_warps=4,
-                    num_stages=1, LONG_ROWS=32 if pack == 1 else 0, LONG_WARPS=4)
+                    num_stages=1, LONG_ROWS=32 if pack == 1 else 0, LONG_WARPS=4, RUNS="auto")
     rows = 64 if pack == 1 else 128 // pack
     longest = max(int((e - s).max()) for s, e in zip(plan.starts, plan.ends))
     long_rows = 128 if pack == 1 and longest > rows else 0
-    big = head_dim > 128
-    return dict(ROWS=rows, PACK=pack, BLOCK_M=rows * pack, BLOCK_N=32 if big else 64, num_warps=4 * (rows * pack // 64),
-                num_stages=2 if big else 3, LONG_ROWS=long_rows, LONG_WARPS=8)
+    big = head_dim > 128  # 256: 64-key tiles fit beside 128-row tiles only with 2 stages (196 KB)
+    block_n = 32 if big and pack == 1 else 64
+    return dict(ROWS=rows, PACK=pack, BLOCK_M=rows * pack, BLOCK_N=block_n, num_warps=4 * (rows * pack // 64),
+                num_stages=2 if big else 3, LONG_ROWS=long_rows, LONG_WARPS=8, RUNS="auto")
 
 
 def query_tiles(plan: ChunkPlan, block_m: int, lengths: tuple[int, int] | None = None) -> torch.Tensor:

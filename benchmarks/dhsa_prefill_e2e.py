@@ -184,6 +184,8 @@ def main(argv=None) -> int:
                 row["elapsed_s"] = time.perf_counter() - t_start
                 rows.append(row)
                 print(json.dumps(row), flush=True)
+                (out / "dhsa_prefill_e2e.json").write_text(json.dumps({"info": info, "args": vars(args), "rows": rows,
+                                                                      "partial": True}, indent=1))
                 if device.type == "cuda":
                     torch.cuda.empty_cache()
             base = {r["method"]: r for r in rows if r["shape"] == shape and r["seq"] == n}.get("sdpa")

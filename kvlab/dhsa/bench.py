@@ -206,10 +206,16 @@ def run_ops(args) -> dict:
                 row["chunking_selection_share"] = (row["chunking_ms"] + prep) / total  # with learned chunking
                 rows.append(row)
                 print(json.dumps(row), flush=True)
+                if getattr(args, "on_rows", None):  # partial record after every row (a run may be stopped)
+                    args.on_rows(_ops_record(args, rows))
         del q, k, v
         torch.cuda.empty_cache()
-    return {"heads": h, "kv_heads": hk, "dim": d, "budget": budget, "initial": init, "variants": args.variants,
-            "rows": rows}
+    return _ops_record(args, rows)
+
+
+def _ops_record(args, rows) -> dict:
+    return {"heads": args.heads, "kv_heads": args.kv_heads, "dim": args.dim, "budget": args.budget_keys,
+            "initial": args.initial, "variants": args.variants, "rows": rows}
 
 
 def table_ops(rec: dict) -> str:
@@ -438,6 +444,10 @@ def _run(argv: list[str]) -> int:
     info = device_info() if args.what in ("ops", "tune") or _device().type == "cuda" else _cpu_info()
     print(json.dumps(info), flush=True)
     if args.what == "ops":
+        def on_rows(partial):
+            write_outputs(out, f"dhsa_ops{tag}", partial | {"info": info, "partial": True}, table_ops(partial), info)
+
+        args.on_rows = on_rows
         rec = run_ops(args) | {"info": info}
         table = table_ops(rec)
     elif args.what == "tune":

@@ -37,8 +37,8 @@ SHAPES = {
 
 
 ATTENTION_CONFIGS = [dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=st)
-                     for bm, bn, w, st in ((128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 4, 3), (64, 64, 4, 3),
-                                           (64, 128, 4, 3), (128, 32, 4, 4))]
+                     for bm, bn, w, st in ((128, 64, 8, 3), (128, 128, 8, 3), (64, 64, 4, 3), (64, 64, 4, 4),
+                                           (64, 32, 4, 3), (64, 64, 8, 3), (64, 128, 4, 3), (32, 64, 4, 3))]
 
 
 def spread_layers(num_layers: int, n: int) -> list[int]:
@@ -93,6 +93,8 @@ def run_throughput(args) -> dict:
         spin(2.0)
         dense = bench_ms(step, budget_s=args.budget, max_reps=20)
         rows.append({"shape": shape, "method": "dense", "sparsity": 0.0, "nominal": 0.0, "layers": [], **dense})
+        if args.kernels:  # device time of one forward beside its wall time: idle gaps show as the difference
+            rows[-1]["kernels"] = kernel_profile(step, reps=1, top=12)
         for s in args.sparsities:
             removed = spread_layers(L, layers_for_sparsity(L, s))
             with skip_layers(model, removed):
@@ -104,6 +106,8 @@ def run_throughput(args) -> dict:
                 extra = {"inplace": True} if args.inplace and backend == "triton" else {}
                 with orthorank(model, layers=routed, token_ratio=args.token_ratio, backend=backend, **extra):
                     res = bench_ms(step, budget_s=args.budget, max_reps=20)
+                    if args.kernels:
+                        res["kernels"] = kernel_profile(step, reps=1, top=12)
                 rows.append({"shape": shape, "method": _method(backend), "sparsity": s, "layers": routed,
                              "nominal": nominal_sparsity(L, routed=len(routed), token_ratio=args.token_ratio),
                              **res})

@@ -100,11 +100,26 @@ def _rms_apply(x, rstd, w, X, Y, GEMMA: tl.constexpr):
 
 @triton.jit
 def _norm_scores_kernel(X, W, Y, S, stride_xb, stride_xn, N, D, eps, GEMMA: tl.constexpr, SCORE: tl.constexpr,
-                        BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
+                        BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, ONE_CHUNK: tl.constexpr):
     b = tl.program_id(0)
     offs_t = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
     row_ok = offs_t < N
     Xb = X + b.to(tl.int64) * stride_xb
+    Yb = Y + b.to(tl.int64) * N * D
+    if ONE_CHUNK:  # whole rows in registers: the states are read once
+        offs_d = tl.arange(0, BLOCK_D)
+        d_ok = offs_d < D
+        m2 = row_ok[:, None] & d_ok[None, :]
+        x = tl.load(Xb + offs_t[:, None] * stride_xn + offs_d[None, :], mask=m2, other=0.0).to(tl.float32)
+        w = tl.load(W + offs_d, mask=d_ok, other=0.0).to(tl.float32)
+        rstd = tl.math.rsqrt(tl.sum(x * x, axis=1) / D + eps)
+        y = _rms_apply(x, rstd[:, None], w[None, :], X, Y, GEMMA)
+        tl.store(Yb + offs_t[:, None] * D + offs_d[None, :], y, mask=m2)
+        if SCORE:
+            x0 = tl.load(Xb + offs_d, mask=d_ok, other=0.0).to(tl.float32)
+            y0 = _rms_apply(x0, tl.math.rsqrt(tl.sum(x0 * x0, axis=0) / D + eps), w, X, Y, GEMMA).to(tl.float32)
+            tl.store(S + b * N + offs_t, tl.abs(tl.sum(y.to(tl.float32) * y0[None, :], axis=1)), mask=row_ok)
+        return
     # -- pass 1: sums of squares of this block's rows and of the sink row (token 0 of the sequence)
     ss = tl.zeros([BLOCK_T], dtype=tl.float32)
     ss0 = tl.zeros([BLOCK_D], dtype=tl.float32)
@@ -121,7 +136,6 @@ def _norm_scores_kernel(X, W, Y, S, stride_xb, stride_xn, N, D, eps, GEMMA: tl.c
     rstd0 = tl.math.rsqrt(tl.sum(ss0, axis=0) / D + eps)
     # -- pass 2: normalise, store, and dot each normalised row with the normalised sink (Eq. 4)
     acc = tl.zeros([BLOCK_T], dtype=tl.float32)
-    Yb = Y + b.to(tl.int64) * N * D
     for d0 in range(0, D, BLOCK_D):
         offs_d = d0 + tl.arange(0, BLOCK_D)
         d_ok = offs_d < D
@@ -139,13 +153,25 @@ def _norm_scores_kernel(X, W, Y, S, stride_xb, stride_xn, N, D, eps, GEMMA: tl.c
 
 
 @triton.jit
-def _gather_add_norm_kernel(X, IDX, ADD, W, A, Y, N, K, D, eps, GEMMA: tl.constexpr, BLOCK_D: tl.constexpr):
+def _gather_add_norm_kernel(X, IDX, ADD, W, A, Y, N, K, D, eps, GEMMA: tl.constexpr, BLOCK_D: tl.constexpr,
+                            ONE_CHUNK: tl.constexpr):
     # a = x[sel[j]] + add[j] (rounded to x's dtype, as PyTorch's bf16 + bf16), y = RMSNorm(a); one row each
     row = tl.program_id(0)  # b * K + j
     b = row // K
     src = tl.load(IDX + row)
     Xr = X + (b.to(tl.int64) * N + src) * D
     Ar = ADD + row.to(tl.int64) * D
+    if ONE_CHUNK:  # the whole row in registers: read once
+        offs = tl.arange(0, BLOCK_D)
+        ok = offs < D
+        a = (tl.load(Xr + offs, mask=ok, other=0.0).to(tl.float32)
+             + tl.load(Ar + offs, mask=ok, other=0.0).to(tl.float32)).to(X.dtype.element_ty)
+        tl.store(A + row.to(tl.int64) * D + offs, a, mask=ok)
+        a = a.to(tl.float32)
+        rstd = tl.math.rsqrt(tl.sum(a * a, axis=0) / D + eps)
+        w = tl.load(W + offs, mask=ok, other=0.0).to(tl.float32)
+        tl.store(Y + row.to(tl.int64) * D + offs, _rms_apply(a, rstd, w, X, Y, GEMMA), mask=ok)
+        return
     ss = tl.zeros([BLOCK_D], dtype=tl.float32)
     for d0 in range(0, D, BLOCK_D):
         offs = d0 + tl.arange(0, BLOCK_D)
@@ -256,10 +282,15 @@ def _norm_out_dtype(form, x: torch.Tensor) -> torch.dtype:
     return x.dtype if gemma else torch.promote_types(weight.dtype, x.dtype)
 
 
-def _norm_blocks(d: int) -> tuple[int, int]:
+def _norm_blocks(d: int) -> dict:
+    """Rows per program, chunk of the hidden size, whole rows in registers or two passes (hidden sizes past
+    8192 on the GPU; past 64 in the interpreter, so that both paths meet the tests), warps."""
+    whole = triton.next_power_of_2(d)
     if interpreting():
-        return 4, min(triton.next_power_of_2(d), 32)
-    return 8, min(triton.next_power_of_2(d), 512)
+        return dict(BLOCK_T=4, BLOCK_D=whole if whole <= 64 else 32, ONE_CHUNK=whole <= 64, num_warps=4)
+    if whole <= 8192:
+        return dict(BLOCK_T=max(1, 16384 // whole), BLOCK_D=whole, ONE_CHUNK=True, num_warps=8)
+    return dict(BLOCK_T=8, BLOCK_D=512, ONE_CHUNK=False, num_warps=4)
 
 
 def rmsnorm(norm: torch.nn.Module, x: torch.Tensor, scores: bool = False):
@@ -274,12 +305,12 @@ def rmsnorm(norm: torch.nn.Module, x: torch.Tensor, scores: bool = False):
     batch, seq, hidden = x.shape
     y = torch.empty(batch, seq, hidden, dtype=_norm_out_dtype(form, x), device=x.device)
     s = torch.empty(batch, seq, dtype=torch.float32, device=x.device) if scores else y
-    block_t, block_d = _norm_blocks(hidden)
+    cfg = _norm_blocks(hidden)
     gemma, weight, eps = form
     if batch * seq:
-        _norm_scores_kernel[(batch, triton.cdiv(seq, block_t))](
+        _norm_scores_kernel[(batch, triton.cdiv(seq, cfg["BLOCK_T"]))](
             x, weight.detach(), y, s, x.stride(0), x.stride(1), seq, hidden, float(eps), GEMMA=gemma, SCORE=scores,
-            BLOCK_T=block_t, BLOCK_D=block_d, num_warps=4)
+            **cfg)
     return (y, s) if scores else y
 
 
@@ -305,7 +336,7 @@ def gather_add_rmsnorm(x: torch.Tensor, selected: torch.Tensor, add: torch.Tenso
         gemma, weight, eps = form
         _gather_add_norm_kernel[(batch * k,)](x, selected.to(torch.int64).contiguous(), add.to(x.dtype).contiguous(),
                                                weight.detach(), a, y, n, k, d, float(eps), GEMMA=gemma,
-                                               BLOCK_D=_norm_blocks(d)[1], num_warps=4)
+                                               **{key: v for key, v in _norm_blocks(d).items() if key != "BLOCK_T"})
     return a, y
 
 
@@ -566,8 +597,8 @@ def _attention_config(head_dim: int) -> dict:
         return dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1)
     if head_dim <= 64:
         return dict(BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=3)
-    if head_dim <= 128:
-        return dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3)
+    if head_dim <= 128:  # H200, 8B shape, a third of 2048 queries selected: 64 x 64 tiles, 4 warps were fastest
+        return dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3)
     return dict(BLOCK_M=64, BLOCK_N=32, num_warps=8, num_stages=2)
 
 

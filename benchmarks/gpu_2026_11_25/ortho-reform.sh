@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Issue 28, OrthoRank's routed layer and REFORM's fused scoring on one H200 (helper ortho-reform).
 # Usage: bash benchmarks/gpu_2026_11_25/ortho-reform.sh OUTDIR   (from the repository root; plain python)
-# Every step writes its log into OUTDIR, also when it fails; each has its own time limit (total ~175 s).
-# SMOKE=1: tiny CPU configuration (Triton interpreter) to check the script itself.
+# Every step writes its log into OUTDIR, also when it fails; each has its own time limit (total <= 180 s).
+# SMOKE=1: the changed kernels' tests on the CPU interpreter (checks the script itself).
 set -uo pipefail
 OUT=${1:?usage: ortho-reform.sh OUTDIR}
 mkdir -p "$OUT"
@@ -22,18 +22,19 @@ if [ "${SMOKE:-0}" = 1 ]; then
   exit 0
 fi
 
-# 1. the kernels against the fp64 oracle, compiled on the GPU
-step tests_orthorank 40 $PY -m pytest tests/test_orthorank.py -q -p no:cacheprovider -m triton \
-  -k "rmsnorm or silu_mul or rope_heads or unmasked_prefix or causal_on_original or routed_layer_matches or router_matches"
-step tests_reform 20 $PY -m pytest tests/test_reform.py -q -p no:cacheprovider -k "h2o_scores or triton_backend or backend_choice"
-
-# 2. REFORM's scoring: eager vs fused at the run's shapes (budget 2048 + chunk) and at 256k keys, fp32 and bf16
-step reform_scoring 25 $PY -m kvlab bench reform scoring --out "$OUT/reform_scoring.json" \
-  --chunks 2048 8192 260096 --time-budget 0.3 --run-tokens 262144
-
-# 3. OrthoRank: one routed layer of the 8B shape with a per-kernel profile, then the model's throughput
-step ortho_layer 40 $PY -m kvlab bench orthorank layer --shapes 8b --budget 0.5 --backends triton --kernels \
-  --out "$OUT" --tag h200_8b
-step ortho_throughput 55 $PY -m kvlab bench orthorank throughput --shapes 8b --sparsities 20 --budget 0.5 \
-  --backends triton --no-layer --out "$OUT" --tag h200_8b
+# 1. OrthoRank's changed kernels against the fp64 oracle, compiled on the GPU
+step tests_orthorank 30 $PY -m pytest tests/test_orthorank.py -q -p no:cacheprovider -m triton \
+  -k "rmsnorm or silu_mul or unmasked_prefix or causal_on_original or routed_layer_matches"
+# 2. the 8B shape's prefill throughput at 20 %: dense, SLEB, OrthoRank (Triton), one forward of each profiled
+step ortho_throughput 50 $PY -m kvlab bench orthorank throughput --shapes 8b --sparsities 20 --budget 0.3 \
+  --backends triton --no-layer --kernels --out "$OUT" --tag h200_8b
+# 3. REFORM's kernels against the fp64 oracle; auto picks them on CUDA
+step tests_reform 35 $PY -m pytest tests/test_reform.py -q -p no:cacheprovider -k "h2o_scores or triton_backend or backend_choice"
+# 4. REFORM's scoring, eager vs fused, fp32 and bf16: one call at the run's shape (2048 + 2048 keys) and at 256k keys,
+#    then every scoring call of a 1M-token pass (random inputs, synchronised per call like the profile's timers)
+step reform_scoring 40 $PY -m kvlab bench reform scoring --out "$OUT/reform_scoring.json" \
+  --chunks 2048 260096 --time-budget 0.2 --run-tokens 1048576
+# 5. a 256k-token REFORM pass, time split per phase, eager then fused (random-weight SmolLM2 shape, fp32)
+step reform_profile 25 $PY -m kvlab bench reform profile --lengths 262144 --profile --backends torch triton \
+  --out "$OUT/reform_profile_256k.json"
 ls -la "$OUT" >> "$OUT/steps.txt"

@@ -353,14 +353,13 @@ def run_scoring(args) -> int:
                              ("compress_triton_ms", "gather Triton ms", "{:.3f}"),
                              ("compress_speedup", "x", "{:.1f}"), ("score_max_diff", "max diff", "{:.1e}")])
     print(table)
-    tune = []  # the scoring kernel's tiles at the middle chunk (how default_config was chosen)
+    tune = []  # float32 products: three tf32 ones (the default) or plain fp32, at the middle chunk
     n = args.budget + args.chunks[len(args.chunks) // 2]
     for dtype in (torch.float32, torch.bfloat16):
         q = torch.randn(1, h, w, d, device=device).to(dtype)
         k = torch.randn(1, hk, n, d, device=device).to(dtype)
         q_pos, k_pos = torch.arange(n - w, n, device=device), torch.arange(n, device=device)
-        for bm, bn, warps, precision in ((128, 32, 4, "tf32x3"), (128, 64, 4, "tf32x3"), (128, 64, 8, "tf32x3"),
-                                         (64, 128, 4, "tf32x3"), (128, 64, 4, "ieee")):
+        for bm, bn, warps, precision in ((128, 64, 4, "tf32x3"), (128, 64, 4, "ieee")):  # each compiles: ~3 s
             if precision == "ieee" and dtype != torch.float32:
                 continue
             cfg = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK=64, num_warps=warps, fp32_precision=precision)

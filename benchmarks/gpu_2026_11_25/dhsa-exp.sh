@@ -35,7 +35,7 @@ C=(--depths 0.1,0.5,0.9 --initial 4 --authors-initial 128 --authors-local 128 --
 L=4096; B=512; T=20; K=1  # tokens, budget, haystacks per cell; K scales the time limits
 TESTS=(-k "not slow")
 if [ "${SMOKE:-0}" = 1 ]; then
-  L=512; B=384; T=2; K=0.25; C+=(--threads 1 --max-new-tokens 8); TESTS=(-k "reference_mask and not cuda")
+  L=512; B=384; T=2; K=1; C+=(--threads 1 --max-new-tokens 8); TESTS=(-k "reference_mask and not cuda")
 fi
 lim() { $PY -c "print(max(5, round($1 * $K)))"; }
 S=(--model smollm2-135m --lengths $L --budgets $B)

@@ -21,8 +21,9 @@ Two times per notebook:
   appended after the last one (``resource.getrusage``), as a cross-check.
 
 A notebook still running at ``--timeout`` seconds (or at ``--deadline`` seconds after the start of the whole run,
-whichever comes first) is killed and reported as ``> N s`` with the last cell it reached. Results go to
-``OUT/NAME.json`` and ``OUT/NAME.md``; executed notebooks to ``OUT/NAME_executed/`` (``--keep-notebooks``).
+whichever comes first) is killed and reported as ``> N s`` with the last cell it reached and, in ``log_tail``, the
+Python stack of each kernel thread just before (SIGUSR1, through a startup file in the kernel's IPYTHONDIR).
+Results go to ``OUT/NAME.json`` and ``OUT/NAME.md``; executed notebooks to ``OUT/NAME_executed/`` (``--keep-notebooks``).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import pathlib
 import platform
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -163,6 +165,28 @@ def progress(target: pathlib.Path) -> dict:
     return info
 
 
+STACKS_ENV = "NOTEBOOK_TIMES_STACKS"
+STARTUP = f"""import faulthandler, os, signal
+faulthandler.register(signal.SIGUSR1, file=open(os.environ[{STACKS_ENV!r}], "w"), all_threads=True)
+"""
+
+
+def ipython_dir(folder: pathlib.Path) -> pathlib.Path:
+    """An IPYTHONDIR whose startup file lets SIGUSR1 dump the kernel's stacks (to ``$NOTEBOOK_TIMES_STACKS``)."""
+    path = folder / "ipython"
+    startup = path / "profile_default" / "startup" / "00-notebook-times.py"
+    startup.parent.mkdir(parents=True, exist_ok=True)
+    startup.write_text(STARTUP)
+    return path
+
+
+def _is_kernel(process) -> bool:
+    try:
+        return "ipykernel_launcher" in " ".join(process.cmdline())
+    except Exception:
+        return False
+
+
 class Run:
     """One notebook's process tree, pinned to one core."""
 
@@ -173,7 +197,8 @@ class Run:
                    json.dumps(params)]
         if shutil.which("taskset"):
             command = ["taskset", "-c", str(core), *command]
-        env = {**os.environ, **THREAD_ENV}
+        self.stacks = target.with_suffix(".stacks")
+        env = {**os.environ, **THREAD_ENV, "IPYTHONDIR": str(ipython_dir(target.parent)), STACKS_ENV: str(self.stacks)}
         self.start = time.monotonic()
         with open(self.log, "w") as log:
             self.proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
@@ -221,6 +246,16 @@ class Run:
             tree = [root, *root.children(recursive=True)]
         except Exception:
             tree = []
+        # first ask each kernel where it is: the startup file makes SIGUSR1 write every thread's Python stack to
+        # NN.stacks (a kernel that waits instead of computing shows on what)
+        kernels = [p for p in tree if _is_kernel(p)]
+        for p in kernels:
+            try:
+                p.send_signal(signal.SIGUSR1)
+            except Exception:
+                pass
+        if kernels:
+            time.sleep(2)
         for p in reversed(tree):  # the kernel and what it started, then papermill
             try:
                 p.kill()
@@ -245,7 +280,12 @@ class Run:
         tail = ""
         if state != "ok":
             text = self.log.read_text(errors="replace") if self.log.exists() else ""
-            tail = "\n".join(text.strip().splitlines()[-15:])
+            tail = "\n".join(text.strip().splitlines()[-40:])
+        if timed_out and self.stacks.exists():  # where the kernel was when it was stopped, its main thread first
+            blocks = self.stacks.read_text(errors="replace").strip().split("\n\n")
+            blocks.sort(key=lambda b: not b.startswith("Current thread"))
+            tail = (tail + "\n--- kernel stacks at the timeout ---\n"
+                    + "\n".join("\n\n".join(blocks).splitlines()[:60])).strip()
         self.result = {
             "notebook": self.nb.name, "status": state, "core": self.core, "parameters": self.params,
             "wall_s": round(wall, 1), "limit_s": round(self.limit, 1),

@@ -133,9 +133,12 @@ def test_triton_matches_oracle(case, variant):
 @needs_triton
 def test_api_triton_uses_the_default_variant():
     """``backend="triton"`` runs the default variant (``"tma"`` where Triton has tensor descriptors)."""
-    from kvlab.sepllm.triton import default_config, tma_supported
+    from kvlab.sepllm.triton import auto_variant, default_config, tma_supported
 
     assert default_config(128, torch.bfloat16, interpret=False)["variant"] == ("tma" if tma_supported() else "gather")
+    x = torch.zeros(1, device=DEV)
+    hopper = not CUDA or torch.cuda.get_device_capability()[0] >= 9
+    assert auto_variant(x) == ("tma" if tma_supported() and hopper else "gather")
     q, k, v, is_sep, do = _inputs(1, 2, 1, 40, 16, torch.float32, 0.2, seed=11)
     _check_against_oracle("triton", q, k, v, is_sep, do, 2, 7)
 

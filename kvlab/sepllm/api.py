@@ -7,8 +7,9 @@ Paper: SepLLM (https://arxiv.org/abs/2412.12094), Sec. 3.1-3.2. The specificatio
 * ``"flex"``: FlexAttention with a block mask (the paper's kernel; compiled on CUDA),
 * ``"triton"``: :mod:`kvlab.sepllm.triton`, whose work follows the kept keys (CUDA, or CPU under
   ``TRITON_INTERPRET=1`` for small tests). It runs the kernels' default variant
-  (:func:`kvlab.sepllm.triton.default_config`): ``"tma"`` (far keys from a compacted K/V copy read
-  through tensor descriptors) where Triton has tensor descriptors, else ``"gather"``,
+  (:func:`kvlab.sepllm.triton.auto_variant`): ``"tma"`` (far keys from a compacted K/V copy read
+  through tensor descriptors) where Triton has tensor descriptors and the GPU is a Hopper or later,
+  else ``"gather"``,
 * ``"auto"``: ``"triton"`` for CUDA tensors, ``"torch"`` otherwise.
 
 Backends are imported only when used, so ``import kvlab`` needs neither Triton nor a GPU.

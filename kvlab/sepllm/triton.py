@@ -56,7 +56,7 @@ from kvlab.kernels.triton_utils import gathered_tile as _gathered_tile
 from kvlab.kernels.triton_utils import interpreting as _interpreting
 from kvlab.kernels.triton_utils import online_softmax_step as _online_softmax_step
 
-__all__ = ["VARIANTS", "compact_kept_keys", "compact_kept_keys_torch", "compact_kv", "default_config",
+__all__ = ["VARIANTS", "auto_variant", "compact_kept_keys", "compact_kept_keys_torch", "compact_kv", "default_config",
            "sep_attention_triton", "tma_supported"]
 
 
@@ -799,6 +799,17 @@ def tma_supported() -> bool:
     return hasattr(tl, "make_tensor_descriptor")
 
 
+def auto_variant(x: torch.Tensor) -> str:
+    """The variant ``backend="triton"`` runs on ``x``'s device: ``"tma"`` where Triton has tensor descriptors and
+    the GPU has the bulk tensor copy engine (Hopper, compute capability 9.0, and later) or the interpreter
+    emulates it; ``"gather"`` otherwise. Measured on an H200 (benchmarks/results/kernels/README.md, issue 28)."""
+    if not tma_supported():
+        return "gather"
+    if x.is_cuda and torch.cuda.get_device_capability(x.device)[0] < 9:
+        return "gather"
+    return "tma"
+
+
 def default_config(head_dim: int, dtype: torch.dtype, interpret: bool | None = None,
                    variant: str | None = None) -> dict:
     """Tile sizes per kernel (``kvlab bench sepllm tune`` sweeps them); one small config on CPU.
@@ -1024,7 +1035,7 @@ def sep_attention_triton(q, k, v, is_sep, init: int, neighbors: int, scale: floa
     :func:`default_config` (tile sizes, warps, stages) for tuning.
     """
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    cfg = default_config(q.shape[-1], q.dtype) if config is None else config
+    cfg = default_config(q.shape[-1], q.dtype, variant=auto_variant(q)) if config is None else config
     _check_config(cfg)
     prep = _tma_ready if cfg.get("variant") == "tma" else _lastdim_contiguous
     q, k, v = (prep(x) for x in (q, k, v))

@@ -215,3 +215,15 @@ def test_sdpa_backend_decodes_as_the_reference(tiny_llama, ids):
             two = tiny_llama(ids[:, 31:32], past_key_values=cache, use_cache=True).logits
         outs[backend] = torch.cat([several, one, two], 1)
     torch.testing.assert_close(outs["sdpa"], outs["torch"], atol=2e-5, rtol=1e-5)
+
+
+def test_recorded_recall_uses_the_reference_mask(tiny_llama, ids):
+    """record=True measures the attention mass of the reference's kept set (built without the token sort)."""
+    from kvlab.dhsa.experiments import record_qk
+
+    p = DHSAPattern(20, chunk_size=4, initial=2, local=3, record=True, backend="sdpa")
+    _logits(tiny_llama, ids, p)
+    rec = record_qk(tiny_llama, ids, [0])  # layer 0 sees the same inputs with or without the pattern
+    m = R.dhsa_mask(rec.q[0], rec.k[0], p.boundaries[0][0], 20, initial=2, local=3)
+    assert p.recall[0] < 1.0
+    assert p.recall[0] == pytest.approx(float(R.attention_recall(rec.q[0], rec.k[0], m, rec.scaling[0]).mean()))

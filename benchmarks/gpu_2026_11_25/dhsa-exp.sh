@@ -39,7 +39,7 @@ if [ "${SMOKE:-0}" = 1 ]; then
 fi
 lim() { $PY -c "print(max(5, round($1 * $K)))"; }
 S=(--model smollm2-135m --lengths $L --budgets $B)
-step tests 60 $PY -m pytest tests/test_dhsa_needle_fast.py -q -p no:cacheprovider "${TESTS[@]}"
+step tests 45 $PY -m pytest tests/test_dhsa_needle_fast.py -q -p no:cacheprovider "${TESTS[@]}"
 if [ "$ROUND" = 1 ]; then
   # 60 prompts x 4 methods at the paper's smaller budget (512 of 4k tokens); ran 23 prompts in 130 s (App. A decode
   # through the reference loop then, 1.3 s of a 2 s prompt; round 2 has the all-at-once decode)
@@ -49,14 +49,14 @@ if [ "$ROUND" = 1 ]; then
 fi
 # gemma3-270m (base): no predictor is shipped for it, so DHSA cuts at the oracle's boundaries (App. B's labelling rule
 # on the attention of the first global layer, shared by the authors' protocol): DHSA with a perfect predictor
-step needle_gemma3_4k $(lim 150) "${X[@]}" needle "${C[@]}" --model gemma3-270m --lengths $L --budgets $B \
-  --predictor oracle --suffix " oracle" --trials $T --max-seconds $(lim 105) \
+step needle_gemma3_4k $(lim 140) "${X[@]}" needle "${C[@]}" --model gemma3-270m --lengths $L --budgets $B \
+  --predictor oracle --suffix " oracle" --trials $T --max-seconds $(lim 95) \
   --out "$OUT/dhsa_needle_gemma3_4k_2026_11_25.examples.jsonl"
 # SmolLM2: the rest of round 1's grid (it stopped after 23 of 60 prompts, inside trial 7)
 step needle_smollm2_4k_rest $(lim 100) "${X[@]}" needle "${C[@]}" "${S[@]}" --trials $T --first-trial $((T * 2 / 5)) \
   --max-seconds $(lim 70) --out "$OUT/dhsa_needle_smollm2_4k_rest_2026_11_25.examples.jsonl"
 # App. B: what NMS none / 8 / 64 does to the chunks (attention mass kept, chunk counts), block-sparse beside
-step boundaries_smollm2_4k $(lim 45) "${X[@]}" boundaries "${C[@]}" "${S[@]}" --trials $((T * 7 / 20 + 1)) \
+step boundaries_smollm2_4k $(lim 50) "${X[@]}" boundaries "${C[@]}" "${S[@]}" --trials $((T * 7 / 20)) \
   --protocols app_a --nms-window 0,8,64 --out "$OUT/dhsa_boundaries_smollm2_4k_2026_11_25.examples.jsonl"
 # ... and to the needle (authors' protocol; NMS 8 is the main run)
 step needle_smollm2_4k_nms $(lim 60) "${X[@]}" needle "${C[@]}" "${S[@]}" --trials $T --protocols authors \

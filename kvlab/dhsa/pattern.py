@@ -416,8 +416,12 @@ class DHSAPattern(AttentionPattern):
             self.boundaries[call.layer_idx] = [b.detach().cpu() for b in bds]
             kw = self._kw()
             if self.record:
-                mask = dhsa_mask(query, key, bds, kw.pop("budget"), dense_tail=self._tail(),
-                                 causal_query=self.causal_query, **kw)
+                if self.keep_diagonal and not self.causal_query:  # the same mask without the token sort
+                    kw.pop("keep_diagonal")
+                    mask = ranked_chunk_mask(query, key, bds, kw.pop("budget"), dense_tail=self._tail(), **kw)
+                else:
+                    mask = dhsa_mask(query, key, bds, kw.pop("budget"), dense_tail=self._tail(),
+                                     causal_query=self.causal_query, **kw)
                 self.recall[call.layer_idx] = float(attention_recall(query, key, mask, call.scaling).mean())
             sel = self._shared["selection"] if self.share_selection else None
             if self.backend == "sdpa":

@@ -56,7 +56,7 @@ step needle_gemma3_4k $(lim 140) "${X[@]}" needle "${C[@]}" --model gemma3-270m 
 step needle_smollm2_4k_rest $(lim 100) "${X[@]}" needle "${C[@]}" "${S[@]}" --trials $T --first-trial $((T * 2 / 5)) \
   --max-seconds $(lim 70) --out "$OUT/dhsa_needle_smollm2_4k_rest_2026_11_25.examples.jsonl"
 # App. B: what NMS none / 8 / 64 does to the chunks (attention mass kept, chunk counts), block-sparse beside
-step boundaries_smollm2_4k $(lim 50) "${X[@]}" boundaries "${C[@]}" "${S[@]}" --trials $((T * 7 / 20)) \
+step boundaries_smollm2_4k $(lim 50) "${X[@]}" boundaries "${C[@]}" "${S[@]}" --trials $(( T * 7 / 20 > 0 ? T * 7 / 20 : 1 )) \
   --protocols app_a --nms-window 0,8,64 --out "$OUT/dhsa_boundaries_smollm2_4k_2026_11_25.examples.jsonl"
 # ... and to the needle (authors' protocol; NMS 8 is the main run)
 step needle_smollm2_4k_nms $(lim 60) "${X[@]}" needle "${C[@]}" "${S[@]}" --trials $T --protocols authors \

@@ -2,13 +2,14 @@
 # Each numbered notebook at its defaults, on one CPU core with one thread, on the GPU machine's CPUs (the GPU hidden):
 # the "Run time ... at the defaults" line of each notebook's first cell comes from here (issue 25).
 #
-#   bash benchmarks/gpu_2026_11_25/nbtime.sh OUTDIR          # from the repository root, plain `python`
+#   bash benchmarks/gpu_2026_11_25/nbtime.sh OUTDIR [NN ...]   # from the repository root, plain `python`
+#   round 1: NBTIME_BUDGET=540 (all 16); round 2: NBTIME_BUDGET=1280 ... OUTDIR 01 02 03 07 08 09 10 11 12 13 14 15
 #
 # Needs: KVLAB_CACHE with smollm2-135m and the corpora (set by the lead's staging); the wheels in .whl/ (papermill,
 # nbclient, ipykernel and their needs, which the image lacks; installed into /tmp/site). Up to 14 notebooks run at
-# once, each pinned to its own core of 2-15 with KVLAB_THREADS=1; each may run 500 s and all stop by the time
-# budget (BUDGET, default 540 s, counted from this script's start). A notebook stopped at its limit is reported
-# as "> N s" with the last cell it reached.
+# once, each pinned to its own core of 2-15 with KVLAB_THREADS=1; each may run NBTIME_BUDGET - 30 s and all stop by
+# the time budget (NBTIME_BUDGET, default 540 s, counted from this script's start). A notebook stopped at its limit
+# is reported as "> N s" with the last cell it reached and its kernel's Python stacks (in the JSON's log_tail).
 #
 # Assets beyond the staged ones: a notebook whose optional inputs are missing runs without them, through its own
 # parameters (recorded in the JSON beside each notebook's parameters), so its time is then a lower bound:
@@ -20,11 +21,13 @@
 # Smoke test on a small machine (notebook 00 only, on core 0, no wheels installed: the environment has them):
 #   PATH=$PWD/.venv/bin:$PATH NBTIME_SMOKE=1 bash benchmarks/gpu_2026_11_25/nbtime.sh /tmp/out
 set -uo pipefail
-OUT=${1:?usage: nbtime.sh OUTDIR}
+OUT=${1:?usage: nbtime.sh OUTDIR [NN ...]}
+shift
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 START=$(date +%s)
-BUDGET=${BUDGET:-540}
+BUDGET=${NBTIME_BUDGET:-${BUDGET:-540}}
+TIMEOUT=$(( BUDGET - 30 ))
 LOG="$OUT/nbtime_setup.log"
 {
   echo "start $(date -u '+%Y-%m-%d %H:%M:%S UTC') on $(hostname), $(nproc) cores"
@@ -81,10 +84,11 @@ DEADLINE=$(( BUDGET - ELAPSED - 20 ))  # 20 s left to write the tables and pack 
 echo "setup took ${ELAPSED} s; notebooks stop by ${DEADLINE} s from now" >> "$LOG"
 CORES=2-15
 NOTEBOOKS="10 09 04 01 02 03 06 07 08 11 12 15 05 13 14 00"  # the longest first: the two last wait for a free core
+if [ $# -gt 0 ]; then NOTEBOOKS="$*"; fi
 if [ -n "${NBTIME_SMOKE:-}" ]; then CORES=0; NOTEBOOKS=00; fi
 # shellcheck disable=SC2086
 python scripts/notebook_times.py run --set defaults -p device cpu -p out /tmp/nbtime-leaderboard \
-  "${OVERRIDE_ARGS[@]}" --cores "$CORES" --timeout 500 --deadline "$DEADLINE" --out "$OUT" --name nbtime \
+  "${OVERRIDE_ARGS[@]}" --cores "$CORES" --timeout "$TIMEOUT" --deadline "$DEADLINE" --out "$OUT" --name nbtime \
   --keep-notebooks $NOTEBOOKS > "$OUT/nbtime.log" 2>&1
 echo "notebook_times exit $? at $(( $(date +%s) - START )) s" >> "$LOG"
 tar -C "$OUT" -cJf "$OUT/nbtime_executed.tar.xz" nbtime_executed >> "$LOG" 2>&1 && rm -rf "$OUT/nbtime_executed"

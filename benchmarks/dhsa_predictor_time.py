@@ -107,6 +107,14 @@ def run_shape(name: str, n: int, device, args) -> dict:
             fb = fcall()[0]
             row["fast_chunks"] = int(fb.numel() - 1)
             print(json.dumps(row), flush=True)
+            if args.profile and device.type == "cuda":  # where the fast path's time goes, kernel by kernel
+                from torch.profiler import ProfilerActivity, profile
+                with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                    for _ in range(3):
+                        fcall()
+                    torch.cuda.synchronize()
+                print(f"profile of 3 fast calls, {name}:\n" + prof.key_averages().table(
+                    sort_by="cuda_time_total", row_limit=25), flush=True)
             if device.type == "cuda":
                 try:
                     graphed = chunking.GraphedLogits(pred16)
@@ -193,6 +201,7 @@ def main(argv=None) -> int:
     ap.add_argument("--max-len", type=int, default=128, help="longest chunk (cut)")
     ap.add_argument("--min-mean-len", type=int, default=32, help="N_c = seq // this (the cap on chunks)")
     ap.add_argument("--no-compile", action="store_true")
+    ap.add_argument("--profile", action="store_true", help="print a torch.profiler table of the fast path")
     args = ap.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     info = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "torch": torch.__version__,

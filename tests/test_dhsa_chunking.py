@@ -294,3 +294,19 @@ def test_graphed_logits_replay_equals_eager_cuda():
         assert torch.equal(graphed(x), predictor_logits(p, x))
     with pytest.raises(ValueError, match="CUDA tensors"):
         graphed(torch.randn(1, 8, 256))
+
+
+def test_make_labels_batched_equals_one_sample_per_pass(tiny_llama):
+    from kvlab.dhsa.training import make_labels
+
+    g = torch.Generator().manual_seed(0)
+    samples = [torch.randint(0, 96, (40,), generator=g) for _ in range(3)]
+    one = make_labels(tiny_llama, samples, [0, 2], keep_keys=True)
+    two = make_labels(tiny_llama, samples, [0, 2], keep_keys=True, batch=2)
+    for a, b in zip(one.ratios, two.ratios):
+        for layer in (0, 2):
+            torch.testing.assert_close(a[layer], b[layer], rtol=1e-5, atol=1e-6)
+    for a, b in zip(one.keys, two.keys):
+        torch.testing.assert_close(a[2], b[2], rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="batch must be"):
+        make_labels(tiny_llama, samples, [0], batch=0)

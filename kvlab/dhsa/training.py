@@ -122,24 +122,34 @@ class LabelSet:
 
 @torch.no_grad()
 def make_labels(model, samples: list[torch.Tensor], layers: list[int], *, window: int = 4,
-                rule: str = "code", keep_keys: bool = False) -> LabelSet:
+                rule: str = "code", keep_keys: bool = False, batch: int = 1) -> LabelSet:
     """Labels of every chosen layer from one forward pass per sample (App. B).
 
     ``keep_keys``: also keep each sample's keys (on the model's device) in ``LabelSet.keys``, so that
     training and evaluation skip their own forward passes (memory: ``layers x seq x channels`` floats per
-    sample, e.g. 24 MB for SmolLM2 at 1024 tokens; for a GPU run).
+    sample, e.g. 24 MB for SmolLM2 at 1024 tokens; for a GPU run). ``batch``: samples of one length per forward
+    pass (the same labels: every sample attends only to itself; fewer, larger passes on a GPU).
     """
     if window < 1:
         raise ValueError(f"window must be >= 1, got {window}")
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise ValueError(f"batch must be an int >= 1 (samples per forward pass), got {batch!r}")
     dev = model.device
     ratios, keys = [], []
-    for ids in samples:
-        rec = LabelRecorder(window, rule, labels=True, keys=keep_keys)
-        with use_pattern(model, rec, layers):
-            model(input_ids=ids[None].to(dev), use_cache=False, logits_to_keep=1)  # no logits needed
-        ratios.append({layer: rec.ratios[layer][0] for layer in layers})
-        if keep_keys:
-            keys.append(dict(rec.keys))
+    for start in range(0, len(samples), batch):
+        group = samples[start:start + batch]
+        if len({int(s.numel()) for s in group}) > 1:  # different lengths: one at a time
+            sub = [[s] for s in group]
+        else:
+            sub = [group]
+        for part in sub:
+            rec = LabelRecorder(window, rule, labels=True, keys=keep_keys)
+            with use_pattern(model, rec, layers):
+                model(input_ids=torch.stack(part).to(dev), use_cache=False, logits_to_keep=1)  # no logits needed
+            for j in range(len(part)):
+                ratios.append({layer: rec.ratios[layer][j] for layer in layers})
+                if keep_keys:
+                    keys.append({layer: rec.keys[layer][j:j + 1] for layer in layers})
     return LabelSet([s.cpu() for s in samples], ratios, list(layers), window, rule, keys if keep_keys else None)
 
 
@@ -176,12 +186,14 @@ def train_predictor(model, labels: LabelSet, *, predictor: BoundaryPredictor | N
                     lr: float = 1e-3, heads: int = 8, hidden: int = 256, encoder: str = "separate",
                     alpha: float = 2.0, beta: float = -2.0 * math.log(2.0), gamma: float = 2.0,
                     pos_weight: float = 1.3, hard_labels: bool = False, seed: int = 0,
-                    log_every: int = 0) -> TrainResult:
+                    log_every: int = 0, max_seconds: float | None = None) -> TrainResult:
     """Train one predictor for all ``labels.layers`` (App. B), one optimiser step per sample.
 
     Each step: one forward pass of the frozen model records the keys of every layer; the focal loss
     (Eq. 9) of each layer against the soft labels (Eq. 8) is averaged over layers and positions
-    (:func:`kvlab.dhsa.reference.label_valid`). Keys are recomputed at every step: only labels are stored.
+    (:func:`kvlab.dhsa.reference.label_valid`). Keys are recomputed at every step: only labels are stored
+    (unless ``labels.keys`` holds them). ``max_seconds``: stop after the step that passes this wall-clock budget
+    (``result.config["stopped_early"]`` says so; for runs under a hard time limit).
     """
     if epochs < 1:
         raise ValueError(f"epochs must be >= 1, got {epochs}")
@@ -201,9 +213,13 @@ def train_predictor(model, labels: LabelSet, *, predictor: BoundaryPredictor | N
     rng = random.Random(seed)
     t0 = time.perf_counter()
     step = 0
+    stop = False
     for _ in range(epochs):
         rng.shuffle(order)
         for i in order:
+            if max_seconds is not None and time.perf_counter() - t0 > max_seconds:
+                stop = True
+                break
             keys = _sample_keys(model, labels, i)
             # every layer of the sample in one predictor call (a batch of layers): the mean over layers and
             # valid positions equals the mean over layers of each layer's mean (same length, same valid mask)
@@ -220,7 +236,10 @@ def train_predictor(model, labels: LabelSet, *, predictor: BoundaryPredictor | N
             result.losses.append(float(loss.detach()))
             step += 1
             if log_every and step % log_every == 0:
-                print(f"step {step}: loss {result.losses[-1]:.4f}", flush=True)
+                print(f"step {step}: loss {result.losses[-1]:.4f} ({time.perf_counter() - t0:.0f} s)", flush=True)
+        if stop:
+            break
+    result.config.update(steps=step, stopped_early=stop)
     result.seconds = time.perf_counter() - t0
     predictor.eval()
     return result
@@ -327,17 +346,19 @@ def _corpus_spec(spec: str, default_count: int, flag: str) -> list[tuple[str, in
     return [(name, base + (j < extra)) for j, name in enumerate(parts)]
 
 
-def _windows(tok, spec: list[tuple[str, int]], seq_len: int, skip: dict[str, int] | None = None):
-    """Token windows of each corpus of ``spec``, after ``skip[name]`` windows (held-out windows follow the
-    training windows of the same corpus, so they never overlap)."""
+def _windows(tok, train_spec: list[tuple[str, int]], val_spec: list[tuple[str, int]], seq_len: int):
+    """Training and held-out token windows, one tokenization per corpus: a corpus in both lists gives its
+    held-out windows right after its training windows, so they never overlap."""
     from kvlab.datasets import load_text
 
-    ids, source = [], []
-    for name, count in spec:
-        offset = (skip or {}).get(name, 0) * seq_len
-        ids += text_samples(tok, load_text(name), seq_len, count, offset=offset)
-        source += [name] * count
-    return ids, source
+    want: dict[str, list[int]] = {}
+    for k, (spec) in enumerate((train_spec, val_spec)):
+        for name, count in spec:
+            want.setdefault(name, [0, 0])[k] += count
+    cut = {name: text_samples(tok, load_text(name), seq_len, tr + va) for name, (tr, va) in want.items()}
+    train = [w for name, count in train_spec for w in cut[name][:count]]
+    val = [w for name, count in val_spec for w in cut[name][want[name][0]:want[name][0] + count]]
+    return train, val
 
 
 def write_sidecar(pt_path, meta: dict, **extra) -> Path:
@@ -386,12 +407,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cache-keys", action="store_true",
                     help="keep every window's keys from the labelling pass (no forward pass per step; GPU memory: "
                          "layers x seq-len x channels floats per window)")
+    ap.add_argument("--label-batch", type=int, default=1, help="windows per labelling forward pass")
+    ap.add_argument("--max-train-seconds", type=float, default=None,
+                    help="stop training after this many seconds (the sidecar records the steps done)")
     ap.add_argument("--compare", default=None,
                     help="a predictor file (or 'shipped') evaluated on the same held-out windows, for the sidecar")
     ap.add_argument("--out", default=None, help="output file (default: <kvlab cache>/dhsa/predictor-<model>.pt); "
                                                 "the sidecar <out>.json is written beside it")
     args = ap.parse_args(argv)
-    for name in ("samples", "val_samples", "seq_len", "epochs", "window", "heads", "hidden"):
+    for name in ("samples", "val_samples", "seq_len", "epochs", "window", "heads", "hidden", "label_batch"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be >= 1")
     if args.seq_len < 4 * args.window + 2:
@@ -418,17 +442,19 @@ def main(argv: list[str] | None = None) -> int:
         layers = list(range(n_layers))
     else:
         layers = [int(x) for x in args.layers.split(",")]
-    train_ids, train_src = _windows(tok, train_spec, args.seq_len)
-    val_ids, val_src = _windows(tok, val_spec, args.seq_len, skip=dict(train_spec))
+    print(f"[{time.perf_counter() - t_start:.0f} s] model loaded", flush=True)
+    train_ids, val_ids = _windows(tok, train_spec, val_spec, args.seq_len)
+    print(f"[{time.perf_counter() - t_start:.0f} s] {len(train_ids)} + {len(val_ids)} windows tokenized", flush=True)
     t0 = time.perf_counter()
-    train_labels = make_labels(model, train_ids, layers, window=args.window, rule=args.rule, keep_keys=args.cache_keys)
-    val_labels = make_labels(model, val_ids, layers, window=args.window, rule=args.rule, keep_keys=args.cache_keys)
+    kw = dict(window=args.window, rule=args.rule, keep_keys=args.cache_keys, batch=args.label_batch)
+    train_labels = make_labels(model, train_ids, layers, **kw)
+    val_labels = make_labels(model, val_ids, layers, **kw)
     t_labels = time.perf_counter() - t0
     print(f"labels: {len(train_ids)} + {len(val_ids)} samples x {len(layers)} layers in {t_labels:.0f} s "
           f"({train_labels.nbytes() / 1e6:.2f} MB stored)", flush=True)
     res = train_predictor(model, train_labels, epochs=args.epochs, lr=args.lr, heads=args.heads, hidden=args.hidden,
                           encoder=args.encoder, hard_labels=args.hard_labels, seed=args.seed,
-                          log_every=max(1, len(train_ids) // 4))
+                          log_every=max(1, len(train_ids) // 4), max_seconds=args.max_train_seconds)
     t1 = time.perf_counter()
     metrics = evaluate_predictor(model, res.predictor, val_labels)
     t_val = time.perf_counter() - t1

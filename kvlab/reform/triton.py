@@ -15,18 +15,26 @@ last ``w`` (128) queries give them, summed over query heads and queries::
     score[j] = sum_{h, i} softmax_j(q[h, i] . k[h // group, j] * scale   masked causally)
 
 The eager reference builds the ``(heads, w, n)`` logits, masks, softmaxes and sums them: several passes
-over a matrix of 9 x 128 x 10k floats per layer and chunk. Here nothing of that size leaves the chip.
-Both passes run one program per (tile of ``BLOCK_N`` keys, key/value head); each program walks the query
-heads of its group (GQA) and the ``w`` queries in tiles of ``BLOCK_M``:
+over a matrix of 9 x 128 x 10k floats per layer and chunk. Here nothing of that size leaves the chip. At the
+sizes REFORM scores (a cache budget plus a chunk: 4096 keys for SmolLM2) the eager path is only ~0.1 ms of GPU
+work, so what decides is the number of launches and PyTorch ops per call: this path makes two launches and one
+PyTorch op (the sum over key/value heads). Both passes run one program per (span of keys, key/value head): a span
+is a run of ``BLOCK_N`` tiles, as many spans as fill the GPU twice over (at most 64); each program walks the
+query heads of its group (GQA) and the ``w`` queries in tiles of ``BLOCK_M``:
 
-* pass 1 (``_h2o_stats_kernel``): for every query row the tile's running max ``m`` and sum
-  ``l = sum exp2(s - m)`` (FlashAttention's online-softmax statistics, base 2, ``s`` already multiplied
-  by ``scale * log2(e)``), written per tile: ``(tiles, batch, heads, w)``, about a MiB for SmolLM2.
-* combine (PyTorch, a few small ops on those statistics): ``lse = M + log2(sum_t l_t * 2^(m_t - M))``
-  with ``M = max_t m_t``.
-* pass 2 (``_h2o_scores_kernel``): recompute ``s`` for the tile, ``p = exp2(s - lse)`` where visible,
-  summed over rows and over the group's heads: one float per key and key/value head, summed over the
-  key/value heads in PyTorch (a fixed order: no atomics, the result does not vary run to run).
+* pass 1 (``_h2o_stats_kernel``): for every query row the span's max ``m`` and sum ``l = sum exp2(s - m)``
+  (FlashAttention's online-softmax statistics, base 2, ``s`` already multiplied by ``scale * log2(e)``),
+  written per span: ``(spans, batch, heads, w)``.
+* pass 2 (``_h2o_scores_kernel``): each program first combines every span's statistics of its rows into
+  ``lse = M + log2(sum_t l_t * 2^(m_t - M))``, ``M = max_t m_t`` (``_lse_rows``; the same fixed order in
+  every program), then recomputes ``s`` for its keys, ``p = exp2(s - lse)`` where visible, summed over rows
+  and over the group's heads: one float per key and key/value head, summed over the key/value heads in
+  PyTorch (a fixed order: no atomics, the result does not vary run to run).
+
+float32 inputs take the dot products as three tf32 tensor-core products (``input_precision="tf32x3"``:
+``hi*hi + hi*lo + lo*hi``, close to fp32 and checked against the float64 oracle like the rest); plain fp32
+FMA products (``config={"fp32_precision": "ieee"}``, and the CPU interpreter) make the two passes slower than
+the eager matmul once the keys run to 256k.
 
 The mask reads the query and key positions from tensors (causal and, for Gemma3's local layers, the
 sliding window), so the kernel takes exactly the reference's arguments.

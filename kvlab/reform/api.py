@@ -13,10 +13,11 @@ backend of the compression step, and recomputes: the gathered context plus the q
 Backends (``backend=``) of the per-chunk compression (heavy-hitter scoring and the kept-entry gather):
 ``"torch"`` the reference's eager code; ``"triton"`` the fused kernels of :mod:`kvlab.reform.triton` (CUDA, or
 the CPU interpreter with ``TRITON_INTERPRET=1``; a head dim that is a power of two in [16, 256]; bf16, fp16 or
-fp32 weights); ``"auto"`` (default) is ``"torch"``: on an H100 the fused scoring kernel is slower than the eager
-scoring (0.3-0.4x in fp32, 0.9-1.5x in bf16), the compaction kernel 1.6-2.7x faster, and a 1M-token run is not
-faster end to end (``benchmarks/results/reform/kernel_h100.md``). An explicit ``"triton"`` the kernels cannot take
-raises ValueError naming the constraint.
+fp32 weights); ``"auto"`` (default) is ``"triton"`` for a model on CUDA that the kernels can take and ``"torch"``
+everywhere else (CPU, float64, other head dims): on an H200 the fused scoring (two launches per call) beats the
+eager scoring in fp32 and bf16, and the compaction kernel the eager gather
+(``benchmarks/results/reform/scoring_h200_2026_11_25.md``; the earlier kernel lost, ``kernel_h100.md``). An
+explicit ``"triton"`` the kernels cannot take raises ValueError naming the constraint.
 
 reading: the defaults scale the paper's settings to the model's window ``W`` (``max_position_embeddings``): the paper
 runs a 128k-window model with chunks and compression budget of 32k (``W/4``) and a recompute budget of

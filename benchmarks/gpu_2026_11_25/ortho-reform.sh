@@ -7,6 +7,7 @@ set -uo pipefail
 OUT=${1:?usage: ortho-reform.sh OUTDIR}
 mkdir -p "$OUT"
 PY=${PY:-python}
+export PYTHONUNBUFFERED=1  # a step cut by its time limit still leaves what it printed
 step() {  # step NAME SECONDS CMD...: run with a limit, log to OUT/NAME.log, record the exit status
   local name=$1 limit=$2; shift 2
   local t0=$(date +%s)
@@ -29,7 +30,7 @@ step tests_orthorank 20 $PY -m pytest tests/test_orthorank.py -q -p no:cacheprov
 step ortho_throughput 50 $PY -m kvlab bench orthorank throughput --shapes 8b --sparsities 20 --budget 0.3 \
   --backends triton --no-layer --kernels --out "$OUT" --tag h200_8b
 # 3. REFORM's kernels against the fp64 oracle; auto picks them on CUDA
-step tests_reform 45 $PY -m pytest tests/test_reform.py -q -p no:cacheprovider -k "h2o_scores or triton_backend or backend_choice"
+step tests_reform 45 $PY -m pytest tests/test_reform.py -q -p no:cacheprovider -k "h2o_scores or compress_matches or backend_choice"
 # 4. REFORM's scoring, eager vs fused, fp32 and bf16: one call at the run's shape (2048 + 2048 keys) and at 256k keys,
 #    then every scoring call of a 1M-token pass (random inputs, synchronised per call like the profile's timers)
 step reform_scoring 40 $PY -m kvlab bench reform scoring --out "$OUT/reform_scoring.json" \

@@ -92,6 +92,15 @@ def static_support(model: torch.nn.Module, policy: Policy) -> str | None:
     return policy.static_reason
 
 
+@torch.compiler.disable
+def _triton_attention(*args, **kwargs):
+    """The Triton kernel, outside torch.compile's tracing (engine="compiled" compiles the layers around it; the
+    kernel times its choices once per shape, host code dynamo need not see)."""
+    from kvlab.core.static_triton import static_decode_triton
+
+    return static_decode_triton(*args, **kwargs)
+
+
 class StaticKVCache(Cache):
     """Fixed-capacity, policy-compacted KV cache for one-token decode steps (see the module docstring).
 
@@ -295,10 +304,8 @@ class StaticKVCache(Cache):
         """Attention of the step's queries ``(B, heads, 1, d)`` over the live slots (and the new entry)."""
         length = self.length[layer_idx]  # on a CPU, update handed out the live prefix only
         if self.kernel == "triton":
-            from kvlab.core.static_triton import static_decode_triton
-
             cache = self.policy.positions == "cache"
-            return static_decode_triton(
+            return _triton_attention(
                 query[:, :, 0], key, value, self.phys[layer_idx], length, scaling,
                 rot=self.rot[layer_idx] if cache else None, rope=self.rope[:, 0] if cache else None,
                 cos=self._cos if cache else None, sin=self._sin if cache else None,

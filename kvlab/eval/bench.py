@@ -340,6 +340,11 @@ def _engine_run(model, policy, ids, kernel: str, fill: int, steps: int, device, 
     from kvlab.eval import FastDecoder
 
     batch = ids.shape[0]
+    tuned = None
+    if kernel in ("auto", "triton") and device.type == "cuda":
+        from kvlab.core import static_triton as tuned  # the kernel's one-off timing of its choices, for the record
+
+        logged = len(tuned.TUNE_LOG)
     start = time.perf_counter()
     decoder = FastDecoder(model, policy, batch, kernel=kernel)
     decoder.step(ids[:, :1])  # capture
@@ -357,6 +362,12 @@ def _engine_run(model, policy, ids, kernel: str, fill: int, steps: int, device, 
     out = dict(kernel=decoder.cache.kernel, batch=batch, step_ms=seconds / steps * 1e3,
                tokens_per_s=batch * steps / seconds, capture_s=capture_s, fill_steps=fill,
                fill_tokens_per_s=batch * (fill - 1) / fill_s, mean_held=held)
+    if tuned is not None:
+        out["kernel_timings"] = tuned.TUNE_LOG[logged:]
+        best = min(out["kernel_timings"], key=lambda r: r["ms"], default=None)
+        if best is not None:
+            out["kernel_config"] = best["config"]
+            out["kernel_ms"] = best["ms"]
     if profile and device.type == "cuda":
         t0 = fill + steps
         with _graph_profile() as prof:  # the graph replays as they run
@@ -394,7 +405,7 @@ def _generate_run(plain, ids, new: int, device, compile: bool) -> dict:
     prompt = ids[:, :1]
     warm = _timed(lambda: plain.generate(prompt, **kwargs), device)
     seconds = _timed(lambda: plain.generate(prompt, **kwargs), device)
-    return dict(kernel="generate" + ("" if compile else " (no compile)"), batch=ids.shape[0],
+    return dict(kernel="generate" if compile else "generate-nocompile", batch=ids.shape[0],
                 step_ms=seconds / new * 1e3, tokens_per_s=ids.shape[0] * new / seconds, warmup_s=warm,
                 fill_steps=new)
 
@@ -483,7 +494,8 @@ def streams(args, save=None) -> dict:
                         row = dict(error=f"{type(err).__name__}: {err}"[:400])
                     row.update(label)
                     rows.append(row)
-                    print(json.dumps({k: v for k, v in row.items() if k not in ("profile", "phases")}), flush=True)
+                    print(json.dumps({k: v for k, v in row.items() if k not in ("profile", "phases", "kernel_timings")}),
+                          flush=True)
                     if save is not None:
                         save(_with_ratios(dict(rows=rows, skipped=skipped, steps=args.steps, cache=args.cache,
                                                model=args.model, tune=tune)))
@@ -498,12 +510,12 @@ def _with_ratios(rec: dict) -> dict:
     """Each row's tokens/s against the engine before ("compact") and generate, same dtype and batch."""
     rows = rec["rows"]
     for row in rows:
-        for anchor in ("compact", "generate"):
+        for anchor in ("compact", "generate", "generate-nocompile"):
             same = [r for r in rows if r.get("kernel") == anchor and r["dtype"] == row["dtype"]
                     and r["batch"] == row["batch"] and "tokens_per_s" in r
-                    and (anchor == "generate" or r["policy"] == row["policy"])]
+                    and (anchor.startswith("generate") or r["policy"] == row["policy"])]
             if same and "tokens_per_s" in row:
-                row[f"x_{anchor}"] = row["tokens_per_s"] / same[0]["tokens_per_s"]
+                row[f"x_{anchor.replace('-', '_')}"] = row["tokens_per_s"] / same[0]["tokens_per_s"]
     return rec
 
 
@@ -511,7 +523,9 @@ def _streams_md(rec: dict) -> str:
     cols = [("dtype", "dtype", ""), ("policy", "policy", ""), ("batch", "streams", ""), ("kernel", "engine", ""),
             ("step_ms", "ms / step", "{:.2f}"), ("tokens_per_s", "aggregate tok/s", "{:.0f}"),
             ("x_compact", "x engine before", "{:.2f}x"), ("x_generate", "x generate", "{:.2f}x"),
-            ("mean_held", "entries held", "{:.0f}"), ("error", "error", "")]
+            ("x_generate_nocompile", "x generate (no compile)", "{:.2f}x"),
+            ("mean_held", "entries held", "{:.0f}"), ("kernel_ms", "kernel ms / layer (full rows)", "{:.4f}"),
+            ("error", "error", "")]
     text = fmt_table(rec["rows"], cols)
     for row in rec["rows"]:
         if row.get("phases"):
@@ -524,6 +538,13 @@ def _streams_md(rec: dict) -> str:
                      f"({row['profile_ms_per_step']:.2f} ms of kernels per step)\n\n")
             text += fmt_table(row["profile"], [("kernel", "kernel", ""), ("ms_per_step", "ms / step", "{:.3f}"),
                                                ("share", "share", "{:.1%}"), ("calls_per_step", "calls / step", "{:.0f}")])
+    for row in rec["rows"]:
+        if row.get("kernel_timings"):
+            text += (f"\n\n### The Triton kernel's choices timed by the engine, {row['dtype']}, {row['batch']} streams "
+                     "(full rows, one layer)\n\n")
+            text += fmt_table([dict(r["config"], ms=r["ms"]) for r in row["kernel_timings"]],
+                              [("USE_DOT", "tl.dot", ""), ("PHYS_ORDER", "memory order", ""), ("BLOCK_N", "BLOCK_N", ""),
+                               ("num_warps", "warps", ""), ("splits", "ranges / row", ""), ("ms", "ms", "{:.4f}")])
     if rec.get("tune"):
         text += "\n\n### The static Triton kernel alone (every row full), tiles and warps\n\n" + fmt_table(
             rec["tune"], [("dtype", "dtype", ""), ("rotate", "rotate", ""), ("BLOCK_N", "BLOCK_N", ""),

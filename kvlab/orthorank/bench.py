@@ -94,7 +94,7 @@ def run_throughput(args) -> dict:
         dense = bench_ms(step, budget_s=args.budget, max_reps=20)
         rows.append({"shape": shape, "method": "dense", "sparsity": 0.0, "nominal": 0.0, "layers": [], **dense})
         if args.kernels:  # device time of one forward beside its wall time: idle gaps show as the difference
-            rows[-1]["kernels"] = kernel_profile(step, reps=1, top=12)
+            rows[-1]["kernels"] = kernel_profile(step, reps=1, top=30)
         for s in args.sparsities:
             removed = spread_layers(L, layers_for_sparsity(L, s))
             with skip_layers(model, removed):
@@ -107,7 +107,7 @@ def run_throughput(args) -> dict:
                 with orthorank(model, layers=routed, token_ratio=args.token_ratio, backend=backend, **extra):
                     res = bench_ms(step, budget_s=args.budget, max_reps=20)
                     if args.kernels:
-                        res["kernels"] = kernel_profile(step, reps=1, top=12)
+                        res["kernels"] = kernel_profile(step, reps=1, top=30)
                 rows.append({"shape": shape, "method": _method(backend), "sparsity": s, "layers": routed,
                              "nominal": nominal_sparsity(L, routed=len(routed), token_ratio=args.token_ratio),
                              **res})

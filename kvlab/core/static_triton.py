@@ -22,9 +22,17 @@ L2) and the rotation is rounded as torch rounds ``keys * cos + rotate_half(keys)
 the rotated key equals the one the ``"compact"`` engine builds (up to fp32 FMA contraction).
 
 GQA: one program owns a kv head and its ``group`` query heads, so each key/value row is read once for all of
-them. The group is small (3 for SmolLM2, 4-8 for Llama), so scores and the weighted sum are broadcast products
-reduced in fp32 (``(GROUP_PAD, BLOCK_N, d)`` tiles), not ``tl.dot`` with 16 padded rows: that would spend 4x the
-fp32 arithmetic on padding, and in fp32 the step is close to arithmetic-bound that way.
+them. The group is small (3 for SmolLM2, 4-8 for Llama): scores and the weighted sum are either broadcast products
+reduced in fp32 (``(GROUP_PAD, BLOCK_N, d)`` tiles, no padding rows) or ``tl.dot`` over 16 padded query rows
+(tensor cores in bf16; true fp32 products, not tf32, in fp32) (``USE_DOT``).
+
+Schedule: at 256 streams there are ``256 x kv_heads`` programs, at one stream only ``kv_heads``: each row's entries
+are cut into ranges (``splits``, one program each, merged by a second small kernel: base-2 log-sum-exp) until the
+GPU has enough programs. ``PHYS_ORDER`` walks the physical slots in memory order instead of the entries in logical
+order (the engine keeps the inverse index and each slot's rotation): the K/V addresses then do not wait for a
+loaded index, dead slots are read and masked. Which of these is fastest depends on the GPU, dtype and shape, so
+the engine times a few choices once per shape on full rows (:func:`tuned_config`, CUDA-graph replays) and keeps
+the fastest.
 
 Specification (float64 oracle): :func:`static_decode_reference`. Tests: ``tests/test_static_triton.py`` (CPU
 interpreter with ``TRITON_INTERPRET=1``, and CUDA).

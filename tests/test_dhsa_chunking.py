@@ -16,6 +16,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from kvlab.dhsa import reference as R
 from kvlab.testing import assert_close_to_oracle
@@ -223,6 +224,25 @@ def test_window_pool_triton_equals_torch_pool():
         ref = _window_pool_torch(qkv.double(), size, groups, count)
         got = window_pool(qkv.to(DEV), size, groups, count).cpu().double()
         torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fusion_features_equal_the_torch_expressions(dtype):
+    from kvlab.dhsa.chunking import fusion_features
+
+    torch.manual_seed(2)
+    enc = torch.randn(2, 30, 40, dtype=torch.float64)
+    enc[0, 3] = 0.0  # a zero vector: the eps clamp, no NaN
+    n, w = 26, 4
+    l, r = enc[:, :n], enc[:, w:w + n]
+    ref_feat = torch.cat([(l - r).abs(), l * r], -1)
+    ref_cos = F.cosine_similarity(l, r, dim=-1, eps=1e-6)
+    feat, cos = fusion_features(enc.to(dtype).to(DEV), n, w)
+    eps = torch.finfo(dtype).eps
+    torch.testing.assert_close(feat.cpu().double(), ref_feat.to(dtype).double(), rtol=2 * eps, atol=2 * eps)
+    torch.testing.assert_close(cos.cpu().double(), F.cosine_similarity(
+        l.to(dtype).double(), r.to(dtype).double(), dim=-1, eps=1e-6), rtol=1e-5, atol=1e-6)
+    assert cos[0, 3].item() == 0.0 and torch.isfinite(ref_cos).all()
 
 
 def test_predict_boundaries_backends_agree():

@@ -58,7 +58,7 @@ import torch.nn.functional as F
 
 from .reference import BoundaryPredictor, key_features, label_valid, split_long_chunks
 
-__all__ = ["predictor_logits", "GraphedLogits", "window_pool", "nms_status", "nms_boundaries_fast", "predict_boundaries_fast",
+__all__ = ["predictor_logits", "GraphedLogits", "window_pool", "fusion_features", "nms_status", "nms_boundaries_fast", "predict_boundaries_fast",
            "MAX_NMS_WINDOW"]
 
 MAX_NMS_WINDOW = 1024  # the kernel's halo must cover the window; wider windows: backend="torch"
@@ -154,6 +154,55 @@ if triton is not None:
             if G == 2:
                 o1 = _dot(b1.to(vc.dtype), vc, tl.zeros([R, BLOCK_D], dtype=tl.float32), FP32_DOT)
                 tl.store(obase + out_g + dd[None, :], o1.to(OUT.dtype.element_ty), mask=mo)
+
+
+if triton is not None:
+
+    @triton.jit
+    def _fusion_kernel(ENC, FEAT, COS, C, SHIFT, stride_eb, stride_et, stride_fb, stride_ft, stride_cb, eps,
+                       BLOCK_C: tl.constexpr):
+        # Eq. 2's non-linear features of position t in one pass over l_t = enc[t], r_t = enc[t + SHIFT]:
+        # FEAT[t] = [|l - r|, l * r] and COS[t] = l.r / (max(|l|, eps) max(|r|, eps)) (float32 sums).
+        t = tl.program_id(0)
+        b = tl.program_id(1)
+        lp = ENC + b * stride_eb + t * stride_et
+        rp = lp + SHIFT * stride_et
+        fp = FEAT + b * stride_fb + t * stride_ft
+        dot = tl.zeros([BLOCK_C], dtype=tl.float32)
+        nl = tl.zeros([BLOCK_C], dtype=tl.float32)
+        nr = tl.zeros([BLOCK_C], dtype=tl.float32)
+        for c0 in range(0, C, BLOCK_C):
+            cc = c0 + tl.arange(0, BLOCK_C)
+            m = cc < C
+            l32 = tl.load(lp + cc, mask=m, other=0.0).to(tl.float32)
+            r32 = tl.load(rp + cc, mask=m, other=0.0).to(tl.float32)
+            # float32 then one rounding: what PyTorch's bf16 elementwise ops give
+            tl.store(fp + cc, tl.abs(l32 - r32).to(FEAT.dtype.element_ty), mask=m)
+            tl.store(fp + C + cc, (l32 * r32).to(FEAT.dtype.element_ty), mask=m)
+            dot += l32 * r32
+            nl += l32 * l32
+            nr += r32 * r32
+        den = tl.maximum(tl.sqrt(tl.sum(nl, 0)), eps) * tl.maximum(tl.sqrt(tl.sum(nr, 0)), eps)
+        tl.store(COS + b * stride_cb + t, tl.sum(dot, 0) / den)
+
+
+def fusion_features(enc: torch.Tensor, n: int, shift: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eq. 2's non-linear features from the encoder outputs, one Triton pass: ``l_t = enc[:, t]``,
+    ``r_t = enc[:, t + shift]`` for ``t < n``; returns ``([|l - r|, l * r]`` as ``(batch, n, 2C)`` in
+    ``enc.dtype``, ``cos(l, r)`` as ``(batch, n)`` float32, ``eps = 1e-6`` on each norm as
+    ``F.cosine_similarity``). ``enc``: ``(batch, >= n + shift, C)``."""
+    _check_device(enc, "fusion_features")
+    if enc.dim() != 3 or enc.shape[1] < n + shift:
+        raise ValueError(f"enc must be (batch, >= {n + shift}, C), got {tuple(enc.shape)}")
+    if enc.stride(-1) != 1:
+        enc = enc.contiguous()
+    b, _, c = enc.shape
+    feat = torch.empty(b, n, 2 * c, dtype=enc.dtype, device=enc.device)
+    cos = torch.empty(b, n, dtype=torch.float32, device=enc.device)
+    _fusion_kernel[(n, b)](enc, feat, cos, c, shift, enc.stride(0), enc.stride(1), feat.stride(0), feat.stride(1),
+                           cos.stride(0), 1e-6, BLOCK_C=min(1024, triton.next_power_of_2(c)),
+                           num_warps=4 if c >= 512 else 1)
+    return feat, cos
 
 
 def window_pool(qkv: torch.Tensor, size: int, groups: int, count: int) -> torch.Tensor:
@@ -260,8 +309,13 @@ def predictor_logits(predictor: BoundaryPredictor, x: torch.Tensor, *, pool: str
         z = lr[:, :n, :hid] + lr[:, w:, hid:]
     else:
         z = F.linear(l, w1[:, :c]) + F.linear(r, w1[:, c:2 * c])
-    z = z + F.linear(torch.cat([(l - r).abs(), l * r], -1), w1[:, 2 * c:4 * c], b1)
-    cos = F.cosine_similarity(l, r, dim=-1, eps=1e-6)[..., None]
+    if use_triton and m.encoder == "separate":  # [|l - r|, l * r] and cos in one pass over enc
+        feat, cos = fusion_features(enc, n, w)
+        cos = cos.to(dt)[..., None]
+    else:
+        feat = torch.cat([(l - r).abs(), l * r], -1)
+        cos = F.cosine_similarity(l, r, dim=-1, eps=1e-6)[..., None]
+    z = z + F.linear(feat, w1[:, 2 * c:4 * c], b1)
     z = torch.relu(z + cos * w1[:, 4 * c])
     return F.linear(z, m.mlp[2].weight, m.mlp[2].bias).squeeze(-1)
 

@@ -26,8 +26,9 @@ How: one program per (query tile, batch x head)
 -----------------------------------------------
 A query tile holds up to ``BLOCK_M`` rows of *one* chunk (a chunk longer than ``BLOCK_M`` has
 several tiles; a short one leaves rows idle). Its loops over key tiles feed one online softmax
-(FlashAttention's running max ``m``, sum ``l``, rescaled accumulator; base 2, ``exp2``). Two
-variants, chosen with ``variant=`` (``"lists"`` is the default: faster in every measured setting):
+(FlashAttention's running max ``m``, sum ``l``, rescaled accumulator; base 2, ``exp2``). Three
+variants, chosen with ``variant=`` (``"packed"`` is what :func:`kvlab.dhsa.dhsa_attention` runs: the
+fastest in every setting measured on an H200, 2026-11-25):
 
 ``"ranges"`` (the first kernel): three loops, every tile masked --
 
@@ -51,14 +52,33 @@ and the tiles are launched in decreasing order of work (the last chunks of a lon
 the longest lists when the budget exceeds what early chunks can use), so the machine does not
 end on a few long programs.
 
+``"packed"`` (issue 24): the loops of ``"lists"`` over fewer, fuller programs --
+
+* a program's ``BLOCK_M = ROWS x PACK`` rows are positions ``r0 + m % ROWS`` of the query heads
+  ``h0 + m // ROWS``: with one selection for all heads (``share_heads=True``, as the authors' code
+  averages heads) the ``PACK`` query heads of one key/value head (GQA) share the list and every
+  key load, so the key/value bytes drop by ``PACK``;
+* tiles are never shorter than 64 rows on a GPU (Hopper's warpgroup MMA is 64 rows tall; the
+  ``"lists"`` default took 16/32-row tiles for short predicted chunks, on the older MMA), and chunks
+  longer than ``ROWS`` go to a second launch of ``LONG_ROWS``-row tiles, so a chunk loads its list
+  once, not once per 64 rows;
+* ``RUNS``: where every ``BLOCK_N``-slot tile of every list is one run of consecutive positions
+  (fixed chunks aligned to the tiles; :func:`lists_are_runs`), one index locates a key tile and
+  one TMA copy (``RUNS=2``, Hopper's bulk tensor copy through a descriptor) or a block of pointer
+  loads (``RUNS=1``) replaces the 64-row gather; ``"auto"`` picks TMA where it applies;
+* ``LAZY`` (an option): the unmasked bulk loop keeps a stale running max and rescales the
+  accumulator only when some row's max grows by more than ``2^8``.
+
 Work and what bounds it. Each row computes ``budget`` scores plus the idle rows of short chunks
 and the tails of the last key tile of each loop. Every listed key is loaded once per query tile,
 so the key/value bytes a head reads are ``n / BLOCK_M x budget x 2 x dim x 2 B``: at N = 32k,
 64-token chunks, budget 2048, dim 128 that is 16 GiB over 32 heads, which the L2 cache must
 deliver (the gathers touch the whole 16 MiB K/V of a head, so there is little reuse in L1). A
 chunk of ``BLOCK_M`` rows is the most rows that share one list, so chunks of 64 tokens fix this
-traffic; longer chunks (or GQA heads sharing a selection, not done here) would lower it.
-``python -m kvlab bench dhsa ops`` reports it (``kv_gib``) beside the time.
+traffic; longer chunks, or GQA heads sharing a selection (``"packed"``), lower it.
+``python -m kvlab bench dhsa ops`` reports it (``kv_gib``) beside the time, the share of live rows
+in the tiles (``row_use``) and, with ``--diagnose``, the ``"packed"`` kernel's loads alone
+(``LOADS_ONLY``) and its arithmetic alone (every list pointed at one hot key tile).
 
 Backward: not needed, so not written. The boundary predictor trains on labels computed from the
 model's *dense* attention (Eq. 5-8, :mod:`kvlab.dhsa.training`): its loss (Eq. 9) reaches the
@@ -68,9 +88,11 @@ retraining the base model", Sec. 1). Training a model through DHSA attention wou
 ``"torch"`` and ``"flex"`` backends are differentiable (a test runs ``gradcheck`` on the
 reference), and ``backend="triton"`` refuses tensors that require grad.
 
-Tests: ``tests/test_dhsa.py`` against the float64 reference, both variants (CPU with
-``TRITON_INTERPRET=1``, small shapes; compiled on a GPU). Benchmark: ``python -m kvlab bench dhsa
-ops`` (both variants side by side) and ``tune`` (tile sweep).
+Tests: ``tests/test_dhsa.py`` and ``tests/test_dhsa_kernel.py`` (``"packed"``: variable chunks, local
+and initial keys, GQA packing, ragged ends, both launches, TMA runs, lazy rescaling) against the
+float64 reference (CPU with ``TRITON_INTERPRET=1``, small shapes; compiled on a GPU, also at the
+production tile sizes). Benchmark: ``python -m kvlab bench dhsa ops`` (variants side by side) and
+``tune`` (tile sweep).
 
 Measured, variant ``"ranges"`` (``python -m kvlab bench dhsa ops``, H100 80GB, torch 2.11, triton
 3.6; bf16, 32 heads, dim 128, budget 2048, 64 initial): at N = 32k it takes 5.1 ms (64-token

@@ -48,7 +48,7 @@ case "${1:-}" in
         echo "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818  $g/.gguf.tmp" | sha256sum -c --quiet &&
         mv "$g/.gguf.tmp" "$g/gemma-3-270m-q4_k_m.gguf" && rm -f "$g"/g3.p?
     fi
-    ls "$g" 2>/dev/null | tr '\n' ' '; echo
+    ls "$g" 2>/dev/null | tr '\n' ' ' || true; echo
     if [ -f .cache/gpu/corpora.tar.xz ]; then tar -C "$KVLAB_CACHE" -xJf .cache/gpu/corpora.tar.xz; fi
     if ls .whl/*.whl >/dev/null 2>&1; then python -m pip install -q --no-deps --no-index .whl/*.whl 2>&1 | tail -1; fi
     ls -la "$a" ;;

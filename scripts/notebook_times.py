@@ -82,10 +82,19 @@ def ci_parameters(nb: pathlib.Path) -> dict:
 
 
 def declared(nb: pathlib.Path) -> dict:
-    """Parameters the notebook's ``parameters`` cell declares, with their defaults as written."""
+    """Parameters the notebook's ``parameters`` cell declares, with their default values (as written where the
+    text is not a Python literal)."""
+    import ast
+
     import papermill
 
-    return {name: info["default"] for name, info in papermill.inspect_notebook(str(nb)).items()}
+    def value(text: str):
+        try:
+            return ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            return text
+
+    return {name: value(info["default"]) for name, info in papermill.inspect_notebook(str(nb)).items()}
 
 
 def plan(nb: pathlib.Path, which: str, overrides: dict) -> tuple[dict, list[str]]:
@@ -404,17 +413,23 @@ def shown(r: dict, key: str) -> str:
     return "—" if value is None else f"{value:.0f}"
 
 
+def _machine(m: dict) -> str:
+    return f"{m.get('host', '?')} ({m.get('cpu', '?')}, {m.get('cores', '?')} cores; torch {m.get('torch', '?')})"
+
+
 def table(report: dict) -> str:
-    m = report["machine"]
     what = "its CI set (notebooks/params/NN.ci.yaml)" if report["set"] == "ci" else "its defaults"
-    lines = [
-        f"# Notebook run times: {what}, one thread",
-        "",
-        f"Measured {report['date']} on {m.get('host', '?')} ({m.get('cpu', '?')}, {m.get('cores', '?')} cores; "
-        f"torch {m.get('torch', '?')}), {report['jobs']} notebook(s) at once, each pinned to its own core, "
-        f"KVLAB_THREADS=1. Overrides: {report['overrides'] or 'none'} (where declared). Command:",
-        "",
-        f"    {report['command']}",
+    lines = [f"# Notebook run times: {what}, one thread", ""]
+    if report.get("runs"):  # merged: each row names its run
+        lines += ["Each notebook pinned to its own core, KVLAB_THREADS=1; the rows come from these runs (each row: the "
+                  "last run that finished the notebook; overrides apply where a notebook declares them):", ""]
+        lines += [f"- `{r['file']}`: {r['date']} on {_machine(r['machine'])}, overrides {r['overrides'] or 'none'}: "
+                  f"`{r['command']}`" for r in report["runs"]]
+    else:
+        lines += [f"Measured {report['date']} on {_machine(report['machine'])}, {report['jobs']} notebook(s) at once, "
+                  f"each pinned to its own core, KVLAB_THREADS=1. Overrides: {report['overrides'] or 'none'} (where "
+                  "declared). Command:", "", f"    {report['command']}"]
+    lines += [
         "",
         "`cpu` is the CPU seconds of the notebook's process tree (papermill and its kernel): with one thread this is "
         "the wall time on an idle core. `wall` is what this run took on this machine.",
@@ -424,11 +439,36 @@ def table(report: dict) -> str:
     ]
     for r in report["notebooks"]:
         note = r.get("error") or (r.get("last_cell") if r["status"] != "ok" else "")
+        if report.get("runs") and r.get("run"):
+            note = f"`{r['run']['file']}`" + (f": {note}" if note else "")
         lines.append(f"| {r['notebook']} | {r['status']} | {shown(r, 'cpu_s')} | {shown(r, 'wall_s')} | "
                      f"{shown(r, 'kernel_cpu_s')} | {shown(r, 'kernel_maxrss_mb')} | "
                      f"{(note or '').replace('|', '/')} |")
     lines.append("")
     return "\n".join(lines)
+
+
+def merge(paths: list[pathlib.Path], out: pathlib.Path) -> dict:
+    """One table from several runs of the same set: per notebook the row of the last file that ran it to the end
+    (else the last file's row), each row naming its run (``run``: date, machine, command)."""
+    reports = [json.loads(p.read_text()) for p in paths]
+    if len({r["set"] for r in reports}) != 1:
+        raise SystemExit(f"merge takes runs of one set (ci or defaults), got {[r['set'] for r in reports]}")
+    rows: dict[str, dict] = {}
+    for path, report in zip(paths, reports):
+        for row in report["notebooks"]:
+            row = {**row, "run": row.get("run") or {"file": path.name, "date": report["date"],
+                                                    "machine": report["machine"], "command": report["command"]}}
+            old = rows.get(row["notebook"])
+            if old is None or row["status"] == "ok" or old["status"] != "ok":
+                rows[row["notebook"]] = row
+    merged = {**reports[-1], "command": "merged: " + " + ".join(p.name for p in paths),
+              "runs": [{"file": p.name, "date": r["date"], "machine": r["machine"], "command": r["command"],
+                        "overrides": r["overrides"]} for p, r in zip(paths, reports)],
+              "notebooks": [rows[k] for k in sorted(rows)]}
+    out.with_suffix(".json").write_text(json.dumps(merged, indent=1) + "\n")
+    out.with_suffix(".md").write_text(table(merged))
+    return merged
 
 
 # ----------------------------------------------------------------------------------------------- the first cells
@@ -536,6 +576,9 @@ def main() -> None:
     st.add_argument("--ci", type=pathlib.Path, required=True, help="results JSON of the CI sets")
     st.add_argument("--defaults", type=pathlib.Path, required=True, help="results JSON of the defaults")
     st.add_argument("names", nargs="*")
+    m = sub.add_parser("merge", help="one table from several runs of the same set (later runs win)")
+    m.add_argument("--out", type=pathlib.Path, required=True, help="OUT.json and OUT.md")
+    m.add_argument("json", type=pathlib.Path, nargs="+")
     e = sub.add_parser("_execute", help=argparse.SUPPRESS)
     e.add_argument("source", type=pathlib.Path)
     e.add_argument("target", type=pathlib.Path)
@@ -546,6 +589,8 @@ def main() -> None:
             run(args)
         except ValueError as err:
             raise SystemExit(str(err))
+    elif args.command == "merge":
+        merge(args.json, args.out)
     elif args.command == "stamp":
         stamp(args.ci, args.defaults, args.names)
     elif args.command == "table":

@@ -96,7 +96,7 @@ if [ -n "${NBTIME_CI:-}" ]; then
   CI_LIST=""  # all
   if [ -n "${NBTIME_SMOKE:-}" ]; then CI_CORES=1; CI_LIST=00; fi
   # shellcheck disable=SC2086
-  python scripts/notebook_times.py run --set ci --cores "$CI_CORES" --timeout 600 --deadline "$DEADLINE" \
+  python scripts/notebook_times.py run --set ci -p out /tmp/nbtime-leaderboard-ci --cores "$CI_CORES" --timeout 600 --deadline "$DEADLINE" \
     --out "$OUT" --name ci_1thread --keep-notebooks $CI_LIST > "$OUT/ci_1thread.log" 2>&1 &
   CI_PID=$!
 fi

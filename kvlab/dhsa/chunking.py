@@ -444,16 +444,16 @@ if triton is not None:
             tl.store(ENDS + row * stride_e + e, is_b.to(tl.int8), mask=inr)
 
 
-def _rank_keys(sc: torch.Tensor, sure: torch.Tensor) -> torch.Tensor:
-    """``(batch, n)`` positions' rank as sort keys, smaller first: one int64 per position (exact, unique)."""
-    n = sc.shape[-1]
-    pos = torch.arange(n, device=sc.device)
+def _rank_keys(sc: torch.Tensor, sure: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    """Sort keys (smaller = ranked first; exact and unique) of the positions ``pos`` of one row with scores
+    ``sc`` and sure flags ``sure`` (all 1-d, same length): sure positions by index, then score descending,
+    ties to the lower index."""
     if sc.dtype == torch.float64:
-        # order of the scores by a stable sort (scores descending, ties to the lower index): the rank itself
-        order = torch.sort(sc, dim=-1, descending=True, stable=True).indices
+        # the rank among these positions by a stable sort (pos ascending, so ties keep the lower index first)
+        order = torch.sort(sc, descending=True, stable=True).indices
         r = torch.empty_like(order)
-        r.scatter_(-1, order, pos.expand_as(order).contiguous())
-        return torch.where(sure, pos - n, r)
+        r[order] = torch.arange(order.numel(), device=sc.device)
+        return torch.where(sure, pos - (1 << 62), r)
     bits = sc.float().view(torch.int32).long()
     ordered = torch.where(bits < 0, (1 << 31) - 1 - (bits & 0x7FFFFFFF), bits + (1 << 31))  # monotone in score
     score_key = -(ordered << 30) + pos  # higher score first, then lower index (n < 2^30)
@@ -531,13 +531,14 @@ def nms_boundaries_fast(scores: torch.Tensor, *, max_chunks: int, threshold: flo
     live = cand | firsts
     cap = max_chunks - 1
     kept, over = nms_status(sc, live, firsts, nms_window, cap=cap)
-    if over:  # keep the best-ranked `cap` (a prefix of greedy's order)
-        keys = torch.where(kept, _rank_keys(sc, firsts), torch.iinfo(torch.long).max)
-        best = torch.topk(keys, min(cap, n), dim=-1, largest=False).indices if cap else None
+    if over:  # keep the best-ranked `cap` (a prefix of greedy's order): sort the few kept positions of a row
         capped = torch.zeros_like(kept)
-        if cap:
-            capped.scatter_(-1, best, True)
-        kept = capped & kept
+        for b in range(bsz):
+            t = kept[b].nonzero().squeeze(1)  # increasing positions, at most n / (nms_window + 1) of them
+            if t.numel() > cap:
+                t = t[torch.sort(_rank_keys(sc[b, t], firsts[b, t], t)).indices[:cap]]
+            capped[b, t] = True
+        kept = capped
     # offsets e in [0, n]: 0, n, every kept t + 1, and the cuts of chunks longer than max_len (one kernel)
     ends = torch.empty(bsz, n + 1, dtype=torch.int8, device=dev)
     kept8 = kept.to(torch.int8).contiguous()

@@ -237,6 +237,10 @@ class StaticKVCache(Cache):
         self.positions.scatter_(2, slot, self.seen.expand(shape))
         self.token_ids.scatter_(2, slot, self.new_ids[None].expand(shape))
         self.rot.scatter_(2, slot, self.rope[None].expand(shape))
+        if self.kernel == "triton":  # the new entry's physical slot in every layer, and its rotation there
+            self._slot_phys = self.phys.gather(2, slot)  # (L, B, 1)
+            if mode == "cache":
+                self.rot_phys.scatter_(2, self._slot_phys, self.rope[None].expand(shape))
         if mode == "cache" and not self.shortcuts and not self.indexed:
             # entry i of a layer holding n goes to query - n + i (the new one, i = n, to the query: no move)
             slots = torch.arange(self.capacity, device=self.device)
@@ -265,12 +269,13 @@ class StaticKVCache(Cache):
             raise ValueError(f"StaticKVCache decodes one token per step, got {key_states.shape[2]}")
         slot = self.length[layer_idx][:, None]  # (B, 1)
         k, v = self.keys[layer_idx], self.values[layer_idx]
-        where = slot if not self.indexed else self.phys[layer_idx].gather(1, slot)  # physical slot of the entry
+        if self.kernel == "triton":
+            where = self._slot_phys[layer_idx]  # begin_step looked it up for every layer at once
+        else:
+            where = slot if not self.indexed else self.phys[layer_idx].gather(1, slot)  # physical slot of the entry
         k.scatter_(2, where[:, None, :, None].expand(-1, k.shape[1], 1, k.shape[3]), key_states)
         v.scatter_(2, where[:, None, :, None].expand(-1, v.shape[1], 1, v.shape[3]), value_states)
         if self.kernel == "triton":
-            if self.policy.positions == "cache":
-                self.rot_phys[layer_idx].scatter_(1, where, self.rope)
             return k, v
         rot = self.rot[layer_idx]
         live = k.shape[2]

@@ -396,14 +396,17 @@ def _engine_run(model, policy, ids, kernel: str, fill: int, steps: int, device, 
 
 @torch.no_grad()
 def _generate_run(plain, ids, new: int, device, compile: bool) -> dict:
-    """transformers' ``generate(cache_implementation="static")``, greedy, ``new`` tokens from a 1-token prompt:
-    a warm-up call (its compilation, when transformers compiles), then the timed call."""
+    """transformers' ``generate(cache_implementation="static")``, greedy, ``new`` tokens from a 1-token prompt (its
+    static cache then holds ``new + 1`` slots, like the engine's ``budget + 1`` plus the timed steps): a warm-up call
+    (its compilation, when transformers compiles), then the timed call."""
     kwargs = dict(max_new_tokens=new, min_new_tokens=new, do_sample=False, cache_implementation="static",
                   pad_token_id=0)
     if not compile:
         kwargs["disable_compile"] = True
     prompt = ids[:, :1]
-    warm = _timed(lambda: plain.generate(prompt, **kwargs), device)
+    # compiled: the warm-up must have the timed call's shapes (its static cache length); eager: 8 tokens warm it
+    warm_kwargs = kwargs if compile else dict(kwargs, max_new_tokens=8, min_new_tokens=8)
+    warm = _timed(lambda: plain.generate(prompt, **warm_kwargs), device)
     seconds = _timed(lambda: plain.generate(prompt, **kwargs), device)
     return dict(kernel="generate" if compile else "generate-nocompile", batch=ids.shape[0],
                 step_ms=seconds / new * 1e3, tokens_per_s=ids.shape[0] * new / seconds, warmup_s=warm,

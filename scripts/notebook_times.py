@@ -39,6 +39,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -482,6 +483,11 @@ RUN_TIME = re.compile(r"\*\*Run time\*\* on one CPU core, one thread: (about|at 
 NEUTRAL = {"device", "num_threads", "out", "results_path", "examples_out"}
 
 
+def stated(source: str) -> list[tuple[str, ...]]:
+    """The run-time statements in a cell's text (line breaks read as spaces): RUN_TIME's groups for each."""
+    return RUN_TIME.findall(" ".join(source.split()))
+
+
 def rounded(seconds: float) -> tuple[int, str]:
     """Seconds as the first cell states them: below 2 min to 5 s (at least 5 s), else to the minute."""
     if seconds < 120:
@@ -517,7 +523,8 @@ def run_time_line(stem: str, ci: dict, defaults: dict, declared_defaults: dict, 
 
 
 def set_first_cell_line(path: pathlib.Path, line: str) -> bool:
-    """Put ``line`` as the last paragraph of the notebook's first (markdown) cell, replacing an earlier one.
+    """Put ``line`` (wrapped at 118 characters) as the last paragraph of the notebook's first (markdown) cell,
+    replacing an earlier one.
     Reads the file just before writing it and touches nothing else. Returns whether the file changed."""
     text = path.read_text()
     nb = json.loads(text)
@@ -526,7 +533,8 @@ def set_first_cell_line(path: pathlib.Path, line: str) -> bool:
         raise ValueError(f"{path.name}: the first cell is not the title cell (markdown)")
     source = "".join(cell["source"])
     kept = [p for p in source.rstrip("\n").split("\n\n") if not p.startswith(LINE)]
-    new = "\n\n".join([*kept, line])
+    wrapped = textwrap.fill(line, width=118, break_long_words=False, break_on_hyphens=False)
+    new = "\n\n".join([*kept, wrapped])
     if new == source:
         return False
     cell["source"] = new.splitlines(keepends=True)

@@ -63,7 +63,7 @@ step needle_smollm2_4k_nms $(lim 60) "${X[@]}" needle "${C[@]}" "${S[@]}" --tria
   --baselines none --nms-window 0,64 --max-seconds $(lim 40) \
   --out "$OUT/dhsa_needle_smollm2_4k_nms_2026_11_25.examples.jsonl"
 # Table 2: one prefill's latency / peak memory per method and backend, the needle accuracy of round 1 beside it
-step table2_smollm2_4k $(lim 40) "${X[@]}" table2 "${C[@]}" "${S[@]}" --repeats 3 \
+step table2_smollm2_4k $(lim 60) "${X[@]}" table2 "${C[@]}" "${S[@]}" --repeats 3 \
   --needle-file benchmarks/results/dhsa/dhsa_needle_smollm2_4k_2026_11_25.examples.jsonl \
   --timing-backends torch,sdpa,$([ "${SMOKE:-0}" = 1 ] && echo sdpa || echo triton) \
   --out "$OUT/dhsa_table2_smollm2_4k_2026_11_25.json"

@@ -239,12 +239,13 @@ def _prepare(pattern, tokenizer, prompt: str, ids) -> None:
 
 
 def boundary_records(model, tokenizer, methods: dict, layers, length: int, depths, *, trials: int = 1,
-                     model_name: str = "", haystack: str | None = None) -> list[dict]:
+                     model_name: str = "", haystack: str | None = None, sink=None) -> list[dict]:
     """How good each method's chunks are on needle prompts, one prefill per (prompt, method), per-example records
     for the ledger: ``"attention_recall"`` (share of the dense attention mass the kept set holds, mean over the
     DHSA layers and queries: :func:`kvlab.dhsa.reference.attention_recall`), ``"chunks"`` (chunks per layer) and
     ``"chunk_len"`` (mean tokens per chunk). ``methods``: ``{name: DHSAPattern}`` (``record=True`` is set here;
-    it computes each layer's dense attention map, so keep ``length`` to a few thousand tokens)."""
+    it computes each layer's dense attention map, so keep ``length`` to a few thousand tokens). ``sink(records)``
+    receives each prompt's records as they are made."""
     from kvlab import datasets
 
     text = haystack if haystack is not None else datasets.load_text("paul-graham")
@@ -270,20 +271,21 @@ def boundary_records(model, tokenizer, methods: dict, layers, length: int, depth
                                       ("chunk_len", n / statistics.mean(counts))):
                     out.append({"example": example, "method": name, "metric": metric, "value": float(value),
                                 "config": config})
+            if sink is not None:
+                sink(out[-3 * len(methods):])
     return out
 
 
-def table2_rows(model, tokenizer, methods: dict, layers, prompt: str, *, repeats: int = 3) -> list[dict]:
+def table2_rows(model, tokenizer, methods: dict, layers, prompt: str, *, repeats: int = 3):
     """Table 2's cost columns: latency (median of ``repeats``) and peak memory of one prefill of ``prompt`` per
-    method (``{name: pattern or None}``, None = the model's own attention), :func:`prefill_cost`."""
+    method (``{name: pattern or None}``, None = the model's own attention), :func:`prefill_cost`. Yields one row
+    ``{"method", "ms", "peak_bytes", "tokens"}`` per method as it is measured."""
     ids = tokenizer(prompt, return_tensors="pt").input_ids
-    rows = []
     for name, pattern in methods.items():
         if pattern is not None:
             _prepare(pattern, tokenizer, prompt, ids)
         c = prefill_cost(model, ids, pattern, layers, repeats=repeats)
-        rows.append({"method": name, "ms": c["ms"], "peak_bytes": c["peak_bytes"], "tokens": ids.shape[1]})
-    return rows
+        yield {"method": name, "ms": c["ms"], "peak_bytes": c["peak_bytes"], "tokens": ids.shape[1]}
 
 
 def records_grid(records: list[dict], method: str, metric: str = "needle_recall"):
@@ -712,16 +714,17 @@ def _table2(args, model, tok, pred, out_path) -> None:
         if f.strip() and Path(f.strip()).is_file():
             recs += read_examples(f.strip())
     rows = []
+    dev = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    meta = {"model": args.model, "device": dev, "torch": torch.__version__,
+            "command": " ".join(__import__("sys").argv), "needle_file": args.needle_file}
     for r in table2_rows(model, tok, methods, dhsa_layers(model), prompt, repeats=args.repeats):
         acc, k, low, high = _accuracy(recs, base[r["method"]])
         rows.append(r | {"accuracy_of": base[r["method"]], "needle_recall": acc, "n": k, "ci_low": low,
                          "ci_high": high})
         print(f"  {r['method']:32s} {r['ms']:9.1f} ms  peak {(r['peak_bytes'] or 0) / 2**30:6.2f} GiB  needle "
               f"{'-' if acc is None else f'{acc:.3f}'} (n {k})", flush=True)
-    dev = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-    meta = {"model": args.model, "tokens": rows[0]["tokens"], "device": dev, "torch": torch.__version__,
-            "command": " ".join(__import__("sys").argv), "needle_file": args.needle_file}
-    out_path.with_suffix(".json").write_text(json.dumps(meta | {"rows": rows}, indent=1))
+        meta["tokens"] = r["tokens"]
+        out_path.with_suffix(".json").write_text(json.dumps(meta | {"rows": rows}, indent=1))  # kept if stopped
     lines = [f"# DHSA Table 2 analogue: {args.model}, {rows[0]['tokens']} tokens, {dev}", "",
              f"`{meta['command']}`", "",
              "Latency: median of one prefill (no cache, last logits only); peak memory above the weights; needle "
@@ -825,8 +828,8 @@ def main(argv=None) -> int:
     depths = [float(x) for x in args.depths.split(",")]
     if args.what == "boundaries":
         methods = {k: v for k, v in methods.items() if v is not None}  # block-sparse too: fixed chunks
-        sink(boundary_records(model, tok, methods, dhsa_layers(model), lengths[0], depths, trials=args.trials,
-                              model_name=args.model))
+        boundary_records(model, tok, methods, dhsa_layers(model), lengths[0], depths, trials=args.trials,
+                         model_name=args.model, sink=sink)
         recs = read_examples(out)
         for name in methods:
             for metric in ("attention_recall", "chunks", "chunk_len"):

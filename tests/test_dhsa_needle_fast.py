@@ -227,3 +227,21 @@ def test_recorded_recall_uses_the_reference_mask(tiny_llama, ids):
     m = R.dhsa_mask(rec.q[0], rec.k[0], p.boundaries[0][0], 20, initial=2, local=3)
     assert p.recall[0] < 1.0
     assert p.recall[0] == pytest.approx(float(R.attention_recall(rec.q[0], rec.k[0], m, rec.scaling[0]).mean()))
+
+
+def test_table2_accuracy_joins_the_needle_records():
+    from kvlab.dhsa.experiments import table2_accuracy, table2_markdown
+
+    recs = [{"example": f"e{i}", "method": "DHSA authors 512", "metric": "needle_recall", "value": float(i % 2),
+             "config": {}} for i in range(10)]
+    table = {"model": "m", "device": "cpu", "command": "c", "rows": [
+        {"method": "DHSA authors 512 [sdpa]", "accuracy_of": "DHSA authors 512", "ms": 3.0, "peak_bytes": 2**30,
+         "tokens": 64},
+        {"method": "dense [sdpa]", "accuracy_of": "dense", "ms": 2.0, "peak_bytes": None, "tokens": 64}]}
+    out = table2_accuracy(table, recs)
+    assert out["rows"][0]["needle_recall"] == 0.5 and out["rows"][0]["n"] == 10
+    assert out["rows"][0]["ci_low"] < 0.5 < out["rows"][0]["ci_high"]
+    assert out["rows"][1]["needle_recall"] is None and out["rows"][1]["n"] == 0
+    md = table2_markdown(out, out["rows"]).splitlines()
+    assert md[-2].startswith("| DHSA authors 512 [sdpa] | 3.0 | 1.00 | 0.500 | 10 | [")
+    assert md[-1] == "| dense [sdpa] | 2.0 | 0.00 | - | 0 | - |"

@@ -37,7 +37,7 @@ from kvlab.core import AttentionCall, AttentionPattern, attend, check_choice, ch
 
 __all__ = ["QKRecorder", "record_qk", "pattern_perplexity", "position_nll", "needle_under_patterns",
            "question_tail_tokens", "newline_ends", "needle_records",
-           "boundary_records", "table2_rows", "needle_methods", "records_grid", "needle_table", "write_examples",
+           "boundary_records", "table2_rows", "table2_accuracy", "table2_markdown", "needle_methods", "records_grid", "needle_table", "write_examples",
            "read_examples", "main",
            "QA_TASKS", "QAItem", "qa_items", "qa_f1", "qa_under_patterns",
            "peak_bytes", "prefill_cost", "decode_cost", "random_model", "MODEL_SHAPES"]
@@ -725,7 +725,22 @@ def _table2(args, model, tok, pred, out_path) -> None:
               f"{'-' if acc is None else f'{acc:.3f}'} (n {k})", flush=True)
         meta["tokens"] = r["tokens"]
         out_path.with_suffix(".json").write_text(json.dumps(meta | {"rows": rows}, indent=1))  # kept if stopped
-    lines = [f"# DHSA Table 2 analogue: {args.model}, {rows[0]['tokens']} tokens, {dev}", "",
+    out_path.with_suffix(".md").write_text(table2_markdown(meta, rows))
+
+
+def table2_accuracy(table: dict, records: list[dict]) -> dict:
+    """``table`` (a ``table2`` JSON) with its accuracy columns recomputed from ``records`` (e.g. the needle
+    grid's files once all are in)."""
+    rows = []
+    for r in table["rows"]:
+        acc, k, low, high = _accuracy(records, r["accuracy_of"])
+        rows.append(r | {"needle_recall": acc, "n": k, "ci_low": low, "ci_high": high})
+    return table | {"rows": rows}
+
+
+def table2_markdown(meta: dict, rows: list[dict]) -> str:
+    """The Markdown of a ``table2`` run: method [backend] | ms | peak GiB | needle recall | n | 95 % CI."""
+    lines = [f"# DHSA Table 2 analogue: {meta['model']}, {rows[0]['tokens']} tokens, {meta['device']}", "",
              f"`{meta['command']}`", "",
              "Latency: median of one prefill (no cache, last logits only); peak memory above the weights; needle "
              "recall of the same method and budget (mean over the needle file's prompts, 95 % bootstrap interval). "
@@ -736,7 +751,7 @@ def _table2(args, model, tok, pred, out_path) -> None:
         ci = "-" if r["ci_low"] is None else f"[{r['ci_low']:.2f}, {r['ci_high']:.2f}]"
         lines.append(f"| {r['method']} | {r['ms']:.1f} | {(r['peak_bytes'] or 0) / 2**30:.2f} | {acc} | {r['n']} | "
                      f"{ci} |")
-    out_path.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    return "\n".join(lines) + "\n"
 
 
 def main(argv=None) -> int:

@@ -15,9 +15,10 @@ window 4, 8 heads, hidden 256, random weights, input = the layer's keys, ``kv_he
   ``fast_nms_ms`` (:func:`~kvlab.dhsa.chunking.nms_boundaries_fast`: Triton NMS + cap + cuts), ``fast_ms`` (the
   whole :func:`~kvlab.dhsa.chunking.predict_boundaries_fast`), ``share_fast`` = ``fast_ms / sdpa_ms``;
   ``fast_compiled_ms``: the same with ``torch.compile(predictor_logits)``; ``fast_graph_ms``: with
-  :class:`~kvlab.dhsa.chunking.GraphedLogits` (the predictor replayed from a CUDA graph); ``nms_exact``: the fast NMS gives the
-  reference's offsets on this shape's probabilities; ``agree``: share of the reference's boundaries (compiled
-  bf16 predictor) that the fast path also returns (bf16 rounding can move a probability across the threshold).
+  :class:`~kvlab.dhsa.chunking.GraphedLogits` (the predictor replayed from a CUDA graph); ``nms_exact``: the fast
+  NMS gives the reference's offsets on this shape's probabilities; ``agree``: share of the reference's boundaries
+  (compiled bf16 predictor) that the fast path also returns (bf16 rounding can move a probability across the
+  threshold).
 
 Shapes: ``gemma2-2b`` (8 heads, 4 KV heads, dim 256: 1024 predictor channels), ``gemma3-270m`` (4 / 1 / 256:
 256 channels), ``ops`` (32 / 32 / 128: the kernel benchmark's shape, 4096 channels: an upper bound).

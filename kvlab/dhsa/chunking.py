@@ -17,10 +17,12 @@ layer splits over the fused features of Eq. 2::
     W1 f_t = W_l l_t + W_r r_t + W_d |l_t - r_t| + W_p (l_t * r_t) + w_c cos(l_t, r_t)
 
 and ``W_l l`` / ``W_r l`` are one product over the ``n + w`` encoder outputs (then shifted by ``w``),
-so only the ``|l - r|`` and ``l * r`` halves need the ``(n, 2C)`` feature tensor. The window
-attention itself (``w x w`` scores per head and position, softmax, column means, weighted sum of
-values) is one Triton kernel reading the ``qkv`` projection once (:func:`window_pool`); the reference
-builds it from ``2 w^2`` shifted products.
+so only the ``|l - r|`` and ``l * r`` halves need the ``(n, 2C)`` feature tensor (written with the
+cosine in one Triton pass, :func:`fusion_features`). The window attention itself (``w x w`` scores per
+head and position, softmax, column means, weighted sum of values) is one Triton kernel of tensor-core
+products over 64-row tiles that reads the ``qkv`` projection once (:func:`window_pool`); the reference
+builds it from ``2 w^2`` shifted products. :class:`GraphedLogits` replays the whole forward from a CUDA
+graph (one launch; for small channel counts, where launches cost more than the work).
 
 NMS in parallel, exactly
 ------------------------
@@ -42,12 +44,14 @@ dependency chain runs past the halo stays unknown; then the kernel runs again, r
 first pass decided (the best-ranked unknown position always decides in the next pass, so this
 ends; on predictor outputs one pass decides everything). The cap (at most ``N_c - 1`` boundaries)
 keeps the best-ranked kept positions: greedy keeps positions in rank order, so its cap is a prefix
-of that order. Chunk cuts (``max_len``) are a running maximum of the previous boundary, no loop.
+of that order (a sort of the few kept positions). Chunk cuts (``max_len``) need the previous boundary of
+every offset, a running maximum: one Triton scan kernel writes the offsets mask, and one ``nonzero``
+(the only synchronisation besides the convergence check) turns it into offsets.
 
 Entry point: :func:`predict_boundaries_fast` (what ``predict_boundaries(..., backend="triton")`` and
 ``backend="auto"`` on a GPU call). Tests: ``tests/test_dhsa_chunking.py`` (exact offsets against the
-reference on random, tied and edge-case scores, a hypothesis property test; the predictor against a
-float64 evaluation of the reference); benchmark: ``benchmarks/dhsa_predictor_time.py``.
+reference on random, tied and edge-case scores, a property test over many seeded random cases; the
+predictor against a float64 evaluation of the reference); benchmark: ``benchmarks/dhsa_predictor_time.py``.
 """
 from __future__ import annotations
 
@@ -56,10 +60,10 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .reference import BoundaryPredictor, key_features, label_valid, split_long_chunks
+from .reference import BoundaryPredictor, key_features, label_valid
 
-__all__ = ["predictor_logits", "GraphedLogits", "window_pool", "fusion_features", "nms_status", "nms_boundaries_fast", "predict_boundaries_fast",
-           "MAX_NMS_WINDOW"]
+__all__ = ["predictor_logits", "GraphedLogits", "window_pool", "fusion_features", "nms_status", "nms_boundaries_fast",
+           "predict_boundaries_fast", "MAX_NMS_WINDOW"]
 
 MAX_NMS_WINDOW = 1024  # the kernel's halo must cover the window; wider windows: backend="torch"
 

@@ -449,9 +449,15 @@ def table(report: dict) -> str:
     return "\n".join(lines)
 
 
+def _rank(row: dict) -> tuple:
+    """Which of two rows of one notebook tells more: finished > stopped at a limit (the longer) > failed."""
+    order = {"ok": 3, "timeout": 2, "failed": 1}.get(row["status"], 0)
+    return (order, row.get("cpu_s") or 0) if row["status"] == "timeout" else (order, 0)
+
+
 def merge(paths: list[pathlib.Path], out: pathlib.Path) -> dict:
     """One table from several runs of the same set: per notebook the row of the last file that ran it to the end
-    (else the last file's row), each row naming its run (``run``: date, machine, command)."""
+    (else the one stopped latest, else the last file's), each row naming its run (``run``: date, machine, command)."""
     reports = [json.loads(p.read_text()) for p in paths]
     if len({r["set"] for r in reports}) != 1:
         raise SystemExit(f"merge takes runs of one set (ci or defaults), got {[r['set'] for r in reports]}")
@@ -461,7 +467,7 @@ def merge(paths: list[pathlib.Path], out: pathlib.Path) -> dict:
             row = {**row, "run": row.get("run") or {"file": path.name, "date": report["date"],
                                                     "machine": report["machine"], "command": report["command"]}}
             old = rows.get(row["notebook"])
-            if old is None or row["status"] == "ok" or old["status"] != "ok":
+            if old is None or _rank(row) >= _rank(old):
                 rows[row["notebook"]] = row
     merged = {**reports[-1], "command": "merged: " + " + ".join(p.name for p in paths),
               "runs": [{"file": p.name, "date": r["date"], "machine": r["machine"], "command": r["command"],
@@ -505,9 +511,8 @@ def run_time_line(stem: str, ci: dict, defaults: dict, declared_defaults: dict, 
                          f"notebooks/params/{stem}.ci.yaml")
     changed = {k: v for k, v in defaults.get("parameters", {}).items()
                if k not in NEUTRAL and k in declared_defaults and declared_defaults[k] != v}
-    if defaults.get("status") == "timeout":
-        minutes = int(defaults["limit_s"] // 60)
-        head = f"more than {minutes} min"
+    if defaults.get("status") == "timeout":  # the CPU seconds it had spent when stopped: a lower bound
+        head = f"more than {int(defaults['cpu_s'] // 60)} min"
     elif defaults.get("status") == "ok":
         value, unit = rounded(defaults["cpu_s"])
         head = f"{'at least' if changed else 'about'} {value} {unit}"

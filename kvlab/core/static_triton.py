@@ -30,9 +30,10 @@ Schedule: at 256 streams there are ``256 x kv_heads`` programs, at one stream on
 are cut into ranges (``splits``, one program each, merged by a second small kernel: base-2 log-sum-exp) until the
 GPU has enough programs. ``PHYS_ORDER`` walks the physical slots in memory order instead of the entries in logical
 order (the engine keeps the inverse index and each slot's rotation): the K/V addresses then do not wait for a
-loaded index, dead slots are read and masked. Which of these is fastest depends on the GPU, dtype and shape, so
-the engine times a few choices once per shape on full rows (:func:`tuned_config`, CUDA-graph replays) and keeps
-the fastest.
+loaded index, dead slots are read and masked. Which of these is fastest depends on the GPU, dtype and shape:
+with ``KVLAB_STATIC_TUNE=1`` the engine times a few choices once per shape on full rows (:func:`tuned_config`,
+CUDA-graph replays) and keeps the fastest; by default it runs :func:`default_config` (broadcast products, logical
+order, ranges only for small batches: the configuration the H200 run measured and tested).
 
 Specification (float64 oracle): :func:`static_decode_reference`. Tests: ``tests/test_static_triton.py`` (CPU
 interpreter with ``TRITON_INTERPRET=1``, and CUDA).
@@ -113,7 +114,9 @@ def default_config(interpret: bool | None = None) -> dict:
     interpret = _interpreting() if interpret is None else interpret
     if interpret:
         return dict(BLOCK_N=8, num_warps=4, num_stages=1, programs=None, splits=None, USE_DOT=False, PHYS_ORDER=False)
-    return dict(BLOCK_N=16, num_warps=2, num_stages=2, programs=16 * _sm_count(), splits=None, USE_DOT=False,
+    # the fastest of the tiles timed on an H200 at 256 streams (benchmarks/results/decode/engine_256_h200_2026_11_25.md);
+    # ranges only when the batch leaves the GPU short of programs
+    return dict(BLOCK_N=16, num_warps=2, num_stages=2, programs=2 * _sm_count(), splits=None, USE_DOT=False,
                 PHYS_ORDER=False)
 
 
@@ -194,13 +197,14 @@ def _gpu_ms(fn, reps: int = 10) -> float:
 def tuned_config(q, keys, values, phys, length, scale, extra: dict) -> dict:
     """The fastest of :func:`candidate_configs` on these buffers with every row full (the steady state of a stream:
     the first call comes with nearly empty rows), each timed in a CUDA graph replay (:func:`_gpu_ms`); timed once per
-    shape and cached; inside a CUDA graph capture (or with ``KVLAB_STATIC_TUNE=0``) the default."""
+    shape and cached. Opt-in (``KVLAB_STATIC_TUNE=1``): the timing and the tl.dot / memory-order variants passed the
+    interpreter's float64 tests but have not run on a GPU yet; otherwise (and inside a capture) the default."""
     rows, c = q.shape[0] * keys.shape[1], keys.shape[2]
     key = (q.device, q.dtype, q.shape[0], keys.shape[1], q.shape[1] // keys.shape[1], c, q.shape[2],
            extra.get("rot") is not None)
     if key in _TUNED:
         return _TUNED[key]
-    if os.environ.get("KVLAB_STATIC_TUNE", "1") == "0" or torch.cuda.is_current_stream_capturing():
+    if os.environ.get("KVLAB_STATIC_TUNE", "0") != "1" or torch.cuda.is_current_stream_capturing():
         return default_config()
     best, best_ms = None, float("inf")
     length = torch.full_like(length, c - 1)  # full rows (phys is a permutation of the slots: every slot is valid)

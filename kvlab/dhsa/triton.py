@@ -107,6 +107,17 @@ measurement of ``"ranges"``, which took 3.9 ms there after the launch tables sto
 (2.9x), loading keys and values at 4.8-4.9 TB/s from L2 -- the traffic bound above (16 GiB at
 ~5 TB/s is ~3.4 ms), so the >= 6x target needs less traffic (longer chunks, GQA-shared selection),
 not a faster loop.
+
+Measured, variant ``"packed"`` (H200, torch 2.11, triton 3.6, 2026-11-25, same settings,
+``benchmarks/results/dhsa/dhsa_ops_h200_2026_11_25.*``): 2.87 ms at 32k with 64-token chunks (TMA key
+tiles; 5.13x SDPA's 14.71 ms; ``"lists"`` 3.37 ms = 4.37x in the same run) and 5.26 ms with
+predictor-like chunks (2.80x; ``"lists"`` 10.32 ms). The diagnosis above no longer holds for it: its
+arithmetic alone (every list pointed at one hot key tile) takes 2.80 ms and its gathered loads alone
+3.20 ms, so with TMA copies it is bound by its own arithmetic and issue (64-row tiles of one
+warpgroup, the softmax between the two MMAs: 372 TFLOP/s of kept work where SDPA reaches 598), and
+6x (434 TFLOP/s) would need a better-overlapped loop (FlashAttention-3's ping-pong of two
+warpgroups), which Triton 3.6 does not express here (its warp specialisation fails on this kernel
+for Hopper). ``LAZY`` measured slower (2.99-3.06 ms), so it stays off.
 """
 from __future__ import annotations
 
@@ -149,7 +160,8 @@ def default_config(plan: ChunkPlan, dtype: torch.dtype, variant: str = "lists", 
     contiguous pointer loads 3.21, gathers 3.45 (2 stages: 3.21 / 3.27 / 3.66); Gemma2-2b's layer (8 / 4
     heads, dim 256, shared selection, predictor-like chunks): PACK 2 x 64 rows, 64-key tiles, 8 warps,
     2 stages 2.05 ms; 32-key tiles 2.94; 2 x 32 rows + a 2 x 64-row long launch 2.53-2.73; no packing
-    with a 128-row long launch 3.07.
+    with a 128-row long launch 3.07. Round 2 (TMA, fixed chunks): 64-key tiles 2.91 ms, ``LAZY`` 3.06,
+    32-key tiles 3.11 (3 stages) / 3.35 (2), 8 warps 6.06.
     """
     if variant == "packed":
         return _packed_config(plan, head_dim, group)

@@ -136,9 +136,11 @@ def test_api_triton_uses_the_default_variant():
     from kvlab.sepllm.triton import auto_variant, default_config, tma_supported
 
     assert default_config(128, torch.bfloat16, interpret=False)["variant"] == ("tma" if tma_supported() else "gather")
-    x = torch.zeros(1, device=DEV)
+    x = torch.zeros(1, 2, 3, 64, device=DEV, dtype=torch.bfloat16)
     hopper = not CUDA or torch.cuda.get_device_capability()[0] >= 9
     assert auto_variant(x) == ("tma" if tma_supported() and hopper else "gather")
+    if CUDA:  # fp32 and dim 256 stay on the GPU-tested gather kernels
+        assert auto_variant(x.float()) == auto_variant(torch.zeros(1, 2, 3, 256, device=DEV)) == "gather"
     q, k, v, is_sep, do = _inputs(1, 2, 1, 40, 16, torch.float32, 0.2, seed=11)
     _check_against_oracle("triton", q, k, v, is_sep, do, 2, 7)
 
@@ -294,12 +296,15 @@ def test_default_tiles_follow_head_dim_and_dtype():
     """Rows twice as large (dim 256, or fp32) get tiles half as tall, so shared memory per tile is unchanged."""
     from kvlab.sepllm.triton import default_config
 
-    tuned = default_config(128, torch.bfloat16, interpret=False)
-    for d, dt in ((256, torch.bfloat16), (128, torch.float32)):
-        cfg = default_config(d, dt, interpret=False)
-        assert cfg["fwd"]["BLOCK_M"] == tuned["fwd"]["BLOCK_M"] // 2
-        assert cfg["dkdv"]["BLOCK_M"] == cfg["dkdv"]["BLOCK_M"] and cfg["fwd"]["BLOCK_N"] == tuned["fwd"]["BLOCK_N"]
-    assert default_config(64, torch.bfloat16, interpret=False) == tuned
+    for variant in ("gather", "tma"):
+        tuned = default_config(128, torch.bfloat16, interpret=False, variant=variant)
+        for d, dt in ((256, torch.bfloat16), (128, torch.float32)):
+            cfg = default_config(d, dt, interpret=False, variant=variant)
+            assert cfg["fwd"]["BLOCK_M"] == tuned["fwd"]["BLOCK_M"] // 2
+            # the tma kernels multi-buffer their window tiles too: those shrink as well
+            want_n = tuned["dq"]["BLOCK_N"] // 2 if variant == "tma" else tuned["dq"]["BLOCK_N"]
+            assert cfg["dq"]["BLOCK_N"] == want_n
+        assert default_config(64, torch.bfloat16, interpret=False, variant=variant) == tuned
 
 
 def test_tile_work_counts_the_mask_and_the_tiles():
@@ -323,3 +328,67 @@ def test_tile_work_counts_the_mask_and_the_tiles():
             computed += 64 * (-(-far // 16) * 16 + -(-(hi - lo) // 32) * 32)
     assert work["computed_flop"] == pytest.approx(4 * 8 * 3 * computed)
     assert work["computed_flop"] >= work["useful_flop"]
+
+
+_SMEM_SCRIPT = r"""
+import json, sys
+import torch, triton
+try:
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    import kvlab.sepllm.triton as st
+    triton.compile  # noqa: B018
+except Exception:
+    sys.exit(3)
+P = {torch.bfloat16: "*bf16", torch.float32: "*fp32"}
+out = []
+for dtype, d in ((torch.float32, 128), (torch.bfloat16, 256)):
+    cfg = st.default_config(d, dtype, interpret=False, variant="tma")
+    p, f32, i8, i32 = P[dtype], "*fp32", "*i8", "*i32"
+    kernels = [("fwd", st._sep_fwd_tma_kernel, dict(WARP_SPEC=False, PARTS=3, WINDOW_SPLIT=False)),
+               ("dq", st._sep_bwd_dq_tma_kernel, dict(WARP_SPEC=False)),
+               ("far", st._sep_bwd_dkdv_far_tma_kernel, dict(N_SPLITS=1)),
+               ("dkdv", st._sep_bwd_dkdv_window_tma_kernel, {})]
+    for key, kernel, extra in kernels:
+        c = cfg[key]
+        cx = dict(H=8, GROUP=4, HEAD_DIM=d, FP32_DOT=dtype == torch.float32, BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"],
+                  BLOCK_F=c["BLOCK_F"], **extra)
+        cx = {k: v for k, v in cx.items() if k in kernel.arg_names}
+        sig = {}
+        for name in kernel.arg_names:
+            if name in cx:
+                sig[name] = "constexpr"
+            elif name in ("LSE", "DELTA", "DKC", "DVC"):
+                sig[name] = f32
+            elif name == "KEPT":
+                sig[name] = i8
+            elif name in ("IDX", "CNT"):
+                sig[name] = i32
+            elif name in ("Q", "K", "V", "KC", "VC", "O", "DO", "DQ", "DK", "DV"):
+                sig[name] = p
+            else:
+                sig[name] = "fp32" if name.endswith("scale") else "i32"
+        ck = triton.compile(ASTSource(fn=kernel, signature=sig, constexprs=cx), target=GPUTarget("cuda", 90, 32),
+                            options={"num_warps": c["num_warps"], "num_stages": c["num_stages"]})
+        out.append({"dtype": str(dtype), "dim": d, "kernel": key, "shared": ck.metadata.shared})
+print(json.dumps(out))
+"""
+
+
+@needs_triton
+def test_tma_default_tiles_fit_in_hopper_shared_memory():
+    """Regression (GPU round 2, 2026-11-25): fp32 rows with dQ's 64-key window tiles asked 262,160 bytes of shared
+    memory, more than an H100/H200 block may have (232,448), and the launch failed. Every default tile set of the
+    "tma" variant for 4-byte elements and for dim 256 is compiled here for sm_90 (no GPU needed) and must fit."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run([sys.executable, "-c", _SMEM_SCRIPT], env=env, capture_output=True, text=True, timeout=900)
+    if res.returncode == 3:
+        pytest.skip("this Triton cannot compile for CUDA here (no NVIDIA backend)")
+    assert res.returncode == 0, res.stderr[-3000:]
+    for row in json.loads(res.stdout.strip().splitlines()[-1]):
+        assert row["shared"] <= 232448, row

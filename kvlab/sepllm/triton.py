@@ -800,12 +800,15 @@ def tma_supported() -> bool:
 
 
 def auto_variant(x: torch.Tensor) -> str:
-    """The variant ``backend="triton"`` runs on ``x``'s device: ``"tma"`` where Triton has tensor descriptors and
-    the GPU has the bulk tensor copy engine (Hopper, compute capability 9.0, and later) or the interpreter
-    emulates it; ``"gather"`` otherwise. Measured on an H200 (benchmarks/results/kernels/README.md, issue 28)."""
+    """The variant ``backend="triton"`` runs on ``x``: ``"tma"`` where Triton has tensor descriptors and the GPU
+    has the bulk tensor copy engine (Hopper, compute capability 9.0, and later) or the interpreter emulates it,
+    for the inputs it was checked on there (bf16/fp16, head dim <= 128: GPU tests and benchmarks of
+    2026-11-25, benchmarks/results/kernels/README.md); ``"gather"`` otherwise (fp32 and dim 256 run the tma
+    kernels correctly in the interpreter and fit in shared memory, but have not passed a GPU test yet)."""
     if not tma_supported():
         return "gather"
-    if x.is_cuda and torch.cuda.get_device_capability(x.device)[0] < 9:
+    if x.is_cuda and (torch.cuda.get_device_capability(x.device)[0] < 9 or x.dtype == torch.float32
+                      or x.shape[-1] > 128):
         return "gather"
     return "tma"
 
@@ -836,9 +839,9 @@ def default_config(head_dim: int, dtype: torch.dtype, interpret: bool | None = N
     # so that a tile's bytes in shared memory stay those of the tuned case; smaller rows keep the tuned tiles.
     grow = max(1, (head_dim * torch.finfo(dtype).bits // 8) // (128 * 2))
 
-    def tiles(m, n, f, warps, stages):
-        return dict(BLOCK_M=max(16, m // grow), BLOCK_N=n, BLOCK_F=max(16, f // grow), num_warps=warps,
-                    num_stages=stages, warp_spec=False)
+    def tiles(m, n, f, warps, stages, shrink_n=False):
+        return dict(BLOCK_M=max(16, m // grow), BLOCK_N=max(16, n // grow) if shrink_n else n,
+                    BLOCK_F=max(16, f // grow), num_warps=warps, num_stages=stages, warp_spec=False)
     if variant == "gather":
         return {"variant": variant, "fwd": tiles(128, 32, 64, 4, 2), "dq": tiles(64, 32, 64, 4, 3),
                 "dkdv": tiles(32, 64, 64, 4, 3),
@@ -847,8 +850,11 @@ def default_config(head_dim: int, dtype: torch.dtype, interpret: bool | None = N
     # "tma": from the sweep of 2026-11-25 (benchmarks/results/kernels/sepllm_tune_h200_round1_2026_11_25.log).
     # "far" tiles the far dK/dV kernel on its own (its pairs are q - k >= n, decided per element); its walk is
     # unsplit, so each chunk's program stores its rows once (no zeroed buffer, no atomics).
-    return {"variant": variant, "fwd": tiles(128, 32, 64, 4, 2), "dq": tiles(128, 64, 64, 8, 3),
-            "dkdv": tiles(32, 64, 64, 4, 3), "far": tiles(64, 64, 128, 8, 3), "far_splits_per": 1 << 20}
+    # Its window tiles are multi-buffered through shared memory too, so BLOCK_N shrinks with the rows as well
+    # (fp32 or dim 256 with dQ's 64-key window tiles asked 262 KB of an H200's 227 KB: tests/test_sep_attention.py
+    # compiles every default for sm_90 and checks).
+    return {"variant": variant, "fwd": tiles(128, 32, 64, 4, 2, True), "dq": tiles(128, 64, 64, 8, 3, True),
+            "dkdv": tiles(32, 64, 64, 4, 3, True), "far": tiles(64, 64, 128, 8, 3, True), "far_splits_per": 1 << 20}
 
 
 def _check_config(cfg: dict) -> None:

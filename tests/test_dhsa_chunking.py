@@ -330,3 +330,19 @@ def test_make_labels_batched_equals_one_sample_per_pass(tiny_llama):
         torch.testing.assert_close(a[2], b[2], rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="batch must be"):
         make_labels(tiny_llama, samples, [0], batch=0)
+
+
+def test_shipped_paper_size_predictor_loads_checks_and_beats_the_older_one_on_held_out_windows():
+    """kvlab/dhsa/data/smollm2-135m-h256.pt (trained on an H200, 500 windows of five corpora): its checksum, the
+    paper's size, its command, and the held-out metrics its sidecar records for it and for the older file."""
+    from kvlab.dhsa import training as T
+
+    p, info = T.shipped_predictor("smollm2-135m-h256")
+    assert p.config() == info["predictor"] and p.hidden == 256 and p.heads == 8 and p.window == 4
+    assert info["command"].startswith("python -m kvlab.dhsa.training") and "--hidden 256" in info["command"]
+    assert sum(info["data"]["train"].values()) == 500 and info["data"]["seq_len"] == 1024
+    new, old = info["validation"], info["compared"]["validation"]
+    assert new["positives"] == old["positives"]  # the same held-out windows
+    assert new["f1"] > old["f1"] and new["loss"] < old["loss"] and new["topk_overlap"] > old["topk_overlap"]
+    logits = p(torch.randn(1, 24, 192))
+    assert logits.shape == (1, 24) and torch.isfinite(logits).all()

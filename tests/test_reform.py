@@ -439,7 +439,7 @@ def test_backend_choice_and_its_checks(tiny_llama):
     kw = dict(heads=["v:1:0"], chunk_size=16, budget=20, recompute_budget=24, n_initial=2, n_recent=4, n_final=4,
               pool=5, progress=False)
     out = api.reform_gather(tiny_llama, Tok(), _ids(40), _ids(4), **kw)
-    assert out.stats["backend"] == ("triton" if next(tiny_llama.parameters()).is_cuda else "torch")
+    assert out.stats["backend"] == "torch"  # auto is the eager code on every device (api docstring: measured)
     with pytest.raises(ValueError, match=r"backend must be one of \('auto', 'torch', 'triton'\)"):
         api.reform_gather(tiny_llama, Tok(), _ids(40), _ids(4), backend="cuda", **kw)
     double = copy.deepcopy(tiny_llama).double()

@@ -33,8 +33,11 @@ query heads of its group (GQA) and the ``w`` queries in tiles of ``BLOCK_M``:
 
 float32 inputs take the dot products as three tf32 tensor-core products (``input_precision="tf32x3"``:
 ``hi*hi + hi*lo + lo*hi``, close to fp32 and checked against the float64 oracle like the rest); plain fp32
-FMA products (``config={"fp32_precision": "ieee"}``, and the CPU interpreter) make the two passes slower than
-the eager matmul once the keys run to 256k.
+FMA products (``config={"fp32_precision": "ieee"}``, and the CPU interpreter) took 221 ms against 5.9 ms at 256k
+keys on an H200. Measured there (``benchmarks/results/reform/scoring_h200_2026_11_25.md``): bf16 2.3x the eager
+path at 256k keys, fp32 0.93x (the kernels' device time 5.6 ms against 5.4: 192 programs are 1.45 waves on 132
+SMs and each walks 64 key tiles in turn); at the 4096 keys a REFORM run scores a call is host-bound (about
+0.29 ms of launches for 0.06-0.13 ms of device work), so ``backend="auto"`` stays eager.
 
 The mask reads the query and key positions from tensors (causal and, for Gemma3's local layers, the
 sliding window), so the kernel takes exactly the reference's arguments.

@@ -522,7 +522,7 @@ def run_time_line(stem: str, ci: dict, defaults: dict, declared_defaults: dict, 
     note = ""
     if changed:
         note = " (measured with " + ", ".join(f"{k} = {json.dumps(v)}" for k, v in changed.items()) + \
-               ": the rest was not at hand)"
+               ": what it leaves out was not at hand)"
     return (f"{LINE}{head} at the defaults{note}, about {ci_s} s with the small parameter set "
             f"`params/{stem}.ci.yaml` (CPU time, {date}; `benchmarks/results/notebook_times/`).")
 

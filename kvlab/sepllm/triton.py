@@ -26,6 +26,16 @@ Split the keys of one query tile ``[q0, q0 + BLOCK_M)`` into two disjoint sets:
    ``idx[0 : cnt[lo]]``, which the kernel gathers ``BLOCK_N`` rows at a time. No mask but the list
    tail, and no wasted products.
 
+Two variants read the far keys differently (``default_config(variant=...)``, ``auto_variant``):
+
+* ``"gather"`` (the first release): ``BLOCK_F`` rows at a time gathered from ``K, V`` through ``idx``;
+* ``"tma"`` (issue 28, the default on Hopper for bf16/fp16): the kept rows are copied once per call into a
+  compacted ``kc, vc`` (:func:`compact_kv`), so a tile's far keys are the contiguous rows ``[0, cnt[lo])``, read
+  through tensor descriptors (TMA), full tiles with no mask; its backward splits the dK/dV pairs per element
+  (far: a kept key with ``q - k >= n``) so the far and window kernels are tiled independently, and stores dK, dV
+  once. On an H200 at 32k it runs the forward 7-10 % faster than ``"gather"`` and forward + backward 13-15 %
+  (benchmarks/results/kernels/README.md, "Issue 28", with the measured bound: the window loop).
+
 Both sets go through the same online softmax (FlashAttention's running max ``m``, running sum
 ``l``, rescaled accumulator), computed in base 2: scores are multiplied by ``scale * log2(e)``
 so that ``exp2`` replaces ``exp``; the saved log-sum-exp ``lse`` is in the same base-2 units.

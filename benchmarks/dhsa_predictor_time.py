@@ -8,7 +8,7 @@ window 4, 8 heads, hidden 256, random weights, input = the layer's keys, ``kv_he
 * ``pred_fp32_ms`` / ``pred_bf16_ms``: the predictor alone, eager, in float32 / bfloat16;
 * ``pred_compiled_ms``: ``torch.compile(predictor)`` in bfloat16 (the fast path);
 * ``nms_ms``: threshold + NMS + chunk cap + cuts (:func:`kvlab.dhsa.reference.nms_boundaries`), on the GPU;
-* ``chunking_ms``: :func:`kvlab.dhsa.reference.predict_boundaries` with the compiled bf16 predictor: all of it;
+* ``chunking_ms``: :func:`kvlab.dhsa.api.predict_boundaries` with the compiled bf16 predictor: all of it;
 * ``share``: ``chunking_ms / sdpa_ms`` (target <= 0.10), and ``chunks`` / ``mean_len`` of the result;
 * the fast path (:mod:`kvlab.dhsa.chunking`, what ``predict_boundaries(backend="auto")`` runs on a GPU):
   ``fast_pred_ms`` (:func:`~kvlab.dhsa.chunking.predictor_logits`, bf16, Triton window attention),
@@ -41,8 +41,9 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from kvlab.dhsa import chunking  # noqa: E402
+from kvlab.dhsa.api import predict_boundaries  # noqa: E402  (backend="auto": the fast path on a GPU)
 from kvlab.dhsa.reference import (BoundaryPredictor, key_features, label_valid, nms_boundaries,  # noqa: E402
-                                  predict_boundaries, split_long_chunks)
+                                  split_long_chunks)
 
 SHAPES = {"gemma2-2b": (8, 4, 256), "gemma3-270m": (4, 1, 256), "ops": (32, 32, 128), "tiny": (4, 2, 16)}
 

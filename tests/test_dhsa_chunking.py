@@ -18,6 +18,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from kvlab.dhsa import api as A
 from kvlab.dhsa import reference as R
 from kvlab.testing import assert_close_to_oracle
 
@@ -250,15 +251,15 @@ def test_predict_boundaries_backends_agree():
     pred = R.BoundaryPredictor(32, window=4, heads=4, hidden=16).to(DEV)
     k = torch.randn(2, 2, 160, 16, device=DEV)
     kw = dict(max_chunks=12, threshold=0.5, nms_window=4, max_len=24)
-    ref = R.predict_boundaries(pred, k, backend="torch", **kw)
-    fast = R.predict_boundaries(pred, k, backend="triton", **kw)
-    auto = R.predict_boundaries(pred, k, **kw)
+    ref = A.predict_boundaries(pred, k, backend="torch", **kw)
+    fast = A.predict_boundaries(pred, k, backend="triton", **kw)
+    auto = A.predict_boundaries(pred, k, **kw)
     # same probabilities up to float32 rounding of a different order of sums: offsets equal unless a probability
     # sits within rounding of the threshold or of a tie (not at these seeds)
     _assert_same(ref, fast, "triton")
     _assert_same(ref, auto, "auto")
     with pytest.raises(ValueError, match="backend must be"):
-        R.predict_boundaries(pred, k, backend="cuda", **kw)
+        A.predict_boundaries(pred, k, backend="cuda", **kw)
 
 
 # ------------------------------------------------------------------------------------------------

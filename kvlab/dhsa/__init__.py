@@ -15,12 +15,12 @@ attention recall are :mod:`.theory`; the experiments of notebooks 07-08 are :mod
 benchmarks are ``python -m kvlab bench dhsa``.
 """
 from . import experiments, reference, theory, training
-from .api import BACKENDS, Selection, dhsa_attention, dhsa_decode, dhsa_selection, resolve_chunks
+from .api import BACKENDS, Selection, dhsa_attention, dhsa_decode, dhsa_selection, predict_boundaries, resolve_chunks
 from .pattern import (CHUNKINGS, DECODES, DHSAPattern, authors_pattern, block_sparse_pattern, dhsa_layers,
                       sliding_window_pattern)
 from .policy import DHSADecode, decode_attention, decode_memory
 from .reference import (BoundaryPredictor, attention_recall, best_recall, chunk_representation, dhsa_mask,
-                        fixed_boundaries, local_starts, nms_boundaries, oracle_boundaries, predict_boundaries)
+                        fixed_boundaries, local_starts, nms_boundaries, oracle_boundaries)
 
 __all__ = [
     "BACKENDS", "Selection", "dhsa_attention", "dhsa_decode", "dhsa_selection", "resolve_chunks",

@@ -24,6 +24,7 @@ import torch
 
 from kvlab.core import check_int
 
+from .reference import predict_boundaries as _reference_predict_boundaries
 from .reference import (AGGREGATIONS, _masked_attention, dhsa_attention_reference, dhsa_decode_reference, dhsa_mask,
                         fixed_boundaries, max_forced)
 
@@ -332,4 +333,32 @@ def dhsa_decode(
     return dhsa_decode_reference(q, k, v, prompt_chunks.to(q.device), budget, initial=initial,
                                  keep_diagonal=keep_diagonal, aggregation=aggregation, share_heads=share_heads,
                                  scale=scale, local=local)
+
+
+@torch.no_grad()
+def predict_boundaries(predictor, k: torch.Tensor, *, max_chunks: int, threshold: float = 0.5, nms_window: int = 8,
+                       max_len: int | None = None, backend: str = "auto") -> list[torch.Tensor]:
+    """The learned chunking of a batch from its keys, on the chosen path (the same offsets on both).
+
+    Args:
+        predictor, k, max_chunks, threshold, nms_window, max_len: as
+            :func:`kvlab.dhsa.reference.predict_boundaries` (the specification).
+        backend: ``"torch"`` (the specification), ``"triton"`` (:func:`kvlab.dhsa.chunking.predict_boundaries_fast`:
+            the predictor as a few fused kernels and the NMS as one Triton kernel) or ``"auto"`` (``"triton"`` for
+            CUDA keys when Triton is installed and ``nms_window`` fits its kernel, else ``"torch"``).
+    """
+    if backend not in ("auto", "torch", "triton"):
+        raise ValueError(f"backend must be 'auto', 'torch' or 'triton', got {backend!r}")
+    if backend == "auto":
+        import importlib.util
+
+        fits = nms_window <= 1024 if isinstance(nms_window, int) else False
+        backend = "triton" if k.is_cuda and fits and importlib.util.find_spec("triton") is not None else "torch"
+    if backend == "triton":
+        from .chunking import predict_boundaries_fast  # imports Triton: only when chosen
+
+        return predict_boundaries_fast(predictor, k, max_chunks=max_chunks, threshold=threshold,
+                                       nms_window=nms_window, max_len=max_len)
+    return _reference_predict_boundaries(predictor, k, max_chunks=max_chunks, threshold=threshold,
+                                         nms_window=nms_window, max_len=max_len)
 

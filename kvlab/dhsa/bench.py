@@ -96,7 +96,8 @@ def _chunking_ms(k, time_budget):
     ``torch.compile`` fast path and the comparison with one layer's SDPA."""
     import torch
 
-    from .reference import BoundaryPredictor, key_features, predict_boundaries
+    from .api import predict_boundaries
+    from .reference import BoundaryPredictor, key_features
 
     pred = BoundaryPredictor(key_features(k[:, :, :8]).shape[-1]).to(k.device, k.dtype).eval()  # bf16, eager
     with torch.no_grad():

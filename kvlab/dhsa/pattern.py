@@ -65,11 +65,11 @@ import torch
 
 from kvlab.core import AttentionCall, AttentionPattern, MaskPattern, attend, causal_mask, model_state
 
-from .api import check_flag, dhsa_attention, dhsa_selection
+from .api import check_flag, dhsa_attention, dhsa_selection, predict_boundaries
 from .policy import decode_attention, decode_attention_sdpa
 from .api import BACKENDS
 from .reference import (BoundaryPredictor, _per_batch, attention_recall, chunk_index, chunk_similarity, dhsa_mask,
-                        fixed_boundaries, local_starts, oracle_boundaries, predict_boundaries, split_long_chunks)
+                        fixed_boundaries, local_starts, oracle_boundaries, split_long_chunks)
 
 __all__ = ["DHSAPattern", "authors_pattern", "block_sparse_pattern", "sliding_window_pattern", "dhsa_layers",
            "ranked_chunk_mask", "CHUNKINGS", "DECODES", "PATTERN_BACKENDS"]

@@ -954,18 +954,17 @@ def _check_prediction_args(threshold, max_chunks, nms_window, max_len):
 
 @torch.no_grad()
 def predict_boundaries(predictor: BoundaryPredictor, k: torch.Tensor, *, max_chunks: int, threshold: float = 0.5,
-                       nms_window: int = 8, max_len: int | None = None, backend: str = "auto") -> list[torch.Tensor]:
+                       nms_window: int = 8, max_len: int | None = None) -> list[torch.Tensor]:
     """Chunkings of a batch from its keys: predictor probabilities, then NMS (:func:`nms_boundaries`).
+
+    This is the specification in PyTorch; :func:`kvlab.dhsa.api.predict_boundaries` chooses between it and the fast
+    path (:func:`kvlab.dhsa.chunking.predict_boundaries_fast`, the same offsets) by ``backend``.
 
     Args:
         k: ``(batch, kv_heads, seq, dim)`` keys of the layer (RoPE applied, as the authors' code).
         max_chunks: ``N_c``. threshold: on the probability, in ``[0, 1)`` (the authors' code thresholds
             the logit at 1.1, i.e. ``p > 0.75``). nms_window: App. B ("e.g. 8 or 64").
         max_len: cut chunks longer than this (:func:`split_long_chunks`; ours); None: no cut.
-        backend: ``"torch"`` (this function, the specification), ``"triton"`` (the fast path,
-            :func:`kvlab.dhsa.chunking.predict_boundaries_fast`: the same offsets for the same probabilities)
-            or ``"auto"`` (``"triton"`` for CUDA keys when Triton is installed and ``nms_window`` fits its
-            kernel, else ``"torch"``).
 
     One predictor call for the whole batch and every position; the NMS runs on the keys' device
     (no loop over positions), so ``torch.compile(predictor)`` can be passed as ``predictor`` (it
@@ -976,18 +975,6 @@ def predict_boundaries(predictor: BoundaryPredictor, k: torch.Tensor, *, max_chu
         one offsets tensor per sequence, on ``k``'s device.
     """
     _check_prediction_args(threshold, max_chunks, nms_window, max_len)
-    if backend not in ("auto", "torch", "triton"):
-        raise ValueError(f"backend must be 'auto', 'torch' or 'triton', got {backend!r}")
-    if backend == "auto" and k.is_cuda:
-        import importlib.util
-
-        if importlib.util.find_spec("triton") is not None and nms_window <= 1024:
-            backend = "triton"
-    if backend == "triton":
-        from .chunking import predict_boundaries_fast  # the fast path lives apart; imported only when chosen
-
-        return predict_boundaries_fast(predictor, k, max_chunks=max_chunks, threshold=threshold,
-                                       nms_window=nms_window, max_len=max_len)
     module = getattr(predictor, "_orig_mod", predictor)  # torch.compile wraps the module
     if not isinstance(module, BoundaryPredictor):
         raise TypeError(f"predictor must be a BoundaryPredictor (or torch.compile of one), got "

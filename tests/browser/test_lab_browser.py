@@ -21,6 +21,7 @@ import urllib.request
 import pytest
 
 pytest.importorskip("selenium", reason="selenium is in kvlab's dev extras (pip install -e '.[dev]')")
+from selenium.common.exceptions import StaleElementReferenceException  # noqa: E402
 from selenium.webdriver.common.action_chains import ActionChains  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.common.keys import Keys  # noqa: E402
@@ -154,10 +155,21 @@ def _explore(browser, base, token, screenshots):
     # and a span too large for the overlap prints why instead of a plot).
     handle.click()
     ActionChains(browser).send_keys(Keys.ARROW_RIGHT).pause(0.2).send_keys(Keys.ARROW_RIGHT).perform()
-    WebDriverWait(browser, 60).until(lambda d: readout.text != before_value, "the slider did not move")
-    WebDriverWait(browser, 120).until(
-        lambda d: _plot(d, explorer) is not None and _plot(d, explorer).get_attribute("src") != before_src
-        and image_loaded(d, _plot(d, explorer)), "moving the slider did not redraw the plot")
+    want = str(int(before_value) + 2)
+    WebDriverWait(browser, 60).until(lambda d: readout.text == want, "the slider did not move two steps")
+
+    def settled(d):
+        """A new plot that stays the same for a second (each step redraws, replacing the <img>)."""
+        img = _plot(d, explorer)
+        if img is None or img.get_attribute("src") == before_src or not image_loaded(d, img):
+            return False
+        src = img.get_attribute("src")
+        time.sleep(1.0)
+        img = _plot(d, explorer)
+        return img is not None and img.get_attribute("src") == src and image_loaded(d, img)
+
+    WebDriverWait(browser, 120, ignored_exceptions=(StaleElementReferenceException,)).until(
+        settled, "moving the slider did not redraw the plot")
     after = _plot(browser, explorer)
     visible_box(browser, after)
     assert int(readout.text) == int(before_value) + 2, (before_value, readout.text)

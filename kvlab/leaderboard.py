@@ -59,8 +59,8 @@ from pathlib import Path
 import torch
 
 __all__ = ["METHODS", "CACHE_METHODS", "FLOP_METHODS", "PRESSES", "TASKS", "GRIDS", "KV_TOLERANCE", "held_trace",
-           "match_cache", "match_dhsa", "match_orthorank", "check_budgets", "model_checksum", "cell_tasks",
-           "run_cell", "collect", "markdown", "pareto_plot", "run_leaderboard", "main"]
+           "match_cache", "match_dhsa", "match_orthorank", "check_budgets", "model_checksum", "sized_grid",
+           "cell_tasks", "run_cell", "collect", "markdown", "pareto_plot", "run_leaderboard", "main"]
 
 PRESSES = ("SnapKVPress", "KnormPress", "ExpectedAttentionPress")
 CACHE_METHODS = ("StreamingLLM", "H2O", "TOVA", "SepLLM", "LaCache", "REFORM") + tuple(f"kvpress:{p}" for p in PRESSES)
@@ -486,6 +486,26 @@ def _kvpress_version() -> str:
         return NO_KVPRESS
 
 
+def sized_grid(grid: str | dict = "tiny", *, models=None, examples: int | None = None) -> dict:
+    """The grid's spec (a name of :data:`GRIDS` or a dict like them) with a subset of its ``models`` and another
+    number of ``examples`` per length and depth; checks both."""
+    if isinstance(grid, str) and grid not in GRIDS:
+        raise ValueError(f"grid must be one of {sorted(GRIDS)}, got {grid!r}")
+    spec = dict(GRIDS[grid]) if isinstance(grid, str) else dict(grid)
+    if models is not None:
+        models = list(models)
+        unknown = [m for m in models if m not in spec["models"]]
+        if not models or unknown:
+            raise ValueError(f"models must be a non-empty subset of this grid's models {spec['models']}, got "
+                             f"{models!r}: name models of the grid, or choose another --grid")
+        spec["models"] = models
+    if examples is not None:
+        if isinstance(examples, bool) or not isinstance(examples, int) or examples < 1:
+            raise ValueError(f"examples must be an int >= 1 (texts per length and depth), got {examples!r}")
+        spec["examples"] = examples
+    return spec
+
+
 def cell_tasks(grid: str | dict = "tiny", *, methods=METHODS, tasks=TASKS):
     """The :class:`kvlab.sweep.Task` s of a grid (a name of :data:`GRIDS` or a dict like them); checks the
     budgets first."""
@@ -667,7 +687,7 @@ DEFAULT_OUT = "build/leaderboard"
 def run_leaderboard(grid: str | dict = "tiny", out=DEFAULT_OUT, *, workers: int | None = 2,
                     scheduler: str | None = None, methods=METHODS, tasks=TASKS, progress: bool = True,
                     run: bool = True, gpu_workers: int | str = 0, workers_per_gpu: int = 1,
-                    device: str | None = None):
+                    device: str | None = None, models=None, examples: int | None = None):
     """Run (or resume) a grid on a Dask cluster, then write ``leaderboard.csv`` (and ``.parquet`` where pyarrow
     is installed), ``leaderboard.md`` and ``pareto.png`` under ``out``; ``run=False`` only writes them from the
     cells already finished (a sweep cut short). Returns ``(report, rows)``.
@@ -675,13 +695,15 @@ def run_leaderboard(grid: str | dict = "tiny", out=DEFAULT_OUT, *, workers: int 
     ``gpu_workers`` (``"auto"``: ``workers_per_gpu`` per visible GPU) starts a local cluster of GPU workers, each
     pinned to one GPU (:func:`kvlab.sweep.local_cluster`); then every cell runs on them and ``workers`` is not
     used. ``device="gpu"`` sends the cells to the GPU workers of a ``scheduler``'s cluster (default: ``"gpu"``
-    with local GPU workers, else ``"cpu"``)."""
+    with local GPU workers, else ``"cpu"``). ``models`` runs a subset of the grid's models, ``examples`` sets the
+    number of texts per length and depth of the question tasks (more work per cell, other cells' keys)."""
     import csv
 
     from kvlab.sweep import SweepReport, run_sweep
 
     out = Path(out)
-    cells = cell_tasks(grid, methods=methods, tasks=tasks)
+    spec = sized_grid(grid, models=models, examples=examples)
+    cells = cell_tasks(spec, methods=methods, tasks=tasks)
     if device not in (None, "cpu", "gpu"):
         raise ValueError(f"device must be 'cpu', 'gpu' or None (gpu with local GPU workers), got {device!r}")
     if run and scheduler is None and gpu_workers:
@@ -722,6 +744,7 @@ def run_leaderboard(grid: str | dict = "tiny", out=DEFAULT_OUT, *, workers: int 
             (out / "leaderboard.parquet").unlink(missing_ok=True)  # never leave a stale copy beside the CSV
         subset = "".join(f" --{what} {','.join(chosen)}" for what, chosen, every in
                          (("tasks", tasks, TASKS), ("methods", methods, METHODS)) if tuple(chosen) != tuple(every))
+        subset += (f" --models {','.join(models)}" if models else "") + (f" --examples {examples}" if examples else "")
         how = (f"`python -m kvlab leaderboard --grid {grid}{subset} --out {out}`" if isinstance(grid, str)
                else f"`kvlab.leaderboard.run_leaderboard({grid!r})`")
         (out / "leaderboard.md").write_text(f"Made by {how} (kvlab {__import__('kvlab').__version__}); cells in "
@@ -753,6 +776,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset of the methods")
     p.add_argument("--tasks", default=",".join(TASKS), help="comma-separated subset of the tasks")
     p.add_argument("--report-only", action="store_true", help="write the table and plot from finished cells only")
+    p.add_argument("--models", default=None, help="comma-separated subset of the grid's models (default: all)")
+    p.add_argument("--examples", type=int, default=None,
+                   help="texts per length and depth of the question tasks (default: the grid's)")
     args = p.parse_args(argv)
     tasks, methods = args.tasks.split(","), args.methods.split(",")
     problems = [f"--tasks must be among {', '.join(TASKS)}, got {t!r}" for t in tasks if t not in TASKS]
@@ -770,7 +796,8 @@ def main(argv: list[str] | None = None) -> int:
         report, rows = run_leaderboard(args.grid, args.out, workers=args.workers, scheduler=args.scheduler,
                                        methods=methods, tasks=tasks, run=not args.report_only,
                                        gpu_workers=args.gpu_workers, workers_per_gpu=args.workers_per_gpu,
-                                       device=args.device)
+                                       device=args.device, examples=args.examples,
+                                       models=args.models.split(",") if args.models else None)
     except (ValueError, OSError) as exc:
         print(f"kvlab leaderboard: {exc}", file=sys.stderr)
         return 2

@@ -40,6 +40,7 @@ import itertools
 import json
 import logging
 import os
+import socket
 import sys
 import time
 import traceback
@@ -148,8 +149,12 @@ def _call(task: Task, out: str, python_path: list[str]) -> str:
         if not function:
             raise ValueError(f"target {task.target!r} must be 'package.module:function' or a .ipynb path")
         result = getattr(importlib.import_module(module), function)(**task.params)
+    # where it ran: which host and which GPU (a pinned worker's CUDA_VISIBLE_DEVICES), for per-device counts
+    worker = dict(host=socket.gethostname(), pid=os.getpid(),
+                  cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"))
     record = dict(name=task.name, key=task_key(task), target=task.target, params=task.params, device=task.device,
-                  wall_seconds=time.time() - begin, result=plain_json(result, f"the result of task {task.name!r}"))
+                  worker=worker, started=begin, wall_seconds=time.time() - begin,
+                  result=plain_json(result, f"the result of task {task.name!r}"))
     _write_atomic(out_dir / f"{task.name}.json", record)
     return task.name
 

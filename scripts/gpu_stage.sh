@@ -18,8 +18,10 @@ case "${1:-}" in
   pack)
     src="${KVLAB_CACHE:-$HOME/.cache/kvlab}"
     mkdir -p .cache/gpu .whl
-    head -c 50000000 "$src/assets/smollm2-135m/$GGUF" > .cache/gpu/gguf.part1
-    tail -c +50000001 "$src/assets/smollm2-135m/$GGUF" > .cache/gpu/gguf.part2
+    # two halves of equal size: each call carries the tracked tree (~16 MB) + one half (~46 MB) + a few MB more
+    half=$(( ($(stat -c %s "$src/assets/smollm2-135m/$GGUF") + 1) / 2 ))
+    head -c "$half" "$src/assets/smollm2-135m/$GGUF" > .cache/gpu/gguf.part1
+    tail -c +"$(( half + 1 ))" "$src/assets/smollm2-135m/$GGUF" > .cache/gpu/gguf.part2
     tar -C "$src" -cJf .cache/gpu/corpora.tar.xz assets/austen assets/c4-sample assets/paul-graham assets/shakespeare \
       assets/gsm8k assets/gsm8k-cot-prompt \
       assets/wikitext assets/mmlu assets/piqa assets/squad

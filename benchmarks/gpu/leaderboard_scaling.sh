@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# The leaderboard's full grid on one GPU, then on two GPUs of the same host, then through the multi-host recipe
+# (a `dask scheduler` and `python -m kvlab worker-env` workers started as separate processes): wall time, cells per
+# device, GPU utilisation per device (nvidia-smi sampled every 0.5 s) and a check that every cell is identical.
+#
+#   KVLAB_RESULTS=DIR CUDA_VISIBLE_DEVICES=0,1 bash benchmarks/gpu/leaderboard_scaling.sh
+#
+# Needs two visible GPUs, SmolLM2-135M-Instruct and the corpora staged (scripts/gpu_stage.sh unpack) and Dask's wheels
+# installed (the GPU image has no Dask). The kvpress rows are left out: kvpress needs transformers < 5.3 and runs in
+# its own CPU environment (`bash scripts/peers.sh`). Knobs: WPG (workers per GPU, default 2), EXAMPLES (texts per
+# length and depth of the question tasks, default the grid's 2). SMOKE=1: the tiny grid on the CPU, one "GPU" lane.
+set -uo pipefail
+PY=${PY:-python3}
+D="$KVLAB_RESULTS/benchmarks/results/leaderboard/gpus"
+W=$(mktemp -d)
+mkdir -p "$D"
+WPG=${WPG:-2}
+METHODS=Full,StreamingLLM,H2O,TOVA,SepLLM,LaCache,REFORM,DHSA,OrthoRank
+if [ "${SMOKE:-0}" = 1 ]; then
+  GRID=(--grid tiny --tasks ppl,passkey --methods Full,StreamingLLM,H2O)
+  RUN=(--workers 1)
+  RUN2=(--workers 2)
+else
+  GRID=(--grid full --models smollm2-135m --methods "$METHODS" ${EXAMPLES:+--examples "$EXAMPLES"})
+  RUN=(--gpu-workers auto --workers-per-gpu "$WPG")
+  RUN2=("${RUN[@]}")
+fi
+DASK=(dask); command -v dask >/dev/null || DASK=("$PY" -m dask)
+
+if command -v nvidia-smi >/dev/null; then
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$D/device.txt"
+  nvidia-smi --query-gpu=timestamp,index,utilization.gpu,memory.used --format=csv,noheader,nounits -lms 500 \
+    > "$D/gpu_util.csv" 2>/dev/null &
+  SMI=$!
+fi
+all=${CUDA_VISIBLE_DEVICES:-0,1}
+first=${all%%,*}
+
+echo "== one GPU ($first)"
+t0=$(date +%s.%N)
+CUDA_VISIBLE_DEVICES=$first "$PY" -m kvlab leaderboard "${GRID[@]}" "${RUN[@]}" --out "$W/one_gpu"
+t1=$(date +%s.%N)
+echo "== two GPUs ($all)"
+CUDA_VISIBLE_DEVICES=$all "$PY" -m kvlab leaderboard "${GRID[@]}" "${RUN2[@]}" --out "$W/two_gpus"
+t2=$(date +%s.%N)
+
+echo "== the multi-host recipe on this host: scheduler and workers as separate processes (perplexity cells)"
+port=$(( 8786 + RANDOM % 500 ))
+setsid "${DASK[@]}" scheduler --port "$port" --no-dashboard > "$W/scheduler.log" 2>&1 &
+SCHED=$!
+sleep 5
+"$PY" -m kvlab worker-env "tcp://127.0.0.1:$port" ${SMOKE:+--cpu-workers 2} > "$D/recipe_workers.sh" 2> "$W/worker-env.err" \
+  || { [ "${SMOKE:-0}" = 1 ] && "$PY" -m kvlab worker-env "tcp://127.0.0.1:$port" --cpu-workers 2 > "$D/recipe_workers.sh"; }
+cat "$D/recipe_workers.sh"
+setsid bash "$D/recipe_workers.sh" > "$W/workers.log" 2>&1 &
+WORKERS=$!
+n=$(grep -c "dask worker" "$D/recipe_workers.sh")
+"$PY" -c "from distributed import Client; c = Client('tcp://127.0.0.1:$port', timeout=60); c.wait_for_workers($n, timeout=120); print(len(c.scheduler_info()['workers']), 'workers up'); c.close()"
+t3=$(date +%s.%N)
+if [ "${SMOKE:-0}" = 1 ]; then
+  "$PY" -m kvlab leaderboard --grid tiny --tasks ppl --methods Full,StreamingLLM,H2O \
+    --scheduler "tcp://127.0.0.1:$port" --out "$W/recipe"
+else
+  "$PY" -m kvlab leaderboard --grid full --models smollm2-135m --methods "$METHODS" ${EXAMPLES:+--examples "$EXAMPLES"} \
+    --tasks ppl --scheduler "tcp://127.0.0.1:$port" --device gpu --out "$W/recipe"
+fi
+t4=$(date +%s.%N)
+kill -- -"$WORKERS" -"$SCHED" 2>/dev/null; sleep 2
+[ -n "${SMI:-}" ] && kill "$SMI" 2>/dev/null
+
+for run in one_gpu two_gpus recipe; do
+  mkdir -p "$D/$run"
+  cp -r "$W/$run/cells" "$D/$run/" 2>/dev/null
+  cp "$W/$run/leaderboard.md" "$W/$run/leaderboard.csv" "$W/$run/pareto.png" "$D/$run/" 2>/dev/null
+done
+cp "$W/scheduler.log" "$W/workers.log" "$D/" 2>/dev/null
+s1=$("$PY" -c "print($t1 - $t0)"); s2=$("$PY" -c "print($t2 - $t1)"); s4=$("$PY" -c "print(round($t4 - $t3, 1))")
+cmd="KVLAB_RESULTS=DIR CUDA_VISIBLE_DEVICES=$all bash benchmarks/gpu/leaderboard_scaling.sh (WPG=$WPG${EXAMPLES:+ EXAMPLES=$EXAMPLES})"
+dev=$(head -2 "$D/device.txt" 2>/dev/null | tail -1 | cut -d, -f1)
+"$PY" benchmarks/leaderboard_scaling.py report --run "1 GPU=$W/one_gpu:$s1" --run "2 GPUs=$W/two_gpus:$s2" \
+  --util "$D/gpu_util.csv" --command "$cmd" --device "$(nvidia-smi -L 2>/dev/null | wc -l) x ${dev:-CPU}" \
+  > "$D/scaling.md"
+echo "recipe (scheduler + worker-env workers as separate processes, perplexity cells): $s4 s" >> "$D/scaling.md"
+"$PY" benchmarks/leaderboard_scaling.py report --subset --run "2 GPUs=$W/two_gpus:$s2" --run "recipe=$W/recipe:$s4" \
+  > "$D/recipe_vs_two_gpus.md" || true
+cat "$D/scaling.md" "$D/recipe_vs_two_gpus.md"
+rm -rf "$W"

@@ -8,7 +8,7 @@
 # Needs two visible GPUs, SmolLM2-135M-Instruct and the corpora staged (scripts/gpu_stage.sh unpack) and Dask's wheels
 # installed (the GPU image has no Dask). The kvpress rows are left out: kvpress needs transformers < 5.3 and runs in
 # its own CPU environment (`bash scripts/peers.sh`). Knobs: WPG (workers per GPU, default 2), EXAMPLES (texts per
-# length and depth of the question tasks, default the grid's 2). SMOKE=1: the tiny grid on the CPU, one "GPU" lane.
+# length and depth of the question tasks, default the grid's 2), SKIP_RECIPE=1. SMOKE=1: the tiny grid on the CPU, one "GPU" lane.
 set -uo pipefail
 PY=${PY:-python3}
 D="$KVLAB_RESULTS/benchmarks/results/leaderboard/gpus"
@@ -44,6 +44,7 @@ echo "== two GPUs ($all)"
 CUDA_VISIBLE_DEVICES=$all "$PY" -m kvlab leaderboard "${GRID[@]}" "${RUN2[@]}" --out "$W/two_gpus"
 t2=$(date +%s.%N)
 
+if [ "${SKIP_RECIPE:-0}" != 1 ]; then
 echo "== the multi-host recipe on this host: scheduler and workers as separate processes (perplexity cells)"
 port=$(( 8786 + RANDOM % 500 ))
 setsid "${DASK[@]}" scheduler --port "$port" --no-dashboard > "$W/scheduler.log" 2>&1 &
@@ -66,6 +67,7 @@ else
 fi
 t4=$(date +%s.%N)
 kill -- -"$WORKERS" -"$SCHED" 2>/dev/null; sleep 2
+fi
 [ -n "${SMI:-}" ] && kill "$SMI" 2>/dev/null
 
 for run in one_gpu two_gpus recipe; do
@@ -80,8 +82,8 @@ dev=$(head -2 "$D/device.txt" 2>/dev/null | tail -1 | cut -d, -f1)
 "$PY" benchmarks/leaderboard_scaling.py report --run "1 GPU=$W/one_gpu:$s1" --run "2 GPUs=$W/two_gpus:$s2" \
   --util "$D/gpu_util.csv" --command "$cmd" --device "$(nvidia-smi -L 2>/dev/null | wc -l) x ${dev:-CPU}" \
   > "$D/scaling.md"
-echo "recipe (scheduler + worker-env workers as separate processes, perplexity cells): $s4 s" >> "$D/scaling.md"
-"$PY" benchmarks/leaderboard_scaling.py report --subset --run "2 GPUs=$W/two_gpus:$s2" --run "recipe=$W/recipe:$s4" \
+[ "${SKIP_RECIPE:-0}" = 1 ] || echo "recipe (scheduler + worker-env workers as separate processes, perplexity cells): $s4 s" >> "$D/scaling.md"
+[ "${SKIP_RECIPE:-0}" = 1 ] || "$PY" benchmarks/leaderboard_scaling.py report --subset --run "2 GPUs=$W/two_gpus:$s2" --run "recipe=$W/recipe:$s4" \
   > "$D/recipe_vs_two_gpus.md" || true
 cat "$D/scaling.md" "$D/recipe_vs_two_gpus.md"
 rm -rf "$W"

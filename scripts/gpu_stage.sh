@@ -2,12 +2,14 @@
 # Stage kvlab's default model and corpora on a GPU machine that reaches no registry, through a tool that carries at
 # most 64 MiB per call (the workplace's device tool). Two halves:
 #
-#   here:   bash scripts/gpu_stage.sh pack      # writes .cache/gpu/{gguf.part1,gguf.part2,corpora.tar.xz} and .whl/
+#   here:   bash scripts/gpu_stage.sh pack      # .cache/gpu/{gguf.part1,gguf.part2,corpora.tar.xz,corpora-long.tar.xz}
+#                                                 # and .whl/ (add the wheels the GPU image lacks: benchmarks/gpu/README.md)
 #   gemma:  bash scripts/gpu_stage.sh pack-gemma   # .cache/gpu/g3.p0..p5 (6 x 42 MB): gemma3-270m's GGUF in pieces;
 #           each call carries one piece and runs `unpack`, which joins them once all six are there (sha256 checked)
-#   there:  call 1 carries .cache/gpu/gguf.part1               and runs `bash scripts/gpu_stage.sh unpack`
-#           call 2 carries .cache/gpu/gguf.part2, corpora.tar.xz, .whl and runs `source scripts/gpu_stage.sh unpack`
-#           then the job (the machine must stay warm between the calls: ignored files survive only then).
+#   there:  call 1 carries .cache/gpu/gguf.part1, call 2 .cache/gpu/gguf.part2 (each ~47 MiB beside the ~16 MiB
+#           tree: nothing else fits), call 3 the corpora tars and .whl; each runs `bash benchmarks/gpu/run.sh ...`,
+#           which sources `scripts/gpu_stage.sh unpack` first (the machine must stay warm between the calls:
+#           ignored files survive only then).
 #
 # `unpack` assembles the GGUF under KVLAB_CACHE=$PWD/.cache/kvlab (checked against the registry's sha256 when kvlab
 # first loads it), unpacks the corpora, installs the carried wheels (gguf for the GGUF conversion, rank-bm25 for
@@ -22,9 +24,14 @@ case "${1:-}" in
     half=$(( ($(stat -c %s "$src/assets/smollm2-135m/$GGUF") + 1) / 2 ))
     head -c "$half" "$src/assets/smollm2-135m/$GGUF" > .cache/gpu/gguf.part1
     tail -c +"$(( half + 1 ))" "$src/assets/smollm2-135m/$GGUF" > .cache/gpu/gguf.part2
-    tar -C "$src" -cJf .cache/gpu/corpora.tar.xz assets/austen assets/c4-sample assets/paul-graham assets/shakespeare \
-      assets/gsm8k assets/gsm8k-cot-prompt \
-      assets/wikitext assets/mmlu assets/piqa assets/squad
+    # the corpora fetched here (a missing one is left out and named)
+    have=(); for c in austen c4-sample paul-graham shakespeare gsm8k gsm8k-cot-prompt wikitext mmlu piqa squad; do
+      if [ -d "$src/assets/$c" ]; then have+=("assets/$c"); else echo "gpu_stage: $c not fetched here, not packed"; fi
+    done
+    tar -C "$src" -cJf .cache/gpu/corpora.tar.xz "${have[@]}"
+    # the long-context QA and RULER corpora (hotpotqa is 46 MB as JSON, 11 MB packed): a tar of their own
+    long=(); for c in hotpotqa pg-essays-ruler; do [ -d "$src/assets/$c" ] && long+=("assets/$c"); done
+    [ ${#long[@]} = 0 ] || tar -C "$src" -cJf .cache/gpu/corpora-long.tar.xz "${long[@]}"
     .venv/bin/pip download -q --no-deps -d .whl gguf==0.19.0 rank-bm25==0.2.2
     ls -la .cache/gpu .whl ;;
   pack-gemma)
@@ -51,7 +58,7 @@ case "${1:-}" in
         mv "$g/.gguf.tmp" "$g/gemma-3-270m-q4_k_m.gguf" && rm -f "$g"/g3.p?
     fi
     ls "$g" 2>/dev/null | tr '\n' ' ' || true; echo
-    if [ -f .cache/gpu/corpora.tar.xz ]; then tar -C "$KVLAB_CACHE" -xJf .cache/gpu/corpora.tar.xz; fi
+    for t in .cache/gpu/corpora*.tar.xz; do [ -f "$t" ] && tar -C "$KVLAB_CACHE" -xJf "$t"; done
     if ls .whl/*.whl >/dev/null 2>&1; then python -m pip install -q --no-deps --no-index .whl/*.whl 2>&1 | tail -1; fi
     ls -la "$a" ;;
   *) echo "usage: bash scripts/gpu_stage.sh pack|pack-gemma|unpack" >&2; exit 2 ;;

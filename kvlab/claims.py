@@ -22,7 +22,18 @@ Row kinds (column ``kind``):
   separated by ``;``); ``n`` is the number of test cases; the verdict is ``agrees`` only if every named test exists.
 - ``summary``: a committed result that holds only a mean (no per-example outcomes): ``our_value`` and ``n`` are
   typed from the file in ``results_file``; the verdict is ``inconclusive (no per-example data)``.
-- ``not run``: the claim is not tested; ``note`` says why; the verdict is ``not run``.
+- ``not run``: the claim is testable here but was not tested; ``note`` says why; the verdict is ``not run``.
+- ``not testable``: a numbered table or figure of the paper that kvlab cannot test (a 40B-70B model, a training
+  run of days, hardware we lack); ``note`` gives the concrete reason; the verdict is ``not testable here``.
+
+Three more columns say how a row is counted (:func:`summary`, ``python -m kvlab claims --counts``):
+
+- ``role``: ``claim`` (the paper states it) or ``check`` (an implementation check of kvlab's own: mask = policy,
+  invariants, a comparison the paper does not make). Checks are counted apart from the paper's claims.
+- ``proxy_of``: the id of the score row that this row measures again with another metric (e.g. the answer NLL
+  beside the accuracy). A proxy is shown beside its score row and never counted as a claim of its own.
+- ``superseded``: empty, or why the row's run no longer measures the method (the fix that came after it). The
+  row stays for the record with verdict ``superseded`` and counts as neither tested nor decided.
 
 **The verdict rule** (:func:`derive_verdict`), for a statistical row: *agrees* when the 95 % interval of
 ``A - B`` excludes 0 on the paper's side, *does not agree* when it excludes 0 on the other side, otherwise
@@ -34,8 +45,10 @@ a known bias bound of the measurement (in the metric's units, e.g. the segmented
 by which the interval is widened on both sides before the rule is applied.
 
 Adding a row: append a line to ``benchmarks/claims.csv`` with the typed columns (``id`` unique, ``paper``,
-``item``, ``claim``, ``kind``, ``paper_value``, ``model``, ``differs``, ``results_file``, ``command``, ...), leave
-the computed columns empty, then run ``python -m kvlab claims --update`` (fills them) and
+``item`` naming the paper's numbered table or figure first, as ``Table 5 (...)`` or ``Fig. 8 (...)``, ``claim``,
+``kind``, ``paper_value``, ``model``, ``differs`` (what differs from the paper *and decides the result*),
+``results_file``, ``command``, ``role``, ...), leave the computed columns empty (use :func:`save` or the ``csv``
+module, so that a comma inside a field is quoted: a row with more fields than the header is refused), then run ``python -m kvlab claims --update`` (fills them) and
 ``python -m kvlab claims --write-readme`` (rewrites README.md's counts block and ``docs/results.md``);
 ``tests/test_claims.py`` checks the result.
 """
@@ -53,16 +66,20 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["FIELDS", "KINDS", "PAPERS", "ledger_path", "load", "validate", "recompute", "derive_verdict",
-           "update", "table", "readme_block", "results_page", "write_readme", "stale_pages", "counts",
-           "main"]
+__all__ = ["FIELDS", "KINDS", "ROLES", "PAPERS", "INVENTORY", "ledger_path", "load", "validate", "recompute",
+           "derive_verdict", "update", "table", "readme_block", "results_page", "write_readme", "stale_pages",
+           "counts", "summary", "counts_text", "items_of", "untested_items", "main"]
 
 ROOT = Path(__file__).resolve().parents[1]
 FIELDS = ["id", "paper", "item", "claim", "kind", "paper_value", "our_value", "n", "estimate", "ci_low", "ci_high",
           "p_value", "verdict", "model", "differs", "note", "results_file", "metric", "method_a", "method_b",
-          "direction", "filter", "systematic", "test", "where", "command"]
+          "direction", "filter", "systematic", "test", "where", "command", "role", "proxy_of", "superseded",
+          "paper_cell"]
 COMPUTED = ["our_value", "n", "estimate", "ci_low", "ci_high", "p_value", "verdict"]
-KINDS = ("statistical", "exact", "summary", "not run")
+KINDS = ("statistical", "exact", "summary", "not run", "not testable")
+ROLES = ("claim", "check")
+SUPERSEDED = "superseded"
+NOT_TESTABLE = "not testable here"
 PAPERS = ("SepLLM", "LaCache", "DHSA", "REFORM", "OrthoRank", "kvpress")
 MIN_N = 20
 SEED = 0
@@ -71,7 +88,36 @@ README_BEGIN = "<!-- claims:begin -->"
 README_END = "<!-- claims:end -->"
 NO_DATA = "inconclusive (no per-example data)"
 BUCKETS = ("agrees", "does not agree", "inconclusive", "not run")
+OTHER_BUCKETS = (SUPERSEDED, NOT_TESTABLE)
 WRITE_COMMAND = "python -m kvlab claims --write-readme"
+
+
+# Every numbered table and figure of the five papers: the items a ledger row can test. Coverage per paper is the
+# share of these with a tested row (:func:`summary`). kvpress is a peer implementation, not a paper: no items.
+INVENTORY: dict[str, tuple[str, ...]] = {
+    "SepLLM": tuple(f"Table {i}" for i in range(1, 18)) + tuple(f"Fig. {i}" for i in (1, 5, 6, 7, 8, 9, 10, 11)),
+    "LaCache": tuple(f"Table {i}" for i in range(1, 7)) + tuple(f"Fig. {i}" for i in (3, 5, 6, 7, 8, 9, 10)),
+    "DHSA": tuple(f"Table {i}" for i in range(1, 4)) + tuple(f"Fig. {i}" for i in (2, 6, 7, 8, 9, 10)),
+    "REFORM": tuple(f"Table {i}" for i in range(1, 8)) + tuple(f"Fig. {i}" for i in (2, 3, 4)),
+    "OrthoRank": tuple(f"Table {i}" for i in range(1, 5)) + tuple(f"Fig. {i}" for i in range(2, 8)),
+    "kvpress": (),
+}
+_ITEM_RE = re.compile(r"\b(Tables?|Figs?\.|Figures?)\s*((?:\d+[a-z]?)(?:\s*(?:[-\u2013/,]|and)\s*\d+[a-z]?)*)")
+
+
+def items_of(item: str) -> list[str]:
+    """The numbered tables and figures an ``item`` cell names, normalised: ``"Tables 2-3, Figs. 5-6 (training)"``
+    gives ``["Table 2", "Table 3", "Fig. 5", "Fig. 6"]``; ``"Table 6a"`` gives ``["Table 6"]``; ``"Sec. 3"``
+    gives ``[]``."""
+    out: list[str] = []
+    for kind, numbers in _ITEM_RE.findall(item):
+        label = "Table" if kind.startswith("Table") else "Fig."
+        for part in re.split(r"\s*(?:[,/]|and)\s*", numbers):
+            ends = [int(re.match(r"\d+", x).group()) for x in re.split(r"\s*[-\u2013]\s*", part) if x]
+            for i in range(ends[0], ends[-1] + 1):
+                if f"{label} {i}" not in out:
+                    out.append(f"{label} {i}")
+    return out
 
 
 def ledger_path() -> Path:
@@ -88,7 +134,19 @@ def load(path: str | Path | None = None) -> list[dict]:
         reader = csv.DictReader(f)
         if reader.fieldnames != FIELDS:
             raise ValueError(f"{path}: columns must be exactly {FIELDS}, got {reader.fieldnames}")
-        return [dict(r) for r in reader]
+        rows = []
+        for r in reader:
+            where = f"{path}, line {reader.line_num} (id {r.get('id')!r})"
+            if None in r:
+                raise ValueError(f"{where}: {len(FIELDS) + len(r[None])} fields where the header has {len(FIELDS)}; "
+                                 f"the extra ones are {r[None]!r}. A field holding a comma must be quoted "
+                                 "(\"--sizes 1,2,4\"): write rows with kvlab.claims.save or the csv module")
+            short = [k for k, v in r.items() if v is None]
+            if short:
+                raise ValueError(f"{where}: missing fields {short}; every row has the header's {len(FIELDS)} "
+                                 "fields (leave a field empty, do not drop it)")
+            rows.append(dict(r))
+        return rows
 
 
 def save(rows: list[dict], path: str | Path | None = None) -> None:
@@ -102,19 +160,97 @@ def save(rows: list[dict], path: str | Path | None = None) -> None:
 
 
 # ----------------------------------------------------------------------------------------------- validation
-def _test_exists(spec: str) -> bool:
-    file, _, name = spec.strip().partition("::")
-    p = ROOT / file
-    if not name or not p.is_file():
-        return False
-    return re.search(rf"^\s*def {re.escape(name)}\(", p.read_text(encoding="utf-8"), re.M) is not None
+def _split_tests(spec: str) -> list[tuple[str, str]]:
+    out = []
+    for t in spec.split(";"):
+        if t.strip():
+            file, _, name = t.strip().partition("::")
+            out.append((file.strip(), name.strip()))
+    return out
+
+
+def run_tests(spec: str, root: str | Path | None = None) -> dict[str, dict]:
+    """Run the tests an exact row names (``tests/test_x.py::test_name;...``) with pytest in a subprocess and
+    return, per named test, ``{"collected": k, "passed": p, "failed": f, "skipped": s, "reason": str}``
+    (a parametrised test is k cases). A name pytest does not collect (a ``def test_x(`` inside a docstring, a
+    typo) has ``collected == 0`` and no skip reason."""
+    import subprocess
+    import tempfile
+    import xml.etree.ElementTree as ET
+
+    root = Path(root) if root is not None else ROOT
+    tests = _split_tests(spec)
+    out = {f"{f}::{n}": {"collected": 0, "passed": 0, "failed": 0, "skipped": 0, "reason": ""} for f, n in tests}
+    files = sorted({f for f, _ in tests if (root / f).is_file()})
+    names = sorted({n for f, n in tests if n})
+    if not files or not names:
+        return out
+    with tempfile.TemporaryDirectory() as tmp:
+        xml = Path(tmp) / "junit.xml"
+        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "junit_family=xunit1",
+               f"--junitxml={xml}", "-k", " or ".join(names), *files]
+        proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True)
+        if not xml.is_file():
+            raise RuntimeError(f"pytest did not run the tests {spec!r} (exit {proc.returncode}):\n"
+                               + (proc.stdout + proc.stderr)[-2000:])
+        cases = ET.parse(xml).getroot().iter("testcase")
+        module_skips = {}
+        for case in cases:
+            file = case.get("file") or ""
+            name = (case.get("name") or "").split("[")[0]
+            skipped = case.find("skipped")
+            key = f"{file}::{name}"
+            if key not in out:
+                if skipped is not None and file in files:  # the whole module was skipped
+                    module_skips[file] = skipped.get("message", "skipped")
+                continue
+            o = out[key]
+            o["collected"] += 1
+            if skipped is not None:
+                o["skipped"] += 1
+                o["reason"] = skipped.get("message", "skipped")
+            elif case.find("failure") is not None or case.find("error") is not None:
+                o["failed"] += 1
+            else:
+                o["passed"] += 1
+        for key, o in out.items():
+            file = key.split("::")[0]
+            if not o["collected"] and file in module_skips:
+                o["skipped"], o["reason"] = 1, module_skips[file]
+    return out
+
+
+def exact_columns(row: dict, root: str | Path | None = None) -> dict:
+    """The computed columns of an exact row from running its named tests (:func:`run_tests`): ``n`` = test cases
+    collected, ``estimate`` = cases passed, ``verdict`` = ``agrees`` when every named test was collected and
+    passed, ``does not agree`` when one failed, ``not run (...)`` when pytest skipped them in this environment.
+    A named test that pytest does not collect raises."""
+    results = run_tests(row["test"], root)
+    missing = [k for k, o in results.items() if not o["collected"] and not o["skipped"]]
+    if missing:
+        raise ValueError(f"claim {row['id']}: pytest collects no test {missing} (column test); name a test "
+                         "function that exists, as tests/test_x.py::test_name")
+    n = sum(o["collected"] for o in results.values())
+    passed = sum(o["passed"] for o in results.values())
+    failed = [k for k, o in results.items() if o["failed"]]
+    skipped = [k for k, o in results.items() if o["skipped"] and not o["passed"] and not o["failed"]]
+    if failed:
+        verdict = "does not agree"
+    elif skipped:
+        reason = results[skipped[0]]["reason"].replace("\n", " ")[:120]
+        verdict = f"not run (tests skipped here: {reason})"
+    else:
+        verdict = "agrees"
+    return {"n": str(n), "estimate": str(passed), "verdict": verdict}
 
 
 def validate(rows: list[dict]) -> None:
     """Raise ``ValueError`` listing every row that breaks the ledger's rules (kinds, required columns, files,
-    tests). Computed numbers are checked by :func:`recompute` (see ``tests/test_claims.py``)."""
+    typed numbers). Computed numbers are checked by :func:`recompute` and, for exact rows, by running their
+    tests (:func:`exact_columns`; see ``tests/test_claims.py``)."""
     problems = []
     seen = set()
+    by_id = {r.get("id"): r for r in rows}
     for i, r in enumerate(rows, start=2):
         where = f"row {i} ({r.get('id') or '?'})"
         if not r["id"] or r["id"] in seen:
@@ -139,15 +275,19 @@ def validate(rows: list[dict]) -> None:
                     problems.append(f"{where}: results_file {f.strip()} does not exist")
                 elif f.strip() and not f.strip().endswith(".examples.jsonl"):
                     problems.append(f"{where}: results_file of a statistical row must be *.examples.jsonl")
+            for check in (_systematic, _constant_b, _filter):
+                try:
+                    check(r)
+                except ValueError as e:
+                    problems.append(str(e))
         elif r["kind"] == "exact":
-            tests = [t for t in r["test"].split(";") if t.strip()]
+            tests = _split_tests(r["test"])
             if not tests:
                 problems.append(f"{where}: an exact row needs test = tests/test_x.py::test_name")
-            for t in tests:
-                if not _test_exists(t):
-                    problems.append(f"{where}: test {t.strip()} does not exist")
-            if r["verdict"] != "agrees":
-                problems.append(f"{where}: an exact row whose tests exist has verdict 'agrees'")
+            for file, name in tests:
+                if not name or not (ROOT / file).is_file():
+                    problems.append(f"{where}: test {file}::{name} does not exist (column test: "
+                                    "tests/test_x.py::test_name, several joined with ';')")
         elif r["kind"] == "summary":
             if r["verdict"] != NO_DATA:
                 problems.append(f"{where}: a summary row's verdict is {NO_DATA!r}")
@@ -159,39 +299,132 @@ def validate(rows: list[dict]) -> None:
         elif r["kind"] == "not run":
             if r["verdict"] != "not run" or not r["note"].strip():
                 problems.append(f"{where}: a 'not run' row has verdict 'not run' and a note saying why")
+        elif r["kind"] == "not testable":
+            if r["verdict"] != NOT_TESTABLE or not r["note"].strip():
+                problems.append(f"{where}: a 'not testable' row has verdict {NOT_TESTABLE!r} and a note giving the "
+                                "concrete reason (model size, training time, hardware)")
+        if r["role"] not in ROLES:
+            problems.append(f"{where}: role must be one of {ROLES} ('claim': the paper says it; 'check': kvlab's "
+                            f"own implementation check), got {r['role']!r}")
+        if r["proxy_of"].strip():
+            target = by_id.get(r["proxy_of"].strip())
+            if target is None:
+                problems.append(f"{where}: proxy_of names {r['proxy_of']!r}, which is no row's id")
+            elif target["proxy_of"].strip() or target["paper"] != r["paper"]:
+                problems.append(f"{where}: proxy_of must name a score row of the same paper that is not itself "
+                                f"a proxy, got {r['proxy_of']!r}")
+        if r["superseded"].strip() and r["kind"] != "statistical":
+            problems.append(f"{where}: only a statistical row is marked superseded (its run is kept for the record)")
     if problems:
         raise ValueError("claims ledger:\n  " + "\n  ".join(problems))
 
 
 # ---------------------------------------------------------------------------------------------- recompute
-def _records(files: str) -> list[dict]:
+def _records(files: str) -> list[tuple[dict, str]]:
+    """Every record of the ``;``-joined files, with ``file:line`` for messages; a malformed line names its file
+    and line."""
     out = []
     for f in files.split(";"):
-        if f.strip():
-            with (ROOT / f.strip()).open(encoding="utf-8") as fh:
-                out.extend(json.loads(line) for line in fh if line.strip())
+        if not f.strip():
+            continue
+        path = ROOT / f.strip()
+        with path.open(encoding="utf-8") as fh:
+            for lineno, line in enumerate(fh, start=1):
+                if not line.strip():
+                    continue
+                where = f"{f.strip()}:{lineno}"
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"{where}: not a JSON record ({e.msg} at column {e.colno}); a truncated "
+                                     "line? Each line of a *.examples.jsonl file is one complete JSON object") from None
+                if not isinstance(rec, dict):
+                    raise ValueError(f"{where}: a record must be a JSON object, got {type(rec).__name__}")
+                for key in ("example", "method", "metric", "value"):
+                    if rec.get(key) is None:
+                        raise ValueError(f"{where}: record has no {key!r} (or it is null); every record names "
+                                         "example, method, metric and value")
+                out.append((rec, where))
     return out
+
+
+def _systematic(row: dict) -> float:
+    text = row["systematic"].strip()
+    if not text:
+        return 0.0
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"claim {row['id']}: column systematic must be a number in the metric's units (a "
+                         f"decimal point, not a comma), got {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"claim {row['id']}: column systematic is a bias bound, a finite number >= 0, got "
+                         f"{text!r}; leave it empty when there is none")
+    return value
+
+
+def _constant_b(row: dict) -> float | None:
+    text = row["method_b"].strip()
+    if not text.startswith("="):
+        return None
+    try:
+        value = float(text[1:])
+    except ValueError:
+        raise ValueError(f"claim {row['id']}: column method_b '=x' compares with a constant x, a number; got "
+                         f"{text!r}") from None
+    if not math.isfinite(value):
+        raise ValueError(f"claim {row['id']}: column method_b's constant must be finite, got {text!r}")
+    return value
+
+
+def _filter(row: dict):
+    text = row["filter"].strip()
+    if not text:
+        return None
+    try:
+        return re.compile(text)
+    except re.error as e:
+        raise ValueError(f"claim {row['id']}: column filter is not a valid regular expression ({e}): "
+                         f"{text!r}") from None
 
 
 def _paired(row: dict) -> tuple[list[str], np.ndarray, np.ndarray | float, int]:
     """The examples, A's and B's values (or B's constant) and the number of suspect generations."""
     recs = _records(row["results_file"])
-    pattern = re.compile(row["filter"]) if row["filter"].strip() else None
+    pattern = _filter(row)
+    wanted = {row["method_a"], row["method_b"]}
     values: dict = defaultdict(dict)
+    seen: dict = {}
+    duplicates = []
     outputs: dict = {}
-    for r in recs:
+    for r, where in recs:
         if isinstance(r.get("output"), str):
             outputs[(r["example"], r["method"])] = r["output"]
-        if r["metric"] == row["metric"] and (pattern is None or pattern.search(r["example"])):
-            values[r["method"]][r["example"]] = float(r["value"])
+        if r["metric"] == row["metric"] and (pattern is None or pattern.search(str(r["example"]))):
+            key = (r["example"], r["method"])
+            if r["method"] in wanted and key in seen:
+                duplicates.append(f"{r['example']!r} / {r['method']!r} at {seen[key]} and {where}")
+            seen.setdefault(key, where)
+            try:
+                values[r["method"]][r["example"]] = float(r["value"])
+            except (TypeError, ValueError):
+                raise ValueError(f"{where}: value must be a number, got {r['value']!r}") from None
+    if duplicates:
+        raise ValueError(f"claim {row['id']}: {len(duplicates)} duplicate records (the same example and method "
+                         f"twice for metric {row['metric']!r}): " + "; ".join(duplicates[:5])
+                         + ("; ..." if len(duplicates) > 5 else "") + ". Keep one record per example and method")
     a = values.get(row["method_a"], {})
     if not a:
         raise ValueError(f"claim {row['id']}: no {row['metric']!r} records of method {row['method_a']!r} in "
                          f"{row['results_file']} (filter {row['filter']!r})")
     if row["method_b"].startswith("="):
         examples = sorted(a)
-        b: np.ndarray | float = float(row["method_b"][1:])
+        b: np.ndarray | float = _constant_b(row)
         methods = [row["method_a"]]
+        av = np.array(list(a.values()))
+        if np.all((av == 0) | (av == 1)) and not 0.0 <= b <= 1.0:
+            raise ValueError(f"claim {row['id']}: {row['metric']!r} is a 0/1 outcome, so the constant in column "
+                             f"method_b must lie in [0, 1], got {row['method_b']!r}")
     else:
         bv = values.get(row["method_b"], {})
         examples = sorted(set(a) & set(bv))
@@ -209,21 +442,28 @@ def _paired(row: dict) -> tuple[list[str], np.ndarray, np.ndarray | float, int]:
 
 
 def derive_verdict(low: float, high: float, direction: str, n: int, *, p_binary: float | None = None,
-                   suspect: int = 0, systematic: float = 0.0) -> str:
+                   p_sign: float | None = None, suspect: int = 0, systematic: float = 0.0) -> str:
     """The verdict rule (module docstring): the 95 % interval ``[low, high]`` of ``A - B`` widened by
-    ``systematic``, the paper's ``direction`` (``a>b`` / ``a<b``), ``n`` pairs, McNemar's exact p for 0/1
-    outcomes, and the number of suspect generations."""
+    ``systematic``, the paper's ``direction`` (``a>b`` / ``a<b``), ``n`` pairs, the exact test on the discordant
+    pairs (``p_binary``: McNemar's, for 0/1 outcomes; ``p_sign``: the sign test, for fractional scores in
+    [0, 1]), and the number of suspect generations."""
     if direction not in ("a>b", "a<b"):
         raise ValueError(f"direction must be 'a>b' or 'a<b', got {direction!r}")
+    if not (isinstance(systematic, (int, float)) and math.isfinite(systematic) and systematic >= 0):
+        raise ValueError(f"systematic must be a finite number >= 0 (a bias bound), got {systematic!r}")
     if suspect:
         return f"inconclusive (harness bug: {suspect} answers ':' or empty)"
     if n < MIN_N:
         return f"inconclusive (n < {MIN_N})"
     low, high = low - systematic, high + systematic
+    if not (math.isfinite(low) and math.isfinite(high)):
+        raise ValueError(f"the interval [{low}, {high}] is not finite; check the per-example values")
     if low <= 0 <= high:
         return "inconclusive"
     if p_binary is not None and p_binary >= 0.05:
         return f"inconclusive (McNemar p = {p_binary:.2g})"
+    if p_sign is not None and p_sign >= 0.05:
+        return f"inconclusive (sign test p = {p_sign:.2g})"
     positive = low > 0
     return "agrees" if positive == (direction == "a>b") else "does not agree"
 
@@ -248,36 +488,48 @@ def recompute(row: dict) -> dict:
         raise ValueError(f"claim {row['id']}: only statistical rows are recomputed (kind {row['kind']!r})")
     examples, a, b, suspect = _paired(row)
     binary = bool(np.all((a == 0) | (a == 1)) and (np.isscalar(b) or np.all((b == 0) | (b == 1))))
+    # fractional scores (string_match_all, F1 ...) are bounded like 0/1 outcomes and, with few discordant
+    # pairs, the bootstrap alone is optimistic in the same way: the sign test on the discordant pairs must agree
+    fractional = not binary and bool(np.all((a >= 0) & (a <= 1)) and np.all((np.asarray(b) >= 0) & (np.asarray(b) <= 1)))
     n = len(examples)
+    p_bin = p_sign = None
     if np.isscalar(b):
         if binary:
             iv = proportion_interval(int(a.sum()), n, method="exact")
             est, low, high = iv.estimate - b, iv.low - b, iv.high - b
+            p = None
         else:
             iv = paired_bootstrap(a - b, resamples=RESAMPLES, seed=SEED)
             est, low, high = iv.estimate, iv.low, iv.high
-        p, p_bin, mb = None, None, None
+            p = sign_test(a, np.full_like(a, b)).p if fractional else None
+            p_sign = p
+        mb = None
     else:
         iv = paired_bootstrap(a, b, resamples=RESAMPLES, seed=SEED)
         est, low, high = iv.estimate, iv.low, iv.high
         p = sign_test(a, b).p
         p_bin = p if binary else None
+        p_sign = p if fractional else None
         mb = float(b.mean())
-    systematic = float(row["systematic"]) if row["systematic"].strip() else 0.0
-    verdict = derive_verdict(low, high, row["direction"], n, p_binary=p_bin, suspect=suspect,
-                             systematic=systematic)
+    verdict = derive_verdict(low, high, row["direction"], n, p_binary=p_bin, p_sign=p_sign, suspect=suspect,
+                             systematic=_systematic(row))
+    if row.get("superseded", "").strip():
+        verdict = SUPERSEDED
     return {"our_value": _our_value(row["metric"], float(a.mean()), mb, row["method_b"][1:]), "n": str(n),
             "estimate": _fmt(est), "ci_low": _fmt(low), "ci_high": _fmt(high),
             "p_value": "" if p is None else _fmt(p), "verdict": verdict}
 
 
-def update(path: str | Path | None = None) -> list[dict]:
-    """Recompute every statistical row and write the computed columns back into the ledger."""
+def update(path: str | Path | None = None, *, run_exact: bool = True) -> list[dict]:
+    """Recompute every statistical row from its per-example file and (``run_exact``) run every exact row's
+    tests with pytest (:func:`exact_columns`), and write the computed columns back into the ledger."""
     rows = load(path)
     validate(rows)
     for r in rows:
         if r["kind"] == "statistical":
             r.update(recompute(r))
+        elif r["kind"] == "exact" and run_exact:
+            r.update(exact_columns(r))
     save(rows, path)
     return rows
 
@@ -337,23 +589,19 @@ def table(paper: str | None = None, items: list[str] | None = None, ids: list[st
 
 
 def readme_block(rows: list[dict] | None = None) -> str:
-    """The README's generated block (between the claims markers): how many rows of each paper agree, do not
-    agree, are inconclusive or were not run; every row is in ``docs/results.md`` (:func:`results_page`)."""
+    """The README's generated block (between the claims markers): per paper, the items covered, the paper
+    claims tested and decided, and the implementation checks, proxies and superseded rows counted apart
+    (:func:`summary`); every row is in ``docs/results.md`` (:func:`results_page`)."""
     rows = load() if rows is None else rows
-    by_paper = counts(rows)
-    papers = [p for p in PAPERS if p in by_paper] + [p for p in by_paper if p not in PAPERS]
+    legend = "; ".join(f"*{k}*: {v}" for k, v in SUMMARY_COLUMNS if v)
     lines = [README_BEGIN,
              f"<!-- generated by `{WRITE_COMMAND}` from benchmarks/claims.csv; do not edit -->",
              "",
-             "| paper | " + " | ".join(BUCKETS) + " | total |",
-             "|---|" + "---:|" * (len(BUCKETS) + 1)]
-    total: Counter = Counter()
-    for paper in papers:
-        c = by_paper[paper]
-        total.update(c)
-        lines.append(f"| {paper} | " + " | ".join(str(c[b]) for b in BUCKETS) + f" | {sum(c.values())} |")
-    lines.append("| **all** | " + " | ".join(f"**{total[b]}**" for b in BUCKETS) + f" | **{sum(total.values())}** |")
-    lines += ["", README_END]
+             counts_text(rows, fmt="markdown"),
+             "",
+             legend + ".",
+             "",
+             README_END]
     return "\n".join(lines)
 
 
@@ -446,26 +694,142 @@ def stale_pages(rows: list[dict] | None = None, readme: str | Path | None = None
 
 
 def _bucket(verdict: str) -> str:
-    for b in BUCKETS:
+    for b in BUCKETS + OTHER_BUCKETS:
         if verdict == b:
             return b
     return "inconclusive"
 
 
 def counts(rows: list[dict] | None = None) -> dict[str, Counter]:
-    """Per paper: how many rows agree / do not agree / are inconclusive / were not run."""
+    """Per paper: how many of its *paper claims* (role ``claim``, not a proxy, not superseded, testable) agree /
+    do not agree / are inconclusive / were not run. :func:`summary` gives the full picture."""
     rows = load() if rows is None else rows
     out: dict[str, Counter] = {}
     for r in rows:
-        out.setdefault(r["paper"], Counter())[_bucket(r["verdict"])] += 1
+        c = out.setdefault(r["paper"], Counter())
+        if _counted_claim(r):
+            c[_bucket(r["verdict"])] += 1
     return out
+
+
+TESTED_KINDS = ("statistical", "exact", "summary")
+
+
+def _counted_claim(r: dict) -> bool:
+    """A row that counts as one paper claim: the paper says it, it is not a proxy of another row, its run still
+    measures the method, and kvlab can test it."""
+    return (r["role"] == "claim" and not r["proxy_of"].strip() and not r["superseded"].strip()
+            and r["kind"] != "not testable")
+
+
+def _tested(r: dict) -> bool:
+    return r["kind"] in TESTED_KINDS and not r["superseded"].strip()
+
+
+SUMMARY_COLUMNS = (
+    ("items", "numbered tables and figures of the paper"),
+    ("items tested", "items with a tested row"),
+    ("items not testable", "items with only 'not testable here' rows"),
+    ("coverage", "items tested / items"),
+    ("claims tested", "paper-claim rows that ran (statistical, exact or summary; proxies and superseded rows apart)"),
+    ("agrees", ""),
+    ("does not agree", ""),
+    ("decided", "agrees + does not agree"),
+    ("decided %", "decided / claims tested"),
+    ("inconclusive", ""),
+    ("not run", "testable claims not run yet"),
+    ("checks", "implementation checks (kvlab's own tests and comparisons the paper does not make)"),
+    ("proxies", "rows measuring a score row again with another metric, shown beside it"),
+    ("superseded", "rows whose run predates a fix (kept for the record)"),
+)
+
+
+def summary(rows: list[dict] | None = None) -> dict[str, dict[str, int | str]]:
+    """Per paper (and ``"all"``), the ledger's counts, as :data:`SUMMARY_COLUMNS` names them.
+
+    Items come from :data:`INVENTORY` and the ``item`` column (:func:`items_of`): an item is *tested* when a
+    tested row (kind statistical, exact or summary, not superseded) names it, *not testable* when its only rows
+    are ``not testable`` ones. Rows are counted once: a paper claim (role ``claim``) that is not a proxy and not
+    superseded; checks, proxies and superseded rows have their own columns."""
+    rows = load() if rows is None else rows
+    papers = list(PAPERS) + sorted({r["paper"] for r in rows} - set(PAPERS))
+    out: dict[str, dict] = {}
+    total: Counter = Counter()
+    for paper in papers:
+        mine = [r for r in rows if r["paper"] == paper]
+        if not mine and not INVENTORY.get(paper):
+            continue
+        inventory = INVENTORY.get(paper, ())
+        tested_items, named_items = set(), set()
+        for r in mine:
+            names = set(items_of(r["item"])) & set(inventory)
+            named_items |= names
+            if _tested(r):
+                tested_items |= names
+        not_testable = {i for i in named_items - tested_items
+                        if all(r["kind"] == "not testable" for r in mine if i in items_of(r["item"]))}
+        claims_ = [r for r in mine if _counted_claim(r)]
+        tested = [r for r in claims_ if _tested(r)]
+        c = Counter(_bucket(r["verdict"]) for r in claims_)
+        row = {"items": len(inventory), "items tested": len(tested_items), "items not testable": len(not_testable),
+               "claims tested": len(tested), "agrees": c["agrees"], "does not agree": c["does not agree"],
+               "decided": c["agrees"] + c["does not agree"], "inconclusive": c["inconclusive"],
+               "not run": c["not run"],
+               "checks": sum(r["role"] == "check" and not r["proxy_of"].strip() and not r["superseded"].strip()
+                             for r in mine),
+               "proxies": sum(bool(r["proxy_of"].strip()) and not r["superseded"].strip() for r in mine),
+               "superseded": sum(bool(r["superseded"].strip()) for r in mine)}
+        total.update(row)
+        out[paper] = row
+    out["all"] = dict(total)
+    for row in out.values():
+        row["coverage"] = f"{100 * row['items tested'] / row['items']:.0f} %" if row["items"] else "-"
+        row["decided %"] = (f"{100 * row['decided'] / row['claims tested']:.0f} %" if row["claims tested"]
+                            else "-")
+        row.update({k: row[k] for k, _ in SUMMARY_COLUMNS})  # column order
+    return {p: {k: row[k] for k, _ in SUMMARY_COLUMNS} for p, row in out.items()}
+
+
+def untested_items(rows: list[dict] | None = None) -> dict[str, list[str]]:
+    """Per paper, the numbered tables and figures with no tested row and no 'not testable' row."""
+    rows = load() if rows is None else rows
+    out = {}
+    for paper, inventory in INVENTORY.items():
+        named = set()
+        for r in rows:
+            if r["paper"] == paper and (_tested(r) or r["kind"] == "not testable"):
+                named |= set(items_of(r["item"]))
+        out[paper] = [i for i in inventory if i not in named]
+    return out
+
+
+def counts_text(rows: list[dict] | None = None, *, fmt: str = "text") -> str:
+    """:func:`summary` as aligned text (``python -m kvlab claims --counts``) or a Markdown table (README)."""
+    rows = load() if rows is None else rows
+    s = summary(rows)
+    head = ["paper"] + [k for k, _ in SUMMARY_COLUMNS]
+    body = [[p] + [str(v) for v in row.values()] for p, row in s.items()]
+    if fmt == "markdown":
+        lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
+        for cells in body:
+            bold = cells[0] == "all"
+            lines.append("| " + " | ".join(f"**{c}**" if bold else c for c in cells) + " |")
+        return "\n".join(lines)
+    widths = [max(len(h), *(len(c[i]) for c in body)) for i, h in enumerate(head)]
+    lines = ["  ".join(h.rjust(w) if i else h.ljust(w) for i, (h, w) in enumerate(zip(head, widths)))]
+    lines += ["  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+              for cells in body]
+    missing = untested_items(rows)
+    lines += ["", "items with no tested row and no 'not testable' row:"]
+    lines += [f"  {p}: {', '.join(m)}" for p, m in missing.items() if m]
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
     p = argparse.ArgumentParser(prog="python -m kvlab claims", description=__doc__.split("\n\n")[0])
-    p.add_argument("--counts", action="store_true", help="agrees / does not agree / inconclusive / not run per paper")
+    p.add_argument("--counts", action="store_true", help="per paper: items covered, claims tested and decided, checks, proxies, superseded rows")
     p.add_argument("--update", action="store_true", help="recompute the statistical rows and write them back")
     p.add_argument("--write-readme", action="store_true",
                    help="regenerate README.md's counts block and docs/results.md (every row)")
@@ -495,14 +859,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.table:
         print(table(args.table, fmt="text"))
     if args.counts:
-        cols = list(BUCKETS)
-        print(f"{'paper':10s} " + " ".join(f"{c:>15s}" for c in cols) + f" {'total':>6s}")
-        total = Counter()
-        for paper in PAPERS:
-            c = counts(rows).get(paper, Counter())
-            total.update(c)
-            print(f"{paper:10s} " + " ".join(f"{c[k]:15d}" for k in cols) + f" {sum(c.values()):6d}")
-        print(f"{'all':10s} " + " ".join(f"{total[k]:15d}" for k in cols) + f" {sum(total.values()):6d}")
+        print(counts_text(rows))
     return status
 
 

@@ -216,6 +216,9 @@ def needle_records(model, tokenizer, methods: dict, layers, lengths, depths, *, 
             config = {"model": model_name, "length": n, "depth": depth, "trial": trial, "prompt_tokens": n_tok,
                       "question_tokens": tail, "pattern": repr(pattern) if pattern is not None else "dense",
                       "seconds": round(time.perf_counter() - t0, 3)}
+            if pattern is not None and hasattr(pattern, "settings"):
+                config |= pattern.settings() | {k: round(v, 2) if isinstance(v, float) else v
+                                                for k, v in pattern.stats().items()}
             for metric, value in (("needle_recall", _needle_score(said, p.answer)), ("answer_nll", nll)):
                 records.append({"example": example, "method": name, "metric": metric, "value": float(value),
                                 "output": said, "target": p.answer, "config": config})
@@ -646,31 +649,47 @@ def decode_cost(model, ids: torch.Tensor, policy, pattern=None, layers=None, *, 
 # ================================================================================================
 # Command line: the needle grid under both protocols, per-example records
 # ================================================================================================
-def needle_methods(budgets, *, predictor=None, chunk_size: int = 16, initial: int = 4, authors_initial: int = 4,
-                   authors_local: int = 0, protocols=("app_a", "authors"), baselines=("dense", "block-sparse"),
-                   backend: str = "auto", nms_window: int = 8, suffix: str = "", newlines: bool = False) -> dict:
-    """The methods of the needle grid: dense, block-sparse (fixed chunks, mean) and DHSA under each protocol
-    (``"app_a"``: the text, :class:`~kvlab.dhsa.pattern.DHSAPattern`'s default; ``"authors"``:
-    :func:`~kvlab.dhsa.pattern.authors_pattern`) at each budget. DHSA uses ``predictor``'s chunks (the
-    oracle's when None); dynamic chunks are cut at ``min(2 chunk_size, room)``. ``nms_window``: App. B's NMS
-    distance for DHSA's boundaries (0: none); ``suffix`` is appended to the DHSA method names (an ablation's
-    label, e.g. ``" nms64"``); ``newlines``: DHSA also cuts after every newline token (App. B)."""
+def needle_methods(budgets, *, predictor=None, chunk_size: int = 32, initial: int = 4,
+                   authors_initial: int = 128, authors_local: int = 128, query_block: int = 128,
+                   protocols=("app_a", "authors"), baselines=("dense", "block-sparse"), backend: str = "sdpa",
+                   nms_window: int = 8, suffix: str = "", newlines: bool = False) -> dict:
+    """The methods of the needle grid, each with its control under the same protocol:
+
+    * ``"dense"``;
+    * ``"app_a"`` (the text, :class:`~kvlab.dhsa.pattern.DHSAPattern`'s default): ``"DHSA app_a {budget}"``
+      and, with ``"block-sparse"`` in ``baselines``, ``"block-sparse {budget}"`` (fixed chunks, mean pooling);
+    * ``"authors"`` (:func:`~kvlab.dhsa.pattern.authors_pattern`: fixed query blocks of ``query_block``,
+      ``authors_initial`` + ``authors_local`` always-kept keys, heads shared, dense question and decode):
+      ``"DHSA authors {budget}"`` and, with ``"block-sparse"``, ``"block-sparse authors {budget}"``: the same
+      protocol with fixed key chunks of ``chunk_size`` (one change: the chunking).
+
+    DHSA uses ``predictor``'s chunks (the oracle's when None), cut at ``max_len = 2 chunk_size`` (under the text,
+    also at most the room the budget leaves). ``nms_window``: App. B's NMS distance (0: none); ``suffix`` is
+    appended to the DHSA method names (an ablation's label, e.g. ``" nms64"``); ``newlines``: DHSA also cuts
+    after every newline token (App. B)."""
     from .pattern import DHSAPattern, authors_pattern, block_sparse_pattern
 
     out = {"dense": None} if "dense" in baselines else {}
     chunking = "predictor" if predictor is not None else "oracle"
     for nb in budgets:
-        if "block-sparse" in baselines:
-            out[f"block-sparse {nb}"] = block_sparse_pattern(nb, chunk_size, initial=initial, backend=backend)
         for proto in protocols:
-            ini, loc = (initial, 0) if proto == "app_a" else (authors_initial, authors_local)
-            kw = dict(chunking=chunking, predictor=predictor, chunk_size=chunk_size, initial=ini, local=loc,
-                      max_len=max(1, min(2 * chunk_size, nb - ini - loc)), backend=backend, nms_window=nms_window,
-                      newlines=newlines)
             if proto == "app_a":
-                out[f"DHSA app_a {nb}{suffix}"] = DHSAPattern(nb, name=f"DHSA app_a {nb}{suffix}", **kw)
+                if "block-sparse" in baselines:
+                    out[f"block-sparse {nb}"] = block_sparse_pattern(nb, chunk_size, initial=initial,
+                                                                     backend=backend)
+                out[f"DHSA app_a {nb}{suffix}"] = DHSAPattern(
+                    nb, name=f"DHSA app_a {nb}{suffix}", chunking=chunking, predictor=predictor,
+                    chunk_size=chunk_size, initial=initial, max_len=max(1, min(2 * chunk_size, nb - initial)),
+                    backend=backend, nms_window=nms_window, newlines=newlines)
             elif proto == "authors":
-                out[f"DHSA authors {nb}{suffix}"] = authors_pattern(nb, name=f"DHSA authors {nb}{suffix}", **kw)
+                kw = dict(chunk_size=chunk_size, initial=authors_initial, local=authors_local,
+                          query_block=query_block)
+                if "block-sparse" in baselines:
+                    out[f"block-sparse authors {nb}"] = authors_pattern(
+                        nb, chunking="fixed", name=f"block-sparse authors {nb}", **kw)
+                out[f"DHSA authors {nb}{suffix}"] = authors_pattern(
+                    nb, chunking=chunking, predictor=predictor, name=f"DHSA authors {nb}{suffix}",
+                    max_len=2 * chunk_size, nms_window=nms_window, newlines=newlines, **kw)
             else:
                 raise ValueError(f"protocols are 'app_a' and 'authors', got {proto!r}")
     return out
@@ -704,7 +723,8 @@ def _table2(args, model, tok, pred, out_path) -> None:
     for be in args.timing_backends.split(","):
         ms = needle_methods([int(x) for x in args.budgets.split(",")], predictor=pred, chunk_size=args.chunk_size,
                             initial=args.initial, authors_initial=args.authors_initial,
-                            authors_local=args.authors_local, protocols=args.protocols.split(","),
+                            authors_local=args.authors_local, query_block=args.query_block,
+                            protocols=args.protocols.split(","),
                             baselines=("block-sparse",), backend=be, nms_window=args.nms_windows[0])
         for name, pattern in ms.items():
             methods[f"{name} [{be}]"] = pattern
@@ -776,10 +796,12 @@ def main(argv=None) -> int:
     ap.add_argument("--trials", type=int, default=20, help="haystacks per (length, depth) cell")
     ap.add_argument("--first-trial", type=int, default=0, help="resume a stopped grid at this trial")
     ap.add_argument("--budgets", default="128")
-    ap.add_argument("--chunk-size", type=int, default=16)
-    ap.add_argument("--initial", type=int, default=4)
-    ap.add_argument("--authors-initial", type=int, default=4, help="authors' protocol: initial keys (their code: 128)")
-    ap.add_argument("--authors-local", type=int, default=0, help="authors' protocol: recent keys (their code: 128)")
+    ap.add_argument("--chunk-size", type=int, default=32, help="fixed chunk length; dynamic chunks are cut at twice it")
+    ap.add_argument("--initial", type=int, default=4, help="the text's protocol (app_a): initial keys")
+    ap.add_argument("--authors-initial", type=int, default=128, help="authors' protocol: initial keys (their code)")
+    ap.add_argument("--authors-local", type=int, default=128,
+                    help="authors' protocol: recent keys before a query block's end (their code: 128, the block)")
+    ap.add_argument("--query-block", type=int, default=128, help="authors' protocol: query block (their code: 128)")
     ap.add_argument("--protocols", default="app_a,authors")
     ap.add_argument("--baselines", default="dense,block-sparse", help="comma list, or 'none'")
     ap.add_argument("--max-new-tokens", type=int, default=16)
@@ -829,6 +851,7 @@ def main(argv=None) -> int:
         methods.update(needle_methods([int(x) for x in args.budgets.split(",")], predictor=pred,
                                       chunk_size=args.chunk_size, initial=args.initial,
                                       authors_initial=args.authors_initial, authors_local=args.authors_local,
+                                      query_block=args.query_block,
                                       protocols=args.protocols.split(","), baselines=baselines if i == 0 else (),
                                       backend=args.backend, nms_window=w, suffix=suffix, newlines=args.newlines))
     write_examples(out, [])
@@ -860,8 +883,11 @@ def main(argv=None) -> int:
         v = [r["value"] for r in recs if r["method"] == name and r["metric"] == "needle_recall"]
         sec = [r["config"]["seconds"] for r in recs if r["method"] == name and r["metric"] == "needle_recall"]
         if v:
+            cf = [r["config"] for r in recs if r["method"] == name and r["metric"] == "needle_recall"]
+            extra = "".join(f", {key} {statistics.mean(c[key] for c in cf):.2f}"
+                            for key in ("chunks", "cut_share", "ranked_keys") if key in cf[0])
             print(f"  {name:28s} needle recall {statistics.mean(v):.3f} over {len(v)} prompts, "
-                  f"{statistics.median(sec):.2f} s a prompt (median)")
+                  f"{statistics.median(sec):.2f} s a prompt (median){extra}")
     return 0
 
 

@@ -68,8 +68,9 @@ from kvlab.core import AttentionCall, AttentionPattern, MaskPattern, attend, cau
 from .api import check_flag, dhsa_attention, dhsa_selection, predict_boundaries
 from .policy import decode_attention, decode_attention_sdpa
 from .api import BACKENDS
-from .reference import (BoundaryPredictor, _per_batch, attention_recall, chunk_index, chunk_similarity, dhsa_mask,
-                        fixed_boundaries, local_starts, oracle_boundaries, split_long_chunks)
+from .reference import (BoundaryPredictor, _per_batch, attention_recall, block_query_mask, chunk_index,
+                        chunk_similarity, dhsa_mask, fixed_boundaries, local_starts, oracle_boundaries,
+                        split_long_chunks)
 
 __all__ = ["DHSAPattern", "authors_pattern", "block_sparse_pattern", "sliding_window_pattern", "dhsa_layers",
            "ranked_chunk_mask", "CHUNKINGS", "DECODES", "PATTERN_BACKENDS"]
@@ -200,7 +201,8 @@ class DHSAPattern(AttentionPattern):
         max_chunks: ``N_c``; default ``8 * ceil(seq / chunk_size)`` (the authors' code: ``chunk_beta = 8``
             times the number of fixed blocks, so that NMS, not ``N_c``, sets the chunk lengths).
         threshold: boundary threshold: on the ratio for the oracle (code: 1.1), on the probability
-            for the predictor (default 0.5).
+            for the predictor (default: the threshold calibrated when it was trained,
+            :func:`kvlab.dhsa.training.calibrate_threshold`, else 0.5).
         nms_window: NMS distance (App. B: 8 or 64).
         window: ``w`` of the labelling rule for the oracle (the predictor has its own).
         max_len: dynamic chunks longer than this are cut (ours; default ``min(2 chunk_size, budget - initial)``).
@@ -227,6 +229,16 @@ class DHSAPattern(AttentionPattern):
         newlines: also end a chunk after every newline token (App. B: "we also augment the output with explicit
             boundaries such as \\n, \\n\\n"); the harness sets ``pattern.newline_ends`` per prompt
             (:func:`kvlab.dhsa.experiments.newline_ends`); a prefill without it raises.
+        query_block: None (the text: queries are chunked like the keys) or the length of fixed query blocks
+            (the authors' code: one selection per block of ``query_block`` queries, ``local`` = the last keys
+            before the block's end, :func:`kvlab.dhsa.reference.block_query_mask`); needs ``backend="sdpa"``
+            and ``decode="dense"``.
+
+    After each prefill, ``pattern.stats()`` gives, for the layer the boundaries were taken from, the number
+    of chunks, how many of them come from cutting chunks longer than ``max_len`` (``cut_chunks``; the rest
+    are the chunking's own), and, over the DHSA layers, the mean number of keys a query keeps and of those
+    chosen by the ranking (``ranked_keys``: kept minus always-kept). ``pattern.settings()`` is every setting
+    a record needs (initial, local, budget, predictor, share_heads, ...).
     """
 
     def __init__(self, budget: int | None, *, chunking: str = "fixed", chunk_size: int = 64,
@@ -236,7 +248,7 @@ class DHSAPattern(AttentionPattern):
                  backend: str = "auto", record: bool = False, name: str | None = None, local: int = 0,
                  dense_tail: int = 0, decode: str = "app_a", share_boundaries: bool = False,
                  share_selection: bool = False, causal_query: bool = False, profile: bool = False,
-                 newlines: bool = False):
+                 newlines: bool = False, query_block: int | None = None):
         if budget is not None:
             _pos_int("budget", budget)
         _pos_int("local", local, 0)
@@ -275,11 +287,21 @@ class DHSAPattern(AttentionPattern):
             raise ValueError(f"chunking={chunking!r} needs predictor=BoundaryPredictor(...) (train one with "
                              "kvlab.dhsa.training, or load one with kvlab.dhsa.training.load_predictor / "
                              "shipped_predictor)")
+        if query_block is not None:
+            _pos_int("query_block", query_block)
+            if backend != "sdpa" or decode != "dense" or causal_query or not keep_diagonal:
+                raise ValueError(f"query_block={query_block} (fixed query blocks, the authors' selection) needs "
+                                 "backend='sdpa', decode='dense', causal_query=False and keep_diagonal=True, got "
+                                 f"backend={backend!r}, decode={decode!r}, causal_query={causal_query}, "
+                                 f"keep_diagonal={keep_diagonal}: set those, or query_block=None")
+            if budget is not None and initial + local > budget:
+                raise ValueError(f"budget={budget} must be >= initial ({initial}) + local ({local}), the keys every "
+                                 "query block keeps; raise budget or lower initial / local")
         room = None if budget is None else budget - (initial + local if keep_diagonal else 0)
         if max_len is None:
-            max_len = 2 * chunk_size if room is None else max(1, min(2 * chunk_size, room))
+            max_len = 2 * chunk_size if room is None or query_block else max(1, min(2 * chunk_size, room))
         _pos_int("max_len", max_len)
-        if keep_diagonal and room is not None:
+        if keep_diagonal and room is not None and query_block is None:
             longest = chunk_size if chunking == "fixed" else max_len
             if longest > room:
                 what = "chunk_size" if chunking == "fixed" else "max_len"
@@ -288,7 +310,10 @@ class DHSAPattern(AttentionPattern):
                                  f"{what}")
         self.budget, self.chunking, self.chunk_size, self.predictor = budget, chunking, chunk_size, predictor
         self.max_chunks, self.nms_window, self.window, self.max_len = max_chunks, nms_window, window, max_len
-        self.threshold = threshold if threshold is not None else (1.1 if chunking == "oracle" else 0.5)
+        if threshold is None:  # the oracle's ratio 1.1; a predictor's calibrated threshold, else p > 0.5
+            calibrated = getattr(getattr(predictor, "_orig_mod", predictor), "calibrated_threshold", None)
+            threshold = 1.1 if chunking == "oracle" else (calibrated if calibrated is not None else 0.5)
+        self.threshold = threshold
         self.initial, self.keep_diagonal, self.aggregation = initial, keep_diagonal, aggregation
         self.share_heads, self.backend, self.record = share_heads, backend, record
         self.local, self.dense_tail, self.decode = local, dense_tail, decode
@@ -297,6 +322,9 @@ class DHSAPattern(AttentionPattern):
             raise ValueError("newlines=True adds boundaries to a dynamic chunking ('oracle', 'predictor', "
                              "'predictor+fixed'); chunking='fixed' is the block-sparse baseline")
         self.newlines = newlines
+        self.query_block = query_block
+        self.chunk_stats: dict[int, dict] = {}  # layer -> chunks / cut_chunks of the last prefill
+        self.key_stats: dict[int, dict] = {}  # layer -> kept_keys / ranked_keys of the last prefill
         self.newline_ends = None  # set per prompt when newlines: offsets just after each newline token
         self.share_boundaries, self.share_selection, self.causal_query = share_boundaries, share_selection, causal_query
         self.name = name or f"DHSA({chunking}, budget={budget})"
@@ -316,6 +344,7 @@ class DHSAPattern(AttentionPattern):
         dev = query.device
         max_chunks = self.max_chunks or 8 * math.ceil(n / self.chunk_size)
         if self.chunking == "fixed":
+            self._cuts = [0] * bsz
             return [fixed_boundaries(n, self.chunk_size, device=dev)] * bsz
         if self.chunking == "oracle":
             g = query.shape[1] // key.shape[1]
@@ -323,14 +352,15 @@ class DHSAPattern(AttentionPattern):
             s = (query.float() @ k.transpose(-1, -2)) * scaling
             causal = torch.ones(n, n, dtype=torch.bool, device=dev).tril()
             attn = torch.softmax(s.masked_fill(~causal, float("-inf")), -1).mean(1)  # heads averaged
-            out = []
-            for b in range(bsz):
-                bd = oracle_boundaries(attn[b], window=self.window, max_chunks=max_chunks,
-                                       threshold=self.threshold, nms_window=self.nms_window)
-                out.append(split_long_chunks(bd, self.max_len))
+            own = [oracle_boundaries(attn[b], window=self.window, max_chunks=max_chunks,
+                                     threshold=self.threshold, nms_window=self.nms_window) for b in range(bsz)]
+        else:
+            own = predict_boundaries(self.predictor.to(dev), key, max_chunks=max_chunks, threshold=self.threshold,
+                                     nms_window=self.nms_window, max_len=None)
+        out = [split_long_chunks(bd, self.max_len) for bd in own]
+        self._cuts = [len(a) - len(b) for a, b in zip(out, own)]  # chunks made by the max_len cut, per sequence
+        if self.chunking == "oracle":
             return self._with_newlines(out, n)
-        out = predict_boundaries(self.predictor.to(dev), key, max_chunks=max_chunks, threshold=self.threshold,
-                                 nms_window=self.nms_window, max_len=self.max_len)
         if self.chunking == "predictor+fixed":
             fixed = fixed_boundaries(n, self.chunk_size, device=dev)
             out = [torch.unique(torch.cat([b, fixed])) for b in out]
@@ -373,21 +403,81 @@ class DHSAPattern(AttentionPattern):
     def _phase(self, name, device):
         return self._timer.phase(name, device) if self._timer is not None else _nothing()
 
-    def _sdpa_prefill(self, query, key, value, bds, mask, scaling):
+    def _sdpa_prefill(self, query, key, value, bds, mask, scaling, layer):
         """The ``"sdpa"`` backend: :func:`ranked_chunk_mask` (the reference's kept set) and torch's fused
         attention with that boolean mask, all heads at once."""
         if mask is None:
             with self._phase("selection", query.device):
-                kw = self._kw()
-                mask = ranked_chunk_mask(query, key, bds, kw.pop("budget"), dense_tail=self._tail(),
-                                         initial=kw["initial"], local=kw["local"], aggregation=kw["aggregation"],
-                                         share_heads=kw["share_heads"])
+                mask = self._mask(query, key, bds)
             if self.share_selection:
                 self._shared["selection"] = mask
+        self._count_keys(layer, mask, bds)
         with self._phase("attention", query.device):
             g = query.shape[1] // key.shape[1]
             k, v = (key, value) if g == 1 else (key.repeat_interleave(g, 1), value.repeat_interleave(g, 1))
             return torch.nn.functional.scaled_dot_product_attention(query, k, v, attn_mask=mask, scale=scaling)
+
+    def _mask(self, query, key, bds):
+        """The kept set of the ``"sdpa"`` backend: per query chunk (the text) or per fixed query block."""
+        kw = self._kw()
+        if self.query_block is not None:
+            return block_query_mask(query, key, bds, kw["budget"], query_block=self.query_block,
+                                    initial=kw["initial"], local=kw["local"], aggregation=kw["aggregation"],
+                                    share_heads=kw["share_heads"], dense_tail=self._tail())
+        return ranked_chunk_mask(query, key, bds, kw["budget"], dense_tail=self._tail(), initial=kw["initial"],
+                                 local=kw["local"], aggregation=kw["aggregation"], share_heads=kw["share_heads"])
+
+    def _forced(self, bd: torch.Tensor, n: int) -> torch.Tensor:
+        """``(n, n)`` bool: the always-kept keys of each query (initial, local, own chunk or block), causal."""
+        dev = bd.device
+        pos = torch.arange(n, device=dev)
+        causal = pos[None, :] <= pos[:, None]
+        early = pos[None, :] < self.initial
+        if self.query_block is not None:
+            upper = torch.clamp((pos // self.query_block + 1) * self.query_block, max=n)
+            return causal & (early | (pos[None, :] >= (upper - self.local)[:, None]))
+        if not self.keep_diagonal:
+            return causal & early
+        ls = local_starts(bd, self.local, self.initial)[chunk_index(bd, n).to(dev)]
+        return causal & (early | (pos[None, :] >= ls[:, None]))
+
+    def _count_keys(self, layer: int, mask: torch.Tensor, bds) -> None:
+        """Mean kept and ranked keys per sparse query of this layer (the dense tail left out)."""
+        n = mask.shape[-1]
+        rows = n - min(self._tail(), n)
+        if rows == 0:
+            return
+        kept = ranked = 0.0
+        for b, bd in enumerate(bds):
+            m = mask[b, :, :rows]
+            forced = self._forced(bd.to(mask.device), n)[:rows]
+            kept += float(m.sum(-1).float().mean())
+            ranked += float((m & ~forced[None]).sum(-1).float().mean())
+        self.key_stats[layer] = {"kept_keys": kept / len(bds), "ranked_keys": ranked / len(bds)}
+
+    def settings(self) -> dict:
+        """Every setting a record stores: the selection, the chunking and the protocol."""
+        module = getattr(self.predictor, "_orig_mod", self.predictor)
+        return {"budget": self.budget, "initial": self.initial, "local": self.local,
+                "share_heads": self.share_heads, "query_block": self.query_block, "chunking": self.chunking,
+                "predictor": None if module is None else getattr(module, "source", "unnamed"),
+                "chunk_size": self.chunk_size, "max_len": self.max_len, "nms_window": self.nms_window,
+                "threshold": self.threshold, "aggregation": self.aggregation, "dense_tail": self.dense_tail,
+                "decode": self.decode, "share_boundaries": self.share_boundaries,
+                "share_selection": self.share_selection, "keep_diagonal": self.keep_diagonal,
+                "causal_query": self.causal_query, "newlines": self.newlines}
+
+    def stats(self) -> dict:
+        """What the last prefill did: chunks and max_len cuts at the layer the boundaries came from (the first
+        layer that chunked), and the kept / ranked keys per query averaged over the layers that counted them."""
+        out = {}
+        if self.chunk_stats:
+            first = min(self.chunk_stats)
+            out.update({"boundary_layer": first} | self.chunk_stats[first])
+        if self.key_stats:
+            for key in ("kept_keys", "ranked_keys"):
+                out[key] = sum(v[key] for v in self.key_stats.values()) / len(self.key_stats)
+        return out
 
     def _prefill_boundaries(self, query, key, call):
         """Boundaries of this layer: computed here, or (``share_boundaries``) once per forward."""
@@ -402,6 +492,11 @@ class DHSAPattern(AttentionPattern):
             return st["bds"]
         with self._phase("chunking", query.device):
             bds = self.chunks(query, key, call.scaling)
+        counts = [len(b) - 1 for b in bds]
+        cuts = self.__dict__.pop("_cuts", None)  # None: chunks() was replaced and did not say
+        self.chunk_stats[call.layer_idx] = {"chunks": sum(counts) / len(counts),
+                                            "cut_chunks": None if cuts is None else sum(cuts) / len(cuts),
+                                            "cut_share": None if cuts is None else sum(cuts) / sum(counts)}
         self.chunk_calls += 1
         st["bds"] = bds
         return bds
@@ -416,7 +511,9 @@ class DHSAPattern(AttentionPattern):
             self.boundaries[call.layer_idx] = [b.detach().cpu() for b in bds]
             kw = self._kw()
             if self.record:
-                if self.keep_diagonal and not self.causal_query:  # the same mask without the token sort
+                if self.query_block is not None:
+                    mask = self._mask(query, key, bds)
+                elif self.keep_diagonal and not self.causal_query:  # the same mask without the token sort
                     kw.pop("keep_diagonal")
                     mask = ranked_chunk_mask(query, key, bds, kw.pop("budget"), dense_tail=self._tail(), **kw)
                 else:
@@ -425,7 +522,7 @@ class DHSAPattern(AttentionPattern):
                 self.recall[call.layer_idx] = float(attention_recall(query, key, mask, call.scaling).mean())
             sel = self._shared["selection"] if self.share_selection else None
             if self.backend == "sdpa":
-                return self._sdpa_prefill(query, key, value, bds, sel, call.scaling)
+                return self._sdpa_prefill(query, key, value, bds, sel, call.scaling, call.layer_idx)
             if sel is None:
                 with self._phase("selection", query.device):
                     sel = dhsa_selection(query, key, chunks=bds, causal_query=self.causal_query,
@@ -458,15 +555,27 @@ def _nothing():
 
 
 def authors_pattern(budget: int | None, *, chunking: str = "predictor", dense_tail: int | str = "question",
-                    initial: int = 128,
-                    local: int = 128, share_selection: bool = False, **kw) -> DHSAPattern:
-    """DHSA as the authors' code runs it: dense question tail at prefill (``dense_tail`` tokens, or
-    ``"question"``: found per prompt by the harness), dense decode, boundaries predicted once per forward
-    and shared by all layers, ``initial`` first and ``local`` recent keys always kept (128 + 128 in their
-    code). Other arguments as :class:`DHSAPattern`; ``name`` defaults to ``"DHSA authors(...)"``."""
+                    initial: int = 128, local: int = 128, query_block: int = 128, share_heads: bool = True,
+                    share_selection: bool = False, backend: str = "sdpa", **kw) -> DHSAPattern:
+    """DHSA as the authors' code runs it (``legacy/utils/helper.py::dhsa_sdpa`` and its needle script), setting
+    by setting (``tests/test_dhsa_protocol.py`` diffs it against a table of their code):
+
+    * queries in fixed blocks of ``query_block`` = 128 (``--block_size 128``), one selection per block;
+    * one selection for all heads (``share_heads``: queries and keys averaged over heads first);
+    * ``initial`` = 128 first keys (``global_tokens``) and ``local`` = 128 recent keys (``local_tokens``: the
+      last keys before the block's end, i.e. the query's own block), both inside ``budget``
+      (``--budget_prefill``, 1024 in the needle script);
+    * Eq. 4 representations (``avgpool_norm``), key chunks predicted once per forward from the first layer's
+      keys and shared (``--dhsa_share_boundaries``), NMS window 8, the selection recomputed in every layer
+      (no ``--dhsa_share_sparsity_masks``);
+    * the question ("instruction") tail dense at prefill, decode dense.
+
+    ``chunking="fixed"`` (with ``chunk_size``) is the block-sparse control under the same protocol: one change,
+    the chunking. Other arguments as :class:`DHSAPattern`; ``name`` defaults to ``"DHSA authors(...)"``."""
     kw.setdefault("name", f"DHSA authors({chunking}, budget={budget})")
     return DHSAPattern(budget, chunking=chunking, dense_tail=dense_tail, initial=initial, local=local, decode="dense",
-                       share_boundaries=True, share_selection=share_selection, **kw)
+                       share_boundaries=True, share_selection=share_selection, query_block=query_block,
+                       share_heads=share_heads, backend=backend, **kw)
 
 
 def block_sparse_pattern(budget: int | None, block: int = 64, *, initial: int = 4, backend: str = "auto",

@@ -52,7 +52,7 @@ __all__ = [
     "fixed_boundaries", "check_boundaries", "chunk_index", "chunk_lengths", "split_long_chunks",
     "decode_boundaries",
     # Eq. 4, similarity, upsampling, selection, attention
-    "AGGREGATIONS", "chunk_representation", "chunk_similarity", "upsample", "dhsa_mask",
+    "AGGREGATIONS", "chunk_representation", "chunk_similarity", "upsample", "dhsa_mask", "block_query_mask",
     "dhsa_attention_reference", "dhsa_decode_reference", "kept_per_row", "max_forced", "local_starts",
     # chunk form of the kept set (what the kernels consume)
     "ChunkPlan", "chunk_plan", "plan_mask",
@@ -379,6 +379,85 @@ def dhsa_mask(q: torch.Tensor, k: torch.Tensor, boundaries, budget: int | None, 
             m[..., n - min(dense_tail, n):, :] = pos[None, :] <= pos[n - min(dense_tail, n):, None]
         out.append(m)
     return torch.cat(out, dim=0)
+
+
+def block_query_mask(q: torch.Tensor, k: torch.Tensor, boundaries, budget: int | None, *, query_block: int,
+                     initial: int = 0, local: int = 0, aggregation: str = "eq4", share_heads: bool = False,
+                     score_dtype: torch.dtype = torch.float32, dense_tail: int = 0) -> torch.Tensor:
+    """The kept set with *fixed query blocks* and dynamic key chunks: the selection of the authors' code.
+
+    The text (Sec. 2.1) chunks queries and keys alike (:func:`dhsa_mask`); the authors' code chunks the keys
+    by the boundaries and the queries into fixed blocks of ``query_block`` tokens, and one selection serves
+    every query of a block::
+
+        u_i      = min((i + 1) * query_block, n)          keys a block may see: j < u_i
+        S[i, c]  = qblock_i . kchunk_c                    (Eq. 4 representations, ``aggregation``)
+        forced_i = {j < initial} | {u_i - local <= j < u_i}    (128 "global" + 128 "recent" keys in the code:
+                                                             with local = query_block, the block itself)
+        ranked_i = the budget - |forced_i| other keys j < u_i with the highest S[i, c(j)]
+        keep[t, j] = j <= t and j in forced_i | ranked_i  for every query t of block i
+
+    Args:
+        q: ``(batch, heads, seq, dim)``; k: ``(batch, kv_heads, seq, dim)``.
+        boundaries: key chunk offsets (one shared, or a list with one per sequence).
+        budget: keys per query block, forced ones included; None (or ``>= seq``) keeps every causal key.
+        query_block: query block length (the code's ``block_size``: 128 in its needle script).
+        initial, local: always-kept first keys and last keys before a block's end (both count in the budget).
+        aggregation, share_heads, score_dtype: see :func:`chunk_similarity` (the code: ``"eq4"``, heads shared).
+        dense_tail: the last ``dense_tail`` queries keep every causal key; the blocks cover the rest.
+
+    Returns:
+        ``(batch, heads | 1, seq, seq)`` bool, True = kept.
+
+    Differences from the code, named: the code overwrites the 128 lowest positions of its sorted top-k list with
+    the global keys (so a block keeps at most ``budget`` distinct keys); here the ranked keys fill exactly what the
+    forced ones leave. Ties (a chunk's tokens share a score) go to the earlier position (the code: ``torch.topk``'s
+    order). A query block's vector averages all its queries, later ones included (as in the code): for
+    teacher-forced perplexity this is a leak (:func:`dhsa_mask` with ``causal_query``).
+    """
+    if isinstance(query_block, bool) or not isinstance(query_block, int) or query_block < 1:
+        raise ValueError(f"query_block must be an int >= 1 (query block length in tokens), got {query_block!r}")
+    bsz, _, n, _ = q.shape
+    per = _per_batch(boundaries, bsz, n)
+    if budget is not None and budget >= n:
+        budget = None
+    dev = q.device
+    pos = torch.arange(n, device=dev)
+    causal = pos[None, :] <= pos[:, None]
+    tail = min(dense_tail, n)
+    sparse = n - tail
+    qb_bd = fixed_boundaries(max(sparse, 1), query_block, device=dev)  # query blocks over the sparse rows
+    nqb = qb_bd.numel() - 1
+    upper = torch.clamp(qb_bd[:-1] + query_block, max=n)  # (nqb,) u_i (a short last block still reaches on)
+    allowed = pos[None, :] < upper[:, None]  # (nqb, n)
+    forced = allowed & ((pos[None, :] < initial) | (pos[None, :] >= (upper - local)[:, None]))
+    out = []
+    for b in range(bsz):
+        bd = per[b].to(dev)
+        if budget is None:
+            keep = allowed[None]
+        else:
+            qq = q[b:b + 1, :, :max(sparse, 1)].to(score_dtype)
+            kk = k[b:b + 1].to(score_dtype)
+            if share_heads:
+                qq, kk = qq.mean(dim=1, keepdim=True), kk.mean(dim=1, keepdim=True)
+            qc = chunk_representation(qq, qb_bd, aggregation)
+            kc = chunk_representation(kk, bd, aggregation)
+            kc = kc.repeat_interleave(qc.shape[1] // kc.shape[1], dim=1)
+            tok = (qc @ kc.transpose(-1, -2))[0][..., chunk_index(bd, n).to(dev)]  # (H, nqb, n)
+            cand = allowed & ~forced
+            order = torch.sort(tok.masked_fill(~cand[None], float("-inf")), dim=-1, descending=True,
+                               stable=True).indices
+            rank = torch.empty_like(order)
+            rank.scatter_(-1, order, torch.arange(n, device=dev).expand_as(order))
+            room = (budget - forced.sum(-1)).clamp(min=0)  # (nqb,)
+            keep = forced[None] | (cand[None] & (rank < room[None, :, None]))
+        qidx = chunk_index(qb_bd, max(sparse, 1)).to(dev)[:sparse]  # block of each sparse row
+        m = torch.empty(keep.shape[0], n, n, dtype=torch.bool, device=dev)
+        m[:, :sparse] = keep[:, qidx] & causal[None, :sparse]
+        m[:, sparse:] = causal[None, sparse:]
+        out.append(m)
+    return torch.stack(out)
 
 
 def max_forced(boundaries: torch.Tensor, initial: int, keep_diagonal: bool = True, local: int = 0) -> int:

@@ -47,7 +47,7 @@ from .reference import (BoundaryPredictor, focal_bce_loss, key_features, label_r
                         soft_labels)
 
 __all__ = ["LabelRecorder", "LabelSet", "TrainResult", "text_samples", "make_labels", "record_keys",
-           "train_predictor", "evaluate_predictor", "save_predictor", "load_predictor", "default_predictor_path",
+           "train_predictor", "evaluate_predictor", "calibrate_threshold", "save_predictor", "load_predictor", "default_predictor_path",
            "shipped_predictor", "SHIPPED", "main"]
 
 SHIPPED = Path(__file__).parent / "data"  # trained predictors shipped with kvlab: <model>.pt + <model>.json
@@ -167,6 +167,42 @@ def record_keys(model, ids: torch.Tensor, layers: list[int]) -> dict[int, torch.
     with use_pattern(model, rec, layers):
         model(input_ids=ids[None].to(model.device), use_cache=False, logits_to_keep=1)  # no logits needed
     return rec.keys
+
+
+@torch.no_grad()
+def calibrate_threshold(model, predictor: BoundaryPredictor, labels: LabelSet, *, nms_window: int = 8,
+                        alpha: float = 2.0, beta: float = -2.0 * math.log(2.0)) -> dict:
+    """The probability threshold at which the predictor places as many boundaries as the labels do.
+
+    Over the held-out windows and layers, the labels' boundaries are the hard positives (soft label >= 0.5,
+    Eq. 8) after NMS (``nms_window``); the predictor's are ``p > t`` after the same NMS. ``t`` runs over
+    0.05, 0.10, ..., 0.95 and the one whose total count is nearest the labels' is returned (ties: the higher
+    ``t``). Reading (ours): the paper gives no threshold and the authors' code thresholds the logit at a
+    fixed value; a predictor trained on sparse labels (layer 0 places about two boundaries per 100 tokens)
+    rarely reaches p = 0.5 outside the clearest positions, so a fixed 0.5 under-chunks.
+
+    Returns ``{"threshold", "label_boundaries", "predicted_boundaries"}`` (totals over windows and layers).
+    """
+    from .reference import nms_boundaries
+
+    grid = [round(0.05 * i, 2) for i in range(1, 20)]
+    want, have = 0, dict.fromkeys(grid, 0)
+    predictor.eval()
+    for i in range(len(labels.ids)):
+        keys = _sample_keys(model, labels, i)
+        for layer in labels.layers:
+            x = key_features(keys[layer]).float()
+            n = x.shape[1]
+            valid = label_valid(n, predictor.window, x.device)[None]
+            y = _targets(labels.ratios[i][layer].to(x.device), alpha, beta, False)[None]
+            want += len(nms_boundaries(y, max_chunks=n, threshold=0.4999, nms_window=nms_window,
+                                       valid=valid)[0]) - 2
+            p = torch.sigmoid(predictor(x).float())
+            for t in grid:
+                have[t] += len(nms_boundaries(p, max_chunks=n, threshold=t, nms_window=nms_window,
+                                              valid=valid)[0]) - 2
+    best = min(grid, key=lambda t: (abs(have[t] - want), -t))
+    return {"threshold": best, "label_boundaries": want, "predicted_boundaries": have[best]}
 
 
 def _targets(ratios: torch.Tensor, alpha: float, beta: float, hard: bool) -> torch.Tensor:
@@ -296,6 +332,9 @@ def load_predictor(path, device=None) -> tuple[BoundaryPredictor, dict]:
     d = torch.load(path, map_location="cpu", weights_only=True)
     p = BoundaryPredictor(**d["config"])
     p.load_state_dict(d["state_dict"])
+    p.source = Path(path).name  # records name the predictor by its file
+    # the threshold calibrated at training (calibrate_threshold); DHSAPattern uses it when given none
+    p.calibrated_threshold = d.get("meta", {}).get("calibration", {}).get("threshold")
     return p.to(device or "cpu").eval(), d.get("meta", {})
 
 
@@ -370,7 +409,7 @@ def write_sidecar(pt_path, meta: dict, **extra) -> Path:
                 predictor=torch.load(pt_path, map_location="cpu", weights_only=True)["config"],
                 layers=meta.get("layers"), data=meta.get("data"), train=meta.get("train"),
                 first_loss=meta.get("first_loss"), last_loss=meta.get("last_loss"),
-                validation=meta.get("validation"))
+                validation=meta.get("validation"), calibration=meta.get("calibration"))
     info.update(extra)
     side = pt_path.with_suffix(".json")
     side.write_text(json.dumps(info, indent=1) + "\n")
@@ -460,11 +499,14 @@ def main(argv: list[str] | None = None) -> int:
     t_val = time.perf_counter() - t1
     print(f"trained {len(res.losses)} steps in {res.seconds:.0f} s; loss {res.losses[0]:.4f} -> {res.losses[-1]:.4f}")
     print("validation:", json.dumps({k: round(v, 4) for k, v in metrics.items()}))
+    calibration = calibrate_threshold(model, res.predictor, val_labels)
+    print("calibrated threshold:", json.dumps(calibration))
     out = Path(args.out) if args.out else default_predictor_path(args.model)
     command = "python -m kvlab.dhsa.training " + " ".join(sys.argv[1:] if argv is None else argv)
     data = dict(train=dict(train_spec), val=dict(val_spec), seq_len=args.seq_len,
                 val_note="held-out windows follow a corpus's training windows (no overlap)")
     meta = dict(model=args.model, layers=layers, command=command, train=res.config, validation=metrics,
+                calibration=calibration,
                 first_loss=res.losses[0], last_loss=res.losses[-1], data=data)
     sha = save_predictor(res.predictor, out, meta)
     extra = dict(device=str(model.device) + (f" ({torch.cuda.get_device_name(model.device)})"

@@ -19,7 +19,9 @@ Row kinds (column ``kind``):
   :func:`kvlab.eval.paired_bootstrap`), ``p_value`` (exact sign test; McNemar's on 0/1 outcomes),
   ``our_value`` and ``verdict``.
 - ``exact``: a mechanism identity backed by tests named in ``test`` (``tests/test_x.py::test_name``, several
-  separated by ``;``); ``n`` is the number of test cases; the verdict is ``agrees`` only if every named test exists.
+  separated by ``;``). ``--update`` runs them with pytest (:func:`exact_columns`): ``n`` is the number of test cases
+  collected, ``estimate`` the number that passed; the verdict is ``agrees`` only if every named test was collected
+  and passed (a ``def test_x(`` inside a docstring is not a test), ``does not agree`` if one failed.
 - ``summary``: a committed result that holds only a mean (no per-example outcomes): ``our_value`` and ``n`` are
   typed from the file in ``results_file``; the verdict is ``inconclusive (no per-example data)``.
 - ``not run``: the claim is testable here but was not tested; ``note`` says why; the verdict is ``not run``.
@@ -34,11 +36,21 @@ Three more columns say how a row is counted (:func:`summary`, ``python -m kvlab 
   beside the accuracy). A proxy is shown beside its score row and never counted as a claim of its own.
 - ``superseded``: empty, or why the row's run no longer measures the method (the fix that came after it). The
   row stays for the record with verdict ``superseded`` and counts as neither tested nor decided.
+- ``paper_cell``: the paper's own cell for the comparison, ``"77.18 vs 69.67 (higher is better; Table 1, ...)"``,
+  or ``"A better, no number (Fig. 8: ...)"`` / ``"A matches B (...)"`` where the paper gives a figure or a sentence.
+  Every statistical paper claim has one, and its ``direction`` must be the one the cell gives for the row's metric
+  (:func:`paper_direction`; an NLL row of an accuracy cell flips it), so that no row encodes the paper backwards.
+
+Coverage: :data:`INVENTORY` lists every numbered table and figure of the five papers; the ``item`` column names
+the ones a row tests (``"Table 5 (...)"``, ``"Tables 2-3, Figs. 5-6 (...)"``, read by :func:`items_of`). An item
+beyond kvlab's reach gets a ``not testable`` row with the concrete reason; one that could be tested but has no
+row yet shows as untested in ``python -m kvlab claims --counts``.
 
 **The verdict rule** (:func:`derive_verdict`), for a statistical row: *agrees* when the 95 % interval of
 ``A - B`` excludes 0 on the paper's side, *does not agree* when it excludes 0 on the other side, otherwise
-*inconclusive*. Also inconclusive: fewer than 20 pairs; 0/1 outcomes whose exact McNemar test has p >= 0.05 (the
-bootstrap is optimistic with few discordant pairs); any generation of the pairs that is ``":"`` (a known
+*inconclusive*. Also inconclusive: fewer than 20 pairs; 0/1 outcomes whose exact McNemar test has p >= 0.05, and
+fractional scores in [0, 1] whose exact sign test on the discordant pairs has p >= 0.05 (the bootstrap is
+optimistic with few discordant pairs); any generation of the pairs that is ``":"`` (a known
 harness bug), or empty generations in more than a tenth of them: the verdict must not rest on those; restrict the
 row with ``filter``. A row may carry ``systematic``:
 a known bias bound of the measurement (in the metric's units, e.g. the segmented long-stream approximation),
@@ -50,7 +62,10 @@ Adding a row: append a line to ``benchmarks/claims.csv`` with the typed columns 
 ``results_file``, ``command``, ``role``, ...), leave the computed columns empty (use :func:`save` or the ``csv``
 module, so that a comma inside a field is quoted: a row with more fields than the header is refused), then run ``python -m kvlab claims --update`` (fills them) and
 ``python -m kvlab claims --write-readme`` (rewrites README.md's counts block and ``docs/results.md``);
-``tests/test_claims.py`` checks the result.
+``tests/test_claims.py`` and ``tests/test_claims_ledger_rules.py`` check the result. A row for a new experiment
+also sets ``role`` (``claim`` or ``check``), ``paper_cell`` (the paper's numbers, which fix ``direction``),
+``proxy_of`` when it re-measures another row with a proxy metric, and writes in ``differs`` what decides the
+result (a prompt length, a setting that makes the task impossible at our scale), not only what is smaller.
 """
 
 from __future__ import annotations
@@ -68,7 +83,8 @@ import numpy as np
 
 __all__ = ["FIELDS", "KINDS", "ROLES", "PAPERS", "INVENTORY", "ledger_path", "load", "validate", "recompute",
            "derive_verdict", "update", "table", "readme_block", "results_page", "write_readme", "stale_pages",
-           "counts", "summary", "counts_text", "items_of", "untested_items", "main"]
+           "counts", "summary", "counts_text", "items_of", "untested_items", "paper_direction", "lower_is_better",
+           "run_tests", "exact_columns", "main"]
 
 ROOT = Path(__file__).resolve().parents[1]
 FIELDS = ["id", "paper", "item", "claim", "kind", "paper_value", "our_value", "n", "estimate", "ci_low", "ci_high",
@@ -244,6 +260,47 @@ def exact_columns(row: dict, root: str | Path | None = None) -> dict:
     return {"n": str(n), "estimate": str(passed), "verdict": verdict}
 
 
+_NUM = r"-?\d+(?:\.\d+)?"
+_CELL_NUMBERS = re.compile(rf"^(?P<a>{_NUM}) vs (?P<b>{_NUM}) \((?P<sense>higher|lower) is better(?:; (?P<src>.+))?\)$")
+_CELL_WORDS = re.compile(r"^(?:(?P<who>A|B) better, no number|A matches B) \((?P<src>.+)\)$")
+# metrics where a smaller value is the better one (the ledger's own metric names)
+_LOWER_IS_BETTER = re.compile(r"nll|ppl|perplexity|loss|latency|seconds|memory", re.I)
+
+
+def lower_is_better(metric: str) -> bool:
+    """Whether a smaller value of the ledger metric ``metric`` is better (NLL, perplexity, latency ...)."""
+    return bool(_LOWER_IS_BETTER.search(metric))
+
+
+def paper_direction(row: dict) -> str | None:
+    """The ``direction`` that the paper's own cell (column ``paper_cell``) gives for this row's metric, or None
+    when the row has no cell.
+
+    ``paper_cell`` is one of ``"77.18 vs 69.67 (higher is better; Table 1, ...)"`` (the paper's numbers for A
+    and B in the paper's metric), ``"A better, no number (Fig. 8: ...)"`` / ``"B better, no number (...)"`` (a
+    figure or a sentence), or ``"A matches B (...)"`` (an equality claim, tested as "A not worse than B"). The
+    paper's better method is then mapped onto this row's metric: ``a>b`` when A is better and higher values of
+    ``metric`` are better, ``a<b`` when A is better and lower values are better (NLL), and so on."""
+    cell = row["paper_cell"].strip()
+    if not cell:
+        return None
+    m = _CELL_NUMBERS.match(cell)
+    if m:
+        a, b = float(m["a"]), float(m["b"])
+        if a == b:
+            raise ValueError(f"claim {row['id']}: column paper_cell gives A = B = {a}; write 'A matches B (...)' "
+                             "for an equality")
+        a_better = (a > b) == (m["sense"] == "higher")
+    else:
+        m = _CELL_WORDS.match(cell)
+        if not m:
+            raise ValueError(f"claim {row['id']}: column paper_cell must read 'X vs Y (higher is better; source)', "
+                             f"'A better, no number (source)', 'B better, ...' or 'A matches B (source)', got {cell!r}")
+        a_better = m["who"] != "B"
+    higher = not lower_is_better(row["metric"])
+    return "a>b" if a_better == higher else "a<b"
+
+
 def validate(rows: list[dict]) -> None:
     """Raise ``ValueError`` listing every row that breaks the ledger's rules (kinds, required columns, files,
     typed numbers). Computed numbers are checked by :func:`recompute` and, for exact rows, by running their
@@ -280,6 +337,18 @@ def validate(rows: list[dict]) -> None:
                     check(r)
                 except ValueError as e:
                     problems.append(str(e))
+            if r["role"] == "claim":
+                try:
+                    expected = paper_direction(r)
+                except ValueError as e:
+                    problems.append(str(e))
+                else:
+                    if expected is None:
+                        problems.append(f"{where}: a statistical paper claim needs paper_cell, the paper's own cell "
+                                        "('X vs Y (higher is better; Table N, ...)' or 'A better, no number (...)')")
+                    elif expected != r["direction"]:
+                        problems.append(f"{where}: direction {r['direction']} contradicts the paper's cell "
+                                        f"{r['paper_cell']!r} for metric {r['metric']!r} (which gives {expected})")
         elif r["kind"] == "exact":
             tests = _split_tests(r["test"])
             if not tests:
@@ -613,20 +682,28 @@ RESULTS_INTRO = """\
 Every row below is printed from the claims ledger [`benchmarks/claims.csv`](../benchmarks/claims.csv)
 (`kvlab.claims`; regenerate with `python -m kvlab claims --update --write-readme`; `tests/test_claims.py` fails
 when this page, a number or a verdict differs from what the per-example results files give). The ledger also
-holds, per row, the paper's configuration difference, the model and the command that produced the results file.
-The README shows the counts per paper; the book's results page (`build/book/html/results.html`, built by
-`bash scripts/test.sh`) shows the same rows per paper with the command behind each.
+holds, per row, the paper's own cell (whose ordering fixes the row's direction), the configuration difference
+that decides the result, the model and the command that produced the results file. The README shows the counts
+per paper; the book's results page (`build/book/html/results.html`, built by `bash scripts/test.sh`) shows the
+same rows per paper with the command behind each.
 
 **How a verdict is decided.** A claim is a comparison of method A with method B on the same examples (needles,
 questions, 1,024-token windows, long-stream segments). We compute the mean per-example difference A - B and its
 95 % paired bootstrap interval (`kvlab.eval.paired_bootstrap`: resample the examples with replacement, 10,000
 times, keep the middle 95 % of the mean differences). **agrees**: the interval excludes 0 on the paper's side;
 **does not agree**: it excludes 0 on the other side; **inconclusive** otherwise, and also with fewer than 20
-examples, with 0/1 outcomes whose exact McNemar test has p >= 0.05, or when the examples include a generation the
-harness is known to get wrong (an answer that is just `:`). A known systematic error of a measurement (the
-segmented long-stream approximation) widens the interval first. *exact* rows are mechanism identities checked by
-the named tests; rows without per-example outcomes (only a mean was stored) say so and decide nothing.
+examples, when the exact test on the discordant pairs (McNemar's for 0/1 outcomes, the sign test for fractional
+scores) has p >= 0.05, or when the examples include a generation the harness is known to get wrong (an answer
+that is just `:`). A known systematic error of a measurement (the segmented long-stream approximation) widens the
+interval first. *exact* rows are mechanism identities: their named tests are run with pytest and the row records
+how many pass. Rows without per-example outcomes (only a mean was stored) say so and decide nothing.
 Perplexity rows compare the NLL of each window, so "ppl x vs y" are the windows' geometric means.
+
+**What is counted.** *Implementation checks* (kvlab's own tests and comparisons the paper does not make) are
+marked and counted apart from the paper's claims; a *proxy* row (the answer NLL beside an accuracy) follows the
+score row it re-measures and is not counted again; a *superseded* row comes from a run made before a fix and is
+kept for the record only; a *not testable here* row names the reason (a 40B model, a fine-tuning run we cannot
+afford).
 """
 
 
@@ -636,13 +713,35 @@ def results_page(rows: list[dict] | None = None) -> str:
     lines = [RESULTS_INTRO.format(command=WRITE_COMMAND),
              "| paper | item | claim (A vs B) | this run | verdict | n | 95 % CI of A - B | where |",
              "|---|---|---|---|---|---|---|---|"]
-    for r in rows:
+    for r in _beside(rows):
         verdict = f"**{r['verdict']}**" if r["verdict"] in ("agrees", "does not agree") else r["verdict"]
         if r["kind"] == "exact":
-            verdict += " (exact, tested)"
+            verdict += f" (exact: {r['estimate'] or 0} of {r['n'] or 0} test cases pass)"
+        if r["role"] == "check":
+            verdict += "; implementation check"
+        if r["proxy_of"].strip():
+            verdict += f"; proxy of {r['proxy_of']}, not counted"
+        if r["superseded"].strip():
+            verdict += f" ({r['superseded']})"
         cells = [r["paper"], r["item"], r["claim"], r["our_value"], verdict, r["n"], _ci(r), r["where"]]
         lines.append("| " + " | ".join(_md_cell(c) for c in cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _beside(rows: list[dict]) -> list[dict]:
+    """The rows in ledger order, each proxy moved to just after the score row it re-measures."""
+    proxies: dict[str, list[dict]] = defaultdict(list)
+    ids = {r["id"] for r in rows}
+    for r in rows:
+        if r["proxy_of"].strip() in ids:
+            proxies[r["proxy_of"].strip()].append(r)
+    out = []
+    for r in rows:
+        if r["proxy_of"].strip() in ids:
+            continue
+        out.append(r)
+        out.extend(proxies.get(r["id"], []))
+    return out
 
 
 def results_path() -> Path:

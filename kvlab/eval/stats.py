@@ -117,12 +117,18 @@ def paired_bootstrap(a: Sequence[float], b: Sequence[float] | None = None, *, re
         if b.shape != a.shape:
             raise ValueError(f"a and b must pair up example by example: got {a.size} and {b.size} values; "
                              "pass the outcomes of both methods on the same examples, in the same order")
-        d = a - b
+        with np.errstate(over="ignore", invalid="ignore"):
+            d = a - b
     else:
         d = a
     n = d.size
     if n == 0:
         raise ValueError("a must hold at least one example, got none")
+    with np.errstate(over="ignore", invalid="ignore"):
+        total = d.sum()
+    if not (np.all(np.isfinite(d)) and np.isfinite(total)):
+        raise ValueError("a - b (or its sum) is not finite: the values are so large that the difference overflows "
+                         "float64; rescale both (e.g. divide by a common unit) before comparing them")
     rng = np.random.default_rng(seed)
     means = np.empty(resamples)
     block = max(1, min(resamples, 4_000_000 // n))  # bound the index matrix to ~32 MB
@@ -142,7 +148,11 @@ def paired_bootstrap(a: Sequence[float], b: Sequence[float] | None = None, *, re
 
 
 def _binom_cdf(k: int, n: int, p: float) -> float:
-    """P(X <= k) for X ~ Binomial(n, p), summed in log space (exact up to float rounding)."""
+    """P(X <= k) for X ~ Binomial(n, p), summed in log space (exact up to float rounding).
+
+    Only the terms within ~40 standard deviations of the larger end of the sum are added: every other term is
+    below exp(-800) times the largest and vanishes in float64 anyway, so a million trials cost thousands of
+    terms, not a million."""
     if k < 0:
         return 0.0
     if k >= n:
@@ -152,8 +162,13 @@ def _binom_cdf(k: int, n: int, p: float) -> float:
     if p >= 1.0:
         return 0.0
     lp, lq = math.log(p), math.log1p(-p)
+    width = int(40 * math.sqrt(n * p * (1 - p))) + 100
+    mode = int(n * p)
+    if k > mode + width:  # the sum holds the whole mass but for terms below exp(-800)
+        return 1.0
+    start = max(0, min(k, mode) - width)
     logs = [math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) + i * lp + (n - i) * lq
-            for i in range(k + 1)]
+            for i in range(start, k + 1)]
     top = max(logs)
     return min(1.0, math.exp(top) * sum(math.exp(v - top) for v in logs))
 
@@ -161,6 +176,8 @@ def _binom_cdf(k: int, n: int, p: float) -> float:
 def _bisect(f, lo: float, hi: float) -> float:
     for _ in range(200):
         mid = (lo + hi) / 2
+        if mid in (lo, hi):  # converged to float precision
+            break
         if f(mid):
             hi = mid
         else:

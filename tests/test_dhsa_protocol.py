@@ -439,3 +439,33 @@ def test_records_store_settings_and_ranked_keys(tiny_llama, ids):
     m = R.block_query_mask(torch.zeros(1, 1, n, 4), torch.zeros(1, 1, n, 4), R.fixed_boundaries(n, 4), 20,
                            query_block=8, initial=2, local=8, dense_tail=4)
     assert st["kept_keys"] == pytest.approx(float(m[0, 0, :n - 4].sum(-1).float().mean()))
+
+
+@pytest.mark.slow
+def test_chunks_come_from_the_predictor_at_the_boundary_layer():
+    """A 1K-token needle prompt under the authors' protocol: the boundaries are taken at layer 0, and the shipped
+    predictor chosen for layer 0 places them there (the predictor trained on all layers places about one), so
+    the chunks are its own: fewer than half of them come from the max_len cut (none: the authors' code has
+    no cut), and there are at least four."""
+    import kvlab
+    from kvlab import datasets
+    from kvlab.core import use_pattern
+    from kvlab.dhsa.experiments import needle_methods, question_tail_tokens
+    from kvlab.dhsa.pattern import dhsa_layers
+    from kvlab.dhsa.training import shipped_predictor
+
+    model, tok = kvlab.load_model("smollm2-135m", device="cpu", dtype=torch.float32)
+    p = datasets.niah_prompt(tok, datasets.load_text("paul-graham"), 1024, 0.5)
+    ids = tok(p.prompt, return_tensors="pt").input_ids
+    results = {}
+    for file in (None, "smollm2-135m-h256"):
+        pred, info = shipped_predictor("smollm2-135m", file=file)
+        pat = needle_methods([512], predictor=pred, protocols=("authors",), baselines=())["DHSA authors 512"]
+        pat.question_tokens = question_tail_tokens(tok, p.prompt)
+        with torch.no_grad(), use_pattern(model, pat, dhsa_layers(model)):
+            model(input_ids=ids, use_cache=False, logits_to_keep=1)
+        results[info["file"]] = st = pat.stats()
+        assert st["boundary_layer"] == 0 and pat.chunk_calls == 1
+    chosen = results[shipped_predictor("smollm2-135m")[1]["file"]]
+    assert chosen["cut_share"] < 0.5 and chosen["chunks"] >= 4, results
+    assert results["smollm2-135m-h256.pt"]["chunks"] < chosen["chunks"], results

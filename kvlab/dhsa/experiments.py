@@ -660,11 +660,12 @@ def needle_methods(budgets, *, predictor=None, chunk_size: int = 32, initial: in
       and, with ``"block-sparse"`` in ``baselines``, ``"block-sparse {budget}"`` (fixed chunks, mean pooling);
     * ``"authors"`` (:func:`~kvlab.dhsa.pattern.authors_pattern`: fixed query blocks of ``query_block``,
       ``authors_initial`` + ``authors_local`` always-kept keys, heads shared, dense question and decode):
-      ``"DHSA authors {budget}"`` and, with ``"block-sparse"``, ``"block-sparse authors {budget}"``: the same
-      protocol with fixed key chunks of ``chunk_size`` (one change: the chunking).
+      ``"DHSA authors {budget}"`` with the chunks as predicted (no cut, as their code) and, with
+      ``"block-sparse"``, ``"block-sparse authors {budget}"``: the same protocol with fixed key chunks of
+      ``query_block`` tokens (one change: the chunking).
 
-    DHSA uses ``predictor``'s chunks (the oracle's when None), cut at ``max_len = 2 chunk_size`` (under the text,
-    also at most the room the budget leaves). ``nms_window``: App. B's NMS distance (0: none); ``suffix`` is
+    DHSA uses ``predictor``'s chunks (the oracle's when None); under the text they are cut at
+    ``max_len = min(2 chunk_size, budget - initial)`` (a query keeps its own chunk). ``nms_window``: App. B's NMS distance (0: none); ``suffix`` is
     appended to the DHSA method names (an ablation's label, e.g. ``" nms64"``); ``newlines``: DHSA also cuts
     after every newline token (App. B)."""
     from .pattern import DHSAPattern, authors_pattern, block_sparse_pattern
@@ -682,14 +683,14 @@ def needle_methods(budgets, *, predictor=None, chunk_size: int = 32, initial: in
                     chunk_size=chunk_size, initial=initial, max_len=max(1, min(2 * chunk_size, nb - initial)),
                     backend=backend, nms_window=nms_window, newlines=newlines)
             elif proto == "authors":
-                kw = dict(chunk_size=chunk_size, initial=authors_initial, local=authors_local,
+                kw = dict(chunk_size=query_block, initial=authors_initial, local=authors_local,
                           query_block=query_block)
                 if "block-sparse" in baselines:
                     out[f"block-sparse authors {nb}"] = authors_pattern(
                         nb, chunking="fixed", name=f"block-sparse authors {nb}", **kw)
                 out[f"DHSA authors {nb}{suffix}"] = authors_pattern(
                     nb, chunking=chunking, predictor=predictor, name=f"DHSA authors {nb}{suffix}",
-                    max_len=2 * chunk_size, nms_window=nms_window, newlines=newlines, **kw)
+                    max_len=0, nms_window=nms_window, newlines=newlines, **kw)
             else:
                 raise ValueError(f"protocols are 'app_a' and 'authors', got {proto!r}")
     return out

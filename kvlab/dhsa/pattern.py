@@ -205,7 +205,8 @@ class DHSAPattern(AttentionPattern):
             :func:`kvlab.dhsa.training.calibrate_threshold`, else 0.5).
         nms_window: NMS distance (App. B: 8 or 64).
         window: ``w`` of the labelling rule for the oracle (the predictor has its own).
-        max_len: dynamic chunks longer than this are cut (ours; default ``min(2 chunk_size, budget - initial)``).
+        max_len: dynamic chunks longer than this are cut (ours; default ``min(2 chunk_size, budget - initial)``);
+            0: no cut (the authors' code; only with ``query_block``, where a query's own chunk is not forced).
         initial, keep_diagonal, aggregation, share_heads: as :func:`kvlab.dhsa.dhsa_attention`.
         backend: ``"auto" | "torch" | "flex" | "triton"`` (:func:`kvlab.dhsa.dhsa_attention`), or ``"sdpa"``:
             the reference's kept set built from the chunk ranking (:func:`ranked_chunk_mask`, no token-level
@@ -300,7 +301,7 @@ class DHSAPattern(AttentionPattern):
         room = None if budget is None else budget - (initial + local if keep_diagonal else 0)
         if max_len is None:
             max_len = 2 * chunk_size if room is None or query_block else max(1, min(2 * chunk_size, room))
-        _pos_int("max_len", max_len)
+        _pos_int("max_len", max_len, 0 if query_block else 1)
         if keep_diagonal and room is not None and query_block is None:
             longest = chunk_size if chunking == "fixed" else max_len
             if longest > room:
@@ -357,7 +358,7 @@ class DHSAPattern(AttentionPattern):
         else:
             own = predict_boundaries(self.predictor.to(dev), key, max_chunks=max_chunks, threshold=self.threshold,
                                      nms_window=self.nms_window, max_len=None)
-        out = [split_long_chunks(bd, self.max_len) for bd in own]
+        out = [split_long_chunks(bd, self.max_len) for bd in own] if self.max_len else list(own)
         self._cuts = [len(a) - len(b) for a, b in zip(out, own)]  # chunks made by the max_len cut, per sequence
         if self.chunking == "oracle":
             return self._with_newlines(out, n)

@@ -338,16 +338,35 @@ def load_predictor(path, device=None) -> tuple[BoundaryPredictor, dict]:
     return p.to(device or "cpu").eval(), d.get("meta", {})
 
 
-def shipped_predictor(model_name: str = "smollm2-135m", device=None) -> tuple[BoundaryPredictor, dict]:
-    """The trained predictor kvlab ships for ``model_name`` (``kvlab/dhsa/data/<model>.pt``), checked against
+def shipped_predictor(model_name: str = "smollm2-135m", device=None, *, layer: int = 0,
+                      file: str | None = None) -> tuple[BoundaryPredictor, dict]:
+    """The trained predictor kvlab ships for ``model_name`` (``kvlab/dhsa/data/<model>*.pt``), checked against
     the sha256 in its JSON sidecar, which also records the training command, parameters and validation
-    metrics. Returns ``(predictor in eval mode, sidecar dict)``."""
-    pt, sidecar = SHIPPED / f"{model_name}.pt", SHIPPED / f"{model_name}.json"
-    if not pt.exists() or not sidecar.exists():
+    metrics. Returns ``(predictor in eval mode, sidecar dict)``.
+
+    Several files may be shipped; the one used is the better one *for the layer the boundaries are taken from*
+    (``layer``: DHSA's experiments predict from the first layer's keys and share the boundaries, as the
+    authors' code does): a predictor trained on that layer's labels first, one trained on that layer alone
+    before one trained on many, then the higher held-out F1. A predictor trained on all layers places almost
+    no boundary at layer 0 (its keys differ from the other layers'). ``file`` picks one by name instead."""
+    cands = sorted(SHIPPED.glob(f"{model_name}*.json"))
+    if file is not None:
+        cands = [SHIPPED / (Path(file).stem + ".json")]
+    infos = [(json.loads(c.read_text()), c) for c in cands if c.exists() and c.with_suffix(".pt").exists()]
+    infos = [(i, c) for i, c in infos if i.get("model") == model_name]
+    if not infos:
         have = sorted(p.stem for p in SHIPPED.glob("*.pt"))
-        raise ValueError(f"no shipped DHSA predictor for {model_name!r} (kvlab ships: {have}); train one with "
-                         f"python -m kvlab.dhsa.training --model {model_name} and load it with load_predictor(path)")
-    info = json.loads(sidecar.read_text())
+        raise ValueError(f"no shipped DHSA predictor for {model_name!r}{'' if file is None else f' named {file!r}'} "
+                         f"(kvlab ships: {have}); train one with python -m kvlab.dhsa.training --model {model_name} "
+                         "and load it with load_predictor(path)")
+
+    def rank(item):
+        info = item[0]
+        layers = info.get("layers") or []
+        return (layer in layers, layers == [layer], (info.get("validation") or {}).get("f1", 0.0))
+
+    info, sidecar = max(infos, key=rank)
+    pt = sidecar.with_suffix(".pt")
     sha = hashlib.sha256(pt.read_bytes()).hexdigest()
     if sha != info["sha256"]:
         raise ValueError(f"{pt} has sha256 {sha}, its sidecar says {info['sha256']}: the file is damaged; "

@@ -9,9 +9,9 @@
 #    predictors (kvlab/dhsa/data/smollm2-135m-l0.pt + its JSON sidecar), so untarring the results ships it.
 # 2. needle: SmolLM2-135M-Instruct, 4096-token prompts, depths 0.1 / 0.5 / 0.9, TRIALS haystacks each (default
 #    24: 72 prompts per method), budgets 512 and 1024 (the authors' script: 1024), methods dense, DHSA (authors'
-#    protocol: 128-query blocks, 128 initial + 128 recent keys, heads shared, dense question and decode) and
-#    block-sparse under the same protocol (fixed 32-token key chunks: one change). DHSA's chunks come from the
-#    predictor of step 1. Every record stores initial, local, budget, predictor, share_heads, query_block, the
+#    protocol: 128-query blocks, 128 initial + 128 recent keys, heads shared, dense question and decode, the
+#    predicted key chunks uncut) and block-sparse under the same protocol (fixed 128-token key chunks: one
+#    change). DHSA's chunks come from the predictor of step 1 at layer 0. Every record stores initial, local, budget, predictor, share_heads, query_block, the
 #    chunks and max_len cuts at the boundary layer and the keys ranked in per query. Stops starting prompts after
 #    NEEDLE_SECONDS (default 330) with the cells balanced (trials run in turn).
 # Writes $KVLAB_RESULTS/benchmarks/results/dhsa/dhsa_needle_authors_smollm2_4k.{examples.jsonl,log} and the
@@ -48,7 +48,7 @@ echo "train: $(( $(date +%s) - t0 )) s"
 echo "== needle: 4K grid, authors' protocol, DHSA vs block-sparse"
 t0=$(date +%s)
 "$PY" -m kvlab.dhsa.experiments needle --model smollm2-135m --predictor "$PRED" "${NEEDLE[@]}" \
-  --chunk-size 32 --protocols authors --baselines dense,block-sparse --backend sdpa --max-seconds "$SECONDS_CAP" \
+  --protocols authors --baselines dense,block-sparse --backend sdpa --max-seconds "$SECONDS_CAP" \
   --out "$D/dhsa_needle_authors_smollm2_4k.examples.jsonl" 2>&1 | grep -v "Loading weights" \
   | tee "$D/dhsa_needle_authors_smollm2_4k.log"
 echo "needle: $(( $(date +%s) - t0 )) s"

@@ -469,3 +469,21 @@ def test_chunks_come_from_the_predictor_at_the_boundary_layer():
     chosen = results[shipped_predictor("smollm2-135m")[1]["file"]]
     assert chosen["cut_share"] < 0.5 and chosen["chunks"] >= 4, results
     assert results["smollm2-135m-h256.pt"]["chunks"] < chosen["chunks"], results
+
+
+def test_perplexity_refuses_oracle_boundaries_and_measures_the_boundary_leak(tiny_llama, ids):
+    from kvlab.dhsa.experiments import boundary_leak, pattern_perplexity
+    from kvlab.dhsa.pattern import DHSAPattern
+
+    oracle = DHSAPattern(12, chunking="oracle", chunk_size=4, initial=2, causal_query=True, backend="torch")
+    with pytest.raises(ValueError, match="chunking='oracle'"):
+        pattern_perplexity(tiny_llama, ids, {"oracle": oracle}, None)
+    fixed = DHSAPattern(12, chunk_size=4, initial=2, causal_query=True, backend="torch")
+    assert boundary_leak(tiny_llama, ids, fixed, None, 40, skip=12) < 1e-9  # causal: nothing moves
+    torch.manual_seed(3)
+    long = torch.randint(0, 96, (1, 64))
+    whole = DHSAPattern(12, chunk_size=8, initial=2, aggregation="mean")  # whole-chunk queries read later tokens
+    leaks = [boundary_leak(tiny_llama, long, whole, None, j) for j in range(20, 64, 3)]
+    assert max(leaks) > 1e-4, leaks
+    with pytest.raises(ValueError, match="position must be in"):
+        boundary_leak(tiny_llama, ids, fixed, None, 0)

@@ -35,7 +35,8 @@ import torch
 
 from kvlab.core import AttentionCall, AttentionPattern, attend, check_choice, check_int, use_pattern
 
-__all__ = ["QKRecorder", "record_qk", "pattern_perplexity", "position_nll", "needle_under_patterns",
+__all__ = ["QKRecorder", "record_qk", "pattern_perplexity", "position_nll", "boundary_leak",
+           "needle_under_patterns",
            "question_tail_tokens", "newline_ends", "needle_records",
            "boundary_records", "table2_rows", "table2_accuracy", "table2_markdown", "needle_methods", "records_grid", "needle_table", "write_examples",
            "read_examples", "main",
@@ -70,6 +71,12 @@ def record_qk(model, ids: torch.Tensor, layers) -> QKRecorder:
 def _check_causal(name, pattern):
     from .pattern import DHSAPattern
 
+    if isinstance(pattern, DHSAPattern) and pattern.budget is not None and pattern.chunking == "oracle":
+        raise ValueError(
+            f"pattern {name!r} takes its boundaries from the layer's whole attention map (chunking='oracle'), "
+            "which reads every later token: teacher-forced perplexity would see the future (about 1.5 nats at "
+            "earlier positions in notebook 07). Use chunking='predictor' or 'fixed' for perplexity, or pass "
+            "causal=False to measure the leak on purpose")
     if isinstance(pattern, DHSAPattern) and pattern.budget is not None and not pattern.causal_query:
         raise ValueError(
             f"pattern {name!r} ranks keys with whole-chunk query vectors, which average the queries of *later* "
@@ -89,6 +96,20 @@ def position_nll(model, ids: torch.Tensor, pattern, layers) -> torch.Tensor:
 
 
 @torch.no_grad()
+def boundary_leak(model, ids: torch.Tensor, pattern, layers, position: int, *, skip: int = 0) -> float:
+    """How far the future reaches back under teacher forcing: replace the token at ``position`` of ``ids``
+    ``(1, seq)`` by another one and return the largest change of the NLL at positions ``skip .. position - 2``
+    (those predicted before the changed token is seen). 0 for a causal pattern (dense attention, fixed chunks
+    with ``causal_query``); a predicted boundary that reads the changed key moves it."""
+    if not 0 < position < ids.shape[1]:
+        raise ValueError(f"position must be in 1 .. {ids.shape[1] - 1} (a token of ids), got {position}")
+    other = ids.clone()
+    other[0, position] = (int(ids[0, position]) + 1) % model.config.vocab_size
+    moved = (position_nll(model, other, pattern, layers) - position_nll(model, ids, pattern, layers))
+    return float(moved[skip:max(skip, position - 1)].abs().max()) if position - 1 > skip else 0.0
+
+
+@torch.no_grad()
 def pattern_perplexity(model, ids: torch.Tensor, patterns: dict, layers, *, skip: int = 0,
                        causal: bool = True) -> dict[str, float]:
     """Teacher-forced perplexity of ``ids`` ``(1, seq)`` when each pattern computes attention in ``layers``
@@ -98,9 +119,10 @@ def pattern_perplexity(model, ids: torch.Tensor, patterns: dict, layers, *, skip
     ``causal`` (default): a sparse :class:`~kvlab.dhsa.pattern.DHSAPattern` must build its query chunk
     vectors causally (``causal_query=True``), else ValueError: the whole-chunk query vector averages later
     queries of the chunk, so the kept set of position ``i`` depends on tokens after ``i`` and teacher-forced
-    perplexity sees the future. Chunk boundaries are not made causal: a predicted boundary at ``t`` reads the
-    keys up to ``t + w`` (``w = 4``), and oracle boundaries read the whole attention map; notebook 07 measures
-    what that leaves."""
+    perplexity sees the future. Oracle boundaries (the whole attention map) are refused too. Predicted boundaries
+    are not made causal: a boundary at ``t`` reads the keys up to ``t + w`` (``w = 4``), so a later token can
+    still move an earlier position's chunks; :func:`boundary_leak` measures what that leaves, and a perplexity
+    table should print it beside each row."""
     out = {}
     for name, pattern in patterns.items():
         if causal:

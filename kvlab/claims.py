@@ -217,8 +217,9 @@ def run_tests(spec: str, root: str | Path | None = None) -> dict[str, dict]:
             skipped = case.find("skipped")
             key = f"{file}::{name}"
             if key not in out:
-                if skipped is not None and file in files:  # the whole module was skipped
-                    module_skips[file] = skipped.get("message", "skipped")
+                if skipped is not None and file in files:  # the whole module was skipped: the reason is in the text
+                    found = re.search(r"Skipped: ([^\"')]+)", skipped.text or "")
+                    module_skips[file] = found.group(1).strip() if found else skipped.get("message", "skipped")
                 continue
             o = out[key]
             o["collected"] += 1
@@ -253,7 +254,7 @@ def exact_columns(row: dict, root: str | Path | None = None) -> dict:
     if failed:
         verdict = "does not agree"
     elif skipped:
-        reason = results[skipped[0]]["reason"].replace("\n", " ")[:120]
+        reason = results[skipped[0]]["reason"].replace("\n", " ").split(":")[0][:80]
         verdict = f"not run (tests skipped here: {reason})"
     else:
         verdict = "agrees"
@@ -796,7 +797,7 @@ def _bucket(verdict: str) -> str:
     for b in BUCKETS + OTHER_BUCKETS:
         if verdict == b:
             return b
-    return "inconclusive"
+    return "not run" if verdict.startswith("not run") else "inconclusive"
 
 
 def counts(rows: list[dict] | None = None) -> dict[str, Counter]:

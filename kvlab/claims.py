@@ -711,7 +711,15 @@ afford).
 def results_page(rows: list[dict] | None = None) -> str:
     """``docs/results.md``, generated whole: the verdict rule, then one table row per claim of the ledger."""
     rows = load() if rows is None else rows
+    legend = "; ".join(f"*{k}*: {v}" for k, v in SUMMARY_COLUMNS if v)
+    missing = [f"{p}: {', '.join(m)}" for p, m in untested_items(rows).items() if m]
     lines = [RESULTS_INTRO.format(command=WRITE_COMMAND),
+             "## Counts per paper", "",
+             counts_text(rows, fmt="markdown"), "",
+             legend + ".", ""]
+    if missing:
+        lines += ["Numbered tables and figures with no tested row yet: " + "; ".join(missing) + ".", ""]
+    lines += ["## Every row", "",
              "| paper | item | claim (A vs B) | this run | verdict | n | 95 % CI of A - B | where |",
              "|---|---|---|---|---|---|---|---|"]
     for r in _beside(rows):
@@ -929,16 +937,20 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
 
     p = argparse.ArgumentParser(prog="python -m kvlab claims", description=__doc__.split("\n\n")[0])
-    p.add_argument("--counts", action="store_true", help="per paper: items covered, claims tested and decided, checks, proxies, superseded rows")
-    p.add_argument("--update", action="store_true", help="recompute the statistical rows and write them back")
+    p.add_argument("--counts", action="store_true",
+                   help="per paper: items covered, claims tested and decided, checks, proxies, superseded rows")
+    p.add_argument("--update", action="store_true",
+                   help="recompute the statistical rows, run the exact rows' tests, and write the results back")
     p.add_argument("--write-readme", action="store_true",
                    help="regenerate README.md's counts block and docs/results.md (every row)")
     p.add_argument("--check", action="store_true",
                    help="exit 1 if a computed column, README.md or docs/results.md is stale")
+    p.add_argument("--skip-exact", action="store_true",
+                   help="with --update or --check: do not run the exact rows' tests (keep what is recorded)")
     p.add_argument("--table", metavar="PAPER", help="print one paper's rows (as a notebook would)")
     args = p.parse_args(argv)
     if args.update:
-        update()
+        update(run_exact=not args.skip_exact)
     if args.write_readme:
         print("README.md claims block and docs/results.md",
               "rewritten" if write_readme() else "already up to date")
@@ -952,6 +964,12 @@ def main(argv: list[str] | None = None) -> int:
                 stale = [k for k in COMPUTED if new[k] != r[k]]
                 if stale:
                     print(f"{r['id']}: stale {stale} (run python -m kvlab claims --update)")
+                    status = 1
+            elif r["kind"] == "exact" and not args.skip_exact:
+                new = exact_columns(r)
+                stale = [k for k in new if new[k] != r[k]]
+                if stale:
+                    print(f"{r['id']}: stale {stale}: its tests now give {new} (run python -m kvlab claims --update)")
                     status = 1
         for stale in stale_pages(rows):
             print(f"{stale} is stale (run {WRITE_COMMAND})")

@@ -28,7 +28,7 @@ Row kinds (column ``kind``):
 - ``not testable``: a numbered table or figure of the paper that kvlab cannot test (a 40B-70B model, a training
   run of days, hardware we lack); ``note`` gives the concrete reason; the verdict is ``not testable here``.
 
-Three more columns say how a row is counted (:func:`summary`, ``python -m kvlab claims --counts``):
+Four more columns say how a row is counted and checked (:func:`summary`, ``python -m kvlab claims --counts``):
 
 - ``role``: ``claim`` (the paper states it) or ``check`` (an implementation check of kvlab's own: mask = policy,
   invariants, a comparison the paper does not make). Checks are counted apart from the paper's claims.
@@ -52,20 +52,28 @@ row yet shows as untested in ``python -m kvlab claims --counts``.
 fractional scores in [0, 1] whose exact sign test on the discordant pairs has p >= 0.05 (the bootstrap is
 optimistic with few discordant pairs); any generation of the pairs that is ``":"`` (a known
 harness bug), or empty generations in more than a tenth of them: the verdict must not rest on those; restrict the
-row with ``filter``. A row may carry ``systematic``:
-a known bias bound of the measurement (in the metric's units, e.g. the segmented long-stream approximation),
-by which the interval is widened on both sides before the rule is applied.
+row with ``filter``. A row may carry ``systematic``: a known bias bound of the measurement (a finite number
+>= 0 in the metric's units, e.g. the segmented long-stream approximation), by which the interval is widened on
+both sides before the rule is applied.
 
 Adding a row: append a line to ``benchmarks/claims.csv`` with the typed columns (``id`` unique, ``paper``,
 ``item`` naming the paper's numbered table or figure first, as ``Table 5 (...)`` or ``Fig. 8 (...)``, ``claim``,
 ``kind``, ``paper_value``, ``model``, ``differs`` (what differs from the paper *and decides the result*),
 ``results_file``, ``command``, ``role``, ...), leave the computed columns empty (use :func:`save` or the ``csv``
-module, so that a comma inside a field is quoted: a row with more fields than the header is refused), then run ``python -m kvlab claims --update`` (fills them) and
+module, so that a comma inside a field is quoted: a row with more fields than the header is refused), then run
+``python -m kvlab claims --update`` (fills them) and
 ``python -m kvlab claims --write-readme`` (rewrites README.md's counts block and ``docs/results.md``);
 ``tests/test_claims.py`` and ``tests/test_claims_ledger_rules.py`` check the result. A row for a new experiment
 also sets ``role`` (``claim`` or ``check``), ``paper_cell`` (the paper's numbers, which fix ``direction``),
 ``proxy_of`` when it re-measures another row with a proxy metric, and writes in ``differs`` what decides the
-result (a prompt length, a setting that makes the task impossible at our scale), not only what is smaller.
+result (a prompt length, a setting that makes the task impossible at our scale), not only what is smaller::
+
+    from kvlab import claims
+    rows = claims.load()
+    rows.append({**dict.fromkeys(claims.FIELDS, ""), "id": "lacache-fig10-span", "paper": "LaCache",
+                 "item": "Fig. 10 (span S, PPL)", "kind": "statistical", "role": "claim",
+                 "paper_cell": "A better, no number (Fig. 10: ...)", "direction": "a<b", "metric": "window_nll", ...})
+    claims.save(rows)          # then: python -m kvlab claims --update --write-readme
 """
 
 from __future__ import annotations
@@ -560,7 +568,8 @@ def recompute(row: dict) -> dict:
     binary = bool(np.all((a == 0) | (a == 1)) and (np.isscalar(b) or np.all((b == 0) | (b == 1))))
     # fractional scores (string_match_all, F1 ...) are bounded like 0/1 outcomes and, with few discordant
     # pairs, the bootstrap alone is optimistic in the same way: the sign test on the discordant pairs must agree
-    fractional = not binary and bool(np.all((a >= 0) & (a <= 1)) and np.all((np.asarray(b) >= 0) & (np.asarray(b) <= 1)))
+    bv = np.asarray(b)
+    fractional = not binary and bool(np.all((a >= 0) & (a <= 1)) and np.all((bv >= 0) & (bv <= 1)))
     n = len(examples)
     p_bin = p_sign = None
     if np.isscalar(b):

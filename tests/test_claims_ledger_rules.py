@@ -195,7 +195,8 @@ def test_update_refuses_a_row_with_extra_fields(tmp_path):
     text = path.read_text(encoding="utf-8").replace("--sizes 124", "--sizes 1,2,4")  # typed by hand, unquoted
     path.write_text(text, encoding="utf-8")
     n = len(claims.FIELDS)
-    with pytest.raises(ValueError, match=rf"line 2 \(id 't-row'\): {n + 2} fields where the header has {n}; the extra .*quoted"):
+    expected = rf"line 2 \(id 't-row'\): {n + 2} fields where the header has {n}; the extra .*quoted"
+    with pytest.raises(ValueError, match=expected):
         claims.update(path)
     assert path.read_text(encoding="utf-8") == text  # nothing rewritten
 

@@ -634,7 +634,9 @@ def _select(rows, paper, items, ids):
             continue
         if ids is not None and r["id"] not in ids:
             continue
-        if items is not None and not any(s.lower() in r["item"].lower() for s in items):
+        # "Table 1" selects "Table 1 (...)" but not "Table 12 (...)": a selector ending in a digit ends a number
+        if items is not None and not any(re.search(re.escape(s.lower()) + (r"(?!\d)" if s[-1:].isdigit() else ""),
+                                                   r["item"].lower()) for s in items):
             continue
         out.append(r)
     return out

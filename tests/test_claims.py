@@ -319,6 +319,8 @@ def test_examples_files_match_their_sources():
 
 
 def test_notebook_table_and_counts(rows):
+    one = claims.table("sepllm", items=["Table 1"])
+    assert "Table 1 (" in one and "Table 12" not in one and "Table 15" not in one
     t = claims.table("lacache", items=["Table 5"])
     assert t.splitlines()[0].startswith("| item | claim | paper | this run |")
     assert all("Table 5" in line for line in t.splitlines()[2:])

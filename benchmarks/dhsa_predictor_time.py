@@ -7,7 +7,7 @@ window 4, 8 heads, hidden 256, random weights, input = the layer's keys, ``kv_he
 * ``sdpa_ms``: causal SDPA of one layer (``enable_gqa``), the reference;
 * ``pred_fp32_ms`` / ``pred_bf16_ms``: the predictor alone, eager, in float32 / bfloat16;
 * ``pred_compiled_ms``: ``torch.compile(predictor)`` in bfloat16 (the fast path);
-* ``nms_ms``: threshold + NMS + chunk cap + cuts (:func:`kvlab.dhsa.reference.nms_boundaries`), on the GPU;
+* ``nms_ms``: threshold + NMS + chunk cap + cuts (:func:`kvlab.dhsa.boundary_predictor.nms_boundaries`), on the GPU;
 * ``chunking_ms``: :func:`kvlab.dhsa.api.predict_boundaries` with the compiled bf16 predictor: all of it;
 * ``share``: ``chunking_ms / sdpa_ms`` (target <= 0.10), and ``chunks`` / ``mean_len`` of the result;
 * the fast path (:mod:`kvlab.dhsa.chunking`, what ``predict_boundaries(backend="auto")`` runs on a GPU):
@@ -42,8 +42,9 @@ import torch.nn.functional as F  # noqa: E402
 
 from kvlab.dhsa import chunking  # noqa: E402
 from kvlab.dhsa.api import predict_boundaries  # noqa: E402  (backend="auto": the fast path on a GPU)
-from kvlab.dhsa.reference import (BoundaryPredictor, key_features, label_valid, nms_boundaries,  # noqa: E402
-                                  split_long_chunks)
+from kvlab.dhsa.boundary_predictor import (BoundaryPredictor, key_features, label_valid,  # noqa: E402
+                                           nms_boundaries)
+from kvlab.dhsa.reference import split_long_chunks  # noqa: E402
 
 SHAPES = {"gemma2-2b": (8, 4, 256), "gemma3-270m": (4, 1, 256), "ops": (32, 32, 128), "tiny": (4, 2, 16)}
 

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from kvlab.dhsa import reference as R
+from kvlab.dhsa import boundary_predictor as B
 from kvlab.dhsa.api import dhsa_attention, dhsa_decode
 from kvlab.testing import assert_close_to_oracle
 
@@ -154,8 +155,8 @@ def test_label_ratio_code_rule_by_loops():
     a = torch.softmax(torch.randn(30, 30, generator=g, dtype=torch.float64).masked_fill(
         ~torch.ones(30, 30, dtype=torch.bool).tril(), float("-inf")), -1)
     w = 3
-    r = R.label_ratios(a, w)
-    valid = R.label_valid(30, w)
+    r = B.label_ratios(a, w)
+    valid = B.label_valid(30, w)
     for t in range(30):
         if not valid[t]:
             assert r[t] == 1.0
@@ -164,7 +165,7 @@ def test_label_ratio_code_rule_by_loops():
         fut = sum(a[j, i] for j in range(t + w, 30) for i in range(t + 1, t + w + 1))
         want = (max(past, fut) + 1e-6) / (min(past, fut) + 1e-6)
         assert r[t].item() == pytest.approx(float(want), rel=1e-9)
-    rn = R.label_ratios(a, w, rule="notes")
+    rn = B.label_ratios(a, w, rule="notes")
     for t in torch.nonzero(valid).flatten().tolist():
         right = sum(a[j, t + 1:j + 1].sum() for j in range(t + 1, t + w + 1))
         left = sum(a[j, t - w + 1:t + 1].sum() for j in range(t + 1, t + w + 1))
@@ -178,43 +179,43 @@ def test_labels_find_a_planted_boundary():
     for j in range(n):
         lo = 0 if j < 20 else 20
         a[j, lo:j + 1] = 1.0 / (j + 1 - lo)
-    r = R.label_ratios(a, 4)
+    r = B.label_ratios(a, 4)
     assert int(r.argmax()) == 19
-    b = R.oracle_boundaries(a, window=4, max_chunks=2)
+    b = B.oracle_boundaries(a, window=4, max_chunks=2)
     assert b.tolist() == [0, 20, 40]
-    y = R.soft_labels(r)
+    y = B.soft_labels(r)
     assert y[19] > 0.99 and y[10] < 0.21  # ratio 1 (no evidence) gives sigmoid(-2 ln 2) = 0.2
 
 
 def test_select_boundaries_nms_and_cap():
     s = torch.zeros(50)
     s[[10, 12, 30, 40]] = torch.tensor([0.9, 0.95, 0.8, 0.7])
-    b = R.select_boundaries(s, max_chunks=10, threshold=0.5, nms_window=3)
+    b = B.select_boundaries(s, max_chunks=10, threshold=0.5, nms_window=3)
     assert b.tolist() == [0, 13, 31, 41, 50]  # 10 suppressed by 12 (higher, within 3)
-    b = R.select_boundaries(s, max_chunks=3, threshold=0.5, nms_window=3)
+    b = B.select_boundaries(s, max_chunks=3, threshold=0.5, nms_window=3)
     assert b.tolist() == [0, 13, 31, 50]  # at most 3 chunks: the two best boundaries
-    assert R.select_boundaries(s, max_chunks=3, threshold=0.99, nms_window=3).tolist() == [0, 50]
+    assert B.select_boundaries(s, max_chunks=3, threshold=0.99, nms_window=3).tolist() == [0, 50]
 
 
 def test_predictor_shapes_and_one_step_lowers_loss():
     torch.manual_seed(0)
     for enc in ("separate", "joint"):
-        p = R.BoundaryPredictor(channels=32, window=4, heads=4, hidden=16, encoder=enc)
+        p = B.BoundaryPredictor(channels=32, window=4, heads=4, hidden=16, encoder=enc)
         k = torch.randn(2, 2, 40, 16)  # (batch, kv_heads, seq, dim): 2 x 16 = 32 channels
-        x = R.key_features(k)
+        x = B.key_features(k)
         assert x.shape == (2, 40, 32)
         logits = p(x)
         assert logits.shape == (2, 40)
         y = (torch.rand(2, 40) < 0.2).float() * 0.9
-        mask = R.label_valid(40, 4).expand(2, 40)
+        mask = B.label_valid(40, 4).expand(2, 40)
         opt = torch.optim.Adam(p.parameters(), lr=1e-3)
-        before = R.focal_bce_loss(p(x), y, mask=mask)
+        before = B.focal_bce_loss(p(x), y, mask=mask)
         before.backward()
         opt.step()
         with torch.no_grad():
-            after = R.focal_bce_loss(p(x), y, mask=mask)
+            after = B.focal_bce_loss(p(x), y, mask=mask)
         assert after < before
-        b = R.predict_boundaries(p, k, max_chunks=6, threshold=0.0, nms_window=2, max_len=10)
+        b = B.predict_boundaries(p, k, max_chunks=6, threshold=0.0, nms_window=2, max_len=10)
         assert len(b) == 2 and all(int(bb[-1]) == 40 and int((bb[1:] - bb[:-1]).max()) <= 10 for bb in b)
 
 
@@ -224,14 +225,14 @@ def test_focal_loss_matches_formula():
     p = torch.sigmoid(z)
     pt = p * y + (1 - p) * (1 - y)
     want = ((1 - pt) ** 2 * -(1.3 * y * p.log() + (1 - y) * (1 - p).log())).mean()
-    torch.testing.assert_close(R.focal_bce_loss(z, y), want)
+    torch.testing.assert_close(B.focal_bce_loss(z, y), want)
 
 
 def test_predictor_rejects_bad_window_and_heads():
     with pytest.raises(ValueError, match="window"):
-        R.BoundaryPredictor(channels=32, window=0)
+        B.BoundaryPredictor(channels=32, window=0)
     with pytest.raises(ValueError, match="divide"):
-        R.BoundaryPredictor(channels=30, heads=4)
+        B.BoundaryPredictor(channels=30, heads=4)
 
 
 # ------------------------------------------------------------------------------ recall
@@ -239,9 +240,9 @@ def test_recall_one_when_dense_and_bounded_by_best():
     q, k, _ = _qkv()
     n = q.shape[2]
     full = torch.ones(n, n, dtype=torch.bool).tril()[None, None]
-    torch.testing.assert_close(R.attention_recall(q, k, full), torch.ones(2, 4, dtype=torch.float64))
+    torch.testing.assert_close(B.attention_recall(q, k, full), torch.ones(2, 4, dtype=torch.float64))
     m = R.dhsa_mask(q, k, BD41, 16)
-    assert (R.attention_recall(q, k, m) <= R.best_recall(q, k, 16) + 1e-12).all()
+    assert (B.attention_recall(q, k, m) <= B.best_recall(q, k, 16) + 1e-12).all()
 
 
 # ------------------------------------------------------------------------------ API checks
@@ -688,10 +689,10 @@ def test_bad_scale_raises(scale, err, match):
     (dict(max_chunks=0), "max_chunks must be an int >= 1"),
 ])
 def test_predict_boundaries_bad_arguments_raise(kwargs, match):
-    pred = R.BoundaryPredictor(32, window=4, heads=4, hidden=16).eval()
+    pred = B.BoundaryPredictor(32, window=4, heads=4, hidden=16).eval()
     kw = dict(max_chunks=8) | kwargs
     with pytest.raises(ValueError, match=match):
-        R.predict_boundaries(pred, torch.randn(1, 2, 40, 16), **kw)
+        B.predict_boundaries(pred, torch.randn(1, 2, 40, 16), **kw)
 
 
 def test_share_heads_must_be_a_bool():
@@ -703,6 +704,6 @@ def test_share_heads_must_be_a_bool():
     with pytest.raises(TypeError, match="share_heads must be True or False"):
         DHSAPattern(20, chunk_size=8, share_heads="no")
     with pytest.raises(ValueError, match="threshold=2.0 is a probability"):
-        DHSAPattern(64, chunking="predictor", predictor=R.BoundaryPredictor(32, heads=4, hidden=8), threshold=2.0)
+        DHSAPattern(64, chunking="predictor", predictor=B.BoundaryPredictor(32, heads=4, hidden=8), threshold=2.0)
     with pytest.raises(ValueError, match="decode must be one of"):
         DHSAPattern(20, chunk_size=8, decode="sparse")

@@ -1,7 +1,7 @@
 """DHSA's fast chunking (:mod:`kvlab.dhsa.chunking`, issue 24) against the reference.
 
-The NMS must give *the same offsets* as :func:`kvlab.dhsa.reference.nms_boundaries` /
-:func:`~kvlab.dhsa.reference.select_boundaries` (greedy, in rank order) for the same scores: checked on random
+The NMS must give *the same offsets* as :func:`kvlab.dhsa.boundary_predictor.nms_boundaries` /
+:func:`~kvlab.dhsa.boundary_predictor.select_boundaries` (greedy, in rank order) for the same scores: checked on random
 scores, ties, sure positions, dependency chains longer than the kernel's halo (several passes), the edge cases
 (sequence shorter than the window, nothing above the threshold, everything above it, caps of 1 and 2) and a
 property test over many seeded random cases (kvlab does not depend on hypothesis; the cases are drawn the same
@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 from kvlab.dhsa import api as A
 from kvlab.dhsa import reference as R
+from kvlab.dhsa import boundary_predictor as B
 from kvlab.testing import assert_close_to_oracle
 
 pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.triton]
@@ -31,7 +32,7 @@ def _both(sc, **kw):
     from kvlab.dhsa.chunking import nms_boundaries_fast
 
     max_len = kw.pop("max_len", None)
-    ref = R.nms_boundaries(sc, **kw)
+    ref = B.nms_boundaries(sc, **kw)
     if max_len:
         ref = [R.split_long_chunks(b, max_len) for b in ref]
     return ref, nms_boundaries_fast(sc, max_len=max_len, **kw)
@@ -45,7 +46,7 @@ def _assert_same(ref, got, what=""):
 
 def _greedy_one(sc, **kw):
     """select_boundaries (the Python greedy loop, the plainest statement of App. B) for one row."""
-    return R.select_boundaries(sc, **kw)
+    return B.select_boundaries(sc, **kw)
 
 
 def test_nms_matches_greedy_on_random_scores_with_ties_and_sure_positions():
@@ -188,7 +189,7 @@ def test_predictor_logits_torch_pool_equals_reference_in_float64(encoder, input_
     from kvlab.dhsa.chunking import predictor_logits
 
     torch.manual_seed(0)
-    p = R.BoundaryPredictor(32, window=3, heads=4, hidden=16, encoder=encoder, input_norm=input_norm).double()
+    p = B.BoundaryPredictor(32, window=3, heads=4, hidden=16, encoder=encoder, input_norm=input_norm).double()
     x = torch.randn(2, 23, 32, dtype=torch.float64)
     ref = p(x)
     got = predictor_logits(p, x, pool="torch")
@@ -202,11 +203,11 @@ def test_predictor_logits_triton_against_float64_oracle(encoder, dtype):
 
     torch.manual_seed(0)
     c, n = 64, 40
-    p64 = R.BoundaryPredictor(c, window=4, heads=4, hidden=32, encoder=encoder).double()
+    p64 = B.BoundaryPredictor(c, window=4, heads=4, hidden=32, encoder=encoder).double()
     x = torch.randn(2, n, c, dtype=torch.float64)
     xl = x.to(dtype)
     oracle = p64(xl.double())
-    plow = R.BoundaryPredictor(c, window=4, heads=4, hidden=32, encoder=encoder)
+    plow = B.BoundaryPredictor(c, window=4, heads=4, hidden=32, encoder=encoder)
     plow.load_state_dict(p64.state_dict())
     plow = plow.to(DEV, dtype)
     with torch.no_grad():
@@ -248,7 +249,7 @@ def test_fusion_features_equal_the_torch_expressions(dtype):
 
 def test_predict_boundaries_backends_agree():
     torch.manual_seed(0)
-    pred = R.BoundaryPredictor(32, window=4, heads=4, hidden=16).to(DEV)
+    pred = B.BoundaryPredictor(32, window=4, heads=4, hidden=16).to(DEV)
     k = torch.randn(2, 2, 160, 16, device=DEV)
     kw = dict(max_chunks=12, threshold=0.5, nms_window=4, max_len=24)
     ref = A.predict_boundaries(pred, k, backend="torch", **kw)
@@ -277,7 +278,7 @@ def test_nms_matches_reference_at_32k_cuda(kind):
         sc = torch.randint(0, 5, (2, n), device="cuda", generator=g).float() / 4
     else:  # long monotone stretches: chains across program blocks
         sc = (torch.arange(n, device="cuda").float() % 3000)[None].repeat(2, 1) / 3000
-    valid = R.label_valid(n, 4, "cuda")
+    valid = B.label_valid(n, 4, "cuda")
     for w, mc in ((8, n // 32), (64, n // 64), (0, n)):
         ref, got = _both(sc, max_chunks=mc, threshold=0.5, nms_window=w, valid=valid, max_len=128)
         _assert_same(ref, got, f"{kind} w={w}")
@@ -290,11 +291,11 @@ def test_predictor_logits_bf16_cuda_against_float64_oracle(channels, heads):
 
     torch.manual_seed(0)
     n = 4096
-    p64 = R.BoundaryPredictor(channels, window=4, heads=heads, hidden=256).double().cuda()
+    p64 = B.BoundaryPredictor(channels, window=4, heads=heads, hidden=256).double().cuda()
     x = torch.randn(1, n, channels, device="cuda").bfloat16()
     with torch.no_grad():
         oracle = p64(x.double())
-        p16 = R.BoundaryPredictor(channels, window=4, heads=heads, hidden=256).cuda()
+        p16 = B.BoundaryPredictor(channels, window=4, heads=heads, hidden=256).cuda()
         p16.load_state_dict(p64.state_dict())
         p16 = p16.bfloat16()
         eager = p16(x)
@@ -308,7 +309,7 @@ def test_graphed_logits_replay_equals_eager_cuda():
     from kvlab.dhsa.chunking import GraphedLogits, predictor_logits
 
     torch.manual_seed(0)
-    p = R.BoundaryPredictor(256, window=4, heads=8, hidden=256).cuda().bfloat16().eval()
+    p = B.BoundaryPredictor(256, window=4, heads=8, hidden=256).cuda().bfloat16().eval()
     graphed = GraphedLogits(p)
     for seed in (0, 1):  # a second input through the same graph: the copy-in is what it reads
         x = torch.randn(1, 2048, 256, device="cuda", generator=torch.Generator("cuda").manual_seed(seed)).bfloat16()

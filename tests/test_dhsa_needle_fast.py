@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from kvlab.dhsa import reference as R
+from kvlab.dhsa import boundary_predictor as B
 from kvlab.dhsa.pattern import DHSAPattern, authors_pattern, ranked_chunk_mask
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -79,7 +80,7 @@ def _logits(model, ids, pattern):
 def _predictor(model):
     nk = model.config.num_key_value_heads * (model.config.hidden_size // model.config.num_attention_heads)
     torch.manual_seed(0)
-    return R.BoundaryPredictor(nk, window=2, heads=2, hidden=16).eval()
+    return B.BoundaryPredictor(nk, window=2, heads=2, hidden=16).eval()
 
 
 @pytest.mark.parametrize("protocol", ["block-sparse", "app_a fixed", "authors"])
@@ -227,7 +228,7 @@ def test_recorded_recall_uses_the_reference_mask(tiny_llama, ids):
     rec = record_qk(tiny_llama, ids, [0])  # layer 0 sees the same inputs with or without the pattern
     m = R.dhsa_mask(rec.q[0], rec.k[0], p.boundaries[0][0], 20, initial=2, local=3)
     assert p.recall[0] < 1.0
-    assert p.recall[0] == pytest.approx(float(R.attention_recall(rec.q[0], rec.k[0], m, rec.scaling[0]).mean()))
+    assert p.recall[0] == pytest.approx(float(B.attention_recall(rec.q[0], rec.k[0], m, rec.scaling[0]).mean()))
 
 
 def test_table2_accuracy_joins_the_needle_records():

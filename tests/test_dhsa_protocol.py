@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from kvlab.dhsa import reference as R
+from kvlab.dhsa import boundary_predictor as B
 from kvlab.dhsa.api import dhsa_attention, dhsa_decode
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -93,7 +94,7 @@ def test_dense_tail_rows_are_dense_and_the_rest_sparse():
 def _predictor(model):
     nk = model.config.num_key_value_heads * (model.config.hidden_size // model.config.num_attention_heads)
     torch.manual_seed(0)
-    return R.BoundaryPredictor(nk, window=2, heads=2, hidden=16).eval()
+    return B.BoundaryPredictor(nk, window=2, heads=2, hidden=16).eval()
 
 
 @pytest.mark.parametrize("share, calls", [(True, 1), (False, 4)])
@@ -273,8 +274,8 @@ def test_batched_nms_is_the_greedy_loop():
         sure = (torch.rand(n, generator=g) > 0.9) if trial % 2 else None
         mc, w = int(torch.randint(1, 30, (1,), generator=g)), int(torch.randint(0, 10, (1,), generator=g))
         th = [None, 0.3, 0.7][trial % 3]
-        want = R.select_boundaries(sc, max_chunks=mc, threshold=th, nms_window=w, valid=valid, sure=sure)
-        got = R.nms_boundaries(sc[None], max_chunks=mc, threshold=th, nms_window=w, valid=valid, sure=sure)[0]
+        want = B.select_boundaries(sc, max_chunks=mc, threshold=th, nms_window=w, valid=valid, sure=sure)
+        got = B.nms_boundaries(sc[None], max_chunks=mc, threshold=th, nms_window=w, valid=valid, sure=sure)[0]
         assert torch.equal(want, got), trial
 
 
@@ -286,21 +287,21 @@ def test_split_long_chunks_vectorised():
 
 def test_predict_boundaries_batched_compiled_and_bf16():
     torch.manual_seed(0)
-    pred = R.BoundaryPredictor(32, window=4, heads=4, hidden=16).eval()
+    pred = B.BoundaryPredictor(32, window=4, heads=4, hidden=16).eval()
     k = torch.randn(2, 2, 200, 16)
     loop = []
     with torch.no_grad():
-        p = torch.sigmoid(pred(R.key_features(k)))
-    valid = R.label_valid(200, 4)
+        p = torch.sigmoid(pred(B.key_features(k)))
+    valid = B.label_valid(200, 4)
     for b in range(2):
-        loop.append(R.split_long_chunks(R.select_boundaries(p[b], max_chunks=40, threshold=0.5, valid=valid), 24))
-    got = R.predict_boundaries(pred, k, max_chunks=40, max_len=24)
+        loop.append(R.split_long_chunks(B.select_boundaries(p[b], max_chunks=40, threshold=0.5, valid=valid), 24))
+    got = B.predict_boundaries(pred, k, max_chunks=40, max_len=24)
     assert all(torch.equal(a, b) for a, b in zip(loop, got))
-    half = R.predict_boundaries(pred.to(torch.bfloat16), k.to(torch.bfloat16), max_chunks=40, max_len=24)
+    half = B.predict_boundaries(pred.to(torch.bfloat16), k.to(torch.bfloat16), max_chunks=40, max_len=24)
     assert all(int(b[-1]) == 200 for b in half)
     pred.float()
     with pytest.raises(TypeError, match="BoundaryPredictor"):
-        R.predict_boundaries(torch.nn.Linear(2, 2), k, max_chunks=4)
+        B.predict_boundaries(torch.nn.Linear(2, 2), k, max_chunks=4)
 
 
 # ------------------------------------------------------------------------------ Eq. 4 with non-centred keys
@@ -366,7 +367,7 @@ AUTHORS_CODE = {
 def test_authors_pattern_is_the_authors_configuration():
     from kvlab.dhsa.pattern import authors_pattern
 
-    pred = R.BoundaryPredictor(channels=16, window=4, heads=2, hidden=8)
+    pred = B.BoundaryPredictor(channels=16, window=4, heads=2, hidden=8)
     got = authors_pattern(1024, predictor=pred).settings()
     diff = {k: (got.get(k), v) for k, v in AUTHORS_CODE.items() if got.get(k) != v}
     assert not diff, f"authors_pattern differs from the authors' code (ours, theirs): {diff}"

@@ -8,19 +8,20 @@ a model's global layers, chunks fixed / oracle / predicted; :func:`block_sparse_
 :func:`sliding_window_pattern` are the baselines; :func:`authors_pattern` is the protocol of the authors'
 code: dense question tail, dense decode, shared boundaries, initial + recent keys), :class:`BoundaryPredictor`
 (Eq. 1-3; :func:`predict_boundaries` runs it once per call, batched, with a vectorised NMS). The
-specification, with the chunkings, Eq. 4, the labels (Eq. 5-8) and the focal loss (Eq. 9), is
-:mod:`.reference`; predictor training (App. B) is :mod:`.training` (``python -m kvlab.dhsa.training --help``;
+specification of the attention, with the chunkings, Eq. 4 and the selection, is :mod:`.reference`; the labels
+(Eq. 5-8), the predictor (Eq. 1-3), the focal loss (Eq. 9), NMS and the recall of a kept set are
+:mod:`.boundary_predictor`; predictor training (App. B) is :mod:`.training` (``python -m kvlab.dhsa.training --help``;
 :func:`.training.shipped_predictor` loads the trained SmolLM2 predictor kvlab ships); the Eq. 4 bias and
 attention recall are :mod:`.theory`; the experiments of notebooks 07-08 are :mod:`.experiments`; GPU
 benchmarks are ``python -m kvlab bench dhsa``.
 """
-from . import experiments, reference, theory, training
+from . import boundary_predictor, experiments, reference, theory, training
 from .api import BACKENDS, Selection, dhsa_attention, dhsa_decode, dhsa_selection, predict_boundaries, resolve_chunks
 from .pattern import (CHUNKINGS, DECODES, DHSAPattern, authors_pattern, block_sparse_pattern, dhsa_layers,
                       sliding_window_pattern)
 from .policy import DHSADecode, decode_attention, decode_memory
-from .reference import (BoundaryPredictor, attention_recall, best_recall, chunk_representation, dhsa_mask,
-                        fixed_boundaries, local_starts, nms_boundaries, oracle_boundaries)
+from .reference import chunk_representation, dhsa_mask, fixed_boundaries, local_starts
+from .boundary_predictor import BoundaryPredictor, attention_recall, best_recall, nms_boundaries, oracle_boundaries
 
 __all__ = [
     "BACKENDS", "Selection", "dhsa_attention", "dhsa_decode", "dhsa_selection", "resolve_chunks",
@@ -29,5 +30,5 @@ __all__ = [
     "DHSADecode", "decode_attention", "decode_memory",
     "BoundaryPredictor", "attention_recall", "best_recall", "chunk_representation", "dhsa_mask",
     "fixed_boundaries", "local_starts", "nms_boundaries", "oracle_boundaries", "predict_boundaries",
-    "experiments", "reference", "theory", "training",
+    "boundary_predictor", "experiments", "reference", "theory", "training",
 ]

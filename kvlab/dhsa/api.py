@@ -24,7 +24,7 @@ import torch
 
 from kvlab.core import check_int
 
-from .reference import predict_boundaries as _reference_predict_boundaries
+from .boundary_predictor import predict_boundaries as _reference_predict_boundaries
 from .reference import (AGGREGATIONS, _masked_attention, dhsa_attention_reference, dhsa_decode_reference, dhsa_mask,
                         fixed_boundaries, max_forced)
 
@@ -84,7 +84,7 @@ def resolve_chunks(chunks, bsz: int, n: int, device=None) -> list[torch.Tensor]:
 
     ``chunks`` is an int (fixed chunks of that many tokens: the block-sparse baseline), a 1-d
     LongTensor of offsets ``[0, ..., seq]`` shared by the batch, or a list with one per sequence
-    (e.g. from :func:`kvlab.dhsa.reference.predict_boundaries` or ``oracle_boundaries``).
+    (e.g. from :func:`kvlab.dhsa.boundary_predictor.predict_boundaries` or ``oracle_boundaries``).
     """
     from .reference import _per_batch
 
@@ -342,7 +342,7 @@ def predict_boundaries(predictor, k: torch.Tensor, *, max_chunks: int, threshold
 
     Args:
         predictor, k, max_chunks, threshold, nms_window, max_len: as
-            :func:`kvlab.dhsa.reference.predict_boundaries` (the specification).
+            :func:`kvlab.dhsa.boundary_predictor.predict_boundaries` (the specification).
         backend: ``"torch"`` (the specification), ``"triton"`` (:func:`kvlab.dhsa.chunking.predict_boundaries_fast`:
             the predictor as a few fused kernels and the NMS as one Triton kernel) or ``"auto"`` (``"triton"`` for
             CUDA keys when Triton is installed and ``nms_window`` fits its kernel, else ``"torch"``).

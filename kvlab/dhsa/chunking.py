@@ -2,8 +2,8 @@
 
 Paper: Xiong et al., "Long-Context Modeling with Dynamic Hierarchical Sparse Attention for On-Device
 LLMs" (arXiv:2510.24606), Sec. 2.2 (Eq. 1-3) and App. B ("Inference": threshold, sort, NMS, top
-``N_c``). Specification: :func:`kvlab.dhsa.reference.predict_boundaries` (predictor, then
-:func:`~kvlab.dhsa.reference.select_boundaries`' greedy NMS, then
+``N_c``). Specification: :func:`kvlab.dhsa.boundary_predictor.predict_boundaries` (predictor, then
+:func:`~kvlab.dhsa.boundary_predictor.select_boundaries`' greedy NMS, then
 :func:`~kvlab.dhsa.reference.split_long_chunks`). This module computes the same offsets with less work
 and fewer kernel launches; the reference stays the readable version and the oracle of the tests.
 
@@ -60,7 +60,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .reference import BoundaryPredictor, key_features, label_valid
+from .boundary_predictor import BoundaryPredictor, key_features, label_valid
 
 __all__ = ["predictor_logits", "GraphedLogits", "window_pool", "fusion_features", "nms_status", "nms_boundaries_fast",
            "predict_boundaries_fast", "MAX_NMS_WINDOW"]
@@ -272,10 +272,10 @@ def predictor_logits(predictor: BoundaryPredictor, x: torch.Tensor, *, pool: str
     """The logits of ``predictor(x)`` (``(batch, seq)``) computed as the module docstring says.
 
     Args:
-        predictor: a :class:`~kvlab.dhsa.reference.BoundaryPredictor` (or ``torch.compile`` of one: its
+        predictor: a :class:`~kvlab.dhsa.boundary_predictor.BoundaryPredictor` (or ``torch.compile`` of one: its
             weights are used). Arithmetic in the predictor's dtype (``predictor.to(torch.bfloat16)`` is
             the fast path on a GPU), the window attention in float32.
-        x: ``(batch, seq, channels)`` key features (:func:`~kvlab.dhsa.reference.key_features`).
+        x: ``(batch, seq, channels)`` key features (:func:`~kvlab.dhsa.boundary_predictor.key_features`).
         pool: ``"triton"`` (:func:`window_pool`), ``"torch"`` (shifted products) or ``"auto"`` (Triton on
             CUDA tensors, PyTorch elsewhere).
     """
@@ -509,7 +509,7 @@ def nms_status(scores: torch.Tensor, live: torch.Tensor, sure: torch.Tensor, nms
 def nms_boundaries_fast(scores: torch.Tensor, *, max_chunks: int, threshold: float | None, nms_window: int = 8,
                         valid: torch.Tensor | None = None, sure: torch.Tensor | None = None,
                         max_len: int | None = None) -> list[torch.Tensor]:
-    """:func:`kvlab.dhsa.reference.nms_boundaries` (then ``split_long_chunks(., max_len)`` when ``max_len`` is
+    """:func:`kvlab.dhsa.boundary_predictor.nms_boundaries` (then ``split_long_chunks(., max_len)`` when ``max_len`` is
     given): the same offsets, one tensor per sequence, from the Triton NMS (:func:`nms_status`).
 
     ``scores``: ``(batch, n)``, float32 or float64 (other float dtypes are promoted to float32); NaN is never
@@ -563,10 +563,10 @@ def nms_boundaries_fast(scores: torch.Tensor, *, max_chunks: int, threshold: flo
 @torch.no_grad()
 def predict_boundaries_fast(predictor, k: torch.Tensor, *, max_chunks: int, threshold: float = 0.5,
                             nms_window: int = 8, max_len: int | None = None) -> list[torch.Tensor]:
-    """:func:`kvlab.dhsa.reference.predict_boundaries` on the fast path: :func:`predictor_logits` (Triton window
+    """:func:`kvlab.dhsa.boundary_predictor.predict_boundaries` on the fast path: :func:`predictor_logits` (Triton window
     attention on CUDA), sigmoid in float32, :func:`nms_boundaries_fast`. Same arguments and result (one offsets
     tensor per sequence); the offsets equal the reference's for the same probabilities."""
-    from .reference import _check_prediction_args
+    from .boundary_predictor import _check_prediction_args
 
     _check_prediction_args(threshold, max_chunks, nms_window, max_len)
     m = getattr(predictor, "_orig_mod", predictor)

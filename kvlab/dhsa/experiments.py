@@ -267,7 +267,7 @@ def boundary_records(model, tokenizer, methods: dict, layers, length: int, depth
                      model_name: str = "", haystack: str | None = None, sink=None) -> list[dict]:
     """How good each method's chunks are on needle prompts, one prefill per (prompt, method), per-example records
     for the ledger: ``"attention_recall"`` (share of the dense attention mass the kept set holds, mean over the
-    DHSA layers and queries: :func:`kvlab.dhsa.reference.attention_recall`), ``"chunks"`` (chunks per layer) and
+    DHSA layers and queries: :func:`kvlab.dhsa.boundary_predictor.attention_recall`), ``"chunks"`` (chunks per layer) and
     ``"chunk_len"`` (mean tokens per chunk). ``methods``: ``{name: DHSAPattern}`` (``record=True`` is set here;
     it computes each layer's dense attention map, so keep ``length`` to a few thousand tokens). ``sink(records)``
     receives each prompt's records as they are made."""

@@ -11,9 +11,9 @@ Chunkings (``chunking=``):
 * ``"fixed"``: chunks of ``chunk_size`` tokens (with ``aggregation="mean"`` this is the block-sparse
   baseline, :func:`block_sparse_pattern`),
 * ``"oracle"``: boundaries from the layer's own attention by the labelling rule (Eq. 5-7 +
-  NMS, :func:`kvlab.dhsa.reference.oracle_boundaries`): what a perfect predictor would give; it
+  NMS, :func:`kvlab.dhsa.boundary_predictor.oracle_boundaries`): what a perfect predictor would give; it
   computes the dense attention map, so it is for small inputs and for analysis,
-* ``"predictor"``: the learned :class:`~kvlab.dhsa.reference.BoundaryPredictor` on the layer's keys,
+* ``"predictor"``: the learned :class:`~kvlab.dhsa.boundary_predictor.BoundaryPredictor` on the layer's keys,
 * ``"predictor+fixed"``: the predictor's boundaries plus the fixed ``chunk_size`` grid. Reading (ours):
   the paper's Table 1 row "DHSA (+bs)" does not say what "+bs" adds; we read it as DHSA combined with
   block-sparse chunking, so no chunk crosses a block boundary.
@@ -68,9 +68,9 @@ from kvlab.core import AttentionCall, AttentionPattern, MaskPattern, attend, cau
 from .api import check_flag, dhsa_attention, dhsa_selection, predict_boundaries
 from .policy import decode_attention, decode_attention_sdpa
 from .api import BACKENDS
-from .reference import (BoundaryPredictor, _per_batch, attention_recall, block_query_mask, chunk_index,
-                        chunk_similarity, dhsa_mask, fixed_boundaries, local_starts, oracle_boundaries,
-                        split_long_chunks)
+from .reference import (_per_batch, block_query_mask, chunk_index, chunk_similarity, dhsa_mask, fixed_boundaries,
+                        local_starts, split_long_chunks)
+from .boundary_predictor import BoundaryPredictor, attention_recall, oracle_boundaries
 
 __all__ = ["DHSAPattern", "authors_pattern", "block_sparse_pattern", "sliding_window_pattern", "dhsa_layers",
            "ranked_chunk_mask", "CHUNKINGS", "DECODES", "PATTERN_BACKENDS"]
@@ -196,7 +196,7 @@ class DHSAPattern(AttentionPattern):
         budget: ``N_b`` keys per query (initial and diagonal included); None = dense.
         chunking: ``"fixed" | "oracle" | "predictor"`` (module docstring).
         chunk_size: fixed chunk length; for the dynamic chunkings it sets the default ``max_chunks``.
-        predictor: a trained :class:`~kvlab.dhsa.reference.BoundaryPredictor` (``chunking="predictor"``), or
+        predictor: a trained :class:`~kvlab.dhsa.boundary_predictor.BoundaryPredictor` (``chunking="predictor"``), or
             ``torch.compile`` of one (the fast path; it runs in its own dtype, e.g. bf16 on a GPU).
         max_chunks: ``N_c``; default ``8 * ceil(seq / chunk_size)`` (the authors' code: ``chunk_beta = 8``
             times the number of fixed blocks, so that NMS, not ``N_c``, sets the chunk lengths).

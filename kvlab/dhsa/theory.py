@@ -37,7 +37,8 @@ from __future__ import annotations
 
 import torch
 
-from .reference import AGGREGATIONS, attention_recall, best_recall, chunk_representation, dhsa_mask
+from .reference import AGGREGATIONS, chunk_representation, dhsa_mask
+from .boundary_predictor import attention_recall, best_recall
 
 __all__ = ["null_score_std", "selection_rates", "needle_win_rates", "recall_by_chunking", "key_mean_bias",
            "real_key_selection_rates"]

@@ -4,7 +4,7 @@ Paper: DHSA (arXiv:2510.24606), App. B "Training of the boundary predictor". Two
 
 1. **Labels** (:func:`make_labels`): one forward pass per text sample; a recording pattern in every
    chosen layer computes that layer's attention, turns it into the ratios ``r_t`` of Eq. 5-7
-   (:func:`kvlab.dhsa.reference.label_ratios`) and keeps *only those* (``n`` floats per layer:
+   (:func:`kvlab.dhsa.boundary_predictor.label_ratios`) and keeps *only those* (``n`` floats per layer:
    "storing only boundary labels", App. B). A :class:`LabelSet` is a small file.
 2. **Training** (:func:`train_predictor`): for each sample, one forward pass records the keys of
    *all* chosen layers ("training all layers simultaneously": one pass, not one per layer); one
@@ -43,8 +43,7 @@ import torch
 
 from kvlab.core import AttentionCall, AttentionPattern, attend, use_pattern
 
-from .reference import (BoundaryPredictor, focal_bce_loss, key_features, label_ratios, label_valid,
-                        soft_labels)
+from .boundary_predictor import BoundaryPredictor, focal_bce_loss, key_features, label_ratios, label_valid, soft_labels
 
 __all__ = ["LabelRecorder", "LabelSet", "TrainResult", "text_samples", "make_labels", "record_keys",
            "train_predictor", "evaluate_predictor", "calibrate_threshold", "save_predictor", "load_predictor", "default_predictor_path",
@@ -183,7 +182,7 @@ def calibrate_threshold(model, predictor: BoundaryPredictor, labels: LabelSet, *
 
     Returns ``{"threshold", "label_boundaries", "predicted_boundaries"}`` (totals over windows and layers).
     """
-    from .reference import nms_boundaries
+    from .boundary_predictor import nms_boundaries
 
     grid = [round(0.05 * i, 2) for i in range(1, 20)]
     want, have = 0, dict.fromkeys(grid, 0)
@@ -227,7 +226,7 @@ def train_predictor(model, labels: LabelSet, *, predictor: BoundaryPredictor | N
 
     Each step: one forward pass of the frozen model records the keys of every layer; the focal loss
     (Eq. 9) of each layer against the soft labels (Eq. 8) is averaged over layers and positions
-    (:func:`kvlab.dhsa.reference.label_valid`). Keys are recomputed at every step: only labels are stored
+    (:func:`kvlab.dhsa.boundary_predictor.label_valid`). Keys are recomputed at every step: only labels are stored
     (unless ``labels.keys`` holds them). ``max_seconds``: stop after the step that passes this wall-clock budget
     (``result.config["stopped_early"]`` says so; for runs under a hard time limit).
     """
@@ -353,7 +352,7 @@ def shipped_predictor(model_name: str = "smollm2-135m", device=None, *, layer: i
     if file is not None:
         cands = [SHIPPED / (Path(file).stem + ".json")]
     infos = [(json.loads(c.read_text()), c) for c in cands if c.exists() and c.with_suffix(".pt").exists()]
-    infos = [(i, c) for i, c in infos if i.get("model") == model_name]
+    infos = [(i, c) for i, c in infos if i.get("model") == model_name or c.stem == model_name]
     if not infos:
         have = sorted(p.stem for p in SHIPPED.glob("*.pt"))
         raise ValueError(f"no shipped DHSA predictor for {model_name!r}{'' if file is None else f' named {file!r}'} "

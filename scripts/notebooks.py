@@ -2,6 +2,8 @@
 
     python scripts/notebooks.py prepare --out build/notebooks   # what scripts/test.sh runs
     python scripts/notebooks.py record notebooks/01_attention_sinks.ipynb
+    python scripts/notebooks.py book 01 --out book/executed     # the book's executed copy (a GPU host: minutes)
+    python scripts/notebooks.py stale                            # which book copies no longer match their source
 
 Notebooks are committed without outputs. ``prepare`` copies each ``notebooks/NN_name.ipynb`` to ``--out``
 with the small parameters of ``notebooks/params/NN_name.ci.yaml`` injected (papermill, no execution) and, for
@@ -9,14 +11,23 @@ every cell marked ``# NBVAL_CHECK_OUTPUT``, the output recorded in ``notebooks/p
 nbval then executes the copy and compares those cells. ``record`` executes a notebook with its CI parameters
 and writes the checks file from what the marked cells printed (review the diff before committing it). The
 full-size parameter sets, ``notebooks/params/NN_name.full.yaml``, are for papermill by hand (see each notebook).
+
+``book`` executes a notebook with its book set, ``notebooks/params/NN_name.book.yaml`` (large enough to show what
+the prose describes), into ``--out`` (the committed copies live in ``book/executed/``) and stamps the copy's
+metadata (``metadata.kvlab.book``) with a hash of the source's code cells (the parameters cell left out) and a hash
+of the book set, so ``stale`` (and ``tests/test_book.py``) can tell a copy made from an older source or an older
+set. Pictures are kept as PNG only and widget state is dropped, so the copies stay small.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
+import hashlib
 import json
 import pathlib
 import sys
+import time
 
 import nbformat
 import papermill
@@ -90,9 +101,148 @@ def record(names: list[str]) -> None:
 
 
 def _selected(names: list[str]) -> list[pathlib.Path]:
-    if names:
-        return [pathlib.Path(n).resolve() for n in names]
-    return sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
+    if not names:
+        return sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
+    out = []
+    for n in names:
+        path = pathlib.Path(n)
+        if not path.exists():  # a number or a stem: "03", "03_sepllm_streaming"
+            found = sorted(NOTEBOOKS.glob(f"{n}*.ipynb"))
+            if len(found) != 1:
+                sys.exit(f"notebook {n!r}: give a path or a unique prefix of a notebook in {NOTEBOOKS} "
+                         f"(found {[f.name for f in found]})")
+            path = found[0]
+        out.append(path.resolve())
+    return out
+
+
+# --- the book's executed copies ----------------------------------------------------------------------------------
+BOOK_COPIES = ROOT / "book" / "executed"
+SKIPPED_TAGS = {"parameters", "injected-parameters"}
+# parameters that say where and how a notebook runs, not what it computes: a book set need not fix them
+NEUTRAL = {"device", "num_threads", "out", "results_path", "examples_out"}
+
+
+def book_set_path(nb: pathlib.Path) -> pathlib.Path:
+    return _sidecar(nb, ".book.yaml")
+
+
+def book_parameters(nb: pathlib.Path) -> dict:
+    """The book set of ``nb`` (``notebooks/params/NN_name.book.yaml``); an error naming the file where missing."""
+    path = book_set_path(nb)
+    if not path.exists():
+        raise FileNotFoundError(f"{nb.name}: no book parameter set {_shown(path)}; write one (every "
+                                f"parameter of the notebook's parameters cell, at the size the book shows)")
+    return yaml.safe_load(path.read_text()) or {}
+
+
+def code_hash(nb) -> str:
+    """sha256 of the code cells' sources in order, the parameters cell and papermill's injected cell left out."""
+    sources = [c.source for c in nb.cells
+               if c.cell_type == "code" and not SKIPPED_TAGS & set(c.metadata.get("tags", []))]
+    return hashlib.sha256(json.dumps(sources).encode()).hexdigest()
+
+
+def params_hash(parameters: dict) -> str:
+    return hashlib.sha256(json.dumps(parameters, sort_keys=True).encode()).hexdigest()
+
+
+def _shown(path: pathlib.Path) -> str:
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
+def book_stamp(nb_path: pathlib.Path) -> dict:
+    """What a book copy of ``nb_path`` must carry to be current: the two hashes and the set's file."""
+    nb = nbformat.read(nb_path, as_version=4)
+    return {"code_sha256": code_hash(nb), "params_sha256": params_hash(book_parameters(nb_path)),
+            "params_file": _shown(book_set_path(nb_path))}
+
+
+def stale(nb_path: pathlib.Path, copies: pathlib.Path = BOOK_COPIES) -> list[str]:
+    """Why the book copy of ``nb_path`` in ``copies`` cannot stand for it (empty: it is current)."""
+    copy = copies / nb_path.name
+    if not copy.exists():
+        return [f"{nb_path.name}: no executed copy in {copies}"]
+    meta = nbformat.read(copy, as_version=4).metadata.get("kvlab", {}).get("book")
+    if not meta:
+        return [f"{copy}: no metadata.kvlab.book stamp (make it with `python scripts/notebooks.py book "
+                f"{nb_path.stem[:2]}`)"]
+    problems = []
+    if meta.get("set") != "book":
+        problems.append(f"{copy.name}: executed with the {meta.get('set')!r} set, not the book set")
+    want = book_stamp(nb_path)
+    if meta.get("code_sha256") != want["code_sha256"]:
+        problems.append(f"{copy.name}: executed from other code cells than notebooks/{nb_path.name} has now "
+                        f"(stale: execute it again with `benchmarks/gpu/book_notebooks.sh`)")
+    if meta.get("params_sha256") != want["params_sha256"]:
+        problems.append(f"{copy.name}: executed with other parameters than {want['params_file']} holds now "
+                        f"(stale: execute it again)")
+    errors = [o for c in nbformat.read(copy, as_version=4).cells if c.cell_type == "code"
+              for o in c.get("outputs", []) if o.get("output_type") == "error"]
+    if errors:
+        problems.append(f"{copy.name}: holds an error output ({errors[0].get('ename')}: {errors[0].get('evalue')})")
+    return problems
+
+
+def slim(nb) -> None:
+    """Keep the copy small: PNG only where a picture has several forms, no widget state or widget views."""
+    nb.metadata.pop("widgets", None)
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            data = out.get("data", {})
+            if "image/png" in data:
+                for key in [k for k in data if k.startswith("image/") and k != "image/png"] + ["application/pdf"]:
+                    data.pop(key, None)
+            data.pop("application/vnd.jupyter.widget-view+json", None)
+
+
+def execute_book(nb_path: pathlib.Path, out: pathlib.Path, which: str = "book", overrides: dict | None = None) -> dict:
+    """Execute ``nb_path`` with its book set (``which="ci"``: its CI set, for a quick check of this machinery;
+    ``stale`` refuses such a copy) plus ``overrides`` (kept where the notebook declares them) into ``out``."""
+    declared = set(papermill.inspect_notebook(str(nb_path)))
+    if which == "book":
+        base = book_parameters(nb_path)
+    elif which == "ci":
+        base = _parameters(nb_path)
+    else:
+        raise ValueError(f"which must be 'book' or 'ci', got {which!r}")
+    unknown = sorted(set(base) - declared)
+    if unknown:
+        raise ValueError(f"{nb_path.name}: its {which} set names {unknown}, which its parameters cell does not "
+                         f"declare: remove them from the set or declare them")
+    parameters = {**base, **{k: v for k, v in (overrides or {}).items() if k in declared}}
+    out.mkdir(parents=True, exist_ok=True)
+    target = out / nb_path.name
+    partial = target.with_suffix(".partial.ipynb")
+    t0 = time.monotonic()
+    papermill.execute_notebook(str(nb_path), str(partial), parameters=parameters, kernel_name="python3",
+                               cwd=str(NOTEBOOKS), progress_bar=False)
+    seconds = time.monotonic() - t0
+    nb = nbformat.read(partial, as_version=4)
+    slim(nb)
+    device = "cpu"
+    try:
+        import torch
+
+        if torch.cuda.is_available() and parameters.get("device", "auto") != "cpu":
+            device = torch.cuda.get_device_name(0)
+    except ImportError:
+        pass
+    stamp = book_stamp(nb_path) if which == "book" else {
+        "code_sha256": code_hash(nbformat.read(nb_path, as_version=4)), "params_sha256": params_hash(base),
+        "params_file": _shown(_sidecar(nb_path, ".ci.yaml"))}
+    meta = {**stamp, "set": which, "parameters": parameters, "seconds": round(seconds, 1), "device": device,
+            "executed": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")}
+    nb.metadata.setdefault("kvlab", {})["book"] = meta
+    nb.metadata.pop("papermill", None)
+    for cell in nb.cells:
+        cell.metadata.pop("papermill", None)
+        cell.metadata.pop("execution", None)
+    nbformat.write(nb, target)
+    partial.unlink()
+    print(f"executed {nb_path.name} with {meta['params_file']} in {seconds:.0f} s on {device}: {target} "
+          f"({target.stat().st_size / 1e6:.2f} MB)", flush=True)
+    return meta
 
 
 def main() -> None:
@@ -105,9 +255,32 @@ def main() -> None:
     p.add_argument("names", nargs="*")
     r = sub.add_parser("record")
     r.add_argument("names", nargs="*")
+    b = sub.add_parser("book", help="execute notebooks with their book set into the book's executed copies")
+    b.add_argument("--out", type=pathlib.Path, default=BOOK_COPIES)
+    b.add_argument("--set", choices=["book", "ci"], default="book",
+                   help="book (default) or ci: the CI set, to check this machinery quickly (not a book copy)")
+    b.add_argument("-p", "--parameter", nargs=2, action="append", default=[], metavar=("NAME", "YAML"),
+                   help="override where the notebook declares it, e.g. -p device cuda -p num_threads 2")
+    b.add_argument("names", nargs="+", help="notebooks: paths or prefixes such as 01")
+    s = sub.add_parser("stale", help="list the book copies that no longer match their notebook or book set")
+    s.add_argument("--copies", type=pathlib.Path, default=BOOK_COPIES)
+    s.add_argument("names", nargs="*", help="default: every notebook that has a book set")
     args = parser.parse_args()
     if args.command == "prepare":
         prepare(args.out, args.names, {k: yaml.safe_load(v) for k, v in args.parameter})
+    elif args.command == "book":
+        overrides = {k: yaml.safe_load(v) for k, v in args.parameter}
+        try:
+            for nb in _selected(args.names):
+                execute_book(nb, args.out.resolve(), args.set, overrides)
+        except (ValueError, FileNotFoundError) as err:
+            sys.exit(str(err))
+    elif args.command == "stale":
+        names = args.names or [str(p) for p in sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
+                               if book_set_path(p).exists()]
+        problems = [x for nb in _selected(names) for x in stale(nb, args.copies.resolve())]
+        print("\n".join(problems) or "every book copy is current")
+        sys.exit(1 if problems else 0)
     else:
         record(args.names)
 

@@ -154,3 +154,101 @@ def test_results_page_names_the_default_model_as_the_ledger_does():
     """The header said "SmolLM2-135M"; the ledger's model (and kvlab's default) is SmolLM2-135M-Instruct."""
     header = book.results_page().split("\n| paper |")[0]
     assert "mostly on SmolLM2-135M-Instruct." in header, header
+
+
+# --- the book's executed copies (book/executed, made by benchmarks/gpu/book_notebooks.sh) -------------------------
+sys.path.insert(0, str(ROOT / "scripts"))
+import notebooks as nbtool  # noqa: E402
+
+BOOK_SET = "# the book's size\nx: 5\n"
+
+
+def _book_copy(tmp_path: pathlib.Path, source: pathlib.Path, which: str = "book") -> pathlib.Path:
+    """What `scripts/notebooks.py book` leaves: the executed notebook with its stamp (nothing run here)."""
+    nb = nbformat.read(source, as_version=4)
+    nb.cells.insert(2, nbformat.v4.new_code_cell("x = 5", metadata={"tags": ["injected-parameters"]}))
+    nb.metadata["kvlab"] = {"book": {**nbtool.book_stamp(source), "set": which}}
+    out = tmp_path / "copies" / source.name
+    out.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, out)
+    return out
+
+
+@pytest.fixture
+def book_source(tmp_path):
+    source = _source(tmp_path)
+    (source.parent / "params").mkdir()
+    nbtool.book_set_path(source).write_text(BOOK_SET)
+    return source
+
+
+def test_a_current_book_copy_passes(tmp_path, book_source):
+    _book_copy(tmp_path, book_source)
+    assert nbtool.stale(book_source, tmp_path / "copies") == []
+
+
+def _edit(path: pathlib.Path, index: int, text: str) -> None:
+    nb = nbformat.read(path, as_version=4)
+    nb.cells[index].source = text
+    nbformat.write(nb, path)
+
+
+@pytest.mark.parametrize("change, stale", [
+    (lambda src: _edit(src, 2, "plt.plot([0, 2])"), "other code cells"),         # a code cell changed
+    (lambda src: nbtool.book_set_path(src).write_text("x: 6\n"), "other parameters"),  # the book set changed
+    (lambda src: _edit(src, 1, "x: int = 3  # a parameter"), None),               # only a default: not stale
+    (lambda src: _edit(src, 0, "# 01 · Better prose"), None),                      # only prose: not stale
+    (lambda src: nbtool.book_set_path(src).write_text("# reworded\nx: 5\n"), None),  # a comment of the set
+])
+def test_a_book_copy_goes_stale_when_its_code_or_its_set_changes(tmp_path, book_source, change, stale):
+    _book_copy(tmp_path, book_source)
+    change(book_source)
+    problems = nbtool.stale(book_source, tmp_path / "copies")
+    if stale is None:
+        assert problems == []
+    else:
+        assert len(problems) == 1 and stale in problems[0]
+
+
+def test_a_copy_of_the_ci_set_or_without_stamp_is_not_a_book_copy(tmp_path, book_source):
+    copy = _book_copy(tmp_path, book_source, which="ci")
+    assert "not the book set" in nbtool.stale(book_source, tmp_path / "copies")[0]
+    nb = nbformat.read(copy, as_version=4)
+    del nb.metadata["kvlab"]
+    nbformat.write(nb, copy)
+    assert "no metadata.kvlab.book" in nbtool.stale(book_source, tmp_path / "copies")[0]
+    copy.unlink()
+    assert "no executed copy" in nbtool.stale(book_source, tmp_path / "copies")[0]
+
+
+BOOK_SETS = sorted((ROOT / "notebooks" / "params").glob("*.book.yaml"))
+
+
+@pytest.mark.parametrize("book_set", BOOK_SETS, ids=[p.name.split(".")[0] for p in BOOK_SETS])
+def test_each_book_set_fixes_every_parameter_its_notebook_declares(book_set):
+    """A book set names every parameter (so the copy does not change when a default does) and nothing else;
+    where and how it runs (device, threads) is left to the run."""
+    import papermill
+    import yaml
+
+    source = ROOT / "notebooks" / (book_set.name.split(".")[0] + ".ipynb")
+    declared = set(papermill.inspect_notebook(str(source)))
+    given = set(yaml.safe_load(book_set.read_text()))
+    assert given <= declared, f"{book_set.name} names {sorted(given - declared)}, which the notebook does not declare"
+    missing = declared - given - nbtool.NEUTRAL
+    assert not missing, f"{book_set.name} leaves {sorted(missing)} at the notebook's defaults: fix them in the set"
+
+
+COPIES = sorted(nbtool.BOOK_COPIES.glob("*.ipynb"))
+
+
+@pytest.mark.parametrize("copy", COPIES, ids=[p.stem[:2] for p in COPIES])
+def test_every_committed_book_copy_is_current(copy):
+    """Each copy in book/executed was executed from its notebook's current code cells and book set; a stale one
+    is made again with benchmarks/gpu/book_notebooks.sh (a GPU host)."""
+    assert nbtool.stale(ROOT / "notebooks" / copy.name) == []
+
+
+def test_book_copies_stay_small():
+    total = sum(p.stat().st_size for p in COPIES)
+    assert total < 10e6, f"book/executed holds {total / 1e6:.1f} MB: keep figures as PNG and outputs short"

@@ -15,7 +15,7 @@ NUMBERED = re.compile(r"\d\d_[a-z0-9_]+\.ipynb")
 # checkpoints folder appears when the lab is used and is ignored by git, so it is allowed here too.
 NOTEBOOKS_ALSO = {"START.md", "params", ".ipynb_checkpoints"}
 RESULTS = ROOT / "benchmarks" / "results"
-SIDECAR = re.compile(r"(\d\d_[a-z0-9_]+)\.(ci\.yaml|full\.yaml|checks\.json)")
+SIDECAR = re.compile(r"(\d\d_[a-z0-9_]+)\.(ci\.yaml|full\.yaml|book\.yaml|checks\.json)")
 
 
 def test_notebooks_folder_holds_only_the_numbered_notebooks_start_and_params():
@@ -35,7 +35,8 @@ def test_every_numbered_notebook_has_its_ci_parameters_and_checks():
 def test_params_folder_holds_only_sidecars_of_existing_notebooks():
     for path in sorted(PARAMS.iterdir()):
         match = SIDECAR.fullmatch(path.name)
-        assert match, f"notebooks/params/{path.name}: only NN_name.ci.yaml, .full.yaml and .checks.json belong here"
+        assert match, (f"notebooks/params/{path.name}: only NN_name.ci.yaml, .full.yaml, .book.yaml and .checks.json "
+                       "belong here")
         assert (NOTEBOOKS / (match.group(1) + ".ipynb")).is_file(), \
             f"notebooks/params/{path.name} belongs to no notebook (notebooks/{match.group(1)}.ipynb is missing)"
 

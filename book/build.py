@@ -12,6 +12,10 @@ Steps, each failing with a list of what is wrong:
    notebook in git (else the copy is stale), and at least one figure where the notebook draws one.
 2. **Student versions** of the assignments: ``python -m kvlab lessons make --out build/lessons`` when missing or
    older than the master.
+   The pages of notebooks 01, 03, 05, 06, 07, 10, 12 and 15 show instead their **book copies**, ``book/executed/``:
+   executed at the book parameter set (``notebooks/params/NN_name.book.yaml``, large enough for the phenomenon)
+   by ``benchmarks/gpu/book_notebooks.sh`` and stamped with a hash of the notebook's code cells and of the set. A
+   missing or stale copy (``python scripts/notebooks.py stale``) leaves the CI-executed page, and the page says so.
 3. **Sources** staged in ``OUT/src``: ``book/`` (index, paper pages, with the claims tables and any paper notes of
    ``docs/papers/`` filled in), the notebooks, the lessons, the guide pages of ``docs/guide/`` (links to files
    outside the book left as text), and ``results.md`` generated from the ledger (:mod:`kvlab.claims`).
@@ -33,6 +37,7 @@ import shutil
 import subprocess
 import sys
 import time
+import importlib.util
 import urllib.parse
 import warnings
 
@@ -45,6 +50,47 @@ DRAWS = re.compile(r"\bplt\.|\bviz\.[a-z_]+\(|\.plot\(|\.imshow\(")
 RUN_NOTEBOOKS = ("run the notebooks through nbval, saving what they print: `bash scripts/test.sh` does, or "
                  "`python scripts/notebooks.py prepare --out build/notebooks && env -u MPLBACKEND "
                  "KVLAB_EXECUTED_DIR=build/executed python -m pytest build/notebooks --nbval-lax --nbval-current-env`")
+BOOK_COPIES = BOOK / "executed"
+
+
+def _nbtool():
+    """scripts/notebooks.py (the book copies' stamps and staleness check), loaded under its own name."""
+    spec = importlib.util.spec_from_file_location("kvlab_notebooks_tool", ROOT / "scripts" / "notebooks.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def choose_pages(executed: pathlib.Path, notebooks: list[pathlib.Path],
+                 copies: pathlib.Path = BOOK_COPIES) -> dict[str, tuple[pathlib.Path, str]]:
+    """For each notebook, the executed notebook its page shows and which it is: ``"book"`` (its current book
+    copy in ``copies``) or ``"ci"`` (the nbval run's copy in ``executed``). A stale book copy is named on stderr."""
+    tool = _nbtool()
+    pages = {}
+    for nb in notebooks:
+        kind = "ci"
+        if (copies / nb.name).is_file():
+            problems = tool.stale(nb, copies)
+            if problems:
+                print("book: not using a book copy: " + "; ".join(problems), file=sys.stderr)
+            else:
+                kind = "book"
+        pages[nb.name] = (copies / nb.name if kind == "book" else executed / nb.name, kind)
+    return pages
+
+
+def page_note(nb_path: pathlib.Path, kind: str) -> str:
+    """The line a notebook's page opens with (under its title): which parameters made what the page shows."""
+    stem = nb_path.stem
+    if kind == "book":
+        return (f"*This page shows the notebook executed with its book parameter set, `params/{stem}.book.yaml`: "
+                "the figures and tables at the size the text describes.*")
+    has_book = (nb_path.parent / "params" / f"{stem}.book.yaml").is_file()
+    larger = f"`params/{stem}.book.yaml`" if has_book else "its defaults"
+    return (f"*This page shows the notebook executed with its small test parameters, `params/{stem}.ci.yaml`, "
+            f"so its figures are small: run it with {larger} to see the full-size picture.*")
+
+
 PLACEHOLDER = re.compile(r"\{\{ *(claims: *(?P<paper>[A-Za-z]+)|notes) *\}\}")
 
 
@@ -238,9 +284,21 @@ def guide_page(page: pathlib.Path) -> str:
     return GUIDE_LINK.sub(unlink, page.read_text(encoding="utf-8"))
 
 
+def _with_note(path: pathlib.Path, note: str) -> str:
+    """The executed notebook at ``path`` with ``note`` as a markdown cell after its title cell, as JSON text."""
+    import nbformat
+
+    nb = _read(path)
+    cell = nbformat.v4.new_markdown_cell(note)
+    cell.metadata["kvlab"] = {"page_note": True}
+    nb.cells.insert(1 if nb.cells and nb.cells[0].cell_type == "markdown" else 0, cell)
+    return nbformat.writes(nb)
+
+
 def stage(src: pathlib.Path, executed: pathlib.Path, notebooks: list[pathlib.Path],
-          students: list[pathlib.Path]) -> None:
-    """Write the book's sources into ``src`` (only what changed, so Sphinx rebuilds only those pages)."""
+          students: list[pathlib.Path], pages: dict[str, tuple[pathlib.Path, str]] | None = None) -> None:
+    """Write the book's sources into ``src`` (only what changed, so Sphinx rebuilds only those pages); each
+    notebook page from ``pages`` (:func:`choose_pages`; default: the nbval copies in ``executed``)."""
     keep = set()
     _write(src / "index.md", (BOOK / "index.md").read_text(encoding="utf-8"))
     keep.add(src / "index.md")
@@ -257,7 +315,8 @@ def stage(src: pathlib.Path, executed: pathlib.Path, notebooks: list[pathlib.Pat
         _write(src / "guide" / page.name, guide_page(page))
         keep.add(src / "guide" / page.name)
     for nb in notebooks:
-        _sync(executed / nb.name, src / "notebooks" / nb.name)
+        path, kind = (pages or {}).get(nb.name, (executed / nb.name, "ci"))
+        _write(src / "notebooks" / nb.name, _with_note(path, page_note(nb, kind)))
         keep.add(src / "notebooks" / nb.name)
     for student in students:
         _sync(student, src / "lessons" / student.name)
@@ -325,8 +384,10 @@ def _local(url: str) -> bool:
     return not parts.scheme and not parts.netloc and not url.startswith("//")
 
 
-def check_site(html: pathlib.Path, executed: pathlib.Path, notebooks: list[pathlib.Path]) -> list[str]:
-    """Every local link, script, stylesheet and image of every page resolves; notebook pages keep their figures."""
+def check_site(html: pathlib.Path, executed: pathlib.Path, notebooks: list[pathlib.Path],
+               pages_shown: dict[str, tuple[pathlib.Path, str]] | None = None) -> list[str]:
+    """Every local link, script, stylesheet and image of every page resolves; notebook pages keep their figures
+    (those of the executed notebook each page shows: ``pages_shown``, default the copies in ``executed``)."""
     import nbformat
 
     html = html.resolve()
@@ -354,7 +415,8 @@ def check_site(html: pathlib.Path, executed: pathlib.Path, notebooks: list[pathl
         if not page.is_file():
             problems.append(f"no page for {nb_path.name} ({page})")
             continue
-        want = _images(_read(executed / nb_path.name))
+        shown = (pages_shown or {}).get(nb_path.name, (executed / nb_path.name, "ci"))[0]
+        want = _images(_read(shown))
         found = pages[page].output_images
         if found < want:
             problems.append(f"{page.relative_to(html)}: {found} figures rendered, the executed notebook has {want}")
@@ -369,20 +431,24 @@ def _parse(page: pathlib.Path) -> _Page:
 
 # --- main -------------------------------------------------------------------------------------------------------
 
-def build(executed: pathlib.Path, lessons_out: pathlib.Path, out: pathlib.Path, jobs: str = "auto") -> pathlib.Path:
+def build(executed: pathlib.Path, lessons_out: pathlib.Path, out: pathlib.Path, jobs: str = "auto",
+          copies: pathlib.Path = BOOK_COPIES) -> pathlib.Path:
     start = time.monotonic()
     notebooks = sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
     problems = check_executed(executed, notebooks)
     if problems:
         raise BookError(f"the executed notebooks in {executed} cannot make the book; {RUN_NOTEBOOKS}:", problems)
+    pages = choose_pages(executed, notebooks, copies)
     students = student_versions(lessons_out)
-    stage(out / "src", executed, notebooks, students)
+    stage(out / "src", executed, notebooks, students, pages)
     sphinx(out / "src", out, jobs)
-    problems = check_site(out / "html", executed, notebooks)
+    problems = check_site(out / "html", executed, notebooks, pages)
     if problems:
         raise BookError(f"the built book in {out / 'html'} has broken pieces:", problems)
     index = out / "html" / "index.html"
-    print(f"book: {index} ({len(notebooks)} notebooks, {len(students)} assignments; {time.monotonic() - start:.0f} s)")
+    book = sorted(name[:2] for name, (_, kind) in pages.items() if kind == "book")
+    print(f"book: {index} ({len(notebooks)} notebooks, book copies of {book or 'none'}, {len(students)} "
+          f"assignments; {time.monotonic() - start:.0f} s)")
     return index
 
 
@@ -390,6 +456,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--executed", type=pathlib.Path, default=ROOT / "build" / "executed",
                    help="the notebooks as nbval executed them (default: build/executed)")
+    p.add_argument("--copies", type=pathlib.Path, default=BOOK_COPIES,
+                   help="the book copies, executed at the book parameter sets (default: book/executed)")
     p.add_argument("--lessons", type=pathlib.Path, default=ROOT / "build" / "lessons",
                    help="where `kvlab lessons make` writes the student versions (default: build/lessons)")
     p.add_argument("--out", type=pathlib.Path, default=ROOT / "build" / "book",
@@ -398,7 +466,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="sphinx-build processes (default: auto, one per core)")
     args = p.parse_args(argv)
     try:
-        build(args.executed.resolve(), args.lessons.resolve(), args.out.resolve(), args.jobs)
+        build(args.executed.resolve(), args.lessons.resolve(), args.out.resolve(), args.jobs, args.copies.resolve())
     except BookError as err:
         print(f"book: {err}", file=sys.stderr)
         return 1

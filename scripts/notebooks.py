@@ -196,7 +196,8 @@ def slim(nb) -> None:
             data.pop("application/vnd.jupyter.widget-view+json", None)
 
 
-def execute_book(nb_path: pathlib.Path, out: pathlib.Path, which: str = "book", overrides: dict | None = None) -> dict:
+def execute_book(nb_path: pathlib.Path, out: pathlib.Path, which: str = "book",
+                 overrides: dict | None = None) -> dict:
     """Execute ``nb_path`` with its book set (``which="ci"``: its CI set, for a quick check of this machinery;
     ``stale`` refuses such a copy) plus ``overrides`` (kept where the notebook declares them) into ``out``."""
     declared = set(papermill.inspect_notebook(str(nb_path)))

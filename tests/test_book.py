@@ -252,3 +252,41 @@ def test_every_committed_book_copy_is_current(copy):
 def test_book_copies_stay_small():
     total = sum(p.stat().st_size for p in COPIES)
     assert total < 10e6, f"book/executed holds {total / 1e6:.1f} MB: keep figures as PNG and outputs short"
+
+
+def _with_figures(path: pathlib.Path, n: int) -> None:
+    nb = nbformat.read(path, as_version=4)
+    nb.cells[-1].outputs = [nbformat.v4.new_output("display_data", data={"image/png": PNG, "text/plain": "<Figure>"})
+                            for _ in range(n)]
+    nbformat.write(nb, path)
+
+
+def test_the_book_shows_a_current_book_copy_and_says_which_set_made_each_page(tmp_path, book_source):
+    executed = _executed(tmp_path, book_source).parent
+    copy = _book_copy(tmp_path, book_source)
+    _with_figures(copy, 3)
+    pages = book.choose_pages(executed, [book_source], copy.parent)
+    assert pages[book_source.name] == (copy, "book")
+    src = tmp_path / "src"
+    book.stage(src, executed, [book_source], [], pages)
+    staged = nbformat.read(src / "notebooks" / book_source.name, as_version=4)
+    assert "book parameter set, `params/01_a.book.yaml`" in staged.cells[1].source
+    assert sum(1 for o in staged.cells[-1].outputs if "image/png" in o.get("data", {})) == 3
+    # a site that shows only the CI copy's one figure on that page falls short of the book copy's three
+    html = _site(tmp_path, '<h1 id="intro">kvlab</h1>', NOTEBOOK_PAGE)
+    assert book.check_site(html, executed, [book_source], pages) == [
+        "notebooks/01_a.html: 1 figures rendered, the executed notebook has 3"]
+    assert book.check_site(html, executed, [book_source]) == []  # the CI copy's one figure
+
+
+def test_a_stale_book_copy_leaves_the_ci_page_and_the_page_says_so(tmp_path, book_source, capsys):
+    executed = _executed(tmp_path, book_source).parent
+    copy = _book_copy(tmp_path, book_source)
+    nbtool.book_set_path(book_source).write_text("x: 7\n")
+    pages = book.choose_pages(executed, [book_source], copy.parent)
+    assert pages[book_source.name] == (executed / book_source.name, "ci")
+    assert "other parameters" in capsys.readouterr().err
+    book.stage(tmp_path / "src", executed, [book_source], [], pages)
+    staged = nbformat.read(tmp_path / "src" / "notebooks" / book_source.name, as_version=4)
+    assert "small test parameters, `params/01_a.ci.yaml`" in staged.cells[1].source
+    assert "run it with `params/01_a.book.yaml`" in staged.cells[1].source

@@ -530,6 +530,43 @@ def qa_under_patterns(model, tokenizer, patterns: dict, layers, items: list[QAIt
     return out
 
 
+def qa_records(model, tokenizer, methods: dict, layers, items: list[QAItem], *, model_name: str = "",
+               max_new_tokens: int = 16, sink=None) -> list[dict]:
+    """The LongBench stand-in (Table 1) one record per (question, method): metrics ``"f1"`` (token F1 against the
+    gold answers) and ``"answer_nll"`` (teacher-forced NLL of the first gold answer, nats per token), ``example`` =
+    ``"qa/<model>/<task>/<i>"``, ``config`` with every setting of the pattern. A pattern with
+    ``dense_tail="question"`` gets the instruction + question's length (the authors' dense instruction tokens).
+    ``sink(records)`` receives each question's records as they are made."""
+    from kvlab.baselines import Full
+    from kvlab.eval import ask
+
+    out = []
+    for i, it in enumerate(items):
+        marker = "\n\nAnswer the question" if "\n\nAnswer the question" in it.prompt else "\nQuestion:"
+        tail = question_tail_tokens(tokenizer, it.prompt, marker=marker)  # instruction + question (few-shot: question)
+        recs = []
+        for name, pattern in methods.items():
+            if getattr(pattern, "dense_tail", None) == "question":
+                pattern.question_tokens = tail
+            t0 = time.perf_counter()
+            with use_pattern(model, pattern, layers) if pattern is not None else nullcontext():
+                said, nll = ask(model, tokenizer, it.prompt, " " + it.answers[0], Full(), chunk_size=it.tokens + 8,
+                                max_new_tokens=max_new_tokens)
+            config = {"model": model_name, "task": it.task, "prompt_tokens": it.tokens, "question_tokens": tail,
+                      "pattern": repr(pattern) if pattern is not None else "dense",
+                      "seconds": round(time.perf_counter() - t0, 3)}
+            if pattern is not None and hasattr(pattern, "settings"):
+                config |= pattern.settings() | {k: round(v, 2) if isinstance(v, float) else v
+                                                for k, v in pattern.stats().items()}
+            for metric, value in (("f1", qa_f1(said, it.answers)), ("answer_nll", nll)):
+                recs.append({"example": f"qa/{model_name}/{it.task}/{i}", "method": name, "metric": metric,
+                             "value": float(value), "output": said, "target": it.answers[0], "config": config})
+        out += recs
+        if sink is not None:
+            sink(recs)
+    return out
+
+
 # ================================================================================================
 # Cost: prefill latency / peak memory (Tables 2-3), decode latency / memory per token (Fig. 7-10)
 # ================================================================================================
@@ -810,8 +847,9 @@ def main(argv=None) -> int:
                     "shared boundaries); writes one record per (prompt, method) to OUT (*.examples.jsonl) as it goes. "
                     "boundaries: attention mass kept and chunk counts per NMS window (App. B ablation), per prompt. "
                     "table2: prefill latency / peak memory per method and backend beside the needle accuracy of "
-                    "--needle-file (OUT: a .json and a .md).")
-    ap.add_argument("what", choices=["needle", "boundaries", "table2"])
+                    "--needle-file (OUT: a .json and a .md). qa: the LongBench stand-in (Table 1: SQuAD, HotpotQA, "
+                    "few-shot QA prompts of --qa-context tokens), one record per (question, method).")
+    ap.add_argument("what", choices=["needle", "boundaries", "table2", "qa"])
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--predictor", default="shipped", help="'shipped', a predictor file, or 'oracle'")
     ap.add_argument("--lengths", default="4096")
@@ -842,6 +880,9 @@ def main(argv=None) -> int:
     ap.add_argument("--needle-file", default=None, help="table2: needle records (comma list) for the accuracy column")
     ap.add_argument("--timing-backends", default="torch,sdpa,triton", help="table2: DHSA / block-sparse backends")
     ap.add_argument("--repeats", type=int, default=3, help="table2: timed prefills per row (median)")
+    ap.add_argument("--qa-per-task", type=int, default=12, help="qa: questions per task")
+    ap.add_argument("--qa-context", type=int, default=2048, help="qa: tokens of each prompt (at most)")
+    ap.add_argument("--seed", type=int, default=0, help="qa: which questions")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--out", required=True, help="output file: *.examples.jsonl (needle, boundaries), a .json "
@@ -885,6 +926,19 @@ def main(argv=None) -> int:
             for r in recs:
                 f.write(json.dumps(r | {"config": r["config"] | {"command": " ".join(sys.argv)}}) + "\n")
 
+    if args.what == "qa":
+        items = [it for task in QA_TASKS for it in qa_items(tok, task, args.qa_per_task, args.qa_context,
+                                                            seed=args.seed)]
+        qa_records(model, tok, methods, dhsa_layers(model), items, model_name=args.model,
+                   max_new_tokens=args.max_new_tokens, sink=sink)
+        recs = read_examples(out)
+        print(f"{len(recs)} records in {time.perf_counter() - t0:.0f} s -> {out}")
+        for name in methods:
+            per = {t: [r["value"] for r in recs if r["method"] == name and r["metric"] == "f1"
+                       and r["config"]["task"] == t] for t in QA_TASKS}
+            print(f"  {name:28s} F1 " + ", ".join(f"{t} {statistics.mean(v):.3f} (n {len(v)})"
+                                                   for t, v in per.items() if v))
+        return 0
     lengths = [int(x) for x in args.lengths.split(",")]
     depths = [float(x) for x in args.depths.split(",")]
     if args.what == "boundaries":

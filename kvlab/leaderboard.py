@@ -651,7 +651,8 @@ def pareto_plot(rows: list[dict], path=None):
     tasks = [t for t in TASKS if any(r["task"] == t for r in rows)]
     markers = dict(zip(models, "os^Dv"))
     colors = {m: plt.cm.tab20(i % 20) for i, m in enumerate(METHODS)}
-    fig, axes = plt.subplots(2, len(tasks), figsize=(4 * len(tasks) + 1, 7), squeeze=False)
+    fig, axes = plt.subplots(2, len(tasks), figsize=(4 * len(tasks) + 3, 7), squeeze=False)
+    legends = [{}, {}]  # per row: method -> a marker handle
     for col, task in enumerate(tasks):
         metric, lower = MAIN_METRIC[task]
         for row, (xkey, kinds, label) in enumerate([("mean_kv", ("kv", "reference"), "mean KV (entries)"),
@@ -669,14 +670,16 @@ def pareto_plot(rows: list[dict], path=None):
             ax.set_xlabel(label)
             ax.set_ylabel(f"{metric} ({'lower' if lower else 'higher'} is better)")
             ax.set_title(task)
-            handles, labels = ax.get_legend_handles_labels()
-            uniq = dict(zip(labels, handles))
-            if uniq:
-                ax.legend(uniq.values(), uniq.keys(), fontsize=6)
+            for handle, name in zip(*ax.get_legend_handles_labels()):
+                legends[row].setdefault(name, handle)
+    for row, entries in enumerate(legends):  # one legend per row, beside the grid: it never covers a point
+        if entries:
+            axes[row][-1].legend(entries.values(), entries.keys(), fontsize=7, frameon=False,
+                                 loc="center left", bbox_to_anchor=(1.02, 0.5))
     fig.suptitle("kvlab leaderboard: " + ", ".join(f"{m} ({markers[m]})" for m in models))
     fig.tight_layout()
     if path is not None:
-        fig.savefig(path, dpi=110)
+        fig.savefig(path, dpi=110, bbox_inches="tight")
     return fig
 
 

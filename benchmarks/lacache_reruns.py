@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -36,7 +37,26 @@ PASSKEY_POLICIES = {  # LaCache's retrieval protocol (as quality_runs' officialp
     "official-strm25": ("StreamingLLM(sink=64, cache_size=length // 4)", 1 << 20),
 }
 SCALES = {"full": dict(length=2048, examples=20, depths=(0.1, 0.3, 0.5, 0.7, 0.9), seeds=4, sink=64),
-          "smoke": dict(length=512, examples=1, depths=(0.5,), seeds=1, sink=32)}
+          "smoke": dict(length=512, examples=1, depths=(0.5,), seeds=1, sink=32),
+          # the claims plan (PLAN_UNITS): passkey on new seeds, WikiText perplexity streams
+          "claims": dict(length=2048, examples=0, depths=(0.1, 0.3, 0.5, 0.7, 0.9), seeds=range(4, 24), sink=64,
+                         ppl_tokens=32768, ppl_segments=2),
+          "claims-smoke": dict(length=512, examples=0, depths=(0.5,), seeds=range(4, 5), sink=32, ppl_tokens=1100,
+                               ppl_segments=1)}
+#: Perplexity streams of the claims plan (WikiText, chunks of 16 tokens, NLL per token; the ledger pairs windows
+#: of 1,024 tokens): Table 1 at budgets 256 / 512 (official S = 16, O = 0 vs StreamingLLM with 4 sinks, as the
+#: earlier 16K run, now two streams of 32K tokens (the text's first 64K) = 64 windows: the earlier 16 windows gave a half-width of 0.007-0.011 nats,
+#: 64 bring it to ~0.004-0.005), and Fig. 10's span ablation at budget 256 (S = 4, 8 = L/4, 16, 30 = L, O = 0).
+PPL_POLICIES = {
+    "strm256": "StreamingLLM(sink=4, cache_size=256)",
+    "lacache256-s16": "LaCache.official(256, 16, 0)",
+    "strm512": "StreamingLLM(sink=4, cache_size=512)",
+    "lacache512-s16": "LaCache.official(512, 16, 0)",
+    "lacache256-s8": "LaCache.official(256, 8, 0)",
+    "lacache256-s4": "LaCache.official(256, 4, 0)",
+    "lacache256-s30": "LaCache.official(256, 30, 0)",
+}
+CLAIMS_PASSKEY = ("official-lacache50", "official-strm50")
 
 
 def _policy(expr: str, **values):
@@ -49,6 +69,11 @@ def _policy(expr: str, **values):
 def _units(scale: dict) -> list[tuple]:
     from quality_runs import LACACHE_RULER
 
+    if "ppl_tokens" in scale:  # the claims plan: the long streams first (each is one unit), then the passkeys
+        out = [("ppl", "wikitext", (segment, scale["ppl_tokens"]), slug) for segment in range(scale["ppl_segments"])
+               for slug in PPL_POLICIES]
+        return out + [("passkey", depth, seed, slug) for seed in scale["seeds"] for depth in scale["depths"]
+                      for slug in CLAIMS_PASSKEY]
     out = [("ruler", kind, seed, slug) for kind in LACACHE_RULER for seed in range(scale["examples"])
            for slug in RULER_POLICIES]
     out += [("passkey", depth, seed, slug) for depth in scale["depths"] for seed in range(scale["seeds"])
@@ -58,8 +83,38 @@ def _units(scale: dict) -> list[tuple]:
 
 def _unit_id(unit: tuple, length: int) -> str:
     table, what, seed, slug = unit
+    if table == "ppl":
+        return f"ppl-{what}/{seed[1]}/seg{seed[0]}|{slug}"
     example = f"ruler-{what}/{length}/{seed}" if table == "ruler" else f"passkey/{length}/d{what}/s{seed}"
     return f"{example}|{slug}"
+
+
+def _ppl_records(model, tok, unit: tuple, device: str, window: int = 1024) -> list[dict]:
+    """One WikiText stream through one policy (chunks of 16, kvlab.eval.chunked_perplexity): a record per window
+    of ``window`` tokens (its mean NLL), so policies pair up window by window."""
+    from kvlab.datasets import load_text
+    from kvlab.eval import chunked_perplexity
+
+    _, corpus, (segment, tokens), slug = unit
+    end = (segment + 1) * tokens  # segment k: tokens [k * tokens, (k + 1) * tokens) of the corpus
+    ids = tok(load_text(corpus)[: 8 * end], return_tensors="pt").input_ids[:, segment * tokens:end]
+    if ids.shape[1] < tokens:
+        raise ValueError(f"corpus {corpus!r} has fewer than {end} tokens in its first {8 * end} characters")
+    policy = _policy(PPL_POLICIES[slug])
+    begin = time.perf_counter()
+    r = chunked_perplexity(model, tok, ids, policy, max_tokens=None, chunk_size=16)
+    nll = r.nll.double()
+    config = {"table": "1 / Fig. 10 (PPL)", "policy": repr(policy), "chunk": 16, "tokens": tokens, "segment": segment,
+              "device": device,
+              "mean_kv": float(r.kv_trace_per_layer.float().mean()), "seconds": round(time.perf_counter() - begin, 2)}
+    if hasattr(policy, "settings"):
+        config["settings"] = policy.settings(model.config.num_hidden_layers)
+    out = []
+    for w in range(0, len(nll) // window):
+        out.append({"example": f"ppl-{corpus}/{tokens}/seg{segment}/w{w}", "method": slug, "output": None, "target": None,
+                    "config": config, "metric": "window_nll", "value": float(nll[w * window:(w + 1) * window].mean()),
+                    "unit": _unit_id(unit, 0)})
+    return out
 
 
 def _worker(rank: int, units: list, args_d: dict) -> None:
@@ -86,6 +141,11 @@ def _worker(rank: int, units: list, args_d: dict) -> None:
                 break
             table, what, seed, slug = unit
             begin = time.perf_counter()
+            if table == "ppl":
+                for rec in _ppl_records(model, tok, unit, device):
+                    f.write(json.dumps(rec) + "\n")
+                f.flush()
+                continue
             if table == "ruler":
                 if (what, seed) not in built:
                     built = {(what, seed): ruler_task(tok, length, what, seed=seed)}
@@ -123,8 +183,8 @@ def _records(out: Path) -> list[dict]:
                 r = json.loads(line)
             except json.JSONDecodeError:
                 continue  # a line cut by the time limit
-            if (r["unit"], r["metric"]) not in seen:
-                seen.add((r["unit"], r["metric"]))
+            if (r["unit"], r["example"], r["metric"]) not in seen:  # a stream's windows share its unit
+                seen.add((r["unit"], r["example"], r["metric"]))
                 records.append(r)
     return records
 
@@ -138,7 +198,7 @@ def _summarise(out: Path) -> None:
     for r in records:
         task = r["example"].split("/")[0]
         cell = cells.setdefault(task, {}).setdefault(r["method"], {"score": [], "answer_nll": [], "outputs": []})
-        if r["metric"] == "answer_nll":
+        if r["metric"] in ("answer_nll", "window_nll"):
             cell["answer_nll"].append(r["value"])
         else:
             cell["score"].append(r["value"])
@@ -150,8 +210,16 @@ def _summarise(out: Path) -> None:
     methods = [*RULER_POLICIES, *(m for m in PASSKEY_POLICIES if m not in RULER_POLICIES)]
     lines = ["# LaCache re-run (issue 23): mean score % / mean answer NLL (n prompts); intervals: the claims ledger, "
              "from lacache.examples.jsonl", "", "| task | " + " | ".join(methods) + " |", "|---" * (len(methods) + 1) + "|"]
+    ppl_cells = {t: by_m for t, by_m in cells.items() if t.startswith("ppl-")}
+    ppl_lines = ["", "Perplexity streams: mean window NLL -> perplexity (windows)", ""] if ppl_cells else []
+    for t, by_m in sorted(ppl_cells.items()):
+        for m, c in sorted(by_m.items()):
+            nll = sum(c["answer_nll"]) / len(c["answer_nll"])
+            ppl_lines.append(f"- {t} {m}: {nll:.4f} -> {math.exp(nll):.2f} ({len(c['answer_nll'])})")
     raw = ["# First five generations per policy and task (repr; references after the arrow)", ""]
     for t, by_m in sorted(cells.items()):
+        if t in ppl_cells:
+            continue
         lines.append(f"| {t} | " + " | ".join(
             "-" if m not in summary[t] else
             f"{summary[t][m]['score_mean']:.1f} / {summary[t][m]['answer_nll_mean']:.2f} ({summary[t][m]['n']})"
@@ -160,6 +228,7 @@ def _summarise(out: Path) -> None:
             if m in by_m:
                 raw.append(f"- {t}, {m}: " + "; ".join(f"{e}: {o!r} -> {g!r}"
                                                         for e, o, g in sorted(by_m[m]["outputs"])[:5]))
+    lines += ppl_lines
     (out / "summary.md").write_text("\n".join(lines) + "\n")
     (out / "raw_outputs.md").write_text("\n".join(raw) + "\n")
     print("\n".join(lines))
@@ -185,7 +254,7 @@ def main(argv=None) -> int:
         begin = time.time()
         groups: dict = {}  # the units of one example stay together (its input is built once)
         for u in units:
-            groups.setdefault(u[:3], []).append(u)
+            groups.setdefault(u if u[0] == "ppl" else u[:3], []).append(u)
         shards = [[u for g in list(groups.values())[i::args.workers] for u in g] for i in range(args.workers)]
         ctx = mp.get_context("spawn")
         args_d = {"scale": args.scale, "out": str(out), "deadline": begin + args.limit}

@@ -39,30 +39,68 @@ ABLATION_KINDS = ("multikey", "multiquery")
 SCALES = {  # length, examples per cell, budget = chunk, initial/recent/final, ablation budget
     "full": dict(length=8192, examples=20, budget=2048, keep=256, ablation_budget=1024),
     "smoke": dict(length=1024, examples=1, budget=256, keep=32, ablation_budget=128),
+    # the claims plan (PLANS): same settings as "full", other examples
+    "claims": dict(length=8192, examples=20, budget=2048, keep=256, ablation_budget=1024),
+    "claims-smoke": dict(length=1024, examples=1, budget=256, keep=32, ablation_budget=128),
+}
+ABLATION_ROWS = ("reform", "no gather", "no recompute", "random heads", "worst heads", "kernel 5")
+#: The claims run: (kinds, seeds, rows, length factor) in priority order (a run cut by --limit keeps the first).
+#: Sizes from the paper's effects (see benchmarks/results/reform/claims/README.md): key-value retrieval re-run
+#: with the fixed answer loop and the whole value as the rule, 20 prompts of 2x the window (the old effect was
+#: 0.67: 20 decide it); code completion on 48 distinct targets (paper +10.5 points of edit similarity, paired
+#: sd ~0.2 here: n ~ 30 for 80 % power); Table 6a's random / worst heads on 80 more prompts (pooled n = 120);
+#: BABILong on 80 more per task (pooled n = 200: our +7.5 points with ~15 % discordant pairs needs ~200);
+#: Table 5's BM25 row on 80 more (pooled n = 160).
+PLANS = {
+    "claims": [
+        (("kv",), range(20), ("truncation", "streamingllm", "h2o", "reform"), 2),
+        (("repo",), range(48), ("truncation", "streamingllm", "infinipot", "reform"), 1),
+        (("multikey", "multiquery"), range(20, 60), ("ablation:reform", "ablation:random heads",
+                                                     "ablation:worst heads"), 1),
+        (("babilong-qa1", "babilong-qa2"), range(20, 100), ("streamingllm", "reform"), 1),
+        (("single", "multikey", "multivalue", "multiquery"), range(20, 40), ("reform", "rag_bm25"), 1),
+    ],
+    "claims-smoke": [
+        (("kv",), range(1), ("truncation", "streamingllm", "h2o", "reform"), 2),
+        (("repo",), range(2), ("truncation", "reform"), 1),
+        (("multikey",), range(1), ("ablation:reform", "ablation:random heads", "ablation:worst heads"), 1),
+        (("babilong-qa1",), range(1), ("streamingllm", "reform"), 1),
+        (("single",), range(1), ("reform", "rag_bm25"), 1),
+    ],
 }
 
 
-def _units(scale: dict, with_repo: bool) -> list[tuple[str, int, str]]:
-    """``(kind, seed, row)``: every example of every kind with the rows that table runs on it."""
+def _units(scale: dict, with_repo: bool, plan: str | None = None) -> list[tuple[str, int, str, int]]:
+    """``(kind, seed, row, length)``: every example of every kind with the rows that table runs on it."""
     from kvlab.reform.experiments import TABLE1_KINDS, TABLE5_KINDS
 
-    rows_ablation = ("reform", "no gather", "no recompute", "random heads", "worst heads", "kernel 5")
+    if plan is not None:
+        out = []
+        for kinds, seeds, rows, factor in PLANS[plan]:
+            if kinds == ("repo",) and not with_repo:
+                continue
+            out += [(kind, seed, row, scale["length"] * factor) for seed in seeds for kind in kinds for row in rows]
+        return out
     out = []
     for kind in (*TABLE1_KINDS, *(("repo",) if with_repo else ())):
         for seed in range(scale["examples"]):
             rows = list(TABLE1) + (list(TABLE5) if kind in TABLE5_KINDS or kind == "repo" else [])
-            out += [(kind, seed, r) for r in rows]
+            out += [(kind, seed, r, scale["length"]) for r in rows]
             if kind in ABLATION_KINDS:
-                out += [(kind, seed, "ablation:" + r) for r in rows_ablation]
+                out += [(kind, seed, "ablation:" + r, scale["length"]) for r in ABLATION_ROWS]
     return out
 
 
 def _build_task(tok, kind: str, seed: int, length: int, repo: dict):
     from kvlab.reform.experiments import build_tasks
-    from kvlab.reform.tasks import LongTask
+    from kvlab.reform.tasks import LongTask, kv_task
 
     if kind == "repo":
         return LongTask.from_dict(repo[str(seed)])
+    if kind == "kv":  # Table 1's key-value retrieval; scored on the whole value (RULER's string_match_all)
+        task = kv_task(tok, length, n_pairs=12, seed=seed)
+        task.info["answers"] = [task.answer.strip()]
+        return task
     return build_tasks(tok, length, [kind], samples=1, seed=seed)[kind][0]
 
 
@@ -91,12 +129,12 @@ def _worker(rank: int, units: list, args_d: dict) -> None:
     deadline = args_d["deadline"]
     tasks = {}
     with out.open("a") as f:
-        for kind, seed, row in units:
+        for kind, seed, row, length in units:
             if time.time() > deadline:
                 break
-            key = (kind, seed)
+            key = (kind, seed, length)
             if key not in tasks:
-                tasks = {key: _build_task(tok, kind, seed, scale["length"], repo)}  # one example in memory
+                tasks = {key: _build_task(tok, kind, seed, length, repo)}  # one example in memory
             task = tasks[key]
             if row.startswith("ablation:"):
                 name = row.split(":", 1)[1]
@@ -105,17 +143,17 @@ def _worker(rank: int, units: list, args_d: dict) -> None:
             else:
                 table, spec, overrides = ("5" if row in TABLE5 else "4" if kind == "repo" else "1"), {row: (row, {})}, {}
             try:
-                part = run_table(model, tok, {kind: [task]}, spec, length=scale["length"], **{**settings, **overrides})
+                part = run_table(model, tok, {kind: [task]}, spec, length=length, **{**settings, **overrides})
             except Exception as exc:  # one failing unit is reported and retried on the next call; the rest go on
                 with (Path(args_d["out"]) / "errors.txt").open("a") as e:
                     e.write(f"{kind}/{seed}|{row}: {type(exc).__name__}: {exc}\n")
                 continue
-            config = {"table": table, "length": scale["length"], "device": device,
+            config = {"table": table, "length": length, "device": device,
                       **{k: v for k, v in {**settings, **overrides}.items() if k != "heads"},
                       "heads": [str(h) for h in heads]}
             for rec in example_records(part["results"], config):
                 rec["method"] = ("ablation:" if table == "6a" else "") + rec["method"]
-                rec["unit"] = f"{example_id(task, scale['length'])}|{row}"
+                rec["unit"] = f"{example_id(task, length)}|{row}"
                 f.write(json.dumps(rec) + "\n")
             f.flush()
 
@@ -197,14 +235,15 @@ def run(args) -> int:
         print(f"{repo_file} was built for another length than {scale['length']}: code rows left out")
         repo_file = None
     done = _done(out)
-    units = [u for u in _units(scale, repo_file is not None) if f"{u[0] if u[0] == 'repo' else _kind_name(u[0])}/"
-             f"{scale['length']}/{u[1]}|{u[2]}" not in done]
+    plan = args.scale if args.scale in PLANS else None
+    all_units = _units(scale, repo_file is not None, plan)
+    units = [u for u in all_units if f"{_kind_name(u[0])}/{u[3]}/{u[1]}|{u[2]}" not in done]
     print(f"{len(units)} units to run ({len(done)} done before), {args.workers} workers, "
           f"{'cuda: ' + torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu'}", flush=True)
     begin = time.time()
     groups: dict = {}  # the units of one example stay together (its input is built once)
     for u in units:
-        groups.setdefault(u[:2], []).append(u)
+        groups.setdefault((u[0], u[1], u[3]), []).append(u)
     shards = [[u for g in list(groups.values())[i::args.workers] for u in g] for i in range(args.workers)]
     ctx = mp.get_context("spawn")
     args_d = {"scale": args.scale, "out": str(out), "repo_file": repo_file, "deadline": begin + args.limit}
@@ -213,7 +252,7 @@ def run(args) -> int:
         p.start()
     for p in procs:
         p.join()
-    left = len([u for u in _units(scale, repo_file is not None)]) - len(_done(out))
+    left = len(all_units) - len(_done(out))
     print(f"{time.time() - begin:.0f} s; {left} units left" + (" (run again to finish)" if left else ""), flush=True)
     _summarise(out)
     return 1 if any(p.exitcode for p in procs) else 0
@@ -221,21 +260,31 @@ def run(args) -> int:
 
 def _kind_name(kind: str) -> str:
     """The task's ``kind`` field for a kind name of the command line (``single`` -> ``ruler-single``)."""
-    return kind if kind.startswith("babilong") or kind == "repo" else f"ruler-{kind}"
+    return kind if kind.startswith("babilong") or kind in ("repo", "kv") else f"ruler-{kind}"
 
 
 def tasks(args) -> int:
+    """The code-completion inputs: ``--examples`` per package of ``--packages``, every target line distinct
+    (:func:`kvlab.reform.tasks.repo_targets`; across packages too), numbered 0..N-1 as the runs' seeds."""
     from kvlab.models import load_tokenizer
-    from kvlab.reform.tasks import repo_task
+    from kvlab.reform.tasks import repo_targets, repo_task
 
     scale = SCALES[args.scale]
     tok = load_tokenizer("smollm2-135m")
-    data = {"length": scale["length"], "package": "click",
-            "tasks": {str(s): repo_task(tok, scale["length"], seed=s).to_dict() for s in range(scale["examples"])}}
+    out, seen = {}, set()
+    for package in args.packages.split(","):
+        uses = repo_targets(tok, scale["length"], args.examples, package=package)
+        for i, use in enumerate(uses):
+            task = repo_task(tok, scale["length"], package=package, seed=i, use=use)
+            if task.answer.strip() in seen:
+                continue  # the same line in two packages: one question
+            seen.add(task.answer.strip())
+            out[str(len(out))] = task.to_dict()
+    data = {"length": scale["length"], "packages": args.packages, "distinct_targets": len(seen), "tasks": out}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     with gzip.open(args.out, "wt") as f:
         json.dump(data, f)
-    print(f"-> {args.out} ({os.path.getsize(args.out)} bytes)")
+    print(f"-> {args.out}: {len(out)} prompts, {len(seen)} distinct targets ({os.path.getsize(args.out)} bytes)")
     return 0
 
 
@@ -247,6 +296,8 @@ def main(argv=None) -> int:
     p.add_argument("--workers", type=int, default=12, help="worker processes (one model copy each)")
     p.add_argument("--limit", type=float, default=480, help="seconds; units not started by then wait for a rerun")
     p.add_argument("--repo-file", default=str(REPO_FILE))
+    p.add_argument("--packages", default="click,jinja2,requests,urllib3", help="tasks: packages of the code set")
+    p.add_argument("--examples", type=int, default=12, help="tasks: distinct targets per package")
     args = p.parse_args(argv)
     if args.what == "summary":
         _summarise(Path(args.out))

@@ -42,7 +42,7 @@ from kvlab.datasets import kv_retrieval_prompt, load_records, load_text, split_s
 __all__ = ["LongTask", "kv_task", "multihop_task", "filler_text", "gold_token_mask", "RULER_NEEDLES", "RULER_KINDS",
            "needle_task", "variable_tracking_task", "ruler_task", "babi_story", "babilong_task", "babilong_score",
            "edit_similarity",
-           "repo_prediction", "api_uses", "repo_task"]
+           "repo_prediction", "api_uses", "repo_task", "repo_targets"]
 
 
 @dataclass
@@ -429,8 +429,48 @@ def api_uses(files: dict[str, str], min_name: int = 6) -> list[tuple[str, str, i
     return uses
 
 
+def repo_targets(tokenizer, n_tokens: int, count: int, *, package: str = "click", root=None,
+                 query_lines: int = 12, seed: int = 0) -> list[int]:
+    """Indices for :func:`repo_task`'s ``use=``: ``count`` uses of the package whose target lines all differ
+    (after stripping), in a seeded order. Seeds alone draw uses with replacement, so 20 seeds gave 14 distinct
+    targets; a set of distinct targets keeps every example a new question. Raises when the package has fewer."""
+    root = _package_root(package, root)
+    files = _python_files(root)
+    uses = _eligible_uses(tokenizer, files, n_tokens, query_lines)
+    order = list(range(len(uses)))
+    random.Random(seed).shuffle(order)
+    chosen, targets = [], set()
+    for i in order:
+        home, user, line_idx, _ = uses[i]
+        target = files[user].splitlines()[line_idx].strip()
+        if target not in targets:
+            targets.add(target)
+            chosen.append(i)
+        if len(chosen) == count:
+            return chosen
+    raise ValueError(f"count={count} asks for more distinct target lines than {root} has at n_tokens={n_tokens} "
+                     f"({len(chosen)}): lower count or choose another package")
+
+
+def _package_root(package: str, root):
+    import importlib.util
+    from pathlib import Path
+
+    if root is not None:
+        return Path(root)
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise ValueError(f"package {package!r} is not an installed package with source files; pass root=")
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def _eligible_uses(tokenizer, files: dict[str, str], n_tokens: int, query_lines: int) -> list:
+    sizes = {p: len(tokenizer(f"# file: {p}\n{files[p]}\n", add_special_tokens=False)["input_ids"]) for p in files}
+    return [u for u in api_uses(files) if u[2] >= query_lines and sizes[u[0]] <= n_tokens // 2]
+
+
 def repo_task(tokenizer, n_tokens: int, *, package: str = "click", seed: int = 0, root=None,
-              query_lines: int = 12) -> LongTask:
+              query_lines: int = 12, use: int | None = None) -> LongTask:
     """Repository-level code completion (a RepoEval api-level stand-in) from a Python package installed here.
 
     One use of a function defined in file A is chosen in file B (:func:`api_uses`, drawn from ``seed``); the
@@ -439,17 +479,13 @@ def repo_task(tokenizer, n_tokens: int, *, package: str = "click", seed: int = 0
     ``query_lines`` lines before the target: those lines are the query (REFORM's similarity search reads them).
     As in RepoEval, the prompt ends with the newline that ends the line before the target, and the answer is
     the target line itself (its indentation included); :func:`repo_prediction` picks the generated line that
-    :func:`edit_similarity` compares with it. The evidence is the definition of the function in A.
+    :func:`edit_similarity` compares with it. The evidence is the definition of the function in A. ``use``: the
+    index of the use to ask (from :func:`repo_targets`, distinct targets) instead of one drawn from ``seed``;
+    ``seed`` still places the files.
     """
     import ast
-    import importlib.util
-    from pathlib import Path
 
-    if root is None:
-        spec = importlib.util.find_spec(package)
-        if spec is None or not spec.submodule_search_locations:
-            raise ValueError(f"package {package!r} is not an installed package with source files; pass root=")
-        root = Path(list(spec.submodule_search_locations)[0])
+    root = _package_root(package, root)
     files = _python_files(root)
     def block(path: str) -> str:
         return f"# file: {path}\n{files[path]}\n"
@@ -460,7 +496,12 @@ def repo_task(tokenizer, n_tokens: int, *, package: str = "click", seed: int = 0
         raise ValueError(f"no use of a function defined in another file (of at most n_tokens / 2 = {n_tokens // 2} "
                          f"tokens) found in {root}: raise n_tokens or choose another package")
     rng = random.Random(seed)
-    home, user, line_idx, name = uses[rng.randrange(len(uses))]
+    pick = rng.randrange(len(uses))
+    if use is not None:
+        if not 0 <= use < len(uses):
+            raise ValueError(f"use={use} is outside the {len(uses)} eligible uses: take it from repo_targets()")
+        pick = use
+    home, user, line_idx, name = uses[pick]
     lines = files[user].splitlines()
     tree = ast.parse(files[home])
     # the last definition of the name: the implementation after any typing overloads
@@ -494,7 +535,7 @@ def repo_task(tokenizer, n_tokens: int, *, package: str = "click", seed: int = 0
     context += user_head
     return LongTask("repo", context, query, "", lines[line_idx], gold,
                     {"package": str(root.name), "definition": home, "file": user, "line": line_idx, "name": name,
-                     "files": len(chosen) + 1, "seed": seed})
+                     "files": len(chosen) + 1, "seed": seed, "use": pick})
 
 
 def ruler_task(tokenizer, n_tokens: int, kind: str, *, seed: int = 0) -> LongTask:

@@ -34,7 +34,7 @@ def _module_name(path: Path) -> str:
     return ".".join(parts)
 
 
-def _imports(path: Path) -> set[str]:
+def _imports(path: Path, typing: bool = False) -> set[str]:
     tree = ast.parse(path.read_text())
     name = _module_name(path)
     package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
@@ -43,7 +43,7 @@ def _imports(path: Path) -> set[str]:
                    and getattr(block.test, "id", getattr(block.test, "attr", "")) == "TYPE_CHECKING"
                    for n in ast.walk(block)}
     for node in ast.walk(tree):
-        if id(node) in typing_only:  # annotations only: not imported at run time
+        if id(node) in typing_only and not typing:  # annotations only: not imported at run time
             continue
         if isinstance(node, ast.Import):
             found |= {a.name for a in node.names if a.name.startswith("kvlab")}
@@ -125,3 +125,12 @@ def test_readme_import_paths_work():
                 obj = importlib.import_module(".".join(["kvlab"] + parts[: i + 1]))
             else:
                 obj = getattr(obj, part)
+
+
+def test_core_has_no_import_circle_even_for_type_hints():
+    """kvlab.core reads bottom-up: a module that another imports does not name it back, not even under
+    TYPE_CHECKING (state sits below pattern and router, which install their objects in it)."""
+    core = {m: p for m, p in MODULES.items() if _part(m) == "core"}
+    graph = {m: {i for i in _imports(p, typing=True) if i in core and i != m} for m, p in core.items()}
+    back = sorted((m, i) for m, deps in graph.items() for i in deps if m in graph.get(i, ()))
+    assert not back, f"kvlab.core modules that import each other: {back}"

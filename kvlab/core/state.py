@@ -1,20 +1,17 @@
 """kvlab's bookkeeping for one attached model, shared by the attention function, the cache and routers.
 
 Kept in its own module so that :mod:`kvlab.core.cache` and :mod:`kvlab.core.attention` both read it without
-importing each other.
+importing each other. It sits below :mod:`kvlab.core.pattern` and :mod:`kvlab.core.router`, which install their
+objects here through :func:`in_layers`: it stores them as the callables they are and imports neither.
 """
 
 from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
-
-if TYPE_CHECKING:
-    from kvlab.core.pattern import AttentionPattern
-    from kvlab.core.router import LayerRouter
 
 __all__ = ["ModelState", "StepInfo", "in_layers", "model_state"]
 
@@ -37,8 +34,10 @@ class ModelState:
     num_layers: int
     inv_freq: list[torch.Tensor | None]  # RoPE frequencies per layer (None: no rotary embedding known)
     sliding_window: list[int | None]  # window of each layer (Gemma3's local layers), None for global ones
-    patterns: dict[int, "AttentionPattern"] = field(default_factory=dict)  # layer -> prefill pattern
-    routers: dict[int, "LayerRouter"] = field(default_factory=dict)  # layer -> router
+    # layer -> prefill pattern (a kvlab.core.pattern.AttentionPattern)
+    patterns: dict[int, Callable[..., Any]] = field(default_factory=dict)
+    # layer -> router (a kvlab.core.router.LayerRouter)
+    routers: dict[int, Callable[..., Any]] = field(default_factory=dict)
     capture: dict[int, torch.Tensor] | None = None  # layer -> captured attention probabilities
     step: StepInfo | None = None
 

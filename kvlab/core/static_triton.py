@@ -297,6 +297,8 @@ try:  # the kernel exists only where Triton is installed
                 a = (k.to(tl.float32) * cos.to(tl.float32)).to(k.dtype)
                 c = ((k_sw.to(tl.float32) * sign[None, :]) * sin.to(tl.float32)).to(k.dtype)
                 k = (a.to(tl.float32) + c.to(tl.float32)).to(k.dtype)
+            if PHYS_ORDER:  # a dead slot's key (and its rotation) may be NaN: 0 keeps its score finite before the mask
+                k = tl.where(ok[:, None], k, tl.zeros_like(k))
             if USE_DOT:  # (16, d) x (d, BLOCK_N) on the tensor cores (bf16) or fp32 FMAs (ieee)
                 if FP32_DOT:
                     s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
@@ -305,9 +307,12 @@ try:  # the kernel exists only where Triton is installed
             else:  # broadcast products reduced in fp32: no padding rows
                 s = tl.sum(q[:, None, :] * k.to(tl.float32)[None, :, :], axis=2)
             s = tl.where(ok[None, :], s * qk_scale, float("-inf"))  # (GROUP_PAD, BLOCK_N), base 2
-            m_new = tl.maximum(m_i, tl.max(s, 1))  # the first tile of a range holds a live entry: finite
-            alpha = tl.exp2(m_i - m_new)
-            p = tl.exp2(s - m_new[:, None])
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            # -inf while no live entry has been seen (a PHYS_ORDER tile of dead slots only): subtract 0 instead, so
+            # alpha and p are exp2(-inf) = 0, not exp2(-inf - -inf) = NaN
+            m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.exp2(m_i - m_sub)
+            p = tl.exp2(s - m_sub[:, None])
             l_i = l_i * alpha + tl.sum(p, 1)
             if USE_DOT:
                 if FP32_DOT:
@@ -319,8 +324,8 @@ try:  # the kernel exists only where Triton is installed
             m_i = m_new
 
         # -- epilogue: the output, or (SPLIT) this range's normalised partial and its base-2 log-sum-exp
-        has = l_i > 0  # False only for a range past the row's end
-        out = acc / tl.where(has, l_i, 1.0)[:, None]
+        has = l_i > 0  # False only for a range without live entries (past the row's end, or dead slots only)
+        out = tl.where(has[:, None], acc / tl.where(has, l_i, 1.0)[:, None], 0.0)
         if SPLIT:
             row = (pid * tl.num_programs(1) + part) * GROUP_PAD + offs_g
             tl.store(LPART + row, tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf")))
@@ -352,7 +357,8 @@ try:  # the kernel exists only where Triton is installed
             alpha = tl.exp2(m - m_sub)
             w = tl.exp2(lse - m_sub)
             denom = denom * alpha + w
-            acc = acc * alpha[:, None] + w[:, None] * part
+            # a range without live entries has weight 0: skip its partial rather than multiply it (0 x NaN = NaN)
+            acc = acc * alpha[:, None] + tl.where(w[:, None] > 0, w[:, None] * part, 0.0)
             m = m_new
         out = acc / tl.where(denom > 0, denom, 1.0)[:, None]
         tl.store(O + b * stride_ob + (hk * GROUP + offs_g)[:, None] * stride_oh + offs_d[None, :],

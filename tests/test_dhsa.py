@@ -707,3 +707,28 @@ def test_share_heads_must_be_a_bool():
         DHSAPattern(64, chunking="predictor", predictor=B.BoundaryPredictor(32, heads=4, hidden=8), threshold=2.0)
     with pytest.raises(ValueError, match="decode must be one of"):
         DHSAPattern(20, chunk_size=8, decode="sparse")
+
+
+# ------------------------------------------------------------------------------ clear errors, round 3
+def test_selection_for_another_batch_is_refused():
+    from kvlab.dhsa.api import dhsa_attention, dhsa_selection
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 32, 8, generator=g) for _ in range(3))
+    sel = dhsa_selection(q, k, chunks=8, budget=12, initial=2, backend="torch")
+    with pytest.raises(ValueError, match="batch of 2 sequences, q holds 1"):
+        dhsa_attention(q[:1], k[:1], v[:1], chunks=8, budget=12, initial=2, selection=sel, backend="torch")
+    out = dhsa_attention(q, k, v, chunks=8, budget=12, initial=2, selection=sel, backend="torch")
+    assert out.shape == q.shape
+
+
+def test_nms_on_no_positions_and_decode_with_2d_chunks_say_what_is_wrong():
+    from kvlab.dhsa.api import dhsa_decode
+    from kvlab.dhsa.boundary_predictor import nms_boundaries
+
+    with pytest.raises(ValueError, match="at least one position"):
+        nms_boundaries(torch.zeros(1, 0), max_chunks=4, threshold=0.5)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = torch.randn(1, 2, 1, 8, generator=g), torch.randn(1, 2, 20, 8, generator=g), torch.randn(1, 2, 20, 8)
+    with pytest.raises(ValueError, match="prompt_chunks must be one 1-d tensor"):
+        dhsa_decode(q, k, v, prompt_chunks=torch.tensor([[0, 8, 19], [0, 10, 19]]), budget=8, initial=1)

@@ -74,6 +74,7 @@ class Selection:
     n: int
     heads: int
     mask: torch.Tensor | None = None
+    batch: int | None = None  # sequences it was made for
     plan: object = None
     tables: object = None
     block_mask: object = None
@@ -164,7 +165,7 @@ def dhsa_selection(q: torch.Tensor, k: torch.Tensor, *, chunks, budget: int | No
     kw = dict(initial=initial, aggregation=aggregation, share_heads=share_heads)
     if backend == "torch":
         return Selection("torch", n, h, mask=dhsa_mask(q, k, per, budget, keep_diagonal=keep_diagonal, local=local,
-                                                       causal_query=causal_query, **kw))
+                                                       causal_query=causal_query, **kw), batch=bsz)
     if not keep_diagonal:
         raise ValueError(f"backend={backend!r} needs keep_diagonal=True (its kept set is a ranked list per "
                          "chunk plus the diagonal); use backend='torch'")
@@ -180,12 +181,13 @@ def dhsa_selection(q: torch.Tensor, k: torch.Tensor, *, chunks, budget: int | No
         from .flex import dhsa_block_mask
 
         plan = chunk_plan(q, k, per, budget, **kw)
-        return Selection("flex", n, h, plan=plan, block_mask=dhsa_block_mask(plan))
+        return Selection("flex", n, h, plan=plan, block_mask=dhsa_block_mask(plan), batch=bsz)
     from .triton import launch_tables
 
     plan = chunk_plan(q, k, per, budget, local=local, **kw)
     return Selection("triton", n, h, plan=plan, tables=launch_tables(plan, TRITON_VARIANT, dtype=q.dtype,
-                                                                     head_dim=q.shape[-1], group=h // k.shape[1]))
+                                                                     head_dim=q.shape[-1], group=h // k.shape[1]),
+                     batch=bsz)
 
 
 def _dense_rows(q_tail, k, v, scale):
@@ -255,6 +257,9 @@ def dhsa_attention(
     elif not isinstance(selection, Selection) or selection.n != n or selection.heads != h:
         raise ValueError(f"selection must be a dhsa_selection(...) of a sequence of {n} tokens and {h} heads; "
                          f"got {selection!r:.120}")
+    elif selection.batch != bsz:
+        raise ValueError(f"selection was made for a batch of {selection.batch} sequences, q holds {bsz}: a kept set "
+                         "is per sequence; build it with dhsa_selection(q, k, ...) on this batch")
     if selection.backend == "torch":
         out = _masked_attention(q, k, v, selection.mask, scale)
     elif selection.backend == "flex":
@@ -312,6 +317,10 @@ def dhsa_decode(
 
     if not isinstance(prompt_chunks, torch.Tensor):
         prompt_chunks = torch.as_tensor(prompt_chunks)
+    if prompt_chunks.dim() != 1:
+        raise ValueError(f"prompt_chunks must be one 1-d tensor of offsets [0, ..., prompt_len] shared by the batch, "
+                         f"got shape {tuple(prompt_chunks.shape)}; decode one sequence at a time if their chunks "
+                         "differ")
     n0 = int(prompt_chunks[-1]) if prompt_chunks.numel() else 0
     prompt_chunks = check_boundaries(prompt_chunks, n0, "prompt_chunks")
     if n0 >= total:

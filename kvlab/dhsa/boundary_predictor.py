@@ -200,6 +200,9 @@ def nms_boundaries(scores: torch.Tensor, *, max_chunks: int, threshold: float | 
     if nms_window < 0:
         raise ValueError(f"nms_window must be >= 0, got {nms_window}")
     bsz, n = scores.shape
+    if n < 1:
+        raise ValueError("scores must cover at least one position (n >= 1): a chunking of 0 tokens has no end "
+                         "boundary; skip empty sequences")
     dev = scores.device
     ok = torch.ones(bsz, n, dtype=torch.bool, device=dev) if valid is None else valid.to(dev).bool().expand(bsz, n)
     ok = ok.clone()

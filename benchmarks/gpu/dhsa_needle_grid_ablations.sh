@@ -4,8 +4,8 @@
 # (prompt, method) with the raw answer; App. B's ablations (NMS none / 8 / 64, newline boundaries); Table 2's
 # latency / memory beside the needle accuracy; GPU tests of the fast path first.
 #
-#   bash benchmarks/gpu_2026_11_25/dhsa-exp.sh OUTDIR [ROUND]       # plain python, repository root, one H200
-#   SMOKE=1 bash benchmarks/gpu_2026_11_25/dhsa-exp.sh OUTDIR        # tiny CPU run of the same steps
+#   bash benchmarks/gpu/dhsa_needle_grid_ablations.sh OUTDIR [ROUND]       # plain python, repository root, one H200
+#   SMOKE=1 bash benchmarks/gpu/dhsa_needle_grid_ablations.sh OUTDIR        # tiny CPU run of the same steps
 #
 # ROUND (default: $ROUND, else 2): 1 = SmolLM2-135M-Instruct at 4k tokens (~240 s, ran 2026-11-25 01:35);
 # 2 = gemma3-270m (base) at 4k, the rest of round 1's grid, the ablations and Table 2 (~420 s).

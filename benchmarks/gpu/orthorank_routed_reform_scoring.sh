@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 28, OrthoRank's routed layer and REFORM's fused scoring on one H200 (helper ortho-reform).
-# Usage: bash benchmarks/gpu_2026_11_25/ortho-reform.sh OUTDIR   (from the repository root; plain python)
+# Usage: bash benchmarks/gpu/orthorank_routed_reform_scoring.sh OUTDIR   (from the repository root; plain python)
 # Every step writes its log into OUTDIR, also when it fails; each has its own time limit (total <= 180 s).
 # SMOKE=1: the changed kernels' tests on the CPU interpreter (checks the script itself).
 set -uo pipefail

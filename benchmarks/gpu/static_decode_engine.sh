@@ -5,7 +5,7 @@
 # it reads, its tiles / ranges / walk order timed once per shape), beside transformers' static generate at the same
 # batch. Writes everything flat into OUTDIR:
 #
-#   bash benchmarks/gpu_2026_11_25/engine.sh OUTDIR        # from the repository root, plain `python`
+#   bash benchmarks/gpu/static_decode_engine.sh OUTDIR        # from the repository root, plain `python`
 #
 # Steps (each with its own time limit and log; a failing step does not stop the others; steps.txt has the exits):
 #   tests  GPU tests: tests/test_static_triton.py (float64 oracle of the kernel in bf16/fp32, every walk and product
@@ -22,7 +22,7 @@
 # Environment: ENGINE_STEPS (tests,bench,gen,bf16,compiled), ENGINE_BATCHES (256,64,1), ENGINE_MODEL
 # (smollm2-135m), ENGINE_CACHE (324), ENGINE_TIMED (64), BUDGET (seconds in all, 150).
 # Smoke test on a CPU: ENGINE_STEPS=bench ENGINE_MODEL=random ENGINE_BATCHES=2 ENGINE_CACHE=24 ENGINE_TIMED=2 \
-#   ENGINE_KERNELS=compact,indexed bash benchmarks/gpu_2026_11_25/engine.sh /tmp/out
+#   ENGINE_KERNELS=compact,indexed bash benchmarks/gpu/static_decode_engine.sh /tmp/out
 set -uo pipefail
 OUT=${1:?usage: engine.sh OUTDIR}
 mkdir -p "$OUT"

@@ -3,7 +3,7 @@
 # K/V copy through tensor descriptors) beside the first release's "gather" variant, dense SDPA and FlexAttention.
 # Writes everything flat into OUTDIR:
 #
-#   bash benchmarks/gpu_2026_11_25/sep.sh OUTDIR        # from the repository root, plain `python`
+#   bash benchmarks/gpu/sepllm_attention_kernel.sh OUTDIR        # from the repository root, plain `python`
 #
 # Steps (each with its own time limit and log; a failing step does not stop the others; steps.txt has the exits):
 #   tests     the kernels' GPU tests of the default variant (float64 oracle, 4k-token shapes): tests/test_sep_attention.py

@@ -4,7 +4,7 @@
 # plain `python` (torch 2.11, transformers 5.x), about 4-6 minutes on one H200 (estimate: SmolLM2-135M forward
 # passes only, no generation unless GENERATE > 0).
 #
-#   bash benchmarks/issue23_ortho_sepllm_gpu.sh OUT_DIR
+#   bash benchmarks/gpu/orthorank_docs_sepllm_gsm8k.sh OUT_DIR
 #
 # 1. OrthoRank Table 1 with the searches of notebook 11 (sink profiled on the first 1,024 WikiText tokens,
 #    calibration 8 x 256 after them, greedy SLEB / OrthoRank, one-shot Shortened LLaMA PPL / Taylor+ /
@@ -18,9 +18,9 @@
 #    OUT/sepllm/gsm8k_matched_n{128,256}.{json,examples.jsonl}. GENERATE=N adds greedy generation (exact match)
 #    on the first N of the n=128 problems for SepLLM and the matched window (batch 1, ~150 tokens per problem:
 #    about 2 x N x 150 x 25 ms on the GPU, e.g. 12 minutes for N=100: run it as its own call).
-# CPU smoke test: SMOKE=1 bash benchmarks/issue23_ortho_sepllm_gpu.sh /tmp/out_issue23
+# CPU smoke test: SMOKE=1 bash benchmarks/gpu/orthorank_docs_sepllm_gsm8k.sh /tmp/out_issue23
 set -euo pipefail
-OUT=${1:?usage: bash benchmarks/issue23_ortho_sepllm_gpu.sh OUT_DIR}
+OUT=${1:?usage: bash benchmarks/gpu/orthorank_docs_sepllm_gsm8k.sh OUT_DIR}
 mkdir -p "$OUT/orthorank" "$OUT/sepllm"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 PY=${PYTHON:-python}

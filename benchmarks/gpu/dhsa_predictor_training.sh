@@ -3,8 +3,8 @@
 # benchmark (fast path beside the old ones and one layer's SDPA, 32k tokens), and a boundary predictor at the paper's
 # size (hidden 256) trained on 500 windows of 1024 tokens of five corpora (labels from SmolLM2-135M-Instruct).
 #
-#   bash benchmarks/gpu_2026_11_25/dhsa-pred.sh OUTDIR      # plain python, repository root, <= 235 s on one H200
-#   SMOKE=1 bash benchmarks/gpu_2026_11_25/dhsa-pred.sh OUTDIR   # tiny CPU run of the same steps (interpreter)
+#   bash benchmarks/gpu/dhsa_predictor_training.sh OUTDIR      # plain python, repository root, <= 235 s on one H200
+#   SMOKE=1 bash benchmarks/gpu/dhsa_predictor_training.sh OUTDIR   # tiny CPU run of the same steps (interpreter)
 #
 # Writes flat into OUTDIR: tests.log, bench.log, dhsa_predictor_time.{json,md}, train.log,
 # smollm2-135m-h256.{pt,json} (the predictor and its sidecar: command, sha256, held-out metrics, the shipped

@@ -4,12 +4,12 @@
 # Assets travel in two carries (scripts/gpu_stage.sh); results are written under build/gpu (kept between calls while
 # the machine stays warm, so a cut run resumes) and copied to $OUT at the end of each call.
 #
-#   call 1: carry .cache/gpu/gguf.part1;                       bash benchmarks/gpu_session_2026_11_24.sh dhsa
-#   call 2: carry .cache/gpu/gguf.part2 .cache/gpu/corpora.tar.xz .whl;  bash benchmarks/gpu_session_2026_11_24.sh main
+#   call 1: carry .cache/gpu/gguf.part1;                       bash benchmarks/gpu/ledger_reruns.sh dhsa
+#   call 2: carry .cache/gpu/gguf.part2 .cache/gpu/corpora.tar.xz .whl;  bash benchmarks/gpu/ledger_reruns.sh main
 #   call 3 (if units are left): the same command as call 2 with `resume` (runs DHSA's needle grid too)
 #   The machine went back after 30 minutes held; on the next one:
-#   call 4: carry .cache/gpu/gguf.part1;                        bash benchmarks/gpu_session_2026_11_24.sh kernels
-#   call 5: carry part2, corpora, .whl and the REFORM parts so far; bash benchmarks/gpu_session_2026_11_24.sh reform
+#   call 4: carry .cache/gpu/gguf.part1;                        bash benchmarks/gpu/ledger_reruns.sh kernels
+#   call 5: carry part2, corpora, .whl and the REFORM parts so far; bash benchmarks/gpu/ledger_reruns.sh reform
 #   call 6: the same, if REFORM units are left
 #
 # Phases:
@@ -19,7 +19,7 @@
 #           SepLLM GSM8K at matched r.KV, side by side (16 cores, one GPU), each stopping new units after LIMIT s
 #   resume  the unfinished units of `main`, then DHSA's needle grid under both protocols
 set -uo pipefail
-phase=${1:?usage: gpu_session_2026_11_24.sh dhsa|main|resume}
+phase=${1:?usage: ledger_reruns.sh dhsa|main|resume}
 OUT=${OUT:-$PWD/out}
 LIMIT=${LIMIT:-450}
 bash scripts/gpu_stage.sh unpack > "$OUT/stage_$phase.log" 2>&1
@@ -61,7 +61,7 @@ case "$phase" in
     timeout $((LIMIT + 90)) python benchmarks/lacache_reruns.py --out "$G/lacache" --workers 5 --limit "$LIMIT" \
       > "$G/lacache_$phase.log" 2>&1 &
     if [ "$phase" = main ]; then
-      timeout $((LIMIT + 90)) bash benchmarks/issue23_ortho_sepllm_gpu.sh "$G/o23" > "$G/o23.log" 2>&1 &
+      timeout $((LIMIT + 90)) bash benchmarks/gpu/orthorank_docs_sepllm_gsm8k.sh "$G/o23" > "$G/o23.log" 2>&1 &
     else
       timeout $((LIMIT + 90)) python -m kvlab.dhsa.experiments needle --lengths 4096 --trials 20 --budgets 128 \
         --authors-initial 128 --authors-local 128 --out "$G/dhsa_needle_4096.examples.jsonl" \

@@ -511,8 +511,9 @@ def run_time_line(stem: str, ci: dict, defaults: dict, declared_defaults: dict, 
                          f"notebooks/params/{stem}.ci.yaml")
     changed = {k: v for k, v in defaults.get("parameters", {}).items()
                if k not in NEUTRAL and k in declared_defaults and declared_defaults[k] != v}
-    if defaults.get("status") == "timeout":  # the CPU seconds it had spent when stopped: a lower bound
-        head = f"more than {int(defaults['cpu_s'] // 60)} min"
+    if defaults.get("status") == "timeout":  # stopped: what it had taken by then is a lower bound. Pinned to one
+        # core with one thread, its wall time at the stop (the limit) is what a student would have waited too
+        head = f"more than {int(max(defaults['cpu_s'], defaults.get('wall_s') or 0) // 60)} min"
     elif defaults.get("status") == "ok":
         value, unit = rounded(defaults["cpu_s"])
         head = f"{'at least' if changed else 'about'} {value} {unit}"

@@ -65,6 +65,10 @@ def test_run_time_line_says_lower_bounds_as_such():
     stopped = {"status": "timeout", "cpu_s": 490.0, "limit_s": 900.0, "parameters": {"device": "cpu"}}
     line = nt.run_time_line("10_x", ci, stopped, {"device": "auto"}, "2026-11-25")
     assert nt.RUN_TIME.search(line).groups()[:5] == ("more than", "8", "min", None, "60")
+    # stopped at a 6 min limit with a little less CPU than wall (papermill starting): "more than 6 min"
+    at_limit = {"status": "timeout", "cpu_s": 355.0, "wall_s": 361.0, "limit_s": 360.0, "parameters": {}}
+    line = nt.run_time_line("10_x", ci, at_limit, {}, "2026-11-25")
+    assert nt.RUN_TIME.search(line).groups()[:3] == ("more than", "6", "min")
     # an input dropped through a parameter: "at least", and the parameter named
     reduced = {"status": "ok", "cpu_s": 300.0, "parameters": {"device": "cpu", "other_models": []}}
     line = nt.run_time_line("11_x", ci, reduced, {"device": "auto", "other_models": ["a", "b"]}, "2026-11-25")

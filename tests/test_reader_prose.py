@@ -129,3 +129,48 @@ def test_the_checks_catch_what_they_name():
     assert not diary_marks(["SepLLM keeps separators; Table 8 of the paper uses 324 entries."])
     assert broken_table_rows(["| `a | b` | 1 |"]) and not broken_table_rows(["| `a \\| b` | 1 |"])
     assert not broken_table_rows(["| `a` or `b` | 1 |", "text with `x | y` outside a table"])
+
+
+# ------------------------------------------------------------------------------------ what the static book shows
+@pytest.mark.parametrize("path", sorted(ROOT.glob("notebooks/*.ipynb")), ids=lambda p: p.stem)
+def test_widgets_have_a_static_picture(path):
+    """A slider needs a running kernel: the static book shows a widget cell's plainly drawn grid of plots instead,
+    so every cell that makes a widget also draws one (``plt.subplots``)."""
+    cells = [src for kind, src in _notebook_cells(path) if kind == "code"]
+    widget = [src.splitlines()[0] for src in cells
+              if re.search(r"\binteract\(|viz\.interactive_\w+\(", src) and "plt.subplots(" not in src]
+    assert not widget, f"{path.name}: widget cells without a plain picture beside them: {widget}"
+
+
+@pytest.mark.parametrize("path", sorted(ROOT.glob("notebooks/*.ipynb")), ids=lambda p: p.stem)
+def test_test_markers_open_their_cell(path):
+    """``# NBVAL_CHECK_OUTPUT`` / ``# NBVAL_IGNORE_OUTPUT`` are the first line of a cell: the book's build strips
+    them there, so a reader never sees them."""
+    late = [f"cell {i}" for i, (kind, src) in enumerate(_notebook_cells(path))
+            if kind == "code" and "NBVAL_" in "\n".join(src.splitlines()[1:])]
+    assert not late, f"{path.name}: an NBVAL marker below the first line of {late}"
+
+
+def test_leaderboard_legends_stay_off_the_points():
+    """Notebook 15's Pareto plot: the method legend sits beside the grid, never over an axes' points."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from kvlab import leaderboard as lb
+
+    rows = []
+    for task in ("ppl", "passkey"):
+        metric = lb.MAIN_METRIC[task][0]
+        for i, method in enumerate(("StreamingLLM", "H2O", "SepLLM", "LaCache", "TOVA")):
+            for level, kv in enumerate((40, 56)):
+                rows.append({"model": "m", "task": task, "method": method, "kind": "kv", "status": "ok",
+                             "level": level, "mean_kv": kv + i, "flop_fraction": None, metric: 10 + i + level})
+    fig = lb.pareto_plot(rows)
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    legends = [ax.get_legend() for ax in fig.axes if ax.get_legend() is not None]
+    assert legends, "the plot names its methods in a legend"
+    for ax in fig.axes:
+        box = ax.get_window_extent(renderer)
+        for legend in legends:
+            assert not legend.get_window_extent(renderer).overlaps(box), "a legend covers an axes' points"

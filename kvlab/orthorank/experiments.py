@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import time
 from typing import Any
@@ -45,7 +46,9 @@ from kvlab.orthorank.layers import Plan, layers_for_sparsity, perplexity, search
 
 __all__ = ["standard_plans", "zero_shot", "mean_accuracy", "geometry", "model_study", "layer_token_table",
            "table1_plans", "table3_plans", "document_windows", "window_nll", "paired_ppl_ratio", "TABLE1_PAIRS",
-           "TABLE3_PAIRS", "plans_from_results", "table1_study", "main"]
+           "TABLE3_PAIRS", "plans_from_results", "table1_study", "sink_alignment", "ALIGNMENT_PAIRS",
+           "paired_difference", "layerwise_plans", "pooled_records", "table4_plans",
+           "plans_from_orders", "main"]
 
 
 def standard_plans(model: torch.nn.Module, calib: torch.Tensor, candidates: list[int], *,
@@ -340,6 +343,216 @@ def table1_study(model: torch.nn.Module, windows: torch.Tensor, names: list[str]
     return {"table": table, "pairs": compared, "examples": examples}
 
 
+
+# ---------------------------------------------------------------------------------------------------
+# Figs. 2-3, 6-7 per window; Fig. 4 layer by layer; Table 4 and Table 2 with per-example records
+
+
+@torch.no_grad()
+def sink_alignment(model: torch.nn.Module, windows: torch.Tensor, names: list[str], *, sink_layer: int,
+                   other: int | None = None) -> dict[str, Any]:
+    """Figs. 2-3 and 6-7, one value per window (windows from different documents are independent samples).
+
+    For each window ``(seq,)`` of ``windows (n, seq)``, on the normalised states ``h_bar`` (the input RMSNorm
+    of each layer) of layers ``first = sink_layer + 1`` and ``last = L - 1``:
+
+    * ``to sink at first`` / ``to sink at last``: mean ``cos(h_bar_0, h_bar_j)`` over ``j >= 1`` (Fig. 2: it
+      rises after the sink layer);
+    * ``to token i at first`` / ``to token i at last``: the same for token ``i = other`` (default ``seq // 2``)
+      against ``j not in {0, i}`` (Fig. 7 c-d: another token draws no such alignment), and the two rises
+      ``rise to sink`` / ``rise to token i`` (last minus first);
+    * ``sink across layers`` / ``other tokens across layers``: mean off-diagonal ``cos(h_bar^a, h_bar^b)``
+      over pairs of layers ``a != b`` after the sink layer, of the sink and (averaged) of tokens ``j >= 1``
+      (Figs. 3 and 6: the sink barely moves, other tokens drift).
+
+    Returns ``{"sink_layer", "first", "last", "other", "means": {name: mean}, "examples": [records]}`` with
+    records in the shared ``*.examples.jsonl`` format (metric ``"cos"``)."""
+    if not isinstance(windows, torch.Tensor) or windows.dim() != 2 or windows.shape[1] < 3:
+        raise ValueError(f"windows must be token ids of shape (n, seq >= 3), got "
+                         f"{getattr(windows, 'shape', type(windows).__name__)}")
+    if len(names) != windows.shape[0]:
+        raise ValueError(f"names must name each of the {windows.shape[0]} windows, got {len(names)}")
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+    layers = list(decoder.layers)
+    num_layers = len(layers)
+    sink_layer = check_int("sink_layer", sink_layer, -1, num_layers - 3)
+    seq = windows.shape[1]
+    other = seq // 2 if other is None else check_int("other", other, 1, seq - 1)
+    first, last = sink_layer + 1, num_layers - 1
+    device = next(model.parameters()).device
+    values: dict[str, list[float]] = {k: [] for k in (
+        "to sink at first", "to sink at last", "to token i at first", "to token i at last", "rise to sink",
+        "rise to token i", "sink across layers", "other tokens across layers")}
+    rest = [j for j in range(1, seq) if j != other]
+    for ids in windows:
+        states = model(input_ids=ids[None].to(device), output_hidden_states=True, use_cache=False).hidden_states
+        unit = torch.stack([torch.nn.functional.normalize(layers[l].input_layernorm(states[l]).float()[0], dim=-1)
+                            for l in range(first, num_layers)])  # (layers after the sink, seq, hidden)
+        to_sink = (unit[:, 1:] @ unit[:, 0, :, None]).squeeze(-1).mean(dim=1)  # per layer
+        to_other = (unit[:, rest] @ unit[:, other, :, None]).squeeze(-1).mean(dim=1)
+        k = unit.shape[0]
+        off = ~torch.eye(k, dtype=torch.bool, device=unit.device)
+        sink_self = unit[:, 0] @ unit[:, 0].T
+        token_self = torch.einsum("anh,bnh->ab", unit[:, 1:], unit[:, 1:]) / (seq - 1)
+        row = {"to sink at first": to_sink[0], "to sink at last": to_sink[-1], "to token i at first": to_other[0],
+               "to token i at last": to_other[-1], "rise to sink": to_sink[-1] - to_sink[0],
+               "rise to token i": to_other[-1] - to_other[0],
+               "sink across layers": sink_self[off].mean() if k > 1 else sink_self[0, 0],
+               "other tokens across layers": token_self[off].mean() if k > 1 else token_self[0, 0]}
+        for key, v in row.items():
+            values[key].append(float(v))
+    config = {"sink_layer": sink_layer, "first": first, "last": last, "other": other, "seq": seq}
+    examples = [{"example": f"{doc}:0-{seq}", "method": key, "metric": "cos", "value": v, "config": config}
+                for key, vs in values.items() for doc, v in zip(names, vs)]
+    return {**config, "means": {k: sum(v) / len(v) for k, v in values.items()}, "examples": examples}
+
+
+#: Figs. 2-3 / 6-7 comparisons (a, b), the paper reading a > b.
+ALIGNMENT_PAIRS = (("to sink at last", "to sink at first"), ("sink across layers", "other tokens across layers"),
+                   ("rise to sink", "rise to token i"))
+
+
+def paired_difference(a: list[float], b: list[float]) -> dict[str, float]:
+    """Mean ``a - b`` over paired examples with its 95 % paired bootstrap interval and the exact sign test."""
+    from kvlab.eval.stats import sign_test
+
+    d = paired_bootstrap(a, b)
+    s = sign_test(a, b)
+    return {"mean_diff": d.estimate, "low": d.low, "high": d.high, "n": d.n, "a_above": s.wins,
+            "b_above": s.losses, "ties": s.ties, "sign_p": s.p}
+
+
+def layerwise_plans(layers: list[int], token_ratio: float = 0.33) -> tuple[dict[str, Plan], list[tuple[str, str]]]:
+    """Fig. 4: one routed layer at a time, the most orthogonal tokens (the method) against the least orthogonal
+    (the opposite criterion); ``({name: plan}, [(orthogonal, least orthogonal) per layer])``."""
+    if not layers:
+        raise ValueError("layers must name at least one layer to route (Fig. 4: the layers after the sink)")
+    plans, pairs = {}, []
+    for layer in layers:
+        a, b = f"Fig4 L{layer} orthogonal", f"Fig4 L{layer} least orthogonal"
+        plans[a] = Plan(routed=(layer,), router={"token_ratio": token_ratio})
+        plans[b] = Plan(routed=(layer,), router={"token_ratio": token_ratio, "criterion": "least_orthogonal"})
+        pairs.append((a, b))
+    return plans, pairs
+
+
+def pooled_records(examples: list[dict], methods: list[str], name: str) -> list[dict]:
+    """Per example, the mean value of ``methods`` (e.g. Fig. 4's orthogonal layers but the last) as records of
+    a method ``name``: one paired comparison over windows for a claim about many layers at once."""
+    if not methods:
+        raise ValueError("methods must name at least one method to pool")
+    by_example: dict[str, list[float]] = {}
+    metric, config = None, None
+    for r in examples:
+        if r["method"] in methods:
+            by_example.setdefault(r["example"], []).append(r["value"])
+            metric, config = r["metric"], r.get("config", {})
+    short = [k for k, v in by_example.items() if len(v) != len(methods)]
+    if not by_example or short:
+        raise ValueError(f"every example needs a value for each of the {len(methods)} methods; missing for "
+                         f"{short[:3] or 'all'}")
+    return [{"example": k, "method": name, "metric": metric, "value": sum(v) / len(v),
+             "config": dict(config, pooled=list(methods))} for k, v in by_example.items()]
+
+
+def table4_plans(model: torch.nn.Module, calib: torch.Tensor, candidates: list[int], *, sparsity: float = 0.2,
+                 token_ratios=(0.0, 0.33, 0.5), batch_size: int = 4, known: dict[float, list[int]] | None = None,
+                 progress: bool = False) -> dict[str, Plan]:
+    """Table 4's configurations at ``sparsity`` (see :func:`layer_token_table`) as plans named
+    ``"T4 layers 0.20 / tokens 0.00"`` (layer ratio = layers changed / layers)."""
+    sparsity = check_float("sparsity", sparsity, 0.0, 1.0)
+    num_layers = model.config.get_text_config().num_hidden_layers
+    known = known or {}
+    plans = {}
+    for ratio in token_ratios:
+        if ratio == 0:
+            n = layers_for_sparsity(num_layers, sparsity)
+        else:
+            n = min(layers_for_sparsity(num_layers, sparsity, ratio), len(candidates))
+        if ratio in known and len(known[ratio]) >= n:
+            chosen = tuple(sorted(known[ratio][:n]))
+            plan = Plan(removed=chosen) if ratio == 0 else Plan(routed=chosen, router={"token_ratio": ratio})
+        elif ratio == 0:
+            plan = search_layers(model, calib, n, action="remove", batch_size=batch_size, progress=progress).plan(n)
+        else:
+            plan = search_layers(model, calib, n, action="route", candidates=candidates,
+                                 router={"token_ratio": ratio}, batch_size=batch_size, progress=progress).plan(n)
+        plans[f"T4 layers {n / num_layers:.2f} / tokens {ratio:.2f}"] = plan
+    return plans
+
+
+def plans_from_orders(num_layers: int, sleb_order: list[int], ortho_order: list[int], *, token_ratio: float = 0.33,
+                      sparsities=(0.1, 0.2)) -> dict[str, Plan]:
+    """Dense, SLEB and OrthoRank at each sparsity from greedy orders already found (prefixes of them)."""
+    plans = {"Dense": Plan()}
+    for s in sparsities:
+        plans[f"SLEB {s:.0%}"] = Plan(removed=tuple(sorted(sleb_order[:layers_for_sparsity(num_layers, s)])))
+        n = layers_for_sparsity(num_layers, s, token_ratio)
+        plans[f"OrthoRank {s:.0%}"] = Plan(routed=tuple(sorted(ortho_order[:n])), router={"token_ratio": token_ratio})
+    return plans
+
+
+
+def claims_study(args, model, tokenizer, calib: torch.Tensor, calib_text: str) -> dict[str, Any]:
+    """The per-example studies of the command line (alignment, fig4, table4docs): runs one,
+    writes its records next to ``--out`` (``*.examples.jsonl``) and returns the summary for the JSON."""
+    import kvlab
+
+    sink = sink_profile(model, text_windows(tokenizer, calib_text, 256, 4, bos=None), attention=False).sink_layer
+    out: dict[str, Any] = {"l_sink": sink}
+    examples_path = args.examples or args.out.removesuffix(".json") + ".examples.jsonl"
+    windows, names = document_windows(tokenizer, kvlab.datasets.load_documents("c4-sample"), args.doc_len,
+                                      args.documents or None, bos=None)
+    out.update(eval_documents=len(names), doc_len=args.doc_len)
+    config = {"model": args.model, "doc_len": args.doc_len}
+    metric = "nll"
+    if args.what == "alignment":
+        found = sink_alignment(model, windows, names, sink_layer=sink)
+        examples = found.pop("examples")
+        out.update(found)
+        pairs, metric = list(ALIGNMENT_PAIRS), "cos"
+    elif args.what == "fig4":
+        layers = after_sink(model, sink)
+        plans, pairs = layerwise_plans(layers, args.token_ratio)
+        study = table1_study(model, windows, names, plans, batch_size=args.batch_size, config=config,
+                             pairs=pairs, progress=True)
+        examples = study["examples"]
+        for kind in ("orthogonal", "least orthogonal"):  # every layer after the sink but the last
+            examples += pooled_records(examples, [f"Fig4 L{l} {kind}" for l in layers[:-1]],
+                                       f"Fig4 {kind} (mean over layers {layers[0]}-{layers[-2]})")
+        out["table"] = study["table"]
+        pairs = pairs + [(f"Fig4 orthogonal (mean over layers {layers[0]}-{layers[-2]})",
+                          f"Fig4 least orthogonal (mean over layers {layers[0]}-{layers[-2]})")]
+    else:  # table4docs
+        known = {}
+        if args.layers:
+            found = json.load(open(args.layers))
+            known = {0.0: found["sleb_order"], args.token_ratio: found["orthorank_order"]}
+        plans = table4_plans(model, calib, after_sink(model, sink), token_ratios=(0.0, args.token_ratio, 0.5),
+                             batch_size=args.batch_size, known=known, progress=True)
+        names_ = list(plans)
+        pairs = [(names_[1], names_[0]), (names_[2], names_[0]), (names_[1], names_[2])]
+        study = table1_study(model, windows, names, plans, batch_size=args.batch_size, config=config,
+                             pairs=pairs, progress=True)
+        examples, out["table"] = study["examples"], study["table"]
+    values: dict[str, dict[str, float]] = {}
+    for r in examples:
+        if r["metric"] == metric:
+            values.setdefault(r["method"], {})[r["example"]] = r["value"]
+    out["pairs"] = []
+    for a, b in pairs:
+        keys = sorted(values[a])
+        d = paired_difference([values[a][k] for k in keys], [values[b][k] for k in keys])
+        out["pairs"].append({"a": a, "b": b, "metric": metric, **d})
+        print(f"  {a} - {b} ({metric}): {d['mean_diff']:+.4f} [{d['low']:+.4f}, {d['high']:+.4f}] n={d['n']}, "
+              f"a above in {d['a_above']}, b above in {d['b_above']}, sign p={d['sign_p']:.3g}", flush=True)
+    os.makedirs(os.path.dirname(examples_path) or ".", exist_ok=True)
+    with open(examples_path, "w") as fh:
+        fh.writelines(json.dumps(r) + "\n" for r in examples)
+    out["examples"] = examples_path
+    return out
+
+
 def _windows(spec: str) -> tuple[int, int]:
     n, _, length = spec.partition("x")
     return check_int("windows", int(n), 1), check_int("window length", int(length), 2)
@@ -349,7 +562,8 @@ def main(argv: list[str] | None = None) -> int:
     import kvlab
 
     ap = argparse.ArgumentParser(prog="python -m kvlab.orthorank.experiments", description=__doc__.split("\n\n")[0])
-    ap.add_argument("what", choices=("zeroshot", "geometry", "model", "table4", "table1"))
+    ap.add_argument("what", choices=("zeroshot", "geometry", "model", "table4", "table1", "alignment", "fig4",
+                                      "table4docs"))
     ap.add_argument("--profile", default="4x256", help="sequences for the sink geometry (Figs. 2-3), N x LEN")
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--calib", default="8x256", help="calibration windows, N x LEN (WikiText stand-in)")
@@ -386,7 +600,9 @@ def main(argv: list[str] | None = None) -> int:
                            "command": "python -m kvlab.orthorank.experiments " + " ".join(sys.argv[1:] if argv is None
                                                                                           else argv),
                            "device": str(next(model.parameters()).device), "torch_threads": torch.get_num_threads()}
-    if args.what == "zeroshot":
+    if args.what in ("alignment", "fig4", "table4docs"):
+        out.update(claims_study(args, model, tokenizer, calib, calib_text))
+    elif args.what == "zeroshot":
         num_layers = model.config.get_text_config().num_hidden_layers
         if args.layers:
             known = json.load(open(args.layers))

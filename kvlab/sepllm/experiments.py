@@ -1,0 +1,309 @@
+"""SepLLM's ablation tables and needle figures as paired experiments with per-example records.
+
+Paper: Chen et al., SepLLM (ICML 2025). What is here, each comparison scored example by example so that a paired
+interval (and an exact sign test) can say whether this sample separates the methods:
+
+* :func:`separator_choice_methods` (Table 16): SepLLM with the nine separators, four common marks
+  (``. , ? ;``), only ``.`` and ``?``, none (StreamingLLM at the same ``n``), and StreamingLLM with the window
+  widened to the nine-separator SepLLM's mean r.KV;
+* :func:`fixed_interval_methods` (Table 17): SepLLM against FixLLM, one kept key every ``interval`` positions;
+* :func:`headwise_methods` (Table 9): SepLLM against the naive baseline where ``H_s`` of the ``H`` query heads
+  slide a window and the others attend to everything, each row's window chosen so its mean r.KV reaches SepLLM's;
+* :func:`compare_on_gsm8k`: every method's GSM8K answer-NLL proxy (teacher-forced NLL of the reference
+  solution after the 8-shot prompt, :func:`kvlab.eval.gsm8k.gsm8k_answer_nll`) and r.KV per problem, and per pair
+  of methods the paired bootstrap of the mean difference and the exact sign test;
+* :func:`needle_study` (Figs. 8-11): the needle-in-a-haystack grid under decoding policies, the found share of
+  the needle's words and the answer NLL per cell (length x depth), paired across policies.
+
+The paper scores GSM8K by exact match on Llama-3-8B; a 135M model solves about 2 % of the problems, so the
+answer-NLL proxy is what can order the methods here (the records keep r.KV beside it).
+
+Command line (each writes ``<name>.json`` and ``<name>.examples.jsonl`` under ``--out``)::
+
+    python -m kvlab.sepllm.experiments gsm8k --tables 9,16,17 --neighbors 256 --problems 1319 --out DIR
+    python -m kvlab.sepllm.experiments needle --lengths 1024,2048,3072,4096 --depths 16 --out DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Any, Callable
+
+import torch
+
+from kvlab.core import check_int, kv_ratio
+from kvlab.eval.stats import paired_bootstrap, sign_test
+from kvlab.sepllm.gsm8k import matched_window, problem_ids
+from kvlab.sepllm.pattern import FixLLMPattern, HeadwisePattern, SepLLMPattern, StreamingPattern
+from kvlab.sepllm.separators import SEPARATOR_SETS, separator_ids
+
+__all__ = ["separator_choice_methods", "fixed_interval_methods", "headwise_methods", "compare_on_gsm8k",
+           "pair_statistics", "needle_policies", "needle_study", "main"]
+
+
+def _mean_kv(pattern, sequences: list[torch.Tensor]) -> float:
+    return sum(kv_ratio(pattern, s) for s in sequences) / len(sequences)
+
+
+def separator_choice_methods(tokenizer, sequences: list[torch.Tensor], *, init: int = 3,
+                             neighbors: int = 256) -> tuple[dict[str, Any], list[tuple[str, str]]]:
+    """Table 16's columns and the orderings the paper reads from them: ``({name: pattern}, [(better, worse)])``.
+
+    The paper: nine separators 77.18 > four 76.68 > ``. ?`` 70.66 > none (StrmLLM n=256) 68.84 on GSM8K, and
+    StrmLLM widened to the same r.KV (n=380, 71.42) falls short of nine and of four separators."""
+    if not sequences:
+        raise ValueError("sequences must hold the (1, T) ids of at least one problem (to match r.KV)")
+    sets = {key: separator_ids(tokenizer, SEPARATOR_SETS[key]) for key in ("9", "4", "2")}
+    names = {"9": f"SepLLM 9 separators (n={neighbors})", "4": f"SepLLM . , ? ; (n={neighbors})",
+             "2": f"SepLLM . ? (n={neighbors})"}
+    methods: dict[str, Any] = {names[k]: SepLLMPattern(ids, init, neighbors) for k, ids in sets.items()}
+    none = f"StrmLLM (n={neighbors})"
+    methods[none] = StreamingPattern(init, neighbors)
+    target = _mean_kv(methods[names["9"]], sequences)
+    n = matched_window(lambda k: StreamingPattern(init, k), target, sequences)
+    matched = f"StrmLLM (n={n}, r.KV matched)"
+    methods[matched] = StreamingPattern(init, n)
+    pairs = [(names["9"], names["4"]), (names["4"], names["2"]), (names["2"], none), (names["9"], matched),
+             (names["4"], matched)]
+    return methods, pairs
+
+
+def fixed_interval_methods(tokenizer, *, init: int = 3, neighbors: int = 256,
+                           intervals=(4, 5)) -> tuple[dict[str, Any], list[tuple[str, str]]]:
+    """Table 17: SepLLM (nine separators) and FixLLM at each ``interval`` with the same ``init`` and ``n``; the
+    paper has SepLLM above every FixLLM (GSM8K 77.18 vs 72.71 / 70.43 at Δ = 4 / 5)."""
+    if not intervals:
+        raise ValueError("intervals must name at least one FixLLM interval (Table 17: 4 and 5)")
+    sep = f"SepLLM (n={neighbors})"
+    methods: dict[str, Any] = {sep: SepLLMPattern(separator_ids(tokenizer), init, neighbors)}
+    for d in intervals:
+        methods[f"FixLLM (interval={d}, n={neighbors})"] = FixLLMPattern(init, neighbors, check_int("interval", d, 2))
+    return methods, [(sep, name) for name in methods if name != sep]
+
+
+def headwise_methods(tokenizer, sequences: list[torch.Tensor], num_heads: int, window_heads=(6, 7, 8), *,
+                     init: int = 3, neighbors: int = 256) -> tuple[dict[str, Any], list[tuple[str, str]]]:
+    """Table 9: SepLLM and, for each ``H_s`` in ``window_heads``, ``H_s`` of ``num_heads`` query heads sliding
+    a window (no sinks, as the paper's baseline) while the rest attend to everything, the window the smallest
+    whose mean r.KV over ``sequences`` reaches SepLLM's. A row whose full heads alone exceed SepLLM's r.KV
+    cannot be matched and is left out (its reason in ``skipped``). The paper: SepLLM above every row.
+
+    Returns ``({name: pattern}, [(better, worse)])``; the dict's ``"skipped"`` key is not a method."""
+    num_heads = check_int("num_heads", num_heads, 1)
+    sep = f"SepLLM (n={neighbors})"
+    methods: dict[str, Any] = {sep: SepLLMPattern(separator_ids(tokenizer), init, neighbors)}
+    target = _mean_kv(methods[sep], sequences)
+    skipped = []
+    for h in window_heads:
+        h = check_int("window_heads", h, 1, num_heads)
+        floor = _mean_kv(HeadwisePattern(h, num_heads, 1), sequences)
+        if floor > target:
+            skipped.append(f"H_s={h}/{num_heads}: its full heads alone keep {floor:.1%} > SepLLM's {target:.1%}")
+            continue
+        n = matched_window(lambda k: HeadwisePattern(h, num_heads, k), target, sequences)
+        methods[f"Headwise {h}/{num_heads} sliding (n={n})"] = HeadwisePattern(h, num_heads, n)
+    pairs = [(sep, name) for name in methods if name != sep]
+    return methods | ({"skipped": skipped} if skipped else {}), pairs
+
+
+def pair_statistics(a: list[float], b: list[float], *, lower_is_better: bool = True) -> dict[str, Any]:
+    """Mean of ``a - b`` with its 95 % paired bootstrap interval, and the exact sign test on the pairs that
+    differ; ``better`` counts the pairs where ``a`` wins (lower value when ``lower_is_better``)."""
+    d = paired_bootstrap(a, b)
+    s = sign_test(a, b)
+    better, worse = (s.losses, s.wins) if lower_is_better else (s.wins, s.losses)
+    return {"mean_diff": d.estimate, "low": d.low, "high": d.high, "n": d.n, "a_better": better,
+            "b_better": worse, "ties": s.ties, "sign_p": s.p}
+
+
+def _records(ids, method, metric, values, config, **extra) -> list[dict]:
+    rows = []
+    for j, (example, value) in enumerate(zip(ids, values)):
+        row = {"example": example, "method": method, "metric": metric, "value": float(value), "config": config}
+        row.update({k: v[j] for k, v in extra.items()})
+        rows.append(row)
+    return rows
+
+
+def compare_on_gsm8k(model, tokenizer, selected: list[tuple[int, dict]], exemplars: list[dict],
+                     methods: dict[str, Any], pairs: list[tuple[str, str]], *, config: dict | None = None,
+                     progress: bool = False) -> dict[str, Any]:
+    """The answer-NLL proxy and r.KV of every method (``{name: pattern or None}``) on ``selected`` problems
+    (``(index, problem)``), and :func:`pair_statistics` of each ``(a, b)`` in ``pairs`` (negative mean
+    difference: ``a`` has the lower NLL, the paper's "a better").
+
+    Returns ``{"methods": {name: {"mean_answer_nll", "mean_r_kv", "seconds"}}, "pairs": [...], "examples": [...]}``.
+    """
+    from kvlab.eval.gsm8k import gsm8k_answer_nll
+
+    unknown = sorted({m for pair in pairs for m in pair} - set(methods))
+    if unknown:
+        raise ValueError(f"pairs name methods that are not in methods: {unknown}; methods are {list(methods)}")
+    if not selected:
+        raise ValueError("selected must hold at least one (index, problem)")
+    ids = [f"gsm8k-test-{i:04d}" for i, _ in selected]
+    problems = [p for _, p in selected]
+    config = dict(config or {}, problems=len(problems))
+    out: dict[str, Any] = {"methods": {}, "pairs": [], "examples": []}
+    nll: dict[str, list[float]] = {}
+    for name, pattern in methods.items():
+        t0 = time.perf_counter()
+        r = gsm8k_answer_nll(model, tokenizer, problems, exemplars, pattern=pattern, name=name, progress=False)
+        nll[name] = r.answer_nll
+        out["methods"][name] = {"pattern": repr(pattern), "mean_answer_nll": r.mean_answer_nll,
+                                "mean_r_kv": r.mean_kv_ratio, "seconds": time.perf_counter() - t0}
+        out["examples"] += _records(ids, name, "answer_nll", r.answer_nll, config)
+        out["examples"] += _records(ids, name, "r_kv", r.kv_ratio, config)
+        if progress:
+            print(f"  {name:40s} answer NLL {r.mean_answer_nll:.4f}  r.KV {r.mean_kv_ratio:6.3f}", flush=True)
+    for a, b in pairs:
+        out["pairs"].append({"metric": "answer_nll", "a": a, "b": b, **pair_statistics(nll[a], nll[b])})
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------
+# Figs. 8-11: needle in a haystack under decoding policies
+
+
+def needle_policies(tokenizer, design: str) -> dict[str, Callable[[], Any]]:
+    """``{name: factory}`` of the two policies each needle figure compares.
+
+    ``"streaming"`` (App. F, Figs. 10-11): SepLLM's four-block cache (a=4, s=32, w=224, c=324) against
+    StreamingLLM with the same capacity. ``"basic"`` (Figs. 8-9): SepLLM n=64 with the first and last layers
+    full ("H/T"), against the same without separators."""
+    from kvlab.policies import StreamingLLM
+    from kvlab.sepllm.policy import SepLLM, SepLLMStreaming
+
+    seps = separator_ids(tokenizer)
+    if design == "streaming":
+        return {"SepLLM streaming (4, 32, 224, 324)": lambda: SepLLMStreaming(4, 32, 224, 324, separators=seps),
+                "StreamingLLM (4 + 320)": lambda: StreamingLLM(sink=4, cache_size=324)}
+    if design == "basic":
+        return {"SepLLM n=64 H/T": lambda: SepLLM(4, 64, separators=seps, full_layers=(0, -1)),
+                "StrmLLM n=64 H/T": lambda: SepLLM(4, 64, separators=[], full_layers=(0, -1))}
+    raise ValueError(f"design must be 'streaming' or 'basic', got {design!r}")
+
+
+def needle_study(model, tokenizer, policies: dict[str, Callable[[], Any]], lengths, depths, *,
+                 chunk_size: int = 64, config: dict | None = None, progress: bool = False) -> dict[str, Any]:
+    """Every policy (``{name: factory}``, a fresh policy per run) on the needle grid ``lengths x depths``:
+    per cell the share of the needle's words in the greedy answer (``correct``) and the answer NLL, and for the
+    first policy against the second the paired statistics over cells (NLL: lower better; found: higher)."""
+    from kvlab.eval import needle_in_haystack
+
+    if len(policies) != 2:
+        raise ValueError(f"policies must hold the two policies to compare, got {len(policies)}")
+    config = dict(config or {}, lengths=list(lengths), depths=list(depths), chunk_size=chunk_size)
+    out: dict[str, Any] = {"methods": {}, "pairs": [], "examples": []}
+    values: dict[str, dict[str, list[float]]] = {}
+    for name, make in policies.items():
+        t0 = time.perf_counter()
+        r = needle_in_haystack(model, tokenizer, make(), lengths=list(lengths), depths=list(depths),
+                               chunk_size=chunk_size, progress=False)
+        cells = [f"niah-{n}-{d:.3f}" for n in lengths for d in depths]
+        found = r.accuracy.flatten().tolist()
+        nll = r.answer_nll.flatten().tolist()
+        answers = [a for row in r.answers for a in row]
+        values[name] = {"correct": found, "answer_nll": nll}
+        out["examples"] += _records(cells, name, "correct", found, config, output=answers)
+        out["examples"] += _records(cells, name, "answer_nll", nll, config)
+        out["methods"][name] = {"mean_correct": sum(found) / len(found), "mean_answer_nll": sum(nll) / len(nll),
+                                "seconds": time.perf_counter() - t0}
+        if progress:
+            print(f"  {name:36s} found {out['methods'][name]['mean_correct']:.3f}  answer NLL "
+                  f"{out['methods'][name]['mean_answer_nll']:.3f}", flush=True)
+    a, b = list(policies)
+    out["pairs"].append({"metric": "answer_nll", "a": a, "b": b,
+                         **pair_statistics(values[a]["answer_nll"], values[b]["answer_nll"])})
+    out["pairs"].append({"metric": "correct", "a": a, "b": b,
+                         **pair_statistics(values[a]["correct"], values[b]["correct"], lower_is_better=False)})
+    return out
+
+
+def _write(out_dir: str, stem: str, result: dict, extra: dict) -> str:
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, stem)
+    with open(path + ".examples.jsonl", "w") as fh:
+        fh.writelines(json.dumps(r) + "\n" for r in result.pop("examples"))
+    result.update(extra)
+    with open(path + ".json", "w") as fh:
+        json.dump(result, fh, indent=1)
+    for p in result["pairs"]:
+        print(f"  {p['a']} - {p['b']} ({p['metric']}): {p['mean_diff']:+.4f} [{p['low']:+.4f}, {p['high']:+.4f}] "
+              f"n={p['n']}, a better in {p['a_better']}, b in {p['b_better']}, sign p={p['sign_p']:.3g}", flush=True)
+    print(f"wrote {path}.json", flush=True)
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    import kvlab
+    from kvlab.eval.gsm8k import load_gsm8k
+
+    ap = argparse.ArgumentParser(prog="python -m kvlab.sepllm.experiments", description=__doc__.split("\n\n")[0])
+    ap.add_argument("what", choices=["gsm8k", "needle"])
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--tables", default="9,16,17", help="gsm8k: which of Tables 9, 16, 17 to run")
+    ap.add_argument("--init", type=int, default=3, help="gsm8k: initial tokens a (Tables 9, 16, 17: 3)")
+    ap.add_argument("--neighbors", type=int, default=256, help="gsm8k: SepLLM's n (Tables 9, 16, 17: 256)")
+    ap.add_argument("--problems", type=int, default=1319, help="gsm8k: the first N test problems")
+    ap.add_argument("--window-heads", default="6,7,8", help="gsm8k, Table 9: H_s values (sliding heads)")
+    ap.add_argument("--design", default="streaming,basic", help="needle: streaming and/or basic")
+    ap.add_argument("--lengths", default="1024,2048,3072,4096", help="needle: context lengths in tokens")
+    ap.add_argument("--depths", type=int, default=16, help="needle: depths evenly spaced in [0.05, 0.95]")
+    ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--out", required=True, help="folder for the JSON and .examples.jsonl files")
+    args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
+    model, tokenizer = kvlab.load_model(args.model, device=device)
+    command = "python -m kvlab.sepllm.experiments " + " ".join(argv if argv is not None else sys.argv[1:])
+    base = {"model": args.model, "device": device, "command": command}
+    if args.what == "gsm8k":
+        problems, exemplars = load_gsm8k(None)
+        selected = list(enumerate(problems))[:check_int("problems", args.problems, 1)]
+        sequences = [problem_ids(tokenizer, p, exemplars) for _, p in selected]
+        heads = model.config.get_text_config().num_attention_heads
+        builders = {
+            "16": lambda: separator_choice_methods(tokenizer, sequences, init=args.init, neighbors=args.neighbors),
+            "17": lambda: fixed_interval_methods(tokenizer, init=args.init, neighbors=args.neighbors),
+            "9": lambda: headwise_methods(tokenizer, sequences, heads,
+                                          [int(h) for h in args.window_heads.split(",") if h],
+                                          init=args.init, neighbors=args.neighbors)}
+        for k, table in enumerate(t.strip() for t in args.tables.split(",") if t.strip()):
+            if table not in builders:
+                raise SystemExit(f"--tables: {table!r} is not one of {sorted(builders)}")
+            t0 = time.perf_counter()
+            methods, pairs = builders[table]()
+            skipped = methods.pop("skipped", [])
+            if k == 0:  # full attention once, for reference (no pair uses it)
+                methods = {"Vanilla": None, **methods}
+            print(f"Table {table}: {len(selected)} problems, methods {list(methods)}", flush=True)
+            config = {"table": table, "init": args.init, "neighbors": args.neighbors}
+            result = compare_on_gsm8k(model, tokenizer, selected, exemplars, methods, pairs, config=config,
+                                      progress=True)
+            _write(args.out, f"table{table}_gsm8k_n{args.neighbors}", result,
+                   base | config | {"problems": len(selected), "skipped": skipped,
+                                    "seconds": time.perf_counter() - t0})
+    else:
+        lengths = [int(n) for n in args.lengths.split(",") if n]
+        k = check_int("depths", args.depths, 1)
+        depths = [0.5] if k == 1 else [round(0.05 + 0.9 * i / (k - 1), 4) for i in range(k)]
+        for design in [d.strip() for d in args.design.split(",") if d.strip()]:
+            t0 = time.perf_counter()
+            result = needle_study(model, tokenizer, needle_policies(tokenizer, design), lengths, depths,
+                                  config={"design": design}, progress=True)
+            _write(args.out, f"needle_{design}", result,
+                   base | {"design": design, "lengths": lengths, "depths": depths,
+                           "seconds": time.perf_counter() - t0})
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -171,9 +171,83 @@ _COMPARISON_DUNDERS = {"__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__
                        "__getattr__", "__getattribute__"}
 
 
-def scan(source: str, label: str, parameters: set[str] = frozenset(), imported: set[str] = frozenset()) -> list[str]:
+SAFE_MODULES = {"math", "typing", "collections", "itertools", "functools", "dataclasses", "heapq", "bisect",
+                "torch", "numpy", "random", "statistics", "operator", "enum", "__future__"}
+_ALLOWED_DUNDERS = {"__init__", "__post_init__", "__repr__", "__str__", "__len__", "__iter__", "__slots__",
+                    "__doc__", "__module__", "__qualname__", "__annotations__"}
+
+
+def _scan_more(tree: ast.AST, allowed_imports: set[str] | None) -> list[str]:
+    """Computed attribute names, dunders in class bodies, imports outside the allowlist (``allowed_imports``:
+    modules and ``kvlab`` names the master itself imports; None skips that check)."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in (
+                "getattr", "hasattr", "setattr", "delattr") and len(node.args) >= 2:
+            name = node.args[1]
+            if not (isinstance(name, ast.Constant) and isinstance(name.value, str)):
+                found.append(f"uses {node.func.id} with a computed attribute name")
+            elif name.value.startswith("__") or name.value in _BAD_ATTRS:
+                found.append(f"uses {node.func.id}(..., {name.value!r})")
+        elif isinstance(node, ast.ClassDef):
+            for item in node.body:
+                names = []
+                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    names = [item.name]
+                elif isinstance(item, (ast.Assign, ast.AnnAssign)):
+                    targets = item.targets if isinstance(item, ast.Assign) else [item.target]
+                    names = [t.id for t in targets if isinstance(t, ast.Name)]
+                for n in names:
+                    if n.startswith("__") and n.endswith("__") and n not in _ALLOWED_DUNDERS:
+                        found.append(f"defines {n} in the class {node.name} (changes how its values compare, "
+                                     f"convert or dispatch)")
+            for base in node.bases:
+                b = ast.unparse(base)
+                if b.split(".")[-1] in ("float", "int", "list", "tuple", "dict", "str", "bool", "Tensor"):
+                    found.append(f"subclasses {b} (an answer must be the plain type)")
+        elif allowed_imports is not None and isinstance(node, (ast.Import, ast.ImportFrom)):
+            if isinstance(node, ast.Import):
+                mods = [a.name for a in node.names]
+            else:
+                mods = [node.module or ""]
+            for m in mods:
+                top = m.split(".")[0]
+                if top == "kvlab" and isinstance(node, ast.ImportFrom):
+                    for a in node.names:
+                        if f"kvlab:{a.name}" not in allowed_imports:
+                            found.append(f"imports {a.name} from {m}, which the assignment does not use "
+                                         f"(is it the class the question asks you to write?)")
+                elif top not in allowed_imports and top not in SAFE_MODULES and top != "kvlab":
+                    found.append(f"imports {m}, outside the modules the assignment uses")
+        elif isinstance(node, ast.Attribute) and node.attr in ("__torch_function__", "__class__", "__mro__",
+                                                                "__bases__", "__reduce__"):
+            found.append(f"uses .{node.attr}")
+    return found
+
+
+def allowed_imports(sources: list[str]) -> set[str]:
+    """What the master's own cells import: top-level modules, and ``kvlab:NAME`` for names taken from kvlab."""
+    allowed = set()
+    for src in sources:
+        try:
+            tree = ast.parse(src)
+        except SyntaxError:
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                allowed.update(a.name.split(".")[0] for a in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                allowed.add(node.module.split(".")[0])
+                if node.module.split(".")[0] == "kvlab":
+                    allowed.update(f"kvlab:{a.name}" for a in node.names)
+    return allowed
+
+
+def scan(source: str, label: str, parameters: set[str] = frozenset(), imported: set[str] = frozenset(),
+         allowed_imports: set[str] | None = None) -> list[str]:
     """Reasons to look at a student's cell by hand (empty for ordinary code). ``imported``: names bound to
-    modules or classes elsewhere in the notebook (assigning an attribute of one is monkeypatching)."""
+    modules or classes elsewhere in the notebook (assigning an attribute of one is monkeypatching);
+    ``allowed_imports``: see :func:`allowed_imports` (None: imports are checked against the block list only)."""
     try:
         tree = ast.parse(source)
     except SyntaxError:
@@ -222,6 +296,7 @@ def scan(source: str, label: str, parameters: set[str] = frozenset(), imported: 
                 found.append(f"assigns the parameter {name}")
             elif hasattr(builtins, name) and not name.startswith("_"):
                 found.append(f"redefines the builtin {name}")
+    found += _scan_more(tree, allowed_imports)
     seen, out = set(), []
     for f in found:
         if f not in seen:
@@ -409,41 +484,60 @@ def _protected(name: str, value, parameters: set[str]) -> bool:
     return torch is not None and isinstance(value, torch.Tensor)
 
 
-def _run_case(case: dict, env: dict, pristine: dict) -> tuple[bool, str]:
-    """Run one OK-format (doctest) test case in ``env`` (whose ``__builtins__`` are the original ones)."""
-    parser = doctest.DocTestParser()
-    checker = doctest.OutputChecker()
+def _compile_case(case: dict) -> tuple[str, list | str]:
+    """A test case as ``(name, [(code object, expected output), ...])`` (or ``(name, why it cannot be parsed)``),
+    compiled before any student code runs: rewriting the test's text afterwards changes nothing."""
     try:
-        examples = parser.get_examples(case["code"])
-    except ValueError as exc:
-        return False, f"the test could not be parsed: {exc}"
-    for ex in examples:
+        examples = doctest.DocTestParser().get_examples(case["code"])
+        return case["name"], [(compile(ex.source, case["name"], "single" if ex.want else "exec"), ex.want)
+                              for ex in examples]
+    except (ValueError, SyntaxError) as exc:
+        return case["name"], f"the test could not be parsed: {exc}"
+
+
+def _run_case(case: tuple[str, list | str], env: dict, pristine: dict) -> tuple[bool, str]:
+    """Run one compiled OK-format (doctest) test case in ``env`` (whose ``__builtins__`` are the original ones)."""
+    checker = doctest.OutputChecker()
+    name, examples = case
+    if isinstance(examples, str):
+        return False, examples
+    if not examples:
+        return False, "the test has no example to run"
+    for code, want in examples:
         out = io.StringIO()
         old = sys.stdout
         try:
             sys.stdout = out
-            exec(compile(ex.source, case["name"], "single" if ex.want else "exec"), env)
+            exec(code, env)
         except BaseException as exc:  # noqa: BLE001 - a failing test is a result
             sys.stdout = old
-            text = str(exc).strip()
-            return False, f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+            tb = exc.__traceback__
+            while tb is not None and tb.tb_next is not None:
+                tb = tb.tb_next
+            raised_by_test = tb is not None and tb.tb_frame.f_code.co_filename == name
+            text = str(exc).strip() if raised_by_test and isinstance(exc, AssertionError) else ""
+            # the test's own assertion message is the instructor's hint; anything raised inside the student's code
+            # is reported by its type only (its text is the student's, and could carry a file it read)
+            return False, f"{type(exc).__name__}: {text}" if text else (
+                type(exc).__name__ + ("" if raised_by_test else " raised in your code"))
         finally:
             sys.stdout = old
-        if ex.want and not checker.check_output(ex.want, out.getvalue(), 0):
-            return False, f"printed {out.getvalue().strip()!r}, expected {ex.want.strip()!r}"
+        if want and not checker.check_output(want, out.getvalue(), 0):
+            return False, f"the check printed something else than the expected {want.strip()[:80]!r}"
     return True, ""
 
 
-def _child(job: dict, sub: dict, q: str, ns: dict, pristine: dict, out_path: str) -> None:
+def _child(job: dict, sub: dict, q: str, ns: dict, pristine: dict, out_fd: int) -> None:
     """Run in the forked child: the student's cells for question ``q`` (``sub``: the added cells up to q and
     the answer cells of q), the master's cells up to q's check,
-    then q's tests; write the result as JSON to ``out_path``. Never returns."""
+    then q's tests; write the result as JSON to the pipe ``out_fd`` (the zygote holds its other end). Never
+    returns."""
     # every helper is bound here, before any student code runs: rebinding the module's names changes nothing
-    snapshot, restore, run_case, protected, dumps, fdopen = _snapshot, _restore, _run_case, _protected, \
-        json.dumps, os.open
+    snapshot, restore, run_case, protected, dumps = _snapshot, _restore, _run_case, _protected, json.dumps
     write, close, exit_ = os.write, os.close, os._exit
     flags, errors = [], []
     result = {"cases": [], "errors": errors, "flags": flags}
+    compiled = [_compile_case(case) for case in job["tests"][q]["cases"]]
     try:
         torch = sys.modules.get("torch")
         if torch is not None:
@@ -473,7 +567,8 @@ def _child(job: dict, sub: dict, q: str, ns: dict, pristine: dict, out_path: str
                             line = tb.tb_lineno
                         tb = tb.tb_next
                     where = f" (line {line})" if line else ""
-                    errors.append(f"{label} raised {type(exc).__name__}: {str(exc)[:300]}{where}")
+                    # the type and line only: a message is text the student's code chose (it could carry a file)
+                    errors.append(f"{label} raised {type(exc).__name__}{where}")
             if student:
                 flags.extend(f"{label} replaced {name} (put back for the tests)" for name in restore(before))
                 for name, value in guarded.items():
@@ -494,14 +589,14 @@ def _child(job: dict, sub: dict, q: str, ns: dict, pristine: dict, out_path: str
             flags.append(f"changed builtins {', '.join(sorted(changed))} (the tests used the real ones)")
         before = snapshot()
         env["__builtins__"] = pristine  # the tests of a question share one namespace, as in otter
-        for case in job["tests"][q]["cases"]:
+        for case in compiled:
             passed, message = run_case(case, env, pristine)
-            result["cases"].append({"name": case["name"], "passed": passed, "message": message[:500]})
+            result["cases"].append({"name": case[0], "passed": passed, "message": message[:500]})
         flags.extend(f"the tests' run replaced {name}" for name in restore(before))
         data = dumps(result).encode()
-        fd = fdopen(out_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        write(fd, data)
-        close(fd)
+        while data:
+            data = data[write(out_fd, data):]
+        close(out_fd)
     finally:
         exit_(0)
 
@@ -536,51 +631,141 @@ def _zygote(job_path: str) -> None:
     (results / "zygote.json").write_text(json.dumps({"errors": master_errors}))
 
 
+REFERENCE_LIMIT = 600.0  # seconds the reference answer may take (it sets the students' limit)
+SLOWDOWN, MIN_LIMIT = 10.0, 5.0  # a student's run of a question may take 10x the reference's, at least 5 s
+MEMORY = 4 << 30  # bytes a child may map beyond what the zygote had mapped
+NOBODY = 65534  # the unprivileged user a child runs as when the grader is root
+
+
+def _confine(keep_fd: int, workdir: str, cpu_seconds: float, memory_bytes: int) -> None:
+    """In a forked child, before any student code: its own session (its process group is killed whole), stdin,
+    stdout and stderr on /dev/null and every other descriptor closed but the result pipe ``keep_fd``, an empty
+    working folder, limits on CPU time, memory, core files and processes (no fork, so no grandchild), and, when
+    run as root, the unprivileged user ``nobody`` (it cannot signal the grader, read its private folders or
+    write the build and lessons folders). Not root: the same without the user switch (see the guide)."""
+    import resource
+
+    os.setsid()
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    os.closerange(3, keep_fd)
+    os.closerange(keep_fd + 1, 1 << 16)
+    if os.geteuid() == 0:
+        os.chown(workdir, NOBODY, NOBODY)
+    os.chdir(workdir)
+    cpu = max(1, int(cpu_seconds) + 1)
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    with open("/proc/self/statm") as f:  # the address space already mapped by the zygote, plus the budget
+        mapped = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    resource.setrlimit(resource.RLIMIT_AS, (mapped + memory_bytes, mapped + memory_bytes))
+    if os.geteuid() == 0:
+        os.setgroups([])
+        os.setgid(NOBODY)
+        os.setuid(NOBODY)
+    resource.setrlimit(resource.RLIMIT_NPROC, (1, 1))  # counted per user: with this process there, no fork
+
+
+def _kill_group(pid: int) -> None:
+    import signal
+
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
 def _fork_all(job: dict, q: str, ns: dict, pristine: dict, results: pathlib.Path) -> None:
+    """Fork one confined child per variant of ``q`` (``job["jobs"]`` at a time), read each one's result from
+    its own pipe, kill its whole process group when it ends or runs over the time limit, and write what came
+    back (or why nothing did) as ``V.q.json`` into the zygote's private ``results`` folder."""
+    import select
+    import shutil
+
     sys.stdout.flush()
     sys.stderr.flush()
     pending = list(range(len(job["variants"][q])))
-    running: dict[int, tuple[float, int]] = {}
+    running: dict[int, tuple[float, int, int, bytearray, str]] = {}
+    limit = job["timeout"] or REFERENCE_LIMIT
+    measured = job["timeout"] is not None
     while pending or running:
-        while pending and len(running) < job["jobs"]:
+        if not measured and not running and pending[0] != 0:
+            # variant 0 is the reference answer: its time sets the limit of every student's run of q
+            ref = json.loads((results / f"0.{q}.json").read_text())
+            limit = max(MIN_LIMIT, SLOWDOWN * ref.get("seconds", REFERENCE_LIMIT))
+            measured = True
+        while pending and len(running) < (job["jobs"] if measured else 1):
             i = pending.pop(0)
-            out = str(results / f"{i}.{q}.json")
-            log = str(results / f"{i}.{q}.log")
+            r, w = os.pipe()
+            workdir = tempfile.mkdtemp(prefix="kvlab-child-")
             pid = os.fork()
             if pid == 0:
-                fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-                os.dup2(fd, 1)
-                os.dup2(fd, 2)
                 try:
-                    _child(job, job["variants"][q][i], q, ns, pristine, out)
+                    os.close(r)
+                    _confine(w, workdir, limit, job["memory"])
+                    _child(job, job["variants"][q][i], q, ns, pristine, w)
                 finally:
                     os._exit(1)
-            running[pid] = (time.monotonic(), i)
-        for pid, (t0, i) in list(running.items()):
+            os.close(w)
+            os.set_blocking(r, False)
+            running[pid] = (time.monotonic(), i, r, bytearray(), workdir)
+        readable, _, _ = select.select([v[2] for v in running.values()], [], [], 0.02)
+        for pid, (t0, i, r, buf, workdir) in list(running.items()):
+            if r in readable:
+                try:
+                    while chunk := os.read(r, 1 << 16):
+                        buf += chunk
+                        if len(buf) > 1 << 22:
+                            break
+                except BlockingIOError:
+                    pass
             done, status = os.waitpid(pid, os.WNOHANG)
-            if done:
-                del running[pid]
-                if not os.path.exists(results / f"{i}.{q}.json"):
-                    (results / f"{i}.{q}.status").write_text(
-                        f"the run of {q} ended before its tests finished (exit status {os.waitstatus_to_exitcode(status)})")
-            elif time.monotonic() - t0 > job["timeout"]:
-                os.kill(pid, 9)
+            over = not done and time.monotonic() - t0 > limit
+            if not (done or over):
+                continue
+            _kill_group(pid)  # the child's session: anything it left behind goes with it
+            if over:
                 os.waitpid(pid, 0)
-                del running[pid]
-                (results / f"{i}.{q}.status").write_text(f"the run of {q} took over {job['timeout']:g} s and was stopped")
-        time.sleep(0.02)
+            try:
+                while chunk := os.read(r, 1 << 16):
+                    buf += chunk
+            except BlockingIOError:
+                pass
+            os.close(r)
+            shutil.rmtree(workdir, ignore_errors=True)
+            del running[pid]
+            outcome: dict = {}
+            if over:
+                outcome["status"] = f"the run of {q} took over {limit:g} s and was stopped"
+            else:
+                try:
+                    outcome["result"] = json.loads(bytes(buf).decode())
+                    if not isinstance(outcome["result"], dict) or set(outcome["result"]) != {"cases", "errors", "flags"}:
+                        raise ValueError("not a result")
+                except (ValueError, UnicodeDecodeError):
+                    outcome = {"status": f"the run of {q} ended before its tests finished (exit status "
+                                         f"{os.waitstatus_to_exitcode(status)})"}
+            outcome["seconds"] = time.monotonic() - t0
+            outcome["limit"] = limit
+            (results / f"{i}.{q}.json").write_text(json.dumps(outcome))
 
 
 # ------------------------------------------------------------------------------------------ the grading process
 
 def grade_submissions(solutions: pathlib.Path, autograder_zip: pathlib.Path, submissions: list[pathlib.Path],
-                      jobs: int = 1, timeout: float = 600.0) -> list[SubmissionResult]:
+                      jobs: int = 1, timeout: float | None = None,
+                      memory: int = MEMORY) -> list[SubmissionResult]:
     """Grade ``submissions`` (``.ipynb`` or ``grader.export()`` zips) against the master ``solutions``
     notebook (the one ``otter assign`` writes beside the autograder zip) and the tests in ``autograder_zip``.
 
     Every autograded question of every submission runs in its own forked process with the reference answers
     of the other questions; see the module docstring for what is protected. ``jobs`` children run at once;
-    a child running over ``timeout`` seconds is stopped (the question scores zero).
+    a child running over ``timeout`` seconds is stopped (the question scores zero). ``timeout=None`` (the
+    default) runs the reference answer of each question first, in a child like the students', and gives each
+    student's run ``SLOWDOWN`` times its time (at least ``MIN_LIMIT`` s). ``memory``: bytes a child may map.
+    A child that dies, hangs or is killed costs its question only; a notebook that cannot be read or planned is
+    one row with its reason; if the grading process itself dies, every row says so and the class goes on.
     """
     import nbformat
 
@@ -588,7 +773,7 @@ def grade_submissions(solutions: pathlib.Path, autograder_zip: pathlib.Path, sub
         raise RuntimeError("kvlab's grading forks one process per question: it needs Linux or macOS (or WSL)")
     if jobs < 1:
         raise ValueError(f"jobs={jobs}: must be at least 1 (submissions graded at once)")
-    if timeout <= 0:
+    if timeout is not None and not timeout > 0:
         raise ValueError(f"timeout={timeout}: must be positive (seconds one question may run)")
     master = nbformat.read(solutions, as_version=4)
     cells, order = _master_plan(master)
@@ -598,6 +783,8 @@ def grade_submissions(solutions: pathlib.Path, autograder_zip: pathlib.Path, sub
         raise ValueError(f"questions {missing} have no tests in {autograder_zip}: rebuild with `lessons make`")
     parameters = _parameters(master)
     imported = _imported_names([c["source"] for c in cells])
+    allowed = allowed_imports([c["source"] for c in cells if c["kind"] != "answer"])
+    allowed |= set(master.metadata.get("kvlab", {}).get("allowed_imports", []))  # what a question allows
     assignment = master.metadata.get("otter", {}).get("assignment_name")
     results = [SubmissionResult(pathlib.Path(p).name) for p in submissions]
     subs, gradable = [], []
@@ -606,28 +793,30 @@ def grade_submissions(solutions: pathlib.Path, autograder_zip: pathlib.Path, sub
             res.questions[q] = QuestionResult(q, float(tests[q]["points"]))
         try:
             nb = read_submission(path)
-        except Exception as exc:  # noqa: BLE001 - one unreadable file is a row, not a crash
-            res.status = f"not graded: {type(exc).__name__}: {str(exc)[:200]}"
+            name = nb.metadata.get("otter", {}).get("assignment_name")
+            if assignment and name and name != assignment:
+                res.flags.append(f"the notebook is assignment {name!r}, not {assignment!r}")
+            answers, extras, flags = _student_plan(nb, cells, order, "notebook")
+        except Exception as exc:  # noqa: BLE001 - one unreadable or malformed notebook is a row, not a crash
+            res.status = f"not graded: the notebook could not be read ({type(exc).__name__}: {str(exc)[:200]})"
             continue
-        name = nb.metadata.get("otter", {}).get("assignment_name")
-        if assignment and name and name != assignment:
-            res.flags.append(f"the notebook is assignment {name!r}, not {assignment!r}")
-        answers, extras, flags = _student_plan(nb, cells, order, "notebook")
         res.flags.extend(flags)
         for q in order:
             for src in answers[q]:
-                res.flags.extend(scan(src, f"answer to {q}", parameters, imported))
+                res.flags.extend(scan(src, f"answer to {q}", parameters, imported, allowed))
             for src in extras[q]:
-                res.flags.extend(scan(src, f"added cell before {q}", parameters, imported))
+                res.flags.extend(scan(src, f"added cell before {q}", parameters, imported, allowed))
         subs.append({"answers": answers, "extras": extras})
         gradable.append(res)
     if not subs:
         return results
+    reference = {"answers": {q: [c["source"] for c in cells if c["kind"] == "answer" and c["question"] == q]
+                             for q in order}, "extras": {q: [] for q in order}}
     # one run per distinct (added cells up to q, answer to q): the same code forked from the same state scores
     # the same, so an unanswered question or an untouched reference runs once for the whole class
     variants: dict[str, list[dict]] = {q: [] for q in order}
     variant_of: list[dict[str, int]] = []
-    for sub in subs:
+    for sub in [reference] + subs:  # variant 0 of each question: the reference answer (times the limit)
         picks = {}
         for k, q in enumerate(order):
             v = {"extras": [src for p in order[:k + 1] for src in sub["extras"][p]], "answers": sub["answers"][q]}
@@ -639,7 +828,7 @@ def grade_submissions(solutions: pathlib.Path, autograder_zip: pathlib.Path, sub
                for q in order}
     with tempfile.TemporaryDirectory(prefix="kvlab-grade-") as tmp:
         tmp = pathlib.Path(tmp)
-        job = {"cells": cells, "tests": tests, "variants": variants, "jobs": jobs, "timeout": timeout,
+        job = {"cells": cells, "tests": tests, "variants": variants, "jobs": jobs, "timeout": timeout, "memory": memory,
                "results": str(tmp), "order": order, "parameters": sorted(parameters), "rebinds": rebinds,
                "answer_start": {q: min(i for i, c in enumerate(cells) if c["kind"] == "answer" and c["question"] == q)
                                 + 1 for q in order},
@@ -652,26 +841,38 @@ def grade_submissions(solutions: pathlib.Path, autograder_zip: pathlib.Path, sub
                                str(tmp / "job.json")], cwd=str(solutions.parent), env=env, stdin=subprocess.DEVNULL,
                               capture_output=True, text=True)
         zygote = tmp / "zygote.json"
+        died = None
         if done.returncode != 0 or not zygote.exists():
-            raise RuntimeError(f"the grading process failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
-        master_errors = json.loads(zygote.read_text())["errors"]
-        if master_errors:
-            raise RuntimeError("the master notebook's own cells raised, so nothing can be graded against it:\n"
-                               + "\n".join(master_errors))
+            died = f"the grading process ended early (exit {done.returncode}): {done.stderr.strip()[-300:]}"
+        else:
+            master_errors = json.loads(zygote.read_text())["errors"]
+            if master_errors:
+                raise RuntimeError("the master notebook's own cells raised, so nothing can be graded against it:\n"
+                                   + "\n".join(master_errors))
+        for q in order:
+            ref = tmp / f"0.{q}.json"
+            if died is None and ref.exists():
+                got = json.loads(ref.read_text()).get("result") or {}
+                if not got or not all(c["passed"] for c in got.get("cases", [])) or len(got["cases"]) != len(
+                        tests[q]["cases"]):
+                    raise RuntimeError(f"the reference answer of {q} does not pass its own tests in the grading child "
+                                       f"({got or json.loads(ref.read_text())}): fix the master or raise the memory "
+                                       f"limit")
         for i, res in enumerate(gradable):
             for q in order:
                 qr = res.questions[q]
-                v = variant_of[i][q]
-                out, status = tmp / f"{v}.{q}.json", tmp / f"{v}.{q}.status"
+                v = variant_of[i + 1][q]
+                path = tmp / f"{v}.{q}.json"
+                outcome = json.loads(path.read_text()) if path.exists() else {}
                 cases = tests[q]["cases"]
-                if out.exists():
-                    data = json.loads(out.read_text())
+                if "result" in outcome:
+                    data = outcome["result"]
                     by_name = {c["name"]: c for c in data["cases"]}
-                    qr.errors = data["errors"]
-                    res.flags.extend(f"{q}: {f}" for f in data["flags"])
+                    qr.errors = [str(e)[:300] for e in data["errors"]]
+                    res.flags.extend(f"{q}: {str(f)[:300]}" for f in data["flags"])
                 else:
                     by_name = {}
-                    reason = status.read_text() if status.exists() else f"the run of {q} left no result"
+                    reason = outcome.get("status") or died or f"the run of {q} left no result"
                     qr.errors = [reason]
                     res.flags.append(f"{q}: {reason}")
                 for case in cases:
@@ -680,7 +881,7 @@ def grade_submissions(solutions: pathlib.Path, autograder_zip: pathlib.Path, sub
                         qr.cases.append(CaseResult(case["name"], case["hidden"], case["points"], False,
                                                    "not run (the question's run ended early)"))
                     else:
-                        qr.cases.append(CaseResult(case["name"], case["hidden"], case["points"], got["passed"],
-                                                   got["message"]))
+                        qr.cases.append(CaseResult(case["name"], case["hidden"], case["points"],
+                                                   got.get("passed") is True, str(got.get("message", ""))[:500]))
                 qr.score = sum(c.points for c in qr.cases if c.passed)
     return results

@@ -5,10 +5,10 @@ student versions and autograders with otter and grades a class with :mod:`kvlab.
         # `otter assign` per master: build/lessons/NN_name/student/NN_name.ipynb (the student version) and
         # build/lessons/NN_name/autograder/ (solutions notebook + NN_name-autograder_*.zip with every test);
         # build/lessons/student/ and build/lessons/student.zip: every student version, nothing else (hand out)
-    python -m kvlab lessons grade LESSON SUBMISSIONS/ [--out build/grades/LESSON] [--jobs 2] [--timeout 600]
+    python -m kvlab lessons grade LESSON SUBMISSIONS/ [--out build/grades/LESSON] [--jobs 2] [--timeout S]
         # every SUBMISSIONS/*.ipynb or *.zip (what the notebook's export cell writes), each question in a fresh
         # process against the reference of the others: OUT/final_grades.csv (one row per submission, one column
-        # per question, as `otter grade` writes it, plus `review`), OUT/feedback.csv and OUT/feedback/NAME.md
+        # per question, as `otter grade` writes it, plus `review`), OUT/feedback.csv and OUT/feedback/NAME.ipynb.md
         # (every check that failed, with its message), OUT/written_answers.csv
 
 Why otter-grader: `otter assign` turns one master notebook into the student version and an autograder zip with
@@ -53,6 +53,9 @@ class Assignment:
         if not zips:
             raise FileNotFoundError(f"no autograder zip in {folder / 'autograder'}: run `python -m kvlab lessons "
                                     f"make {name}` first")
+        if len(zips) > 1:  # `make` writes exactly one: another one was put there by someone else
+            raise ValueError(f"{len(zips)} autograder zips in {folder / 'autograder'} ({[z.name for z in zips]}): "
+                             f"`make` writes one; rebuild with `python -m kvlab lessons make {name}`")
         return cls(name, folder / "student" / f"{name}.ipynb", folder / "autograder" / f"{name}.ipynb", zips[-1])
 
 
@@ -95,6 +98,7 @@ def make(names: list[str] | None = None, out: pathlib.Path = pathlib.Path("build
             shutil.rmtree(folder)
         with contextlib.redirect_stdout(io.StringIO()):  # otter's summary table; the CLI prints its own line
             otter_assign(str(master.resolve()), str(folder), no_run_tests=not run_tests, no_pdfs=True)
+        (folder / "autograder").chmod(0o700)  # the tests and the solutions: only the instructor reads them
         made.append(Assignment.at(folder))
     bundle(out)
     return made
@@ -213,8 +217,8 @@ def _feedback_text(result, lesson: str) -> str:
         for c in q.cases:
             kind = "hidden" if c.hidden else "public"
             mark = "passed" if c.passed else "FAILED"
-            lines.append(f"- {c.name} ({kind}, {c.points:g} pt): {mark}" + (f": {c.message}" if not c.passed and
-                                                                             c.message else ""))
+            shown = c.message if not c.passed and c.message and not c.hidden else ""  # a hidden check's stays hidden
+            lines.append(f"- {c.name} ({kind}, {c.points:g} pt): {mark}" + (f": {shown}" if shown else ""))
         lines.append("")
     if result.flags:
         lines += ["## Flagged for review by the instructor", ""] + [f"- {f}" for f in result.flags] + [""]
@@ -222,7 +226,7 @@ def _feedback_text(result, lesson: str) -> str:
 
 
 def grade(assignment: Assignment | pathlib.Path, submissions: pathlib.Path, out: pathlib.Path,
-          jobs: int = 1, timeout: float = 600.0):
+          jobs: int = 1, timeout: float | None = None):
     """Grade every ``*.ipynb`` (or ``grader.export()`` ``*.zip``) in ``submissions`` with
     :func:`kvlab.grading.grade_submissions` (each question in a fresh process against the reference of the
     others, the tests from the autograder zip, tampering put back and flagged) and write into ``out``:
@@ -259,7 +263,9 @@ def grade(assignment: Assignment | pathlib.Path, submissions: pathlib.Path, out:
                      "grading_status": r.status, "review": " | ".join(r.flags)})
     table = pd.DataFrame(rows)
     table.to_csv(out / "final_grades.csv", index=False)
-    (out / "feedback").mkdir(exist_ok=True)
+    if (out / "feedback").exists():  # a run replaces every feedback file: none stays from an earlier class
+        shutil.rmtree(out / "feedback")
+    (out / "feedback").mkdir()
     with open(out / "feedback.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=["file", "question", "check", "hidden", "points", "earned", "passed",
                                                "message"])
@@ -273,8 +279,10 @@ def grade(assignment: Assignment | pathlib.Path, submissions: pathlib.Path, out:
                     writer.writerow({"file": r.file, "question": q.question, "check": c.name, "hidden": c.hidden,
                                      "points": c.points, "earned": c.points if c.passed else 0.0, "passed": c.passed,
                                      "message": c.message})
-            (out / "feedback" / f"{pathlib.Path(r.file).stem}.md").write_text(_feedback_text(r, assignment.name))
-    written = written_questions(lessons([assignment.name])[0])  # otter drops the names from its copies
+            # keyed by the full name: x.ipynb and x.zip are two submissions with two feedback files
+            (out / "feedback" / f"{r.file}.md").write_text(_feedback_text(r, assignment.name))
+    masters = [m for m in lessons() if m.stem == assignment.name]  # otter drops the names from its copies
+    written = written_questions(masters[0]) if masters else []
     with open(out / "written_answers.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=["file", "question", "answer"])
         writer.writeheader()
@@ -298,7 +306,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="where `make` wrote the assignments")
     p.add_argument("--out", type=pathlib.Path, default=None, help="default: build/grades/<lesson>")
     p.add_argument("--jobs", type=int, default=1, help="questions graded at once (one process each)")
-    p.add_argument("--timeout", type=float, default=600.0, help="seconds one question of one submission may run")
+    p.add_argument("--timeout", type=float, default=None,
+                   help="seconds one question of one submission may run (default: 10x the reference answer's "
+                        "measured time, at least 5 s)")
     args = parser.parse_args(argv)
     if args.command == "make":
         for a in make(args.lessons, args.out, args.run_tests):

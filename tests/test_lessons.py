@@ -168,7 +168,7 @@ def test_feedback_names_every_failed_check_with_its_message(graded, name):
     _, rows, grades = graded[name]
     with open(grades / "feedback.csv") as f:
         feedback = [r for r in csv.DictReader(f) if r["file"] == "wrong.ipynb" and r["check"] != "(your code)"]
-    text = (grades / "feedback" / "wrong.md").read_text()
+    text = (grades / "feedback" / "wrong.ipynb.md").read_text()
     failed = [r for r in feedback if r["passed"] == "False"]
     assert failed, feedback
     for r in failed:

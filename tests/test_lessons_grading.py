@@ -173,9 +173,9 @@ def test_feedback_names_the_failed_check_and_its_hint(attacked):
     public = next(r for r in mine if r["check"] == "q1 check 1")
     assert public["passed"] == "False" and public["hidden"] == "False" and public["earned"] == "0.0"
     assert "keep the 2 oldest (0, 1) and the 3 newest (7, 8, 9)" in public["message"]  # a hint, not bare numbers
-    text = (out / "feedback" / "q1_wrong.md").read_text()
+    text = (out / "feedback" / "q1_wrong.ipynb.md").read_text()
     assert "## q1: 0 / 3" in text and "q1 check 1 (public, 1 pt): FAILED" in text and "## q3: 3 / 3" in text
-    exited = (out / "feedback" / "exit.md").read_text()
+    exited = (out / "feedback" / "exit.ipynb.md").read_text()
     assert "Flagged for review" in exited and "ended before its tests" in exited
 
 

@@ -41,7 +41,7 @@ def test_instructor_commands_run_verbatim(tmp_path):
     with open(out / "final_grades.csv") as f:
         rows = {r["file"]: r for r in csv.DictReader(f)}
     assert float(rows["bob.ipynb"]["total_points_earned"]) == 5 and rows["bob.ipynb"]["review"] == ""
-    assert (out / "feedback" / "bob.md").exists() and (out / "written_answers.csv").exists()
+    assert (out / "feedback" / "bob.ipynb.md").exists() and (out / "written_answers.csv").exists()
     # the paths the guide's prose names exist
     prose = CLASSROOM.split("### For instructors: hand out, collect, grade", 1)[1].split("\n## ", 1)[0]
     for name in ("final_grades.csv", "feedback.csv", "written_answers.csv"):

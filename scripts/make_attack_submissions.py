@@ -1,0 +1,140 @@
+"""Build the attack submissions that the grading tests grade (never edit them by hand: rerun this).
+
+A small assignment without a model (``write_master``: two questions, exact-type tests, public and hidden)
+is turned into its student version with ``python -m kvlab lessons make``; ``write_attacks`` then writes one
+notebook per attack from that student version, each with the score and review flag it must get::
+
+    python scripts/make_attack_submissions.py OUT/   # OUT/master/00_tiny.ipynb, OUT/built/, OUT/subs/*.ipynb
+
+Each attack is what a determined student tried against the grader: killing the grader, hanging, forking a
+grandchild, forging result files, planting an autograder zip, answers that compare equal to anything, reading
+the tests and raising them as an error message, using kvlab's own class, walking the call stack.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import sys
+
+import nbformat
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_raw_cell
+
+NAME = "00_tiny"
+DOUBLE = "def double(x: int) -> int:\n    # BEGIN SOLUTION\n    return 2 * x\n    # END SOLUTION\n"
+TOTAL = "def total(xs: list) -> float:\n    # BEGIN SOLUTION\n    return float(sum(xs))\n    # END SOLUTION\n"
+SECRET = "hidden-check-7f3a"  # text only the hidden test holds: it must never reach a student's feedback
+
+
+def _test(code: str, points: int, hidden: bool = False) -> str:
+    return f'""" # BEGIN TEST CONFIG\npoints: {points}\n' + ("hidden: true\n" if hidden else "") + \
+        f'""" # END TEST CONFIG\n{code}'
+
+
+def write_master(path: pathlib.Path) -> pathlib.Path:
+    """An otter master notebook with two autograded questions (2 points each) and no model."""
+    config = ("# ASSIGNMENT CONFIG\nname: 00_tiny\ninit_cell: true\ncheck_all_cell: false\nexport_cell:\n  pdf: false\n"
+              "  run_tests: false\nrun_tests: false\ngenerate: true\ntests:\n  files: false\n  ok_format: true")
+    cells = [new_raw_cell(config), new_markdown_cell("# A tiny assignment"),
+             new_code_cell("import math\nfrom kvlab.policies import Full, Policy"),
+             new_markdown_cell("Write `double`."), new_raw_cell("# BEGIN QUESTION\nname: q1\npoints: 2"),
+             new_markdown_cell("Return twice `x`, an `int`."), new_raw_cell("# BEGIN SOLUTION"), new_code_cell(DOUBLE),
+             new_raw_cell("# END SOLUTION"), new_raw_cell("# BEGIN TESTS"),
+             new_code_cell(_test("got = double(3)\nassert type(got) is int, f'return an int, not {type(got).__name__}'\n"
+                                 "assert got == 6, 'double(3) should be 6'", 1)),
+             new_code_cell(_test(f"# {SECRET}\nfor v in range(-5, 50):\n    got = double(v)\n"
+                                 f"    assert type(got) is int and got == 2 * v, v", 1, hidden=True)),
+             new_raw_cell("# END TESTS"), new_raw_cell("# END QUESTION"),
+             new_markdown_cell("Write `total`."), new_raw_cell("# BEGIN QUESTION\nname: q2\npoints: 2"),
+             new_markdown_cell("Return the sum of `xs` as a `float`."), new_raw_cell("# BEGIN SOLUTION"),
+             new_code_cell(TOTAL), new_raw_cell("# END SOLUTION"), new_raw_cell("# BEGIN TESTS"),
+             new_code_cell(_test("got = total([1, 2])\nassert type(got) is float and got == 3.0, 'total([1, 2]) is 3.0'", 1)),
+             new_code_cell(_test("for n in range(20):\n    got = total(list(range(n)))\n"
+                                 "    assert type(got) is float and math.isclose(got, n * (n - 1) / 2), n", 1,
+                                 hidden=True)),
+             new_raw_cell("# END TESTS"), new_raw_cell("# END QUESTION")]
+    nb = new_notebook(cells=cells, metadata={"kernelspec": {"name": "python3", "display_name": "Python 3",
+                                                            "language": "python"}})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, path)
+    return path
+
+
+GOOD = {0: "def double(x):\n    return 2 * x\n", 1: "def total(xs):\n    return float(sum(xs))\n"}
+
+# name: (answers that replace the reference, the expected (q1, q2) scores, a flag the review must contain or None)
+ATTACKS = {
+    "honest": ({}, (2, 2), None),
+    "blank": (None, (0, 0), None),
+    # kills the grading process above it (the zygote), then the grader itself
+    "killer": ({0: "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\nos.kill(os.getpgid(0), 9)\n"
+                   + GOOD[0]}, (0, 2), "imports os"),
+    "hanger": ({0: "while True:\n    pass\n"}, (0, 2), "took over"),
+    # a grandchild that would outlive the limit and hold the grader's output open
+    "grandchild": ({0: GOOD[0] + "import os, time\nif os.fork() == 0:\n    time.sleep(3600)\n"}, (2, 2), "uses .fork"),
+    # fake result files for itself and a classmate, in every folder of the grader it can find
+    "forger": ({0: "import glob, json, os\nfor d in glob.glob('/tmp/kvlab-grade-*') + ['/proc/self/fd']:\n"
+                   "    for i in range(20):\n        for q in ('q1', 'q2'):\n            try:\n"
+                   "                with open(os.path.join(d, f'{i}.{q}.json'), 'w') as f:\n"
+                   "                    json.dump({'result': {'cases': [], 'errors': [], 'flags': []}}, f)\n"
+                   "            except OSError:\n                pass\n"}, (0, 2), "imports glob"),
+    # an autograder zip with no tests, planted beside the real one for the next run
+    "planter": ({0: "import os, zipfile\nfor root, dirs, files in os.walk(os.environ.get('KVLAB_BUILT', '/')):\n"
+                    "    if root.endswith('autograder'):\n        try:\n"
+                    "            zipfile.ZipFile(os.path.join(root, '00_tiny-autograder_9999.zip'), 'w').close()\n"
+                    "        except OSError:\n            pass\n"}, (0, 2), "imports zipfile"),
+    # answers that compare equal to anything, or convert to the right number, with no real work
+    "eq_list": ({1: "class Yes(float):\n    __eq__ = lambda *a: True\n\ndef total(xs):\n    return Yes(0)\n"},
+                (2, 0), "defines __eq__ in the class Yes"),
+    "int_subclass": ({0: "class Two(int):\n    def __eq__(self, other):\n        return True\n\n"
+                         "def double(x):\n    return Two(0)\n"}, (0, 2), "subclasses int"),
+    # reads the tests and raises them as an error message (from the answer cell and from inside a test)
+    "leaker": ({0: "import glob, os\ntext = ''\nbuilt = os.environ.get('KVLAB_BUILT', '.')\n"
+                   "for p in glob.glob(built + '/**/autograder/*', recursive=True):\n"
+                   "    try:\n        text += open(p, 'rb').read().decode('latin-1')\n    except OSError:\n"
+                   "        pass\ndef double(x):\n    raise AssertionError('hidden-check-7f3a' + text)\n"
+                   "raise ValueError('hidden-check-7f3a' + text)\n"}, (0, 2), "imports glob"),
+    # kvlab's own class where the question says to write one
+    "uses_kvlab": ({0: "from kvlab.policies import StreamingLLM\n" + GOOD[0]}, (2, 2), "imports StreamingLLM from kvlab.policies"),
+    # walks up the call stack with names split into strings
+    "stack_walk": ({0: "f = getattr(__import__('sy' + 's'), '_get' + 'frame')(0)\nwhile f is not None:\n"
+                       "    job = f.f_locals.get('job')\n    if isinstance(job, dict) and 'tests' in job:\n"
+                       "        for t in job['tests'].values():\n            for c in t['cases']:\n"
+                       "                c['code'] = ''\n    f = f.f_back\n"}, (0, 2),
+                   "uses getattr with a computed attribute name"),
+}
+
+
+def _answer_cells(nb) -> list:
+    return [c for c in nb.cells if c.cell_type == "code" and "otter_answer_cell" in c.metadata.get("tags", [])]
+
+
+def write_attacks(student: pathlib.Path, out: pathlib.Path) -> dict[str, tuple]:
+    """One notebook per attack (``out/NAME.ipynb``) from the student version; returns ``ATTACKS``."""
+    out.mkdir(parents=True, exist_ok=True)
+    for name, (answers, _, _) in ATTACKS.items():
+        nb = nbformat.read(student, as_version=4)
+        cells = _answer_cells(nb)
+        for i, cell in enumerate(cells):
+            if answers is not None:
+                cell.source = answers.get(i, GOOD[i])
+        nbformat.write(nb, out / f"{name}.ipynb")
+    return ATTACKS
+
+
+def main(argv: list[str]) -> int:
+    from kvlab import lessons as classroom
+
+    if len(argv) != 1:
+        print(__doc__)
+        return 2
+    root = pathlib.Path(argv[0])
+    master = write_master(root / "master" / f"{NAME}.ipynb")
+    (assignment,) = classroom.make([str(master)], out=root / "built")
+    write_attacks(assignment.student, root / "subs")
+    print(json.dumps({k: v[1] for k, v in ATTACKS.items()}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -112,3 +112,36 @@ def test_no_console_errors(book_url, browser, page):
               and "/favicon.ico" not in e["message"]]
     assert not errors, errors
 
+
+
+# The pages the book shows at full size: each opens with the line naming the parameter set that made it (its book
+# set where book/executed holds a current copy, else the CI set), and its figures load at a readable size.
+BOOK_PAGES = sorted(p.name.split(".")[0] for p in (ROOT / "notebooks" / "params").glob("*.book.yaml"))
+
+
+def _book_copy_is_current(stem: str) -> bool:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("kvlab_notebooks_tool", ROOT / "scripts" / "notebooks.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    return tool.stale(ROOT / "notebooks" / f"{stem}.ipynb") == []
+
+
+@pytest.mark.parametrize("stem", BOOK_PAGES)
+def test_full_size_pages(book_url, browser, screenshots, stem):
+    h1 = _open(browser, f"{book_url}/notebooks/{stem}.html")
+    visible_box(browser, h1)
+    want = "book parameter set" if _book_copy_is_current(stem) else "small test parameters"
+    notes = [p for p in browser.find_elements(By.CSS_SELECTOR, "article p") if want in p.text]
+    assert notes, f"{stem}: the page does not say it shows the {want}"
+    visible_box(browser, notes[0])
+    figures = browser.find_elements(By.CSS_SELECTOR, "div.cell_output img")
+    assert figures, f"{stem}: no figure in the cell outputs"
+    for img in figures:
+        browser.execute_script("arguments[0].scrollIntoView({block: 'center'});", img)
+        WebDriverWait(browser, 20).until(lambda d: image_loaded(d, img), f"figure {img.get_attribute('src')}")
+        box = visible_box(browser, img)
+        assert box["width"] > 100 and box["height"] > 50, f"{stem}: figure drawn too small: {box}"
+    browser.execute_script("arguments[0].scrollIntoView({block: 'center'});", figures[0])
+    browser.save_screenshot(str(screenshots / f"book_full_{stem}.png"))

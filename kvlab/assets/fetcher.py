@@ -42,6 +42,7 @@ from kvlab.assets.integrity import (
     cache_dir,
     checked_cache_dir,
     damage_message,
+    make_cache_subdir,
     manifest,
     problem,
     progress_bar,
@@ -96,7 +97,7 @@ def fetch(asset_id: str, *, progress: bool = True, verify: bool = False) -> Path
 
 def _build(asset: Asset, final: Path, progress: bool) -> Path:
     checked_cache_dir(write=True)
-    final.parent.mkdir(parents=True, exist_ok=True)
+    make_cache_subdir(final.parent)
     sources = _distinct_sources(asset)
     archives = {s.filename: _archive(s, progress=progress) for s in sources}
     if asset.collection:
@@ -267,8 +268,7 @@ def _build_collection(asset: Asset, archives: dict[str, Path], final: Path) -> N
 
 def _archive(source: Source, *, progress: bool) -> Path:
     """Path of ``source``'s archive in ``cache_dir()/downloads``, downloading it if needed."""
-    downloads = cache_dir() / "downloads"
-    downloads.mkdir(parents=True, exist_ok=True)
+    downloads = make_cache_subdir(cache_dir() / "downloads")
     final = downloads / source.filename
     if final.exists():
         if sha256_file(final) == source.archive_sha256:

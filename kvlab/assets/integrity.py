@@ -116,6 +116,18 @@ def checked_cache_dir(*, write: bool = False) -> Path:
     return root
 
 
+def make_cache_subdir(path: Path) -> Path:
+    """``path.mkdir(parents=True, exist_ok=True)`` for a folder inside the cache; a file standing where a folder
+    must be is a :class:`CacheDirError` naming it and the fix (not a bare FileExistsError)."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        blocker = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), path)
+        raise CacheDirError(f"{blocker} is a file, but kvlab keeps a folder there (in {_describe_root(cache_dir())}): "
+                            f"move or delete that file, or point KVLAB_CACHE at another directory") from None
+    return path
+
+
 def asset_path(asset_id: str) -> Path:
     """Where :func:`kvlab.assets.fetch` puts ``asset_id`` (a file, or a folder for collections)."""
     return cache_dir() / "assets" / asset_id / get_asset(asset_id).filename

@@ -87,6 +87,7 @@ class FastDecoder:
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         self.cache.prepare(self.device, param.dtype, config.num_key_value_heads, head_dim)
         self.ids = torch.zeros((batch, 1), dtype=torch.long, device=self.device)
+        self.vocab = int(getattr(config, "vocab_size", None) or self.inner.embed_tokens.num_embeddings)
         self.record = record
         self._trace = torch.zeros((record, batch, self.state.num_layers), dtype=torch.long, device=self.device)
         self._index = torch.zeros(1, dtype=torch.long, device=self.device)
@@ -159,6 +160,7 @@ class FastDecoder:
             raise ValueError(f"step {self.cache.steps + 1} exceeds record={self.record} traced steps")
         if ids.shape != self.ids.shape:
             raise ValueError(f"ids must have shape {tuple(self.ids.shape)} (batch, 1), got {tuple(ids.shape)}")
+        _check_ids(ids, self.vocab, host_only=True)
         self.ids.copy_(ids)
         if self.graph:
             if self._graph is None:
@@ -180,6 +182,22 @@ class FastDecoder:
 
 
 @torch.no_grad()
+def _check_ids(ids: torch.Tensor, vocab: int | None, host_only: bool = False) -> None:
+    """Token ids are integers in ``[0, vocab)``: a float id would be truncated and an id out of range would fail
+    deep in the embedding. ``host_only``: check the range only for host tensors (a per-step check of GPU ids would
+    synchronise every step; :func:`decode_static` checks a whole GPU stream once)."""
+    if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
+        raise ValueError(f"ids must be integer token ids, got dtype {ids.dtype}; convert exact ids with "
+                         ".long() (a float id such as 7.9 is not a token)")
+    if vocab is None or ids.numel() == 0 or (host_only and ids.device.type != "cpu"):
+        return
+    low, high = int(ids.min()), int(ids.max())
+    if low < 0 or high >= vocab:
+        bad = low if low < 0 else high
+        raise ValueError(f"ids must lie in [0, {vocab}) (the model's vocabulary), got {bad}; tokenize with this "
+                         "model's tokenizer")
+
+
 def decode_static(model, ids: torch.Tensor, policy: Policy, *, progress: bool = False,
                   graph: bool | None = None, compile: bool = False, kernel: str = "auto") -> dict:
     """Decode ``ids`` ``(B, T)`` token by token with :class:`FastDecoder`; the NLL of tokens ``1..T-1``.
@@ -189,7 +207,14 @@ def decode_static(model, ids: torch.Tensor, policy: Policy, *, progress: bool = 
     """
     from tqdm.auto import tqdm
 
+    if not isinstance(ids, torch.Tensor) or ids.dim() != 2:
+        raise ValueError(f"ids must be a (batch, tokens) tensor of token ids, got "
+                         f"{tuple(ids.shape) if isinstance(ids, torch.Tensor) else type(ids).__name__}")
     batch, n = ids.shape
+    if n < 2:
+        raise ValueError(f"ids has {n} token(s) per row; decode_static scores tokens 1..T-1 from the ones before "
+                         "them, so it needs at least 2 tokens per row: pass a longer ids")
+    _check_ids(ids, int(getattr(_text_config(model), "vocab_size", 0) or 0) or None)
     decoder = FastDecoder(model, policy, batch, max_steps=n - 1, record=n - 1, graph=graph, compile=compile,
                           kernel=kernel)
     ids = ids.to(decoder.device)

@@ -156,6 +156,12 @@ class SepLLMStreaming(Policy):
         self._sep = SeparatorSet(separators)
         if not len(self._sep):
             _warn_no_separators(type(self).__name__, "StreamingLLM(init, cache - init)")
+        elif sep == 0:
+            # Kept legal on purpose, as separators=[] is: a window-only ablation row
+            warnings.warn(f"{type(self).__name__}(sep=0) keeps no separator: a sink + window cache (StreamingLLM) "
+                          f"reported under {type(self).__name__}'s name. Pass sep >= 1 for SepLLM, or "
+                          "kvlab.policies.StreamingLLM(init, cache - init) for the window cache", UserWarning,
+                          stacklevel=2)
 
     @property
     def budget(self) -> int:

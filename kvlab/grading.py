@@ -29,10 +29,18 @@ decides its own grade. Here the student's notebook is only a source of answer ce
    ``setattr``/attribute assignment on imported modules; ``__eq__`` overrides; ``os._exit``;
    assignments to parameters). A flag does not change the score: it puts the row up for review.
 
-Not protected (Python gives no isolation inside one process): code that digs into the child's own
-memory (frames, ``gc``, ``ctypes``) to forge the result file, or that changes an object in place rather
-than rebinding it. The scan flags the common routes to those; for an adversarial class, grade in a
-sandbox (otter's Docker grading, ``otter grade``) as well.
+5. **The child is confined** (:func:`_confine`): its own session, killed whole at the end or on timeout;
+   stdout/stderr on ``/dev/null``, every descriptor closed but its private result pipe (the zygote reads it:
+   no result file a classmate could forge); an empty working folder; rlimits on CPU time, address space,
+   core files and processes (no fork); as root, the user ``nobody`` (it cannot signal the grader, read its
+   folders or the autograder folder, or write the build and lessons folders). The tests are compiled before
+   the student's cells run; errors are reported by type and line, never with the student's text.
+6. **Time limits from the reference**: each question's reference answer runs first in a child, and a
+   student's run may take ``SLOWDOWN`` times as long (at least ``MIN_LIMIT`` s) unless ``timeout`` is given.
+
+Not protected: the tests still run in the child after the student's cells, so the student's function, when a
+test calls it, can dig into the child's own memory (frames, ``gc``, ``ctypes``) and forge that question's
+result; the scan flags the usual routes. Not root: no user switch (see docs/guide/classroom.md).
 
 Entry point: :func:`grade_submissions` (used by ``python -m kvlab lessons grade``).
 """

@@ -129,8 +129,8 @@ def bundle(out: pathlib.Path) -> pathlib.Path:
 
 HANDOUT = """# kvlab assignments
 
-Open each notebook in JupyterLab in a checkout of kvlab with its environment (`bash scripts/lab.sh`), work
-through the questions, and run `grader.check("qN")` under each one: these are the public checks, with a hint
+Install kvlab (`pip install kvlab`, or the environment your instructor gives you), open each notebook of this
+folder in JupyterLab, work through the questions, and run `grader.check("qN")` under each one: these are the public checks, with a hint
 when one fails. The instructor grades with more (hidden) checks, each question on its own.
 
 To hand in: save the notebook, run the last cell (`grader.export(...)`): it writes a zip with your notebook

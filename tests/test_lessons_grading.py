@@ -102,10 +102,10 @@ ATTACKS = {
     "metadata_tests": (dict(solved=False, edit=_metadata_tests_only), {"q1": 0, "q2": 0, "q3": 0}, None),
     # leaving before the tests run costs that question only
     "exit": (dict(answers={0: "import os\nos._exit(0)\n"}), {"q1": 0, "q2": 2, "q3": 3}, "ended before its tests"),
-    # an answer that equals anything passes an `==` check: scored, but flagged
+    # an answer that equals anything: the exact type check fails it, and it is flagged
     "eq_override": (dict(answers={0: "class Yes(list):\n    def __eq__(self, other):\n        return True\n\n"
                                      "def sink_window_keep(n, sink, window):\n    return Yes()\n"}),
-                    {"q1": 1, "q2": 2, "q3": 3}, "defines __eq__"),
+                    {"q1": 0, "q2": 2, "q3": 3}, "defines __eq__"),
 }
 
 

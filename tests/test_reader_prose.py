@@ -174,3 +174,24 @@ def test_leaderboard_legends_stay_off_the_points():
         box = ax.get_window_extent(renderer)
         for legend in legends:
             assert not legend.get_window_extent(renderer).overlaps(box), "a legend covers an axes' points"
+
+
+# ------------------------------------------------------------------------------------ what the text points at
+@pytest.mark.parametrize("name", sorted(TEXTS))
+def test_named_lessons_exist(name):
+    """A lesson named in the text (``lessons/01_streaming_llm``) is one the course has."""
+    named = {m for line in TEXTS[name] for m in re.findall(r"lessons/(\d\d_\w+)", line)}
+    missing = sorted(n for n in named if not (ROOT / "lessons" / f"{n}.ipynb").is_file())
+    assert not missing, f"{name} names lessons that do not exist: {missing} (have: " + \
+        ", ".join(sorted(p.stem for p in ROOT.glob("lessons/*.ipynb"))) + ")"
+
+
+def test_leaderboard_defaults_never_write_into_committed_results():
+    """Running notebook 15 with its defaults (or its full set) writes under build/, never over
+    benchmarks/results/ (the committed runs the text quotes)."""
+    params = next(src for kind, src in _notebook_cells(ROOT / "notebooks" / "15_leaderboard.ipynb")
+                  if kind == "code" and re.search(r"^out: str = ", src, re.M))
+    out = re.search(r'^out: str = "([^"]*)"', params, re.M).group(1)
+    assert out.startswith("../build/"), f"notebook 15's default out is {out!r}: put it under ../build/"
+    full = (ROOT / "notebooks" / "params" / "15_leaderboard.full.yaml").read_text()
+    assert re.search(r"^out: \.\./build/", full, re.M), "15_leaderboard.full.yaml must write under ../build/"

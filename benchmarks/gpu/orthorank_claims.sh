@@ -30,7 +30,7 @@ fi
     echo "== $what"
     t0=$(date +%s)
     "$PY" -m kvlab.orthorank.experiments "$what" --layers "$NB11" "${ARGS[@]}" \
-      --out "$D/${what}_smollm2.json" 2>&1 | grep -v "Loading weights"
+      --out "$D/${what}_smollm2.json" 2>&1 | grep --line-buffered -v "Loading weights"
     echo "$what: $(( $(date +%s) - t0 )) s"
   done
 } 2>&1 | tee "$D/run.log"

@@ -1,6 +1,6 @@
 """Experiments of the OrthoRank notebooks (11, 12) that are also run from the command line.
 
-Paper: OrthoRank (Shin, Oh and Oh, ICML 2025), Tables 1, 2 and 4, Figs. 2-3. What is here:
+Paper: OrthoRank (Shin, Oh and Oh, ICML 2025), Tables 1-4, Figs. 2-7. What is here:
 
 * :func:`zero_shot` (Table 2): lm-eval's zero-shot ``acc`` / ``acc_norm`` (:mod:`kvlab.eval.zeroshot`) of each
   plan (dense, SLEB, OrthoRank at 10% / 20%) on PIQA, WinoGrande, HellaSwag, ARC-e and ARC-c;
@@ -9,6 +9,12 @@ Paper: OrthoRank (Shin, Oh and Oh, ICML 2025), Tables 1, 2 and 4, Figs. 2-3. Wha
   the CPU time of each plan's evaluation beside it;
 * :func:`layer_token_table` (Table 4): at one sparsity, layers removed (token ratio 0) against layers routed
   at each token ratio, every configuration with its own greedy search;
+* :func:`sink_alignment` (Figs. 2-3, 6-7 per window): on one window per C4 document, the cosine of the tokens
+  to the sink right after ``l_sink`` and at the last layer, the same for another token, and the sink's and the
+  other tokens' self-similarity across the layers after ``l_sink``; :data:`ALIGNMENT_PAIRS` the readings;
+* :func:`layerwise_plans` (Fig. 4): each layer routed alone, most against least orthogonal tokens, and
+  :func:`pooled_records` for the claim over all layers but the last; :func:`table4_plans` (Table 4 on the
+  same windows); :func:`paired_difference` (bootstrap interval and exact sign test of each comparison);
 * :func:`table1_plans`, :func:`document_windows`, :func:`window_nll`, :func:`paired_ppl_ratio` (Table 1 with
   intervals, and Table 3's rows on the same windows): one window from each of many C4 documents, the NLL of
   every window under every plan (``*.examples.jsonl`` records), and a paired bootstrap over the windows for
@@ -22,6 +28,9 @@ commands behind the numbers quoted)::
     python -m kvlab.orthorank.experiments model --model gemma3-270m --calib 2x128 --eval 4x128 --out g.json
     python -m kvlab.orthorank.experiments table4 --calib 8x256 --eval 16x256 --layers notebook11.json --out t4.json
     python -m kvlab.orthorank.experiments table1 --layers notebook11.json --doc-len 256 --table3 --out t1.json
+    python -m kvlab.orthorank.experiments alignment --model gemma3-270m --doc-len 256 --out a.json
+    python -m kvlab.orthorank.experiments fig4 --layers notebook11.json --doc-len 256 --out fig4.json
+    python -m kvlab.orthorank.experiments table4docs --layers notebook11.json --doc-len 256 --out t4.json
 
 Windows start with a BOS token where the model's tokenizer adds one (Gemma3: its sink is the BOS token).
 """

@@ -190,6 +190,42 @@ def check_target(target: str) -> None:
         raise ValueError(f"target {target!r}: module {module!r} has no function {function!r}")
 
 
+def check_notebook_params(target: str, tasks: list[Task]) -> None:
+    """Every parameter a task passes to notebook ``target`` is declared in its ``parameters`` cell: papermill injects
+    an undeclared name as a new variable that no cell reads, so the notebook would run with its default."""
+    import papermill
+
+    declared = set(papermill.inspect_notebook(target))
+    unknown = sorted({k for t in tasks for k in t.params} - declared)
+    if unknown:
+        raise ValueError(f"{target} declares no parameter {unknown} in its parameters cell (it declares "
+                         f"{sorted(declared) or 'none'}): the notebook would run with its defaults; fix the names in "
+                         "the grid / fixed, or declare them in the notebook's cell tagged 'parameters'")
+
+
+def _check_no_overwrite(tasks: list[Task], out: Path) -> None:
+    """A result file in ``out`` from the same task name but other parameters or target (a changed ``fixed:``
+    value, a name pattern that leaves the changed parameter out) would be replaced: refuse. A result of the same
+    parameters from another kvlab version is redone in place."""
+    clash = []
+    for t in tasks:
+        path = out / f"{t.name}.json"
+        try:
+            old = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue  # absent or damaged: written (again)
+        if isinstance(old, dict) and (old.get("target") != t.target
+                                      or json.dumps(old.get("params"), sort_keys=True, default=str)
+                                      != json.dumps(plain_json(t.params, "params"), sort_keys=True, default=str)):
+            clash.append((path, old.get("params"), t.params))
+    if clash:
+        path, before, now = clash[0]
+        raise ValueError(f"{len(clash)} result file(s) in {out} hold other parameters under the same task name, e.g. "
+                         f"{path.name}: {json.dumps(before, default=str)} there, {json.dumps(now, default=str)} now; "
+                         "rerunning would replace them. Use a 'name' pattern with every parameter that changed, "
+                         "another out folder, or delete those files to redo them")
+
+
 def visible_gpus() -> list[str]:
     """The GPUs this process may use, as CUDA names them: the entries of ``CUDA_VISIBLE_DEVICES`` where it is set
     (indices or UUIDs, kept as written, up to the first invalid one as CUDA reads it; empty: none), else
@@ -272,6 +308,18 @@ def _no_gpu_worker(gpu_tasks: list[Task], where: str) -> ValueError:
                       "--resources GPU=1` per GPU, as `python -m kvlab worker-env ADDRESS` prints) or set device: cpu")
 
 
+def _check_torch_sees(devices: list[str]) -> None:
+    """``gpu_workers='auto'`` found GPUs in ``CUDA_VISIBLE_DEVICES``: check that torch sees them, or GPU tasks would
+    run on the CPU and be recorded as run on a GPU."""
+    import torch
+
+    seen = torch.cuda.device_count()
+    if seen < len(set(devices)):
+        raise ValueError(f"gpu_workers='auto': CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r} names "
+                         f"{len(set(devices))} GPU(s) but torch sees {seen} (no GPU or no CUDA build of torch here): "
+                         "run on the GPU machine, fix CUDA_VISIBLE_DEVICES, or give the tasks device: cpu")
+
+
 def run_sweep(tasks: list[Task], out, *, scheduler: str | None = None, workers: int | None = None,
               gpu_workers: int | str = 0, workers_per_gpu: int = 1, retries: int = 1,
               python_path: list[str] | None = None, progress: bool = True) -> SweepReport:
@@ -296,8 +344,11 @@ def run_sweep(tasks: list[Task], out, *, scheduler: str | None = None, workers: 
             sys.path.insert(0, p)
     for target in sorted({t.target for t in tasks}):
         check_target(target)
+        if target.endswith(".ipynb"):
+            check_notebook_params(target, [t for t in tasks if t.target == target])
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    _check_no_overwrite(tasks, out)
     report = SweepReport(skipped=[t.name for t in tasks if _finished(t, out)])
     todo = sorted((t for t in tasks if t.name not in report.skipped), key=lambda t: -t.cost)
     if not todo:
@@ -306,6 +357,8 @@ def run_sweep(tasks: list[Task], out, *, scheduler: str | None = None, workers: 
     cluster = None
     if scheduler is None:
         devices = gpu_worker_devices(gpu_workers, workers_per_gpu)
+        if gpu_workers == "auto" and gpu_tasks and devices:
+            _check_torch_sees(devices)
         if gpu_tasks and not devices:
             raise _no_gpu_worker(gpu_tasks, "no local worker" + (" (gpu_workers='auto' found no GPU)"
                                                                  if gpu_workers == "auto" else ""))

@@ -112,3 +112,65 @@ def test_a_file_where_an_asset_folder_goes_is_named(cache, asset_shelf, monkeypa
     blocker.write_text("not a folder")
     with pytest.raises(CacheDirError, match=rf"{blocker} is a file, but kvlab keeps a folder there.*move or delete"):
         assets.fetch("tiny-text", progress=False)
+
+
+# -- sweeps
+
+
+def _no_cluster(*args, **kwargs):
+    raise AssertionError("a cluster was started for a sweep that must be refused")
+
+
+def test_sweep_refuses_a_notebook_parameter_the_notebook_does_not_declare(tmp_path, monkeypatch):
+    """A grid over `max_tokenz` ran every cell with the default and marked it done."""
+    import nbformat
+
+    from kvlab import sweep
+
+    nb = nbformat.v4.new_notebook()
+    cell = nbformat.v4.new_code_cell("max_tokens: int = 64  # tokens to stream")
+    cell.metadata["tags"] = ["parameters"]
+    nb.cells = [cell, nbformat.v4.new_code_cell("print(max_tokens)")]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    path = tmp_path / "lesson.ipynb"
+    nbformat.write(nb, path)
+    monkeypatch.setattr(sweep, "local_cluster", _no_cluster)
+    tasks = sweep.grid_tasks(str(path), {"max_tokenz": [8, 16]})
+    with pytest.raises(ValueError, match=r"declares no parameter \['max_tokenz'\].*declares \['max_tokens'\]"):
+        sweep.run_sweep(tasks, tmp_path / "out", workers=1, progress=False)
+    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").iterdir())
+
+
+def test_sweep_keeps_results_of_other_fixed_values(tmp_path, monkeypatch):
+    """A re-run with a changed `fixed:` value and the same name pattern into the same out replaced the results."""
+    import json
+
+    from kvlab import sweep
+
+    out = tmp_path / "out"
+    out.mkdir()
+    first = sweep.grid_tasks("builtins:dict", {"a": [1]}, fixed={"b": 1}, name="a{a}")
+    sweep._write_atomic(out / "a1.json", dict(name="a1", key=sweep.task_key(first[0]), target="builtins:dict",
+                                              params=first[0].params, result={"a": 1, "b": 1}))
+    before = (out / "a1.json").read_text()
+    monkeypatch.setattr(sweep, "local_cluster", _no_cluster)
+    again = sweep.grid_tasks("builtins:dict", {"a": [1]}, fixed={"b": 2}, name="a{a}")
+    with pytest.raises(ValueError, match=r"hold other parameters under the same task name.*a1\.json.*'name' pattern"):
+        sweep.run_sweep(again, out, workers=1, progress=False)
+    assert (out / "a1.json").read_text() == before
+    assert json.loads(before)["params"] == {"b": 1, "a": 1}
+    # the same parameters are still found finished (nothing to run, no cluster)
+    assert sweep.run_sweep(first, out, workers=1, progress=False).skipped == ["a1"]
+
+
+def test_sweep_gpu_workers_auto_checks_that_torch_sees_the_gpus(tmp_path, monkeypatch):
+    """CUDA_VISIBLE_DEVICES=0 on a machine without a GPU: 'auto' ran device: gpu tasks on the CPU and recorded them
+    as run on a GPU."""
+    from kvlab import sweep
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    monkeypatch.setattr(sweep, "local_cluster", _no_cluster)
+    task = sweep.Task("g", "os:getcwd", {}, device="gpu")
+    with pytest.raises(ValueError, match=r"CUDA_VISIBLE_DEVICES='0' names 1 GPU\(s\) but torch sees 0"):
+        sweep.run_sweep([task], tmp_path, workers=1, gpu_workers="auto", progress=False)

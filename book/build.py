@@ -321,9 +321,15 @@ def stage(src: pathlib.Path, executed: pathlib.Path, notebooks: list[pathlib.Pat
     for student in students:
         _sync(student, src / "lessons" / student.name)
         keep.add(src / "lessons" / student.name)
-    for old in src.rglob("*"):  # a page removed from the course leaves the book too
-        if old.is_file() and old not in keep:
+    # a page removed from the course leaves the book too; only files an earlier build wrote (its list of them)
+    # are ever deleted, never anything else found in src
+    written = src / ".kvlab-book-files"
+    before = written.read_text(encoding="utf-8").splitlines() if written.is_file() else []
+    for rel in before:
+        old = src / rel
+        if rel and old not in keep and old.is_file() and old.resolve().is_relative_to(src.resolve()):
             old.unlink()
+    written.write_text("".join(f"{p.relative_to(src).as_posix()}\n" for p in sorted(keep)), encoding="utf-8")
 
 
 # --- 4. sphinx ----------------------------------------------------------------------------------------------------

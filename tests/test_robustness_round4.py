@@ -174,3 +174,27 @@ def test_sweep_gpu_workers_auto_checks_that_torch_sees_the_gpus(tmp_path, monkey
     task = sweep.Task("g", "os:getcwd", {}, device="gpu")
     with pytest.raises(ValueError, match=r"CUDA_VISIBLE_DEVICES='0' names 1 GPU\(s\) but torch sees 0"):
         sweep.run_sweep([task], tmp_path, workers=1, gpu_workers="auto", progress=False)
+
+
+# -- the book
+
+
+def test_book_stage_deletes_only_what_it_wrote(tmp_path):
+    """`book/build.py --out OUT` deleted every file under OUT/src that it did not write this time."""
+    import pathlib
+    import sys
+
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "book"))
+    import build as book
+
+    src = tmp_path / "src"
+    (src / "notes").mkdir(parents=True)
+    foreign = src / "notes" / "mine.md"
+    foreign.write_text("my own notes")
+    lesson = tmp_path / "01_lesson.ipynb"
+    lesson.write_text("{}")
+    book.stage(src, tmp_path, [], [lesson])
+    assert (src / "lessons" / lesson.name).is_file()
+    book.stage(src, tmp_path, [], [])  # the lesson left the course: its page goes, the user's file stays
+    assert not (src / "lessons" / lesson.name).exists()
+    assert foreign.read_text() == "my own notes"

@@ -203,27 +203,28 @@ def check_notebook_params(target: str, tasks: list[Task]) -> None:
                          "the grid / fixed, or declare them in the notebook's cell tagged 'parameters'")
 
 
-def _check_no_overwrite(tasks: list[Task], out: Path) -> None:
-    """A result file in ``out`` from the same task name but other parameters or target (a changed ``fixed:``
-    value, a name pattern that leaves the changed parameter out) would be replaced: refuse. A result of the same
-    parameters from another kvlab version is redone in place."""
-    clash = []
+def _keep_other_results(tasks: list[Task], out: Path) -> None:
+    """A result file in ``out`` under a task's name but from other parameters or another target (a changed
+    ``fixed:`` value, a name pattern that leaves the changed parameter out) is kept, never replaced: it moves to
+    ``<name>.<its key>.json``; a result kept that way for this task's parameters moves back and counts as done. A
+    result of the same parameters from another kvlab version is redone in place."""
     for t in tasks:
         path = out / f"{t.name}.json"
         try:
             old = json.loads(path.read_text())
         except (OSError, ValueError):
             continue  # absent or damaged: written (again)
-        if isinstance(old, dict) and (old.get("target") != t.target
-                                      or json.dumps(old.get("params"), sort_keys=True, default=str)
-                                      != json.dumps(plain_json(t.params, "params"), sort_keys=True, default=str)):
-            clash.append((path, old.get("params"), t.params))
-    if clash:
-        path, before, now = clash[0]
-        raise ValueError(f"{len(clash)} result file(s) in {out} hold other parameters under the same task name, e.g. "
-                         f"{path.name}: {json.dumps(before, default=str)} there, {json.dumps(now, default=str)} now; "
-                         "rerunning would replace them. Use a 'name' pattern with every parameter that changed, "
-                         "another out folder, or delete those files to redo them")
+        if not isinstance(old, dict) or (old.get("target") == t.target and json.dumps(
+                old.get("params"), sort_keys=True, default=str) == json.dumps(
+                plain_json(t.params, "params"), sort_keys=True, default=str)):
+            continue
+        aside = out / f"{t.name}.{old.get('key') or hashlib.sha256(path.read_bytes()).hexdigest()[:16]}.json"
+        os.replace(path, aside)
+        print(f"sweep: {path.name} holds other parameters ({json.dumps(old.get('params'), default=str)}); kept as "
+              f"{aside.name}", file=sys.stderr)
+        mine = out / f"{t.name}.{task_key(t)}.json"
+        if mine.exists():
+            os.replace(mine, path)
 
 
 def visible_gpus() -> list[str]:
@@ -348,7 +349,7 @@ def run_sweep(tasks: list[Task], out, *, scheduler: str | None = None, workers: 
             check_notebook_params(target, [t for t in tasks if t.target == target])
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    _check_no_overwrite(tasks, out)
+    _keep_other_results(tasks, out)
     report = SweepReport(skipped=[t.name for t in tasks if _finished(t, out)])
     todo = sorted((t for t in tasks if t.name not in report.skipped), key=lambda t: -t.cost)
     if not todo:

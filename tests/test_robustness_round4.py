@@ -141,26 +141,24 @@ def test_sweep_refuses_a_notebook_parameter_the_notebook_does_not_declare(tmp_pa
     assert not (tmp_path / "out").exists() or not list((tmp_path / "out").iterdir())
 
 
-def test_sweep_keeps_results_of_other_fixed_values(tmp_path, monkeypatch):
+def test_sweep_keeps_results_of_other_fixed_values(tmp_path):
     """A re-run with a changed `fixed:` value and the same name pattern into the same out replaced the results."""
     import json
 
     from kvlab import sweep
 
     out = tmp_path / "out"
-    out.mkdir()
     first = sweep.grid_tasks("builtins:dict", {"a": [1]}, fixed={"b": 1}, name="a{a}")
-    sweep._write_atomic(out / "a1.json", dict(name="a1", key=sweep.task_key(first[0]), target="builtins:dict",
-                                              params=first[0].params, result={"a": 1, "b": 1}))
-    before = (out / "a1.json").read_text()
-    monkeypatch.setattr(sweep, "local_cluster", _no_cluster)
     again = sweep.grid_tasks("builtins:dict", {"a": [1]}, fixed={"b": 2}, name="a{a}")
-    with pytest.raises(ValueError, match=r"hold other parameters under the same task name.*a1\.json.*'name' pattern"):
-        sweep.run_sweep(again, out, workers=1, progress=False)
-    assert (out / "a1.json").read_text() == before
-    assert json.loads(before)["params"] == {"b": 1, "a": 1}
-    # the same parameters are still found finished (nothing to run, no cluster)
+    assert sweep.run_sweep(first, out, workers=1, progress=False).done == ["a1"]
+    assert sweep.run_sweep(again, out, workers=1, progress=False).done == ["a1"]
+    kept = {json.dumps(json.loads(p.read_text())["result"], sort_keys=True) for p in out.glob("a1*.json")}
+    assert kept == {'{"a": 1, "b": 1}', '{"a": 1, "b": 2}'}
+    assert json.loads((out / "a1.json").read_text())["params"] == {"b": 2, "a": 1}
+    # back to the first value: its kept result counts as done, nothing runs
     assert sweep.run_sweep(first, out, workers=1, progress=False).skipped == ["a1"]
+    assert json.loads((out / "a1.json").read_text())["params"] == {"b": 1, "a": 1}
+    assert len(list(out.glob("a1*.json"))) == 2
 
 
 def test_sweep_gpu_workers_auto_checks_that_torch_sees_the_gpus(tmp_path, monkeypatch):

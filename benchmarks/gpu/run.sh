@@ -7,7 +7,8 @@
 # SPEC is TOPIC[@GPU][=SECONDS]: TOPIC.sh runs with CUDA_VISIBLE_DEVICES=GPU (default 0) and is stopped after SECONDS
 # (default 480). Topics on different GPUs run at the same time; topics on one GPU run one after the other, in the
 # order given. GPU may be a list ("0,1") for a topic that spreads itself over several GPUs: that list is a lane of its
-# own, beside the others, so give such a topic a call of its own.
+# own, beside the others, so give such a topic a call of its own. GPU~NAME is another lane on the same GPU
+# (`a@0 b@0~2`: a and b at the same time on GPU 0), for topics too small to fill a GPU alone.
 # `bg:SPEC` starts the topic detached (it outlives this call, for a later call of the same lease), `collect:TOPIC`
 # copies what a detached topic has written so far into this call's archive.
 #
@@ -57,16 +58,16 @@ for spec in "$@"; do
         "$(pgrep -f "benchmarks/gpu/$t.sh" >/dev/null && echo yes || echo no))" | tee -a "$R/times.txt" ;;
     *)
       limit=${spec#*=}; [ "$limit" = "$spec" ] && limit=480; s=${spec%%=*}
-      t=${s%%@*}; gpu=${s#*@}; [ "$gpu" = "$s" ] && gpu=0
+      t=${s%%@*}; lane=${s#*@}; [ "$lane" = "$s" ] && lane=0
       [ -f "benchmarks/gpu/$t.sh" ] || { echo "$t: no benchmarks/gpu/$t.sh" | tee -a "$R/times.txt"; continue; }
-      [ -n "${queue[$gpu]+x}" ] || order+=("$gpu")
-      queue[$gpu]="${queue[$gpu]:-} $t:$limit" ;;
+      [ -n "${queue[$lane]+x}" ] || order+=("$lane")
+      queue[$lane]="${queue[$lane]:-} $t:$limit" ;;
   esac
 done
 
 # one lane per GPU (or GPU list): its topics one after the other; the lanes at the same time
-for gpu in "${order[@]}"; do
-  ( for item in ${queue[$gpu]}; do run_topic "${item%%:*}" "$gpu" "${item##*:}"; done ) &
+for lane in "${order[@]}"; do
+  ( for item in ${queue[$lane]}; do run_topic "${item%%:*}" "${lane%%~*}" "${item##*:}"; done ) &
 done
 wait
 tar -C "$OUT" -czf "$OUT/$tag.tgz" "$tag" && rm -rf "$R"

@@ -6,8 +6,8 @@
 #                                                 # and .whl/ (add the wheels the GPU image lacks: benchmarks/gpu/README.md)
 #   gemma:  bash scripts/gpu_stage.sh pack-gemma   # .cache/gpu/g3.p0..p5 (6 x 42 MB): gemma3-270m's GGUF in pieces;
 #           each call carries one piece and runs `unpack`, which joins them once all six are there (sha256 checked)
-#   there:  call 1 carries .cache/gpu/gguf.part1, call 2 .cache/gpu/gguf.part2 (each ~47 MiB beside the ~16 MiB
-#           tree: nothing else fits), call 3 the corpora tars and .whl; each runs `bash benchmarks/gpu/run.sh ...`,
+#   there:  calls 1-3 carry .cache/gpu/gguf.part1..3 (a third each, ~31 MiB, beside the ~18 MiB tree; the third
+#           with corpora.tar.xz), call 4 corpora-long.tar.xz and .whl; each runs `bash benchmarks/gpu/run.sh ...`,
 #           which sources `scripts/gpu_stage.sh unpack` first (the machine must stay warm between the calls:
 #           ignored files survive only then).
 #
@@ -20,10 +20,9 @@ case "${1:-}" in
   pack)
     src="${KVLAB_CACHE:-$HOME/.cache/kvlab}"
     mkdir -p .cache/gpu .whl
-    # two halves of equal size: each call carries the tracked tree (~16 MB) + one half (~46 MB) + a few MB more
-    half=$(( ($(stat -c %s "$src/assets/smollm2-135m/$GGUF") + 1) / 2 ))
-    head -c "$half" "$src/assets/smollm2-135m/$GGUF" > .cache/gpu/gguf.part1
-    tail -c +"$(( half + 1 ))" "$src/assets/smollm2-135m/$GGUF" > .cache/gpu/gguf.part2
+    # three thirds: each call carries the tracked tree (~19 MB) + one third (~33 MB) + what else fits
+    rm -f .cache/gpu/gguf.part*
+    split -n 3 -d -a 1 --numeric-suffixes=1 "$src/assets/smollm2-135m/$GGUF" .cache/gpu/gguf.part
     # the corpora fetched here (a missing one is left out and named)
     have=(); for c in austen c4-sample paul-graham shakespeare gsm8k gsm8k-cot-prompt wikitext mmlu piqa squad; do
       if [ -d "$src/assets/$c" ]; then have+=("assets/$c"); else echo "gpu_stage: $c not fetched here, not packed"; fi
@@ -46,9 +45,9 @@ case "${1:-}" in
     export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
     a="$KVLAB_CACHE/assets/smollm2-135m"
     mkdir -p "$a"
-    if [ -f .cache/gpu/gguf.part1 ]; then mv .cache/gpu/gguf.part1 "$a/.part1"; fi
-    if [ -f .cache/gpu/gguf.part2 ] && [ -f "$a/.part1" ]; then
-      cat "$a/.part1" .cache/gpu/gguf.part2 > "$a/.$GGUF.tmp" && mv "$a/.$GGUF.tmp" "$a/$GGUF" && rm -f "$a/.part1"
+    for p in .cache/gpu/gguf.part?; do [ -f "$p" ] && mv "$p" "$a/.${p##*.}"; done
+    if [ -f "$a/.part1" ] && [ -f "$a/.part2" ] && [ -f "$a/.part3" ]; then
+      cat "$a/.part1" "$a/.part2" "$a/.part3" > "$a/.$GGUF.tmp" && mv "$a/.$GGUF.tmp" "$a/$GGUF" && rm -f "$a"/.part?
     fi
     g="$KVLAB_CACHE/assets/gemma3-270m"
     if ls .cache/gpu/g3.p? >/dev/null 2>&1; then mkdir -p "$g" && mv .cache/gpu/g3.p? "$g/"; fi

@@ -19,7 +19,7 @@ set -uo pipefail
 tag=${1:?usage: bash benchmarks/gpu/run.sh TAG TOPIC[@GPU][=SECONDS] ...}; shift
 : "${OUT:?OUT must name the folder whose files come back}"
 R="$OUT/$tag"; mkdir -p "$R/files" "$R/logs"
-if [ -f scripts/gpu_stage.sh ]; then
+if [ -f scripts/gpu_stage.sh ] && [ "${KVLAB_STAGED:-0}" != 1 ]; then  # KVLAB_STAGED=1: staged by the caller
   source scripts/gpu_stage.sh unpack > "$R/logs/stage.log" 2>&1 || echo "staging: exit $?" >> "$R/logs/stage.log"
   set +e  # the staging script sets -e; a failing topic must not stop the others
 fi

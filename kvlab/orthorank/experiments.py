@@ -320,6 +320,11 @@ def paired_ppl_ratio(challenger: list[float], baseline: list[float], *, resample
         raise ValueError(f"challenger and baseline must hold one NLL per window, the same >= 2 windows; got "
                          f"{len(challenger)} and {len(baseline)}")
     diff = paired_bootstrap(challenger, baseline, resamples=resamples, seed=seed)
+    worst = max(abs(diff.estimate), abs(diff.low), abs(diff.high))
+    if worst > 700:  # exp overflows a float past ~709
+        raise ValueError(f"challenger and baseline differ by up to {worst:.0f} nats per token, so the perplexity "
+                         "ratio exp(difference) overflows a float: pass mean NLLs per predicted token (window_nll "
+                         "gives them), not summed NLLs or logits")
     return {"ratio": math.exp(diff.estimate), "low": math.exp(diff.low), "high": math.exp(diff.high), "n": diff.n}
 
 

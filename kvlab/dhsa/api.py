@@ -24,6 +24,7 @@ import torch
 
 from kvlab.core import check_int
 
+from .boundary_predictor import on_device_of
 from .boundary_predictor import predict_boundaries as _reference_predict_boundaries
 from .reference import (AGGREGATIONS, _masked_attention, dhsa_attention_reference, dhsa_decode_reference, dhsa_mask,
                         fixed_boundaries, max_forced)
@@ -363,6 +364,7 @@ def predict_boundaries(predictor, k: torch.Tensor, *, max_chunks: int, threshold
 
         fits = nms_window <= 1024 if isinstance(nms_window, int) else False
         backend = "triton" if k.is_cuda and fits and importlib.util.find_spec("triton") is not None else "torch"
+    predictor = on_device_of(predictor, k)  # a predictor loaded on the CPU runs on CUDA keys, and back
     if backend == "triton":
         from .chunking import predict_boundaries_fast  # imports Triton: only when chosen
 

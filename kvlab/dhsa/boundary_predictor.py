@@ -28,7 +28,7 @@ from .reference import split_long_chunks
 __all__ = [
     # labels, boundary selection, predictor, loss (App. B)
     "label_ratios", "label_valid", "soft_labels", "select_boundaries", "nms_boundaries", "oracle_boundaries",
-    "key_features", "BoundaryPredictor", "focal_bce_loss", "predict_boundaries",
+    "key_features", "BoundaryPredictor", "focal_bce_loss", "predict_boundaries", "on_device_of",
     # what a mask keeps of dense attention
     "attention_recall", "best_recall",
 ]
@@ -393,6 +393,16 @@ def focal_bce_loss(logits: torch.Tensor, targets: torch.Tensor, *, pos_weight: f
     return (loss * m).sum() / m.sum().clamp(min=1.0)
 
 
+def on_device_of(predictor, x: torch.Tensor):
+    """``predictor`` with its weights on ``x``'s device: moved there in place (``nn.Module.to``) when they are
+    elsewhere, so that a predictor loaded on the CPU (``load_predictor(path)``, ``shipped_predictor(name)``) runs on
+    CUDA keys, and one trained on a GPU runs on CPU keys. Works on a ``torch.compile`` wrapper too."""
+    param = next(predictor.parameters(), None)
+    if param is not None and param.device != x.device:
+        predictor.to(x.device)
+    return predictor
+
+
 def _check_prediction_args(threshold, max_chunks, nms_window, max_len):
     if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0.0 <= float(threshold) < 1.0:
         raise ValueError(f"threshold must be a probability in [0, 1) (boundaries are positions with p > threshold), "
@@ -433,7 +443,7 @@ def predict_boundaries(predictor: BoundaryPredictor, k: torch.Tensor, *, max_chu
         raise TypeError(f"predictor must be a BoundaryPredictor (or torch.compile of one), got "
                         f"{type(predictor).__name__}")
     x = key_features(k)
-    p = torch.sigmoid(predictor(x).float())
+    p = torch.sigmoid(on_device_of(predictor, x)(x).float())  # the predictor on the keys' device
     n = x.shape[1]
     valid = label_valid(n, module.window, x.device)
     out = nms_boundaries(p, max_chunks=max_chunks, threshold=threshold, nms_window=nms_window, valid=valid)

@@ -44,6 +44,7 @@ import torch
 from kvlab.core import AttentionCall, AttentionPattern, attend, use_pattern
 
 from .boundary_predictor import BoundaryPredictor, focal_bce_loss, key_features, label_ratios, label_valid, soft_labels
+from .boundary_predictor import on_device_of
 
 __all__ = ["LabelRecorder", "LabelSet", "TrainResult", "text_samples", "make_labels", "record_keys",
            "train_predictor", "evaluate_predictor", "calibrate_threshold", "save_predictor", "load_predictor", "default_predictor_path",
@@ -196,7 +197,7 @@ def calibrate_threshold(model, predictor: BoundaryPredictor, labels: LabelSet, *
             y = _targets(labels.ratios[i][layer].to(x.device), alpha, beta, False)[None]
             want += len(nms_boundaries(y, max_chunks=n, threshold=0.4999, nms_window=nms_window,
                                        valid=valid)[0]) - 2
-            p = torch.sigmoid(predictor(x).float())
+            p = torch.sigmoid(on_device_of(predictor, x)(x).float())
             for t in grid:
                 have[t] += len(nms_boundaries(p, max_chunks=n, threshold=t, nms_window=nms_window,
                                               valid=valid)[0]) - 2
@@ -298,7 +299,7 @@ def evaluate_predictor(model, predictor: BoundaryPredictor, labels: LabelSet, *,
             valid = label_valid(n, predictor.window, dev)
             r = labels.ratios[i][layer].to(dev)
             y = _targets(r, alpha, beta, False)
-            logits = predictor(x)[0]
+            logits = on_device_of(predictor, x)(x)[0]
             losses.append(float(focal_bce_loss(logits[None], y[None], pos_weight=pos_weight, gamma=gamma,
                                                mask=valid[None])))
             pred, hard = (logits >= 0)[valid], (y >= 0.5)[valid]

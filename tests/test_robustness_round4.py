@@ -196,3 +196,23 @@ def test_book_stage_deletes_only_what_it_wrote(tmp_path):
     book.stage(src, tmp_path, [], [])  # the lesson left the course: its page goes, the user's file stays
     assert not (src / "lessons" / lesson.name).exists()
     assert foreign.read_text() == "my own notes"
+
+
+# -- an attention pattern ignores attention_mask: a padded batch is refused, not silently wrong
+
+
+def test_pattern_refuses_a_padded_batch(tiny_llama):
+    """DHSA and SepLLM patterns read positions and token ids, never ``attention_mask``: a left-padded row would be
+    attended as if its padding were text. The forward pass refuses it, naming the argument and the fix."""
+    from kvlab.core.pattern import use_pattern
+    from kvlab.sepllm.pattern import SepLLMPattern
+
+    ids = torch.randint(5, 90, (2, 12))
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0  # row 1 left-padded
+    pattern = SepLLMPattern([7, 11], init=2, neighbors=4)
+    with torch.no_grad(), use_pattern(tiny_llama, pattern):
+        with pytest.raises((NotImplementedError, ValueError), match=r"attention_mask.*one sequence at a time"):
+            tiny_llama(input_ids=ids, attention_mask=mask, use_cache=False)
+        tiny_llama(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False)  # no padding: runs
+    tiny_llama(input_ids=ids, attention_mask=mask, use_cache=False)  # no pattern: the base attention masks it

@@ -124,6 +124,14 @@ def _pre_hook(model, args, kwargs):
         return None
     batch, length = ref.shape[0], ref.shape[1]
     cache = kwargs.get("past_key_values")
+    if state.patterns:  # patterns (DHSA, SepLLM, ...) read positions and ids, never the padding mask
+        mask = kwargs.get("attention_mask")
+        if mask is not None and mask.dim() == 2 and not bool(mask.all()):
+            raise NotImplementedError(
+                "attention_mask has padding (zeros) while an attention pattern is installed (use_pattern): "
+                "patterns ignore attention_mask, so a padded row would be silently wrong; run one sequence "
+                "at a time or without padding (sequences of equal length)."
+            )
     if isinstance(cache, KVCache):
         mask = kwargs.get("attention_mask")
         if mask is not None and mask.dim() == 2 and not bool(mask.all()):

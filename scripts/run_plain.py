@@ -71,12 +71,23 @@ def main(argv=None) -> int:
                                     bbox_inches="tight")
         plt.close("all")
 
+    plt.close("all")  # figures left open by whoever imported pyplot before are not this notebook's
+    shown, here = plt.show, os.getcwd()
     plt.show = show
     os.chdir(args.notebook.resolve().parent)  # notebooks run with their folder as working directory
+    try:
+        return _run(nb, args, params, namespace, figures, show, log)
+    finally:
+        plt.show = shown
+        os.chdir(here)
+        log.close()
+
+
+def _run(nb, args, params, namespace, figures, show, log):
     code_cells = [c for c in nb["cells"] if c["cell_type"] == "code"]
     first = next((c for c in code_cells if "parameters" in c.get("metadata", {}).get("tags", [])), None)
     for i, cell in enumerate(code_cells):
-        figures["cell"] = i
+        figures["cell"], figures["n"] = i, 0
         source = "".join(cell["source"])
         buffer = io.StringIO()
         begin = time.time()

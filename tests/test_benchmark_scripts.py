@@ -91,11 +91,15 @@ def test_run_plain_parameters_outputs_and_figures(tmp_path):
     params.write_text("n: 3\n")
     out = tmp_path / "out"
     plain = _module("scripts/run_plain.py")
+    import matplotlib.pyplot as plt
+
+    plt.figure()  # a figure another test left open is not saved as this notebook's
     assert plain.main([str(path), "-f", str(params), "-p", "word", "xy", "--out", str(out)]) == 0
     done = json.loads((out / "demo.ipynb").read_text())
     assert done["cells"][2]["outputs"][0]["text"] == "xyxyxy\n"
     assert (out / "fig_01_1.png").stat().st_size > 0
     assert "xyxyxy" in (out / "demo.log").read_text()
+    assert sorted(p.name for p in out.glob("*.png")) == ["fig_01_1.png"]
 
 
 def test_pareto_table_counts_and_front(report):

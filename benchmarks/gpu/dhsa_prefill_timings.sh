@@ -1,22 +1,22 @@
 #!/usr/bin/env bash
-# Issue 24 (DHSA as its authors run it) on one H200, plain `python` (torch 2.11, triton 3.6, transformers 5.x), from
+# DHSA timings (prefill, predictor, kernel) and its needle grid as its authors run it, on one H200, plain `python` (torch 2.11, triton 3.6, transformers 5.x), from
 # the repository root. One step per call (each under the device tool's 10-minute limit); results go to
-# $OUT/dhsa_issue24/ (copy them to benchmarks/results/dhsa/ and commit). Expected times on one H200 in brackets.
+# $OUT/dhsa_prefill_timings/ (copy them to benchmarks/results/dhsa/ and commit). Expected times on one H200 in brackets.
 #
-#   bash benchmarks/dhsa_issue24_gpu.sh predictor   # predictor + NMS vs one layer's SDPA at 32k, 3 shapes     [~2 min]
-#   bash benchmarks/dhsa_issue24_gpu.sh e2e         # end-to-end prefill, SDPA vs DHSA (paper's setup), 16k/32k [~3-5 min]
-#   bash benchmarks/dhsa_issue24_gpu.sh kernel      # the Triton kernel vs SDPA at 32k, same run                [~1 min]
+#   bash benchmarks/gpu/dhsa_prefill_timings.sh predictor   # predictor + NMS vs one layer's SDPA at 32k, 3 shapes     [~2 min]
+#   bash benchmarks/gpu/dhsa_prefill_timings.sh e2e         # end-to-end prefill, SDPA vs DHSA (paper's setup), 16k/32k [~3-5 min]
+#   bash benchmarks/gpu/dhsa_prefill_timings.sh kernel      # the Triton kernel vs SDPA at 32k, same run                [~1 min]
 #   # the needle grid needs SmolLM2 and the essays on the machine: two staging calls first (scripts/gpu_stage.sh:
 #   # `bash scripts/gpu_stage.sh pack` here; carry .cache/gpu/gguf.part1, run `bash scripts/gpu_stage.sh unpack`;
 #   # carry .cache/gpu/gguf.part2 .cache/gpu/corpora.tar.xz .whl) then, in the second call or a later one:
-#   source scripts/gpu_stage.sh unpack; bash benchmarks/dhsa_issue24_gpu.sh needle                            [~4-6 min]
-#   source scripts/gpu_stage.sh unpack; bash benchmarks/dhsa_issue24_gpu.sh train   # optional, paper-size predictor [~4 min]
+#   source scripts/gpu_stage.sh unpack; bash benchmarks/gpu/dhsa_prefill_timings.sh needle                            [~4-6 min]
+#   source scripts/gpu_stage.sh unpack; bash benchmarks/gpu/dhsa_prefill_timings.sh train   # optional, paper-size predictor [~4 min]
 #
 # LIMIT (seconds) overrides each step's timeout; a step killed by it keeps what it wrote (the needle records are
 # appended prompt by prompt).
 set -uo pipefail
 OUT=${OUT:-$PWD/out}
-R="$OUT/dhsa_issue24"
+R="$OUT/dhsa_prefill_timings"
 mkdir -p "$R"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 case "${1:-}" in
@@ -40,5 +40,5 @@ case "${1:-}" in
     timeout "${LIMIT:-570}" python -m kvlab.dhsa.training --model smollm2-135m --corpus wikitext --samples 300 \
       --val-corpus paul-graham --val-samples 16 --seq-len 1024 --epochs 2 --hidden 256 --lr 3e-4 --device cuda \
       --out "$R/smollm2-135m-h256.pt" 2>&1 | tee "$R/train.log" ;;
-  *) echo "usage: bash benchmarks/dhsa_issue24_gpu.sh predictor|e2e|kernel|needle|train" >&2; exit 2 ;;
+  *) echo "usage: bash benchmarks/gpu/dhsa_prefill_timings.sh predictor|e2e|kernel|needle|train" >&2; exit 2 ;;
 esac

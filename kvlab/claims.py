@@ -34,8 +34,9 @@ Four more columns say how a row is counted and checked (:func:`summary`, ``pytho
   invariants, a comparison the paper does not make). Checks are counted apart from the paper's claims.
 - ``proxy_of``: the id of the score row that this row measures again with another metric (e.g. the answer NLL
   beside the accuracy). A proxy is shown beside its score row and never counted as a claim of its own.
-- ``superseded``: empty, or why the row's run no longer measures the method (the fix that came after it). The
-  row stays for the record with verdict ``superseded`` and counts as neither tested nor decided.
+- ``superseded``: empty, or why the row's run no longer measures the method (the fix that came after it, or the
+  per-example rows that replace a summary). The row stays for the record with verdict ``superseded`` and counts
+  as neither tested nor decided.
 - ``paper_cell``: the paper's own cell for the comparison, ``"77.18 vs 69.67 (higher is better; Table 1, ...)"``,
   or ``"A better, no number (Fig. 8: ...)"`` / ``"A matches B (...)"`` where the paper gives a figure or a sentence.
   Every statistical paper claim has one, and its ``direction`` must be the one the cell gives for the row's metric
@@ -367,8 +368,9 @@ def validate(rows: list[dict]) -> None:
                     problems.append(f"{where}: test {file}::{name} does not exist (column test: "
                                     "tests/test_x.py::test_name, several joined with ';')")
         elif r["kind"] == "summary":
-            if r["verdict"] != NO_DATA:
-                problems.append(f"{where}: a summary row's verdict is {NO_DATA!r}")
+            wanted = SUPERSEDED if r["superseded"].strip() else NO_DATA
+            if r["verdict"] != wanted:
+                problems.append(f"{where}: a summary row's verdict is {wanted!r}")
             for f in r["results_file"].split(";"):
                 if f.strip() and not (ROOT / f.strip()).exists():
                     problems.append(f"{where}: results_file {f.strip()} does not exist")
@@ -391,8 +393,9 @@ def validate(rows: list[dict]) -> None:
             elif target["proxy_of"].strip() or target["paper"] != r["paper"]:
                 problems.append(f"{where}: proxy_of must name a score row of the same paper that is not itself "
                                 f"a proxy, got {r['proxy_of']!r}")
-        if r["superseded"].strip() and r["kind"] != "statistical":
-            problems.append(f"{where}: only a statistical row is marked superseded (its run is kept for the record)")
+        if r["superseded"].strip() and r["kind"] not in ("statistical", "summary"):
+            problems.append(f"{where}: only a statistical or summary row is marked superseded (its run is kept for "
+                            "the record)")
     if problems:
         raise ValueError("claims ledger:\n  " + "\n  ".join(problems))
 

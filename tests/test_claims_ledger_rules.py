@@ -279,3 +279,19 @@ def test_random_heads_ablation_is_no_longer_decided_by_the_bootstrap_alone():
     row = next(r for r in claims.load() if r["id"] == "reform-r23-t6a-random-heads")
     assert row["superseded"]  # pooled into reform-c-t6a-random-heads: the rule is checked on its own prompts
     assert claims.recompute({**row, "superseded": ""})["verdict"].startswith("inconclusive (sign test p = 0.18")
+
+
+def test_a_summary_row_replaced_by_per_example_rows_is_superseded_and_not_counted():
+    rows = claims.load()
+    row = next(r for r in rows if r["id"] == "reform-t2-heads")
+    assert row["kind"] == "summary" and row["superseded"] and row["verdict"] == claims.SUPERSEDED
+    claims.validate(rows)
+    stale = [dict(r) for r in rows]
+    next(r for r in stale if r["id"] == "reform-t2-heads")["verdict"] = claims.NO_DATA
+    with pytest.raises(ValueError, match="reform-t2-heads.*summary row's verdict is 'superseded'"):
+        claims.validate(stale)
+    exact = [dict(r) for r in rows]
+    target = next(r for r in exact if r["kind"] == "exact")
+    target["superseded"] = "some fix"
+    with pytest.raises(ValueError, match="only a statistical or summary row is marked superseded"):
+        claims.validate(exact)

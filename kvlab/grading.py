@@ -1,4 +1,5 @@
-"""Grading that a submission cannot talk its way through: each question in a fresh process, the others' reference.
+"""Grading that a submission cannot talk its way through: each question in a fresh process against the others'
+reference, the student's code in a confined child that only computes, the verdict in a judge that never runs it.
 
 ``otter run`` executes a submission and then the tests in the student's own kernel, after the student's
 code: a cell that replaces otter's doctest runner, a builtin the tests use or a ``grader.check`` cell
@@ -10,37 +11,46 @@ decides its own grade. Here the student's notebook is only a source of answer ce
    The parameters, the set-up, the ``grader.check`` cells and the tests are the master's: editing,
    skipping or deleting them in the submission changes nothing, and tests in the notebook's metadata are
    never read (the tests come from the autograder zip).
-2. **Each question on its own, in a fresh process.** A *zygote* process runs the master's cells (the
-   reference answers included); just before question q's answer it forks one child per submission, and
-   only the child runs student code (one child per distinct answer: identical code forked from the same state
-   scores the same): the student's added cells, the student's answer to q, the master's
-   cells up to q's check, then q's tests (public and hidden). Question q is graded against the reference
-   of every other question, and nothing a student does for q reaches another question, the zygote or the
-   grading process.
-3. **The tests run on a restored world.** Before the student's first cell the child copies the namespace
-   of every loaded module and Python class and the builtins; after each student cell and after the tests
-   it compares, puts back what was replaced (``otter...run_doctest``, ``torch.allclose``, a kvlab
-   function, ``builtins.abs``) and *flags* it. The tests are executed by code captured before the student's
-   code ran, with the original builtins (a global ``def abs`` or ``list = ...`` is not seen by the tests),
-   and names the master defined (parameters, imported modules, functions, the model) are put back when a
-   student cell rebinds them.
+2. **Each question on its own, the student's code in a child, the verdict in a judge.** A *zygote* process
+   runs the master's cells (the reference answers included; it never reads a test); just before question q's
+   answer it forks, per distinct answer (identical code forked from the same state scores the same), a
+   confined *child* and a *judge* joined by a socket. The child runs the student's added cells, the
+   student's answer to q and the master's cells up to q's check, then only answers the judge. The judge reads
+   q's tests (public and hidden) from the grading process's private folder and runs them; where a test calls a
+   function or reads a value of the student's, it asks the child, sending the inputs and getting back plain
+   data (:func:`_encode`: exact ``int``/``float``/``str``, lists, dicts, tensors converted with
+   ``.as_subclass(torch.Tensor)`` and sent as dtype, shape and bytes; a subclass of a plain type comes back
+   as a marker that equals nothing). The assertions and the score are computed in the judge, which never runs
+   student code; nothing a student does for q reaches another question, the zygote or the grading process.
+   Before its first student cell the child empties the zygote's plan in place (:func:`_forget`): no other
+   question's reference answer, no classmate's code and no test is in its memory.
+3. **What a student cell changed is put back and flagged.** The child copies the namespace of every loaded
+   module and Python class and the builtins before each student cell, puts back what was replaced
+   (``torch.allclose``, a kvlab function, ``builtins.abs``) and reports it; names the master defined are put
+   back when a student cell rebinds them. The judge turns the child's report into flags, taking only names
+   from it (never text the student's code chose).
 4. **Flags for manual review.** A static scan of the student's cells flags the usual routes around
    the above (imports of otter, ``builtins``, ``gc``, ``inspect``, ``ctypes``...; ``exec``/``eval``;
    ``setattr``/attribute assignment on imported modules; ``__eq__`` overrides; ``os._exit``;
    assignments to parameters). A flag does not change the score: it puts the row up for review.
 
-5. **The child is confined** (:func:`_confine`): its own session, killed whole at the end or on timeout;
-   stdout/stderr on ``/dev/null``, every descriptor closed but its private result pipe (the zygote reads it:
-   no result file a classmate could forge); an empty working folder; rlimits on CPU time, address space,
-   core files and processes (no fork); as root, the user ``nobody`` (it cannot signal the grader, read its
-   folders or the autograder folder, or write the build and lessons folders). The tests are compiled before
-   the student's cells run; errors are reported by type and line, never with the student's text.
-6. **Time limits from the reference**: each question's reference answer runs first in a child, and a
-   student's run may take ``SLOWDOWN`` times as long (at least ``MIN_LIMIT`` s) unless ``timeout`` is given.
+5. **The child is confined** (:func:`_confine`): its own session, killed whole when its judge is done or on
+   timeout (a process it left behind scores the question 0); stdout/stderr on ``/dev/null``, every
+   descriptor closed but its socket to the judge; an empty working folder; rlimits on CPU time, address
+   space, core files and processes; a seccomp filter that stops it when it tries to start a process (the
+   question scores 0, flagged); as root, the user ``nobody`` (it cannot signal the grader, read its folders
+   or the autograder folder, or write the build and lessons folders). Errors are reported by type and line,
+   never with the student's text.
+6. **Time limits from the reference**: each question's reference answer runs first in a child and judge like
+   the students', and a student's run may take ``SLOWDOWN`` times as long (at least ``MIN_LIMIT`` s) unless
+   ``timeout`` is given.
+7. **Hidden inputs from a secret**: the judge gives the tests ``HIDDEN_SEED`` (the instructor's seed, see
+   :func:`grade_submissions`); hidden tests draw their random inputs from it.
 
-Not protected: the tests still run in the child after the student's cells, so the student's function, when a
-test calls it, can dig into the child's own memory (frames, ``gc``, ``ctypes``) and forge that question's
-result; the scan flags the usual routes. Not root: no user switch (see docs/guide/classroom.md).
+Not protected: what the child sends back is what the student's code computed, so a test checks values, not
+how they were found (kvlab's own implementation imported and called gets the points; the scan flags the
+import). The child's heap may still hold freed bytes of what it emptied (reachable with ``ctypes``, which
+the scan flags). Not root: no user switch (see docs/guide/classroom.md).
 
 Entry point: :func:`grade_submissions` (used by ``python -m kvlab lessons grade``).
 """
@@ -426,7 +436,7 @@ def _answers_by_check(nb, order: list[str]) -> dict[str, list[str]] | None:
     return answers
 
 
-# ------------------------------------------------------------------------------------------ the child's side
+# ------------------------------------------------------------------------------------------ what a cell changed
 
 def _snapshot(watch_classes: bool = True) -> dict:
     """Shallow copies of every loaded module's namespace and of every Python class defined in one."""
@@ -522,6 +532,10 @@ def _run_case(case: tuple[str, list | str], env: dict, pristine: dict) -> tuple[
             tb = exc.__traceback__
             while tb is not None and tb.tb_next is not None:
                 tb = tb.tb_next
+            if isinstance(exc, StudentCodeRaised):
+                return False, f"{exc} raised in your code"
+            if isinstance(exc, (NotSendable, ConnectionError)):
+                return False, str(exc)[:300]
             raised_by_test = tb is not None and tb.tb_frame.f_code.co_filename == name
             text = str(exc).strip() if raised_by_test and isinstance(exc, AssertionError) else ""
             # the test's own assertion message is the instructor's hint; anything raised inside the student's code
@@ -535,17 +549,356 @@ def _run_case(case: tuple[str, list | str], env: dict, pristine: dict) -> tuple[
     return True, ""
 
 
-def _child(job: dict, sub: dict, q: str, ns: dict, pristine: dict, out_fd: int) -> None:
-    """Run in the forked child: the student's cells for question ``q`` (``sub``: the added cells up to q and
-    the answer cells of q), the master's cells up to q's check,
-    then q's tests; write the result as JSON to the pipe ``out_fd`` (the zygote holds its other end). Never
-    returns."""
-    # every helper is bound here, before any student code runs: rebinding the module's names changes nothing
-    snapshot, restore, run_case, protected, dumps = _snapshot, _restore, _run_case, _protected, json.dumps
-    write, close, exit_ = os.write, os.close, os._exit
+# ------------------------------------------------------------------------------------------ plain data
+
+_IDENT = __import__("re").compile(r"[A-Za-z_][A-Za-z0-9_.]{0,120}")
+MAX_MESSAGE = 1 << 26  # bytes one message between a child and its judge may hold
+
+
+class NotSendable(TypeError):
+    """A value the test passes to the student's code that is not plain data (numbers, strings, lists, tensors)."""
+
+
+def _encode(value, handles: dict | None = None, names: dict | None = None, depth: int = 0):
+    """``value`` as JSON-able plain data: exact ``int``/``float``/``bool``/``str``/``None``, lists, tuples, dicts,
+    sets, tensors (``.as_subclass(torch.Tensor)``: dtype, shape, bytes) and numpy arrays. On the child's side
+    (``handles`` given) anything else (a function, a class, an instance) becomes a handle the judge can call; a
+    subclass of a plain type becomes a marker that equals nothing. On the judge's side (``names``: id -> name of
+    the master's values) a master object is sent by name, a handle as itself, anything else raises NotSendable."""
+    import base64
+
+    if depth > 50:
+        raise NotSendable("nested too deeply")
+    t = type(value)
+    if value is None or t in (bool, int, str):
+        return value
+    if t is float:
+        return {"F": repr(value)}  # nan, inf and -0.0 survive
+    if t in (list, tuple, set, frozenset):
+        items = sorted(value, key=repr) if t in (set, frozenset) else value
+        return {{list: "L", tuple: "T", set: "S", frozenset: "S"}[t]: [_encode(v, handles, names, depth + 1) for v in items]}
+    if t is dict:
+        return {"D": [[_encode(k, handles, names, depth + 1), _encode(v, handles, names, depth + 1)]
+                      for k, v in value.items()]}
+    if t is _Remote:
+        return {"H": object.__getattribute__(value, "_h")}
+    torch = sys.modules.get("torch")
+    numpy = sys.modules.get("numpy")
+    if torch is not None and isinstance(value, torch.Tensor):
+        plain = value.as_subclass(torch.Tensor) if t is not torch.Tensor else value
+        plain = plain.detach().cpu().contiguous()
+        out = {"X": str(plain.dtype).replace("torch.", ""), "shape": list(plain.shape),
+               "b": base64.b64encode(plain.reshape(-1).view(torch.uint8).numpy().tobytes()).decode()
+               if plain.numel() else ""}
+        if t is not torch.Tensor and t.__name__ != "Parameter":
+            out["sub"] = t.__name__
+        return out
+    if torch is not None and t is torch.Size:
+        return {"Z": [int(v) for v in value]}
+    if torch is not None and t is torch.dtype:
+        return {"dtype": str(value).replace("torch.", "")}
+    if numpy is not None and t is numpy.ndarray and value.dtype.kind in "biuf":
+        return {"N": value.dtype.str, "shape": list(value.shape),
+                "b": base64.b64encode(numpy.ascontiguousarray(value).tobytes()).decode()}
+    if numpy is not None and isinstance(value, numpy.generic) and t.__module__ == "numpy":
+        return _encode(value.item(), handles, names, depth)
+    if handles is not None:  # the child: a subclass of a plain type is not that type
+        for base in (bool, int, float, str, list, tuple, dict, set):
+            if isinstance(value, base):
+                return {"bad": f"an object of {t.__name__}, a subclass of {base.__name__}"}
+        key = len(handles) + 1
+        handles[key] = value
+        return {"H": key, "type": getattr(t, "__name__", "object")[:80], "callable": callable(value)}
+    if names is not None and id(value) in names:
+        return {"G": names[id(value)]}
+    if names is not None and _kvlab_record(t):  # a value object of kvlab's (a LayerView): sent field by field
+        import dataclasses
+
+        return {"O": [t.__module__, t.__qualname__], "f": {f.name: _encode(getattr(value, f.name), handles, names,
+                                                                          depth + 1) for f in dataclasses.fields(value)}}
+    raise NotSendable(f"the test passed a {t.__name__} to your code, which the judge sends only as plain data")
+
+
+def _kvlab_record(cls) -> bool:
+    """A dataclass defined in kvlab (not in a notebook): the judge may send it, and the child rebuild it, by value."""
+    import dataclasses
+
+    return isinstance(cls, type) and dataclasses.is_dataclass(cls) and str(cls.__module__).startswith("kvlab.")
+
+
+class Unconvertible:
+    """What the judge gets for an answer that is not plain data (a subclass of float, list...): equals nothing."""
+
+    def __init__(self, what: str):
+        self.what = what
+
+    def __eq__(self, other):
+        return False
+
+    __hash__ = object.__hash__
+
+    def __repr__(self):
+        return f"<{self.what}>"
+
+
+def _decode(data, remote=None, depth: int = 0, found: list | None = None):
+    """The inverse of :func:`_encode` on the judge's side (``remote``: the channel to the child, for handles) and
+    on the child's (``remote`` None: ``G`` names and handles are resolved by the caller's ``resolve``)."""
+    import base64
+
+    if depth > 60:
+        raise ValueError("nested too deeply")
+    if data is None or type(data) in (bool, int, str):
+        return data
+    if type(data) is dict and len(data) >= 1:
+        if "F" in data:
+            return float(data["F"])
+        if "L" in data:
+            return [_decode(v, remote, depth + 1, found) for v in data["L"]]
+        if "T" in data:
+            return tuple(_decode(v, remote, depth + 1, found) for v in data["T"])
+        if "S" in data:
+            return set(_decode(v, remote, depth + 1, found) for v in data["S"])
+        if "D" in data:
+            return {_decode(k, remote, depth + 1, found): _decode(v, remote, depth + 1, found) for k, v in data["D"]}
+        if "Z" in data:
+            import torch
+
+            return torch.Size([int(v) for v in data["Z"]])
+        if "X" in data:
+            import torch
+
+            dtype = getattr(torch, str(data["X"]))
+            if not isinstance(dtype, torch.dtype):
+                raise ValueError("not a dtype")
+            raw = bytearray(base64.b64decode(data["b"]))
+            flat = torch.frombuffer(raw, dtype=torch.uint8).view(dtype) if raw else torch.empty(0, dtype=dtype)
+            if "sub" in data and found is not None:
+                found.append(f"returned a tensor of the subclass {str(data['sub'])[:60]} (compared as a plain tensor)")
+            return flat.reshape([int(s) for s in data["shape"]]).clone()
+        if "N" in data:
+            import numpy
+
+            return numpy.frombuffer(base64.b64decode(data["b"]), dtype=numpy.dtype(str(data["N"]))).reshape(
+                [int(s) for s in data["shape"]]).copy()
+        if "dtype" in data:
+            import torch
+
+            dtype = getattr(torch, str(data["dtype"]))
+            if not isinstance(dtype, torch.dtype):
+                raise ValueError("not a dtype")
+            return dtype
+        if "bad" in data:
+            what = str(data["bad"])[:120]
+            if found is not None:
+                found.append(f"returned {what} (not the plain type: it equals nothing)")
+            return Unconvertible(what)
+        if "H" in data and remote is not None:
+            return _Remote(remote, int(data["H"]), str(data.get("type", "object"))[:80], bool(data.get("callable")))
+        if "O" in data and remote is None:  # the child: a kvlab value object the judge sent
+            module, qualname = (str(v) for v in data["O"])
+            cls = getattr(sys.modules.get(module), qualname, None)
+            if not _kvlab_record(cls):
+                raise ValueError("not a kvlab record")
+            obj = object.__new__(cls)
+            for key, v in data["f"].items():
+                object.__setattr__(obj, str(key), _decode(v, None, depth + 1, found))
+            return obj
+        if "G" in data and remote is None:
+            return data  # the child resolves a master name itself
+        if "H" in data and remote is None:
+            return data
+    raise ValueError("not plain data")
+
+
+class StudentCodeRaised(Exception):
+    """Raised in the judge when the student's code, called by a test in the child, raised."""
+
+
+class _Channel:
+    """The judge's end of the socket to its child: one request, one answer, length-prefixed JSON."""
+
+    def __init__(self, sock):
+        self.sock = sock
+        self.found: list[str] = []
+        self.broken = False
+        self.after: list = []
+        self.names: dict = {}
+
+    def send(self, message: dict) -> None:
+        data = json.dumps(message).encode()
+        self.sock.sendall(len(data).to_bytes(8, "big") + data)
+
+    def receive(self) -> dict:
+        head = self._exactly(8)
+        size = int.from_bytes(head, "big")
+        if size > MAX_MESSAGE:
+            raise ConnectionError(f"the answer of your code's process is over {MAX_MESSAGE >> 20} MiB")
+        message = json.loads(self._exactly(size).decode())
+        if type(message) is not dict:
+            raise ConnectionError("not an answer")
+        return message
+
+    def _exactly(self, n: int) -> bytes:
+        buf = bytearray()
+        while len(buf) < n:
+            chunk = self.sock.recv(min(n - len(buf), 1 << 20))
+            if not chunk:
+                self.broken = True
+                raise ConnectionError("your code's process ended before the tests finished")
+            buf += chunk
+        return bytes(buf)
+
+    def ask(self, message: dict):
+        self.send(message)
+        answer = self.receive()
+        if "raised" in answer:
+            name = str(answer["raised"])
+            raise StudentCodeRaised(name if _IDENT.fullmatch(name) else "an exception")
+        for index, state in answer.get("after", []):  # arguments the student's code changed in place
+            self.after.append((int(index), state))
+        return _decode(answer.get("ok"), self, found=self.found)
+
+
+class _Remote:
+    """In the judge, a function, class or object that lives in the child: calling it, reading an attribute or an
+    item, iterating or taking ``len`` asks the child, which runs the student's code and answers plain data."""
+
+    def __init__(self, channel: _Channel, handle: int, kind: str, is_callable: bool):
+        object.__setattr__(self, "_c", channel)
+        object.__setattr__(self, "_h", handle)
+        object.__setattr__(self, "_kind", kind)
+
+    def _ask(self, op: str, **extra):
+        return object.__getattribute__(self, "_c").ask({"op": op, "h": object.__getattribute__(self, "_h"), **extra})
+
+    def __call__(self, *args, **kwargs):
+        channel = object.__getattribute__(self, "_c")
+        names = channel.names
+        sent = [_encode(a, names=names) for a in args]
+        kw = {str(k): _encode(v, names=names) for k, v in kwargs.items()}
+        channel.after = []
+        result = self._ask("call", args=sent, kwargs=kw)
+        for index, state in channel.after:  # a list, dict or tensor the student's code changed in place
+            if 0 <= index < len(args):
+                target, new = args[index], _decode(state, channel)
+                if type(target) is list and type(new) is list:
+                    target[:] = new
+                elif type(target) is dict and type(new) is dict:
+                    target.clear()
+                    target.update(new)
+                elif type(target).__name__ == "Tensor" and hasattr(new, "shape") and tuple(new.shape) == tuple(target.shape):
+                    with sys.modules["torch"].no_grad():
+                        target.copy_(new)
+        return result
+
+    def __getattr__(self, name):
+        return self._ask("getattr", name=str(name))
+
+    def __getitem__(self, key):
+        return self._ask("getitem", key=_encode(key, names=object.__getattribute__(self, "_c").names))
+
+    def __len__(self):
+        return int(self._ask("len"))
+
+    def __iter__(self):
+        return iter(self._ask("list"))
+
+    def __repr__(self):
+        return f"<your {object.__getattribute__(self, '_kind')}>"
+
+    __str__ = __repr__
+
+
+# ------------------------------------------------------------------------------------------ the child's side
+
+def _serve(sock, ns: dict, handles: dict, write) -> None:
+    """In the child, after its cells ran: answer the judge's requests (call a function of the student's, read an
+    attribute, an item, a length) with plain data until the judge closes the socket."""
+
+    def receive():
+        head = b""
+        while len(head) < 8:
+            chunk = sock.recv(8 - len(head))
+            if not chunk:
+                return None
+            head += chunk
+        size = int.from_bytes(head, "big")
+        buf = bytearray()
+        while len(buf) < size:
+            chunk = sock.recv(min(size - len(buf), 1 << 20))
+            if not chunk:
+                return None
+            buf += chunk
+        return json.loads(buf.decode())
+
+    def resolve(v):
+        if type(v) is dict and "G" in v:
+            return ns[v["G"]]
+        if type(v) is dict and "H" in v:
+            return handles[int(v["H"])]
+        if type(v) is list:
+            return [resolve(x) for x in v]
+        if type(v) is tuple:
+            return tuple(resolve(x) for x in v)
+        if type(v) is dict:
+            return {resolve(k): resolve(x) for k, x in v.items()}
+        return v
+
+    def arg(data):
+        if type(data) is dict and ("G" in data or "H" in data):
+            return resolve(data)
+        return resolve(_decode(data))
+
+    while True:
+        request = receive()
+        if request is None:
+            return
+        try:
+            op = request["op"]
+            target = handles[int(request["h"])]
+            answer = {}
+            if op == "call":
+                args = [arg(a) for a in request["args"]]
+                kwargs = {k: arg(v) for k, v in request["kwargs"].items()}
+                result = target(*args, **kwargs)
+                answer["ok"] = _encode(result, handles)
+                after = []
+                for i, (a, data) in enumerate(zip(args, request["args"])):
+                    if type(data) is dict and set(data) & {"L", "D", "X"}:
+                        now = _encode(a, handles)
+                        if now != data:
+                            after.append([i, now])
+                answer["after"] = after
+            elif op == "getattr":
+                answer["ok"] = _encode(getattr(target, request["name"]), handles)
+            elif op == "getitem":
+                answer["ok"] = _encode(target[arg(request["key"])], handles)
+            elif op == "len":
+                answer["ok"] = int(len(target))
+            elif op == "list":
+                answer["ok"] = _encode(list(target), handles)
+            else:
+                answer = {"raised": "ValueError"}
+        except BaseException as exc:  # noqa: BLE001 - the student's code raised: its type goes back, never its text
+            answer = {"raised": type(exc).__name__}
+        write(answer)
+
+
+def _child(job: dict, sub: dict, q: str, ns: dict, pristine: dict, sock) -> None:
+    """Run in the forked, confined child: the student's cells for question ``q`` (``sub``: the added cells up to q
+    and the answer cells of q) and the master's cells up to q's check; then send the judge what it asked for (the
+    names q's tests read: plain data, or a handle for a function or an object) and answer its calls until it is
+    done. The child never sees a test. Never returns."""
+    snapshot, restore, protected, dumps = _snapshot, _restore, _protected, json.dumps
+    exit_ = os._exit
     flags, errors = [], []
-    result = {"cases": [], "errors": errors, "flags": flags}
-    compiled = [_compile_case(case) for case in job["tests"][q]["cases"]]
+    handles: dict = {}
+
+    def write(message):
+        data = dumps(message).encode()
+        sock.sendall(len(data).to_bytes(8, "big") + data)
+
     try:
         torch = sys.modules.get("torch")
         if torch is not None:
@@ -556,9 +909,7 @@ def _child(job: dict, sub: dict, q: str, ns: dict, pristine: dict, out_fd: int) 
         guarded = {k: v for k, v in ns.items() if protected(k, v, parameters)}
         cells = [("your added cell", s, True) for s in sub["extras"]]
         cells += [(f"your answer to {q}", s, True) for s in sub["answers"]]
-        start = job["answer_start"][q]
-        cells += [("the assignment's cell", c["source"], False) for c in job["cells"][start:job["check_index"][q]]
-                  if c["kind"] == "given"]
+        cells += [("the assignment's cell", source, False) for source in job["given"]]
         for label, source, student in cells:
             if student:
                 before = snapshot()
@@ -574,52 +925,136 @@ def _child(job: dict, sub: dict, q: str, ns: dict, pristine: dict, out_fd: int) 
                         if tb.tb_frame.f_code.co_filename == f"<{label}>":
                             line = tb.tb_lineno
                         tb = tb.tb_next
-                    where = f" (line {line})" if line else ""
-                    # the type and line only: a message is text the student's code chose (it could carry a file)
-                    errors.append(f"{label} raised {type(exc).__name__}{where}")
+                    errors.append([label, type(exc).__name__, line])
             if student:
-                flags.extend(f"{label} replaced {name} (put back for the tests)" for name in restore(before))
+                flags.extend(["replaced", label, name] for name in restore(before))
                 for name, value in guarded.items():
                     if ns.get(name, _MISSING) is not value and name not in allowed:
-                        flags.append(f"{label} rebinds {name}, which the assignment defines (put back)")
+                        flags.append(["rebinds", label, name])
                         ns[name] = value
-            else:  # what the assignment's own cells bind is guarded from the next student cell on
+            else:
                 master_bound.update(ns)
                 guarded.update({k: v for k, v in ns.items() if previous.get(k, _MISSING) is not v
                                 and protected(k, v, parameters)})
         shadowed = sorted(k for k in ns if k in pristine and ns[k] is not pristine[k] and not k.startswith("__")
                           and k not in master_bound)
-        env = {k: v for k, v in ns.items() if k not in shadowed}
         if shadowed:
-            flags.append(f"defines {', '.join(shadowed)} over the builtins (the tests used the real ones)")
+            flags.append(["shadowed", "", ", ".join(shadowed)])
         changed = [k for k, v in pristine.items() if builtins.__dict__.get(k, _MISSING) is not v]
         if changed:
-            flags.append(f"changed builtins {', '.join(sorted(changed))} (the tests used the real ones)")
-        before = snapshot()
-        env["__builtins__"] = pristine  # the tests of a question share one namespace, as in otter
-        for case in compiled:
-            passed, message = run_case(case, env, pristine)
-            result["cases"].append({"name": case[0], "passed": passed, "message": message[:500]})
-        flags.extend(f"the tests' run replaced {name}" for name in restore(before))
-        data = dumps(result).encode()
-        while data:
-            data = data[write(out_fd, data):]
-        close(out_fd)
+            flags.append(["builtins", "", ", ".join(sorted(changed))])
+        names = {}
+        for name in job["remote"][q]:
+            if name in ns:
+                try:
+                    names[name] = _encode(ns[name], handles)
+                except BaseException:  # noqa: BLE001 - a value that cannot be sent is missing
+                    pass
+        write({"names": names, "errors": errors, "flags": flags})
+        _serve(sock, ns, handles, write)
     finally:
         exit_(0)
 
 
+# ------------------------------------------------------------------------------------------ the judge
+
+def _child_notes(ready: dict, q: str) -> tuple[list[str], list[str]]:
+    """The child's report of its own cells as text written here: only names (identifiers) come from the child."""
+
+    def ident(v, many=False):
+        v = str(v)
+        parts = [p.strip() for p in v.split(",")] if many else [v]
+        return all(_IDENT.fullmatch(p) for p in parts) and len(v) < 400
+
+    labels = {"your added cell", f"your answer to {q}"}
+    errors, flags = [], []
+    for item in ready.get("errors", [])[:50]:
+        try:
+            label, kind, line = item
+        except (TypeError, ValueError):
+            continue
+        if label in labels and ident(kind):
+            where = f" (line {int(line)})" if type(line) is int else ""
+            errors.append(f"{label} raised {kind}{where}")
+    for item in ready.get("flags", [])[:200]:
+        try:
+            what, label, name = item
+        except (TypeError, ValueError):
+            continue
+        if (label and label not in labels) or not ident(name, many=True):
+            continue
+        if what == "replaced":
+            flags.append(f"{label} replaced {name} (put back for the tests)")
+        elif what == "rebinds":
+            flags.append(f"{label} rebinds {name}, which the assignment defines (put back)")
+        elif what == "shadowed":
+            flags.append(f"defines {name} over the builtins (the tests used the real ones)")
+        elif what == "builtins":
+            flags.append(f"changed builtins {name} (the tests used the real ones)")
+    return errors, flags
+
+
+def _judge(job: dict, q: str, ns: dict, pristine: dict, sock, out_fd: int) -> None:
+    """Run in a process forked from the zygote beside each child, never running student code: read q's tests
+    (public and hidden) from the grading process's private folder, take the child's answers as plain data, run
+    the tests here (the student's functions called through the child), write the verdict to ``out_fd``."""
+    result = {"cases": [], "errors": [], "flags": []}
+    try:
+        torch = sys.modules.get("torch")
+        if torch is not None:
+            torch.set_num_threads(1)  # the zygote's OpenMP threads are not in this fork: their locks would hang it
+        tests = json.loads((pathlib.Path(job["tests_dir"]) / f"{q}.json").read_text())
+        compiled = [_compile_case(case) for case in tests["cases"]]
+        channel = _Channel(sock)
+        channel.after = []
+        channel.names = {id(v): k for k, v in ns.items() if not k.startswith("__")}
+        env = dict(ns)
+        try:
+            ready = channel.receive()
+        except (ConnectionError, ValueError) as exc:
+            result["ended"] = str(exc)[:200] if isinstance(exc, ConnectionError) else "not an answer"
+            ready = None
+        if ready is not None:
+            result["errors"], result["flags"] = _child_notes(ready, q)
+            sent = ready.get("names", {}) if type(ready.get("names")) is dict else {}
+            for name in job["remote"][q]:
+                env.pop(name, None)  # the reference's value of a name the student's code binds is never used
+                if name in sent:
+                    try:
+                        env[name] = _decode(sent[name], channel, found=channel.found)
+                    except (ValueError, TypeError, KeyError, AttributeError):
+                        channel.found.append(f"{name} is not plain data")
+            env["HIDDEN_SEED"] = int(tests.get("seed", 0))
+            env["__builtins__"] = pristine
+            for case in compiled:
+                passed, message = _run_case(case, env, pristine)
+                result["cases"].append({"name": case[0], "passed": passed, "message": message[:500]})
+            result["flags"].extend(sorted(set(channel.found)))
+            if channel.broken:
+                result["ended"] = "the child's socket closed"
+        try:
+            sock.close()
+        except OSError:
+            pass
+    except BaseException as exc:  # noqa: BLE001 - reported to the zygote as the judge's own failure
+        result["judge_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+    data = json.dumps(result).encode()
+    while data:
+        data = data[os.write(out_fd, data):]
+    os._exit(0)
+
+
 def _zygote(job_path: str) -> None:
-    """Run the master cell by cell; before each question's first answer cell, fork one child per submission
-    (``job["jobs"]`` at a time, each killed after ``job["timeout"]`` s). Writes ``zygote.json`` (errors of the
-    master's own cells) into the results folder."""
+    """Run the master cell by cell; before each question's first answer cell, fork one confined child and one
+    judge per submission (``job["jobs"]`` pairs at a time). The zygote never reads a test. Writes
+    ``zygote.json`` (errors of the master's own cells) into the results folder."""
     job = json.loads(pathlib.Path(job_path).read_text())
-    os.remove(job_path)  # the hidden tests and the reference are not left where a student's code could read them
+    os.remove(job_path)
     results = pathlib.Path(job["results"])
     pristine = dict(builtins.__dict__)
     ns: dict = {"__name__": "__main__", "__builtins__": builtins}
 
-    class _Grader:  # a student's stray grader.check(...) does nothing here: the tests run after the cells
+    class _Grader:  # a student's stray grader.check(...) does nothing here: the tests run in the judge
         def __getattr__(self, name):
             return lambda *a, **k: None
 
@@ -645,12 +1080,64 @@ MEMORY = 4 << 30  # bytes a child may map beyond what the zygote had mapped
 NOBODY = 65534  # the unprivileged user a child runs as when the grader is root
 
 
+def _no_new_processes() -> bool:
+    """A seccomp filter (x86-64 Linux) that kills the calling process when it tries to start another one (fork,
+    vfork, clone without CLONE_THREAD, execve): threads are allowed. False where it could not be installed."""
+    import ctypes
+    import platform
+    import struct
+
+    if sys.platform != "linux" or platform.machine() != "x86_64":
+        return False
+    LD, JEQ, JGE, JSET, RET = 0x20, 0x15, 0x35, 0x45, 0x06
+    ALLOW, KILL, ENOSYS = 0x7FFF0000, 0x80000000, 0x00050000 | 38
+    prog = [  # (code, jt, jf, k); jumps are relative to the next instruction
+        (LD, 0, 0, 4), (JEQ, 1, 0, 0xC000003E), (RET, 0, 0, ALLOW),  # another architecture: not filtered
+        (LD, 0, 0, 0),
+        (JGE, 9, 0, 0x40000000),  # x32 system calls: killed
+        (JEQ, 8, 0, 57), (JEQ, 7, 0, 58), (JEQ, 6, 0, 59), (JEQ, 5, 0, 322),  # fork, vfork, execve, execveat
+        (JEQ, 6, 0, 435),  # clone3: "not implemented", so the C library falls back to clone for threads
+        (JEQ, 1, 0, 56), (RET, 0, 0, ALLOW),
+        (LD, 0, 0, 16), (JSET, 1, 0, 0x00010000),  # clone: a thread (CLONE_THREAD) is allowed
+        (RET, 0, 0, KILL), (RET, 0, 0, ALLOW), (RET, 0, 0, ENOSYS)]
+    raw = b"".join(struct.pack("HBBI", *ins) for ins in prog)
+    buf = ctypes.create_string_buffer(raw, len(raw))
+
+    class Fprog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+    fprog = Fprog(len(prog), ctypes.cast(buf, ctypes.c_void_p))
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS
+        return False
+    return libc.prctl(22, 2, ctypes.byref(fprog), 0, 0) == 0  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
+
+
+def _forget(job: dict, q: str, i: int) -> tuple[dict, dict]:
+    """In a forked child, before any student code: keep only what it needs (its own submission's cells for ``q``,
+    the master's given cells up to q's check, the names to guard and to send) and empty the zygote's job in place,
+    so that no other question's reference answer, no classmate's code and no path of the grader's is left in a
+    structure the student's code could reach (the zygote's frames still point at ``job`` and its cells)."""
+    sub = {"extras": list(job["variants"][q][i]["extras"]), "answers": list(job["variants"][q][i]["answers"])}
+    start, end = job["answer_start"][q], job["check_index"][q]
+    mine = {"parameters": list(job["parameters"]), "rebinds": {q: list(job["rebinds"][q])},
+            "remote": {q: list(job["remote"][q])}, "memory": job["memory"],
+            "given": [str(c["source"]) for c in job["cells"][start:end] if c["kind"] == "given"]}
+    for cell in job["cells"]:
+        cell.clear()
+    for variants in job["variants"].values():
+        for v in variants:
+            v.clear()
+    job.clear()
+    return sub, mine
+
+
 def _confine(keep_fd: int, workdir: str, cpu_seconds: float, memory_bytes: int) -> None:
     """In a forked child, before any student code: its own session (its process group is killed whole), stdin,
-    stdout and stderr on /dev/null and every other descriptor closed but the result pipe ``keep_fd``, an empty
-    working folder, limits on CPU time, memory, core files and processes (no fork, so no grandchild), and, when
-    run as root, the unprivileged user ``nobody`` (it cannot signal the grader, read its private folders or
-    write the build and lessons folders). Not root: the same without the user switch (see the guide)."""
+    stdout and stderr on /dev/null and every other descriptor closed but the socket to its judge ``keep_fd``, an
+    empty working folder, limits on CPU time, memory, core files and processes, when run as root the
+    unprivileged user ``nobody`` (it cannot signal the grader, read its private folders or write the build and
+    lessons folders), and a seccomp filter that kills it if it tries to start a process (see the guide)."""
     import resource
 
     os.setsid()
@@ -673,6 +1160,7 @@ def _confine(keep_fd: int, workdir: str, cpu_seconds: float, memory_bytes: int) 
         os.setgid(NOBODY)
         os.setuid(NOBODY)
     resource.setrlimit(resource.RLIMIT_NPROC, (1, 1))  # counted per user: with this process there, no fork
+    _no_new_processes()
 
 
 def _kill_group(pid: int) -> None:
@@ -684,17 +1172,33 @@ def _kill_group(pid: int) -> None:
         pass
 
 
+def _session_members(sid: int) -> list[int]:
+    """Processes of the session ``sid`` other than its leader (what a child left running)."""
+    found = []
+    for stat in pathlib.Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 3 and fields[0] != "Z" and int(fields[3]) == sid and int(stat.parent.name) != sid:
+            found.append(int(stat.parent.name))
+    return found
+
+
 def _fork_all(job: dict, q: str, ns: dict, pristine: dict, results: pathlib.Path) -> None:
-    """Fork one confined child per variant of ``q`` (``job["jobs"]`` at a time), read each one's result from
-    its own pipe, kill its whole process group when it ends or runs over the time limit, and write what came
+    """Fork, per variant of ``q``, a confined child (runs the student's code) and its judge (runs the tests, never
+    student code), joined by a socket; ``job["jobs"]`` pairs at a time. The judge's verdict comes back over its own
+    pipe; the child's whole session is killed when the judge is done or the limit is reached. Writes what came
     back (or why nothing did) as ``V.q.json`` into the zygote's private ``results`` folder."""
     import select
     import shutil
+    import signal
+    import socket
 
     sys.stdout.flush()
     sys.stderr.flush()
     pending = list(range(len(job["variants"][q])))
-    running: dict[int, tuple[float, int, int, bytearray, str]] = {}
+    running: dict[int, dict] = {}
     limit = job["timeout"] or REFERENCE_LIMIT
     measured = job["timeout"] is not None
     while pending or running:
@@ -705,65 +1209,102 @@ def _fork_all(job: dict, q: str, ns: dict, pristine: dict, results: pathlib.Path
             measured = True
         while pending and len(running) < (job["jobs"] if measured else 1):
             i = pending.pop(0)
+            mine, theirs = socket.socketpair()
             r, w = os.pipe()
             workdir = tempfile.mkdtemp(prefix="kvlab-child-")
-            pid = os.fork()
-            if pid == 0:
+            child = os.fork()
+            if child == 0:
                 try:
+                    mine.close()
                     os.close(r)
-                    _confine(w, workdir, limit, job["memory"])
-                    _child(job, job["variants"][q][i], q, ns, pristine, w)
+                    os.close(w)
+                    sub, mine_only = _forget(job, q, i)
+                    _confine(theirs.fileno(), workdir, limit, mine_only["memory"])
+                    _child(mine_only, sub, q, ns, pristine, theirs)
                 finally:
                     os._exit(1)
+            theirs.close()
+            judge = os.fork()
+            if judge == 0:
+                try:
+                    os.close(r)
+                    signal.signal(signal.SIGALRM, signal.SIG_DFL)
+                    _judge(job, q, ns, pristine, mine, w)
+                finally:
+                    os._exit(1)
+            mine.close()
             os.close(w)
             os.set_blocking(r, False)
-            running[pid] = (time.monotonic(), i, r, bytearray(), workdir)
-        readable, _, _ = select.select([v[2] for v in running.values()], [], [], 0.02)
-        for pid, (t0, i, r, buf, workdir) in list(running.items()):
-            if r in readable:
+            running[judge] = {"t0": time.monotonic(), "i": i, "r": r, "buf": bytearray(), "workdir": workdir,
+                              "child": child, "child_status": None}
+        readable, _, _ = select.select([v["r"] for v in running.values()], [], [], 0.02)
+        for judge, run in list(running.items()):
+            if run["r"] in readable:
                 try:
-                    while chunk := os.read(r, 1 << 16):
-                        buf += chunk
-                        if len(buf) > 1 << 22:
-                            break
+                    while chunk := os.read(run["r"], 1 << 16):
+                        run["buf"] += chunk
                 except BlockingIOError:
                     pass
-            done, status = os.waitpid(pid, os.WNOHANG)
-            over = not done and time.monotonic() - t0 > limit
+            if run["child_status"] is None:
+                done, status = os.waitpid(run["child"], os.WNOHANG)
+                if done:
+                    run["child_status"] = status
+            done, _ = os.waitpid(judge, os.WNOHANG)
+            over = not done and time.monotonic() - run["t0"] > limit
             if not (done or over):
                 continue
-            _kill_group(pid)  # the child's session: anything it left behind goes with it
+            left = _session_members(run["child"]) if run["child_status"] is None else []
+            _kill_group(run["child"])  # the child's session: anything it left behind goes with it
             if over:
-                os.waitpid(pid, 0)
+                os.kill(judge, signal.SIGKILL)
+                os.waitpid(judge, 0)
+            if run["child_status"] is None:
+                _, run["child_status"] = os.waitpid(run["child"], 0)
+                killed_by_us = True
+            else:
+                killed_by_us = False
             try:
-                while chunk := os.read(r, 1 << 16):
-                    buf += chunk
+                while chunk := os.read(run["r"], 1 << 16):
+                    run["buf"] += chunk
             except BlockingIOError:
                 pass
-            os.close(r)
-            shutil.rmtree(workdir, ignore_errors=True)
-            del running[pid]
+            os.close(run["r"])
+            shutil.rmtree(run["workdir"], ignore_errors=True)
+            del running[judge]
             outcome: dict = {}
+            status = run["child_status"]
+            code = os.waitstatus_to_exitcode(status)
             if over:
                 outcome["status"] = f"the run of {q} took over {limit:g} s and was stopped"
+            elif not killed_by_us and code == -signal.SIGSYS:
+                outcome["status"] = (f"the run of {q} tried to start a process (fork, exec or a shell) and was "
+                                     f"stopped")
+            elif left:
+                outcome["status"] = f"the run of {q} left {len(left)} process(es) running (killed)"
             else:
                 try:
-                    outcome["result"] = json.loads(bytes(buf).decode())
-                    if not isinstance(outcome["result"], dict) or set(outcome["result"]) != {"cases", "errors", "flags"}:
+                    got = json.loads(bytes(run["buf"]).decode())
+                    if not isinstance(got, dict) or "cases" not in got:
                         raise ValueError("not a result")
                 except (ValueError, UnicodeDecodeError):
-                    outcome = {"status": f"the run of {q} ended before its tests finished (exit status "
-                                         f"{os.waitstatus_to_exitcode(status)})"}
-            outcome["seconds"] = time.monotonic() - t0
+                    got = {"judge_error": "the judge left no verdict"}
+                if "judge_error" in got:
+                    outcome["status"] = f"the judge of {q} failed ({got['judge_error']})"
+                    outcome["judge_error"] = True
+                elif "ended" in got:
+                    outcome["status"] = (f"the run of {q} ended before its tests finished (exit status {code})")
+                else:
+                    outcome["result"] = {k: got[k] for k in ("cases", "errors", "flags")}
+            outcome["seconds"] = time.monotonic() - run["t0"]
             outcome["limit"] = limit
-            (results / f"{i}.{q}.json").write_text(json.dumps(outcome))
+            (results / f"{run['i']}.{q}.json").write_text(json.dumps(outcome))
 
 
 # ------------------------------------------------------------------------------------------ the grading process
 
 def grade_submissions(solutions: pathlib.Path, autograder_zip: pathlib.Path, submissions: list[pathlib.Path],
                       jobs: int = 1, timeout: float | None = None,
-                      memory: int = MEMORY) -> list[SubmissionResult]:
+                      memory: int = MEMORY, seed: int | None = None) -> list[SubmissionResult]:
     """Grade ``submissions`` (``.ipynb`` or ``grader.export()`` zips) against the master ``solutions``
     notebook (the one ``otter assign`` writes beside the autograder zip) and the tests in ``autograder_zip``.
 
@@ -772,7 +1313,9 @@ def grade_submissions(solutions: pathlib.Path, autograder_zip: pathlib.Path, sub
     a child running over ``timeout`` seconds is stopped (the question scores zero). ``timeout=None`` (the
     default) runs the reference answer of each question first, in a child like the students', and gives each
     student's run ``SLOWDOWN`` times its time (at least ``MIN_LIMIT`` s). ``memory``: bytes a child may map.
-    A child that dies, hangs or is killed costs its question only; a notebook that cannot be read or planned is
+    ``seed``: the instructor's secret, given to the tests as ``HIDDEN_SEED`` (hidden tests draw their inputs from
+    it; default: ``KVLAB_GRADING_SEED`` from the environment, else 0). A child that dies, hangs or is killed costs
+    its question only; a notebook that cannot be read or planned is
     one row with its reason; if the grading process itself dies, every row says so and the class goes on.
     """
     import nbformat
@@ -834,14 +1377,27 @@ def grade_submissions(solutions: pathlib.Path, autograder_zip: pathlib.Path, sub
         variant_of.append(picks)
     rebinds = {q: sorted(_assigned([c["source"] for c in cells if c["kind"] == "answer" and c["question"] == q]))
                for q in order}
+    answer_start = {q: min(i for i, c in enumerate(cells) if c["kind"] == "answer" and c["question"] == q) + 1
+                    for q in order}
+    check_index = {q: next(i for i, c in enumerate(cells) if c["kind"] == "check" and c["question"] == q)
+                   for q in order}
+    # what the judge takes from the child: the names q's reference answer binds and those the master's cells
+    # between that answer and q's check bind (they ran on the student's code)
+    remote = {q: sorted(set(rebinds[q]) | _assigned([c["source"] for c in cells[answer_start[q]:check_index[q]]
+                                                     if c["kind"] == "given"])) for q in order}
+    if seed is None:
+        seed = int(os.environ.get("KVLAB_GRADING_SEED", "0") or 0)
     with tempfile.TemporaryDirectory(prefix="kvlab-grade-") as tmp:
         tmp = pathlib.Path(tmp)
-        job = {"cells": cells, "tests": tests, "variants": variants, "jobs": jobs, "timeout": timeout, "memory": memory,
-               "results": str(tmp), "order": order, "parameters": sorted(parameters), "rebinds": rebinds,
-               "answer_start": {q: min(i for i, c in enumerate(cells) if c["kind"] == "answer" and c["question"] == q)
-                                + 1 for q in order},
-               "check_index": {q: next(i for i, c in enumerate(cells) if c["kind"] == "check" and c["question"] == q)
-                               for q in order}}
+        # the tests, for the judges only: the zygote (and so every child) never reads them, and a child running as
+        # nobody cannot read this folder
+        tests_dir = tmp / "tests"
+        tests_dir.mkdir(mode=0o700)
+        for q in order:
+            (tests_dir / f"{q}.json").write_text(json.dumps({"seed": int(seed), "cases": tests[q]["cases"]}))
+        job = {"cells": cells, "tests_dir": str(tests_dir), "variants": variants, "jobs": jobs, "timeout": timeout,
+               "memory": memory, "results": str(tmp), "order": order, "parameters": sorted(parameters),
+               "rebinds": rebinds, "remote": remote, "answer_start": answer_start, "check_index": check_index}
         # the child skips the master's answer cells of q (the student's replace them) and runs the given ones
         (tmp / "job.json").write_text(json.dumps(job))
         env = dict(os.environ, TOKENIZERS_PARALLELISM="false", MPLBACKEND="Agg")

@@ -1,11 +1,12 @@
 """The classroom: the assignments in ``lessons/`` are otter-grader master notebooks; this module makes the
 student versions and autograders with otter and grades a class with :mod:`kvlab.grading`::
 
-    python -m kvlab lessons make [--out build/lessons] [LESSON ...]
+    python -m kvlab lessons make [--out build/lessons] [--seed S] [LESSON ...]
         # `otter assign` per master: build/lessons/NN_name/student/NN_name.ipynb (the student version) and
         # build/lessons/NN_name/autograder/ (solutions notebook + NN_name-autograder_*.zip with every test);
-        # build/lessons/student/ and build/lessons/student.zip: every student version, nothing else (hand out)
-    python -m kvlab lessons grade LESSON SUBMISSIONS/ [--out build/grades/LESSON] [--jobs 2] [--timeout S]
+        # build/lessons/student/ and build/lessons/student.zip: every student version, nothing else (hand out);
+        # --seed S: the instructor's secret for the hidden tests' inputs, kept in the private autograder folder
+    python -m kvlab lessons grade LESSON SUBMISSIONS/ [--out build/grades/LESSON] [--jobs 2] [--timeout S] [--seed S]
         # every SUBMISSIONS/*.ipynb or *.zip (what the notebook's export cell writes), each question in a fresh
         # process against the reference of the others: OUT/final_grades.csv (one row per submission, one column
         # per question, as `otter grade` writes it, plus `review`), OUT/feedback.csv and OUT/feedback/NAME.ipynb.md
@@ -25,6 +26,7 @@ import argparse
 import contextlib
 import csv
 import io
+import os
 import pathlib
 import shutil
 import sys
@@ -58,6 +60,14 @@ class Assignment:
                              f"`make` writes one; rebuild with `python -m kvlab lessons make {name}`")
         return cls(name, folder / "student" / f"{name}.ipynb", folder / "autograder" / f"{name}.ipynb", zips[-1])
 
+    def seed(self) -> int | None:
+        """The secret seed ``make --seed`` kept beside the autograder zip (None: none was given)."""
+        path = self.autograder.parent / SEED_FILE
+        return int(path.read_text().strip()) if path.exists() else None
+
+
+SEED_FILE = "hidden_seed"  # in the private autograder folder: the seed the hidden tests draw their inputs from
+
 
 def lessons(names: list[str] | None = None, root: pathlib.Path = LESSONS_DIR) -> list[pathlib.Path]:
     """The master notebooks, all or those named (``01`` or ``01_streaming_llm`` or a path)."""
@@ -81,13 +91,15 @@ BUNDLE = "student"  # out/student/ and out/student.zip: only the student version
 
 
 def make(names: list[str] | None = None, out: pathlib.Path = pathlib.Path("build/lessons"),
-         run_tests: bool = False) -> list[Assignment]:
+         run_tests: bool = False, seed: int | None = None) -> list[Assignment]:
     """``otter assign`` every master (or those named) into ``out/NN_name``; returns what was written.
 
     Also writes the hand-out bundle: ``out/student/`` with the student version of every lesson built in ``out``
     (no solutions, no hidden tests) and the same folder as ``out/student.zip``.
     ``run_tests=True`` also lets otter execute each master against its tests (slow: grading the solutions
-    notebook with :func:`grade` checks the same)."""
+    notebook with :func:`grade` checks the same). ``seed``: the instructor's secret from which the hidden tests
+    draw their inputs (``HIDDEN_SEED`` in a test), written into each private autograder folder so that
+    :func:`grade` uses it; a public repository then does not reveal the hidden inputs."""
     from otter.assign import main as otter_assign
 
     made = []
@@ -99,6 +111,9 @@ def make(names: list[str] | None = None, out: pathlib.Path = pathlib.Path("build
         with contextlib.redirect_stdout(io.StringIO()):  # otter's summary table; the CLI prints its own line
             otter_assign(str(master.resolve()), str(folder), no_run_tests=not run_tests, no_pdfs=True)
         (folder / "autograder").chmod(0o700)  # the tests and the solutions: only the instructor reads them
+        if seed is not None:
+            (folder / "autograder" / SEED_FILE).write_text(f"{int(seed)}\n")
+            (folder / "autograder" / SEED_FILE).chmod(0o600)
         made.append(Assignment.at(folder))
     bundle(out)
     return made
@@ -226,7 +241,7 @@ def _feedback_text(result, lesson: str) -> str:
 
 
 def grade(assignment: Assignment | pathlib.Path, submissions: pathlib.Path, out: pathlib.Path,
-          jobs: int = 1, timeout: float | None = None):
+          jobs: int = 1, timeout: float | None = None, seed: int | None = None):
     """Grade every ``*.ipynb`` (or ``grader.export()`` ``*.zip``) in ``submissions`` with
     :func:`kvlab.grading.grade_submissions` (each question in a fresh process against the reference of the
     others, the tests from the autograder zip, tampering put back and flagged) and write into ``out``:
@@ -238,7 +253,8 @@ def grade(assignment: Assignment | pathlib.Path, submissions: pathlib.Path, out:
       passed, message``), and ``feedback/<submission>.md``, the same for one student, to hand back;
     - ``written_answers.csv`` (``file, question, answer``) for the questions graded by hand.
 
-    Returns the grades as a pandas DataFrame. ``assignment`` is an :class:`Assignment` or the folder that
+    ``seed``: the secret of the hidden tests' inputs (default: ``KVLAB_GRADING_SEED``, else the one ``make --seed``
+    kept with the assignment, else 0). Returns the grades as a pandas DataFrame. ``assignment`` is an :class:`Assignment` or the folder that
     :func:`make` wrote for it."""
     import pandas as pd
 
@@ -251,7 +267,10 @@ def grade(assignment: Assignment | pathlib.Path, submissions: pathlib.Path, out:
         raise ValueError(f"no *.ipynb or *.zip submissions in {submissions}")
     out = pathlib.Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    results = grade_submissions(assignment.solutions, assignment.autograder, paths, jobs=jobs, timeout=timeout)
+    if seed is None and not os.environ.get("KVLAB_GRADING_SEED"):
+        seed = assignment.seed()
+    results = grade_submissions(assignment.solutions, assignment.autograder, paths, jobs=jobs, timeout=timeout,
+                                seed=seed)
     questions = list(results[0].questions)
     possible = {q: results[0].questions[q].points for q in questions}
     total = sum(possible.values())
@@ -299,6 +318,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("lessons", nargs="*", help="lesson numbers or names (default: all)")
     p.add_argument("--out", type=pathlib.Path, default=pathlib.Path("build/lessons"))
     p.add_argument("--run-tests", action="store_true", help="let otter run each master against its tests")
+    p.add_argument("--seed", type=int, default=None,
+                   help="the instructor's secret for the hidden tests' inputs (kept in the private autograder folder)")
     p = sub.add_parser("grade", help="grade a folder of submissions: CSV, per-student feedback (each question in its own process)")
     p.add_argument("lesson", help="lesson number or name, e.g. 01")
     p.add_argument("submissions", type=pathlib.Path, help="folder of the students' .ipynb files or export zips")
@@ -309,9 +330,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=None,
                    help="seconds one question of one submission may run (default: 10x the reference answer's "
                         "measured time, at least 5 s)")
+    p.add_argument("--seed", type=int, default=None,
+                   help="the secret of the hidden tests' inputs (default: KVLAB_GRADING_SEED, else the one given "
+                        "to `make --seed`, else 0)")
     args = parser.parse_args(argv)
     if args.command == "make":
-        for a in make(args.lessons, args.out, args.run_tests):
+        for a in make(args.lessons, args.out, args.run_tests, seed=args.seed):
             print(f"{a.name}: student version {a.student}; grade with {a.autograder} (keep it private)")
         print(f"hand out {args.out / BUNDLE}/ or {args.out / BUNDLE}.zip: the student versions only")
         return 0
@@ -320,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
     from kvlab.threads import share_threads
 
     share_threads(max(1, args.jobs))  # each grading process computes with cores // jobs threads (KVLAB_THREADS wins)
-    table = grade(args.built / name, args.submissions, out, jobs=args.jobs, timeout=args.timeout)
+    table = grade(args.built / name, args.submissions, out, jobs=args.jobs, timeout=args.timeout, seed=args.seed)
     print(table.drop(columns=["review"]).to_string(index=False))
     flagged = table[(table["review"] != "") & (table["file"] != "points-per-question")]
     for _, row in flagged.iterrows():

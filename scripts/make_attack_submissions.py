@@ -8,7 +8,8 @@ notebook per attack from that student version, each with the score and review fl
 
 Each attack is what a determined student tried against the grader: killing the grader, hanging, forking a
 grandchild, forging result files, planting an autograder zip, answers that compare equal to anything, reading
-the tests and raising them as an error message, using kvlab's own class, walking the call stack.
+the tests and raising them as an error message, using kvlab's own class, walking the call stack, searching the
+process's memory for a test, a reference answer or a classmate's code.
 """
 
 from __future__ import annotations
@@ -42,7 +43,9 @@ def write_master(path: pathlib.Path) -> pathlib.Path:
              new_raw_cell("# END SOLUTION"), new_raw_cell("# BEGIN TESTS"),
              new_code_cell(_test("got = double(3)\nassert type(got) is int, f'return an int, not {type(got).__name__}'\n"
                                  "assert got == 6, 'double(3) should be 6'", 1)),
-             new_code_cell(_test(f"# {SECRET}\nfor v in range(-5, 50):\n    got = double(v)\n"
+             # the hidden inputs come from the instructor's secret seed (HIDDEN_SEED, given to the judge only)
+             new_code_cell(_test(f"# {SECRET}\nimport random\nrng = random.Random(HIDDEN_SEED)\n"
+                                 f"for v in [rng.randint(-10 ** 6, 10 ** 6) for _ in range(50)]:\n    got = double(v)\n"
                                  f"    assert type(got) is int and got == 2 * v, v", 1, hidden=True)),
              new_raw_cell("# END TESTS"), new_raw_cell("# END QUESTION"),
              new_markdown_cell("Write `total`."), new_raw_cell("# BEGIN QUESTION\nname: q2\npoints: 2"),
@@ -70,8 +73,9 @@ ATTACKS = {
     "killer": ({0: "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\nos.kill(os.getpgid(0), 9)\n"
                    + GOOD[0]}, (0, 2), "imports os"),
     "hanger": ({0: "while True:\n    pass\n"}, (0, 2), "took over"),
-    # a grandchild that would outlive the limit and hold the grader's output open
-    "grandchild": ({0: GOOD[0] + "import os, time\nif os.fork() == 0:\n    time.sleep(3600)\n"}, (2, 2), "uses .fork"),
+    # a grandchild that would outlive the limit and hold the grader's output open: the attempt stops the run
+    "grandchild": ({0: GOOD[0] + "import os, time\nif os.fork() == 0:\n    time.sleep(3600)\n"}, (0, 2),
+                   "tried to start a process"),
     # fake result files for itself and a classmate, in every folder of the grader it can find
     "forger": ({0: "import glob, json, os\nfor d in glob.glob('/tmp/kvlab-grade-*') + ['/proc/self/fd']:\n"
                    "    for i in range(20):\n        for q in ('q1', 'q2'):\n            try:\n"
@@ -96,6 +100,17 @@ ATTACKS = {
                    "raise ValueError('hidden-check-7f3a' + text)\n"}, (0, 2), "imports glob"),
     # kvlab's own class where the question says to write one
     "uses_kvlab": ({0: "from kvlab.policies import StreamingLLM\n" + GOOD[0]}, (2, 2), "imports StreamingLLM from kvlab.policies"),
+    # looks through every object in its process for a hidden test, the master's answer to q2 or a classmate's
+    # code, and sabotages its own answer if it finds any: full marks show that none of them is there
+    "memory_probe": ({0: "import gc\na = 'hidden-check' + '-7f3a'\nb = 'float(sum' + '(xs))'\n"
+                         "c = 'classmate-' + 'marker-91c2'\n\ndef seen():\n    for o in gc.get_objects():\n"
+                         "        if type(o) is dict:\n            values = list(o.values())\n"
+                         "        elif type(o) is list:\n            values = o\n        else:\n            continue\n"
+                         "        for v in values:\n            if type(v) is str and v is not a and v is not b and "
+                         "v is not c and (a in v or b in v or c in v):\n                return True\n    return False\n\n"
+                         "found = seen()\n\ndef double(x):\n    return 2 * x + (1 if found else 0)\n"}, (2, 2),
+                     "imports gc"),
+    "classmate": ({0: "def double(x):\n    # classmate-marker-91c2\n    return 2 * x\n"}, (2, 2), None),
     # walks up the call stack with names split into strings
     "stack_walk": ({0: "f = getattr(__import__('sy' + 's'), '_get' + 'frame')(0)\nwhile f is not None:\n"
                        "    job = f.f_locals.get('job')\n    if isinstance(job, dict) and 'tests' in job:\n"

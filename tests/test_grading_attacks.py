@@ -24,6 +24,8 @@ spec.loader.exec_module(attacks)
 
 
 def _nobody_processes() -> set[int]:
+    """Processes of the user nobody that no grading zygote owns (a child of a class graded at the same time is
+    owned by its zygote; a grandchild that outlived its run is not)."""
     found = set()
     for status in pathlib.Path("/proc").glob("[0-9]*/status"):
         try:
@@ -32,7 +34,13 @@ def _nobody_processes() -> set[int]:
             continue
         uid = next((line.split()[1] for line in text.splitlines() if line.startswith("Uid:")), None)
         if uid == str(grading.NOBODY):
-            found.add(int(status.parent.name))
+            ppid = next((line.split()[1] for line in text.splitlines() if line.startswith("PPid:")), "0")
+            try:
+                parent = (pathlib.Path("/proc") / ppid / "cmdline").read_bytes()
+            except OSError:
+                parent = b""
+            if b"_zygote" not in parent:
+                found.add(int(status.parent.name))
     return found
 
 

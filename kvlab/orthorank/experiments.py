@@ -171,23 +171,12 @@ def layer_token_table(model: torch.nn.Module, calib: torch.Tensor, evaluation: t
     search over every layer; otherwise routed, OrthoRank's search over ``candidates``) and the perplexity.
     ``known``: token ratio -> greedy order already found on the same ``calib`` and candidates (its prefix is
     what the search would return), so that search is not run again."""
-    sparsity = check_float("sparsity", sparsity, 0.0, 1.0)
     num_layers = model.config.get_text_config().num_hidden_layers
-    known = known or {}
+    plans = table4_plans(model, calib, candidates, sparsity=sparsity, token_ratios=token_ratios,
+                         batch_size=batch_size, known=known, progress=progress)
     rows = []
-    for ratio in token_ratios:
-        if ratio == 0:
-            n = layers_for_sparsity(num_layers, sparsity)
-        else:
-            n = min(layers_for_sparsity(num_layers, sparsity, ratio), len(candidates))
-        if ratio in known and len(known[ratio]) >= n:
-            chosen = tuple(sorted(known[ratio][:n]))
-            plan = Plan(removed=chosen) if ratio == 0 else Plan(routed=chosen, router={"token_ratio": ratio})
-        elif ratio == 0:
-            plan = search_layers(model, calib, n, action="remove", batch_size=batch_size, progress=progress).plan(n)
-        else:
-            plan = search_layers(model, calib, n, action="route", candidates=candidates,
-                                 router={"token_ratio": ratio}, batch_size=batch_size, progress=progress).plan(n)
+    for ratio, plan in zip(token_ratios, plans.values()):
+        n = len(plan.removed or plan.routed)
         ppl = perplexity(model, evaluation, plan, batch_size=batch_size)
         rows.append({"layer_ratio": n / num_layers, "token_ratio": ratio, "layers": n,
                      "sparsity": plan.sparsity(num_layers) if ratio else n / num_layers, "ppl": ppl,

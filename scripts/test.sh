@@ -10,7 +10,7 @@ if ! .venv/bin/python -c "import torch, sys; sys.exit(0 if torch.cuda.is_availab
 fi
 export MPLBACKEND=Agg
 # pytest-xdist: one worker per core, each test file kept on one worker (files share fixtures and build folders)
-.venv/bin/python -m pytest tests -q -p no:cacheprovider -n auto --dist loadfile "$@"
+.venv/bin/python -m pytest tests -q -p no:cacheprovider -n auto --dist loadfile --durations=30 "$@"
 bash scripts/peers.sh   # the kvpress peer check, in its own environment (kvpress needs transformers<5.3)
 .venv/bin/python scripts/notebooks.py prepare --out build/notebooks
 # The notebooks run once, here: nbval checks them and the nbcheck plugin saves each as executed into build/executed

@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import csv
+import hashlib
 import io
 import os
 import pathlib
@@ -60,6 +61,15 @@ class Assignment:
                              f"`make` writes one; rebuild with `python -m kvlab lessons make {name}`")
         return cls(name, folder / "student" / f"{name}.ipynb", folder / "autograder" / f"{name}.ipynb", zips[-1])
 
+    def stale(self, root: pathlib.Path | None = None) -> pathlib.Path | None:
+        """The master in ``root`` (default :data:`LESSONS_DIR`) this assignment was made from, when it has changed
+        since ``make`` (its sha256 differs from the one ``make`` kept); None when it has not, or is not there."""
+        kept = self.autograder.parent / MASTER_HASH_FILE
+        master = (root or LESSONS_DIR) / f"{self.name}.ipynb"
+        if not kept.exists() or not master.exists():
+            return None
+        return master if hashlib.sha256(master.read_bytes()).hexdigest() != kept.read_text().strip() else None
+
     def seed(self) -> int | None:
         """The secret seed ``make --seed`` kept beside the autograder zip (None: none was given)."""
         path = self.autograder.parent / SEED_FILE
@@ -67,6 +77,7 @@ class Assignment:
 
 
 SEED_FILE = "hidden_seed"  # in the private autograder folder: the seed the hidden tests draw their inputs from
+MASTER_HASH_FILE = "master_sha256"  # in the private autograder folder: the master's hash when it was made
 
 
 def lessons(names: list[str] | None = None, root: pathlib.Path = LESSONS_DIR) -> list[pathlib.Path]:
@@ -111,6 +122,7 @@ def make(names: list[str] | None = None, out: pathlib.Path = pathlib.Path("build
         with contextlib.redirect_stdout(io.StringIO()):  # otter's summary table; the CLI prints its own line
             otter_assign(str(master.resolve()), str(folder), no_run_tests=not run_tests, no_pdfs=True)
         (folder / "autograder").chmod(0o700)  # the tests and the solutions: only the instructor reads them
+        (folder / "autograder" / MASTER_HASH_FILE).write_text(hashlib.sha256(master.read_bytes()).hexdigest() + "\n")
         if seed is not None:
             (folder / "autograder" / SEED_FILE).write_text(f"{int(seed)}\n")
             (folder / "autograder" / SEED_FILE).chmod(0o600)
@@ -262,6 +274,11 @@ def grade(assignment: Assignment | pathlib.Path, submissions: pathlib.Path, out:
 
     if not isinstance(assignment, Assignment):
         assignment = Assignment.at(pathlib.Path(assignment))
+    changed = assignment.stale()
+    if changed is not None:
+        raise ValueError(f"{assignment.autograder.parent.parent} was made from an older {changed}: its tests and "
+                         f"reference answers may no longer match; rebuild it with `python -m kvlab lessons make "
+                         f"{assignment.name}` (and hand out the new student version if the questions changed)")
     paths = sorted(p for p in pathlib.Path(submissions).glob("*") if p.suffix in (".ipynb", ".zip"))
     if not paths:
         raise ValueError(f"no *.ipynb or *.zip submissions in {submissions}")

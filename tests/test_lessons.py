@@ -261,3 +261,21 @@ def test_lesson_names_resolve():
     assert classroom.lessons(["03"])[0].stem == "03_lacache"
     with pytest.raises(ValueError, match="matches 0"):
         classroom.lessons(["99"])
+
+
+def test_grading_refuses_an_assignment_made_from_an_older_master(tmp_path, graded):
+    assignment = graded["01_streaming_llm"][0]
+    assert assignment.stale() is None  # made from today's master
+    masters = tmp_path / "lessons"
+    masters.mkdir()
+    changed = masters / f"{assignment.name}.ipynb"
+    changed.write_bytes((classroom.LESSONS_DIR / f"{assignment.name}.ipynb").read_bytes() + b"\n")
+    assert assignment.stale(masters) == changed
+    kept = assignment.autograder.parent / classroom.MASTER_HASH_FILE
+    saved = kept.read_text()
+    kept.write_text("0" * 64 + "\n")  # as if make had run on another version of the master
+    try:
+        with pytest.raises(ValueError, match=r"made from an older .*01_streaming_llm.ipynb.*lessons make 01_streaming"):
+            classroom.grade(assignment, tmp_path, tmp_path / "grades")
+    finally:
+        kept.write_text(saved)

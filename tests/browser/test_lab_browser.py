@@ -32,7 +32,7 @@ from browserkit import book, book_url, browser, screenshots  # noqa: E402,F401 (
 
 NOTEBOOK = "notebooks/05_lacache_ladder.ipynb"
 # The cells to run, found by their text: parameters, setup (imports, model), the explorer.
-CELLS = ["model_name: str =", "kvlab.check_parameters(globals())", "widgets.interact(show_ladder"]
+CELLS = ["model_name: str =", "kvlab.check_parameters(globals())", "def show_ladder("]
 
 
 def _free_port() -> int:
@@ -112,7 +112,9 @@ def _run(browser, cell, timeout: float):
 
 
 def _plot(browser, cell):
-    imgs = cell.find_elements(By.CSS_SELECTOR, ".widget-output img, .jp-OutputArea-output img")
+    """The explorer's plot: the image inside the widget's output (the cell also draws a static row of pictures
+    after it, which the slider does not change)."""
+    imgs = cell.find_elements(By.CSS_SELECTOR, ".widget-output img")
     return imgs[-1] if imgs else None
 
 

@@ -18,6 +18,18 @@ if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
 TRITON_READY = importlib.util.find_spec("triton") is not None and _INTERPRET_IN_TIME
 
 
+def import_script(rel: str):
+    """Import a script of the repository (``benchmarks/x.py``) by its file name; its folder goes on sys.path,
+    which spawned workers inherit."""
+    import importlib
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / rel
+    if str(path.parent) not in sys.path:
+        sys.path.insert(0, str(path.parent))
+    return importlib.import_module(path.stem)
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "triton: runs Triton kernels (on CUDA, or in the interpreter on CPU)")
 

@@ -2,33 +2,21 @@
 
 from __future__ import annotations
 
-import importlib
 import json
 import math
-import sys
-from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def _module(rel: str):
-    """Import a script by its file name; its folder goes on sys.path, which spawned workers inherit."""
-    path = ROOT / rel
-    if str(path.parent) not in sys.path:
-        sys.path.insert(0, str(path.parent))
-    return importlib.import_module(path.stem)
+from conftest import import_script
 
 
 @pytest.fixture(scope="module")
 def runs():
-    return _module("benchmarks/quality_runs.py")
+    return import_script("benchmarks/quality_runs.py")
 
 
 @pytest.fixture(scope="module")
 def report():
-    return _module("benchmarks/quality_report.py")
+    return import_script("benchmarks/quality_report.py")
 
 
 def test_job_names_unique_and_every_policy_valid(runs):
@@ -90,7 +78,7 @@ def test_run_plain_parameters_outputs_and_figures(tmp_path):
     params = tmp_path / "p.yaml"
     params.write_text("n: 3\n")
     out = tmp_path / "out"
-    plain = _module("scripts/run_plain.py")
+    plain = import_script("scripts/run_plain.py")
     import matplotlib.pyplot as plt
 
     plt.figure()  # a figure another test left open is not saved as this notebook's

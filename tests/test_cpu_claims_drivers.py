@@ -3,35 +3,24 @@ with the GPU sweep by method name only if the expressions are the sweep's own, a
 
 from __future__ import annotations
 
-import importlib
 import json
-import sys
-from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def _module(rel: str):
-    path = ROOT / rel
-    if str(path.parent) not in sys.path:
-        sys.path.insert(0, str(path.parent))
-    return importlib.import_module(path.stem)
+from conftest import import_script
 
 
 @pytest.fixture(scope="module")
 def lacache_cpu():
-    return _module("benchmarks/lacache_cpu_claims.py")
+    return import_script("benchmarks/lacache_cpu_claims.py")
 
 
 @pytest.fixture(scope="module")
 def dhsa_cpu():
-    return _module("benchmarks/dhsa_cpu_latency.py")
+    return import_script("benchmarks/dhsa_cpu_latency.py")
 
 
 def test_ppl_windows_use_the_gpu_sweeps_policy_under_its_name(lacache_cpu):
-    runs = _module("benchmarks/quality_runs.py")
+    runs = import_script("benchmarks/quality_runs.py")
     sweep = {j.name: (j.args["policy"], j.args["chunk"]) for j in runs.jobs("full") if j.kind == "ppl"}
     for name, expr in lacache_cpu.PPL_POLICIES.items():
         assert sweep[name] == (expr, 16), name  # the ledger pairs the new windows with the sweep's by this name

@@ -1,15 +1,11 @@
 """The Table 8 driver: one record per text and method, scored after the cache fills, equal to single runs."""
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 import torch
 
 from kvlab.eval.streaming import streaming_perplexity
 from kvlab.policies import StreamingLLM
-
-ROOT = Path(__file__).resolve().parent.parent
+from conftest import import_script
 
 
 @pytest.fixture
@@ -21,11 +17,7 @@ def id_tokenizer():
 
 @pytest.fixture(scope="module")
 def driver():
-    path = ROOT / "benchmarks" / "sepllm_position_shift.py"
-    spec = importlib.util.spec_from_file_location("sepllm_position_shift", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return import_script("benchmarks/sepllm_position_shift.py")
 
 
 def test_records_pair_every_text_and_match_a_single_run(driver, tiny_llama, id_tokenizer):

@@ -271,8 +271,8 @@ def _long_tasks(task: str, tokenizer, lengths, depths, examples: int, tokens: in
     if task == "passkey":
         return [_passkey_task(tokenizer, n, d, seed) for n in lengths for d in depths]
     if task == "kv_retrieval":
-        return [kv_task(tokenizer, n, depth=d, seed=seed + i) for i, (n, d) in
-                enumerate((n, d) for n in lengths for d in depths)]
+        cells = [(n, d) for n in lengths for d in depths]  # seeds never share a key-value set
+        return [kv_task(tokenizer, n, depth=d, seed=seed * len(cells) + i) for i, (n, d) in enumerate(cells)]
     return _qa_tasks(tokenizer, examples, tokens, seed)
 
 
@@ -406,7 +406,10 @@ def run_cell(method: str, task: str, level: int, kv_budget: int, flop_budget: fl
         from kvlab.datasets import load_text
         from kvlab.eval import stream_ids
 
-        ids = stream_ids(net, tok, load_text("wikitext"), tokens)
+        ids = stream_ids(net, tok, load_text("wikitext"), tokens * (seed + 1))[:, seed * tokens:]  # seed-th window
+        if ids.shape[1] != tokens:
+            raise ValueError(f"seed {seed}: WikiText holds fewer than {tokens * (seed + 1)} tokens for the "
+                             f"{seed}-th window of {tokens}: use smaller seeds or fewer tokens")
         if method in FLOP_METHODS:
             ctx, frac = flop_setup(ids.shape[1], causal=True)
             with ctx:
@@ -486,9 +489,10 @@ def _kvpress_version() -> str:
         return NO_KVPRESS
 
 
-def sized_grid(grid: str | dict = "tiny", *, models=None, examples: int | None = None) -> dict:
-    """The grid's spec (a name of :data:`GRIDS` or a dict like them) with a subset of its ``models`` and another
-    number of ``examples`` per length and depth; checks both."""
+def sized_grid(grid: str | dict = "tiny", *, models=None, examples: int | None = None, seeds=None) -> dict:
+    """The grid's spec (a name of :data:`GRIDS` or a dict like them) with a subset of its ``models``, another
+    number of ``examples`` per length and depth, and other ``seeds`` (each seed one more replicate of every cell:
+    other haystacks, keys, questions and another WikiText window; seed 0 is the committed grid's); checks them."""
     if isinstance(grid, str) and grid not in GRIDS:
         raise ValueError(f"grid must be one of {sorted(GRIDS)}, got {grid!r}")
     spec = dict(GRIDS[grid]) if isinstance(grid, str) else dict(grid)
@@ -503,6 +507,13 @@ def sized_grid(grid: str | dict = "tiny", *, models=None, examples: int | None =
         if isinstance(examples, bool) or not isinstance(examples, int) or examples < 1:
             raise ValueError(f"examples must be an int >= 1 (texts per length and depth), got {examples!r}")
         spec["examples"] = examples
+    if seeds is not None:
+        seeds = list(seeds)
+        if not seeds or any(isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in seeds) \
+                or len(set(seeds)) != len(seeds):
+            raise ValueError(f"seeds must be a non-empty list of distinct ints >= 0 (one replicate each), got "
+                             f"{seeds!r}: e.g. seeds=[0, 1, 2] or --seeds 0,1,2")
+        spec["seeds"] = seeds
     return spec
 
 
@@ -690,7 +701,7 @@ DEFAULT_OUT = "build/leaderboard"
 def run_leaderboard(grid: str | dict = "tiny", out=DEFAULT_OUT, *, workers: int | None = 2,
                     scheduler: str | None = None, methods=METHODS, tasks=TASKS, progress: bool = True,
                     run: bool = True, gpu_workers: int | str = 0, workers_per_gpu: int = 1,
-                    device: str | None = None, models=None, examples: int | None = None):
+                    device: str | None = None, models=None, examples: int | None = None, seeds=None):
     """Run (or resume) a grid on a Dask cluster, then write ``leaderboard.csv`` (and ``.parquet`` where pyarrow
     is installed), ``leaderboard.md`` and ``pareto.png`` under ``out``; ``run=False`` only writes them from the
     cells already finished (a sweep cut short). Returns ``(report, rows)``.
@@ -699,13 +710,14 @@ def run_leaderboard(grid: str | dict = "tiny", out=DEFAULT_OUT, *, workers: int 
     pinned to one GPU (:func:`kvlab.sweep.local_cluster`); then every cell runs on them and ``workers`` is not
     used. ``device="gpu"`` sends the cells to the GPU workers of a ``scheduler``'s cluster (default: ``"gpu"``
     with local GPU workers, else ``"cpu"``). ``models`` runs a subset of the grid's models, ``examples`` sets the
-    number of texts per length and depth of the question tasks (more work per cell, other cells' keys)."""
+    number of texts per length and depth of the question tasks (more work per cell, other cells' keys), ``seeds``
+    the replicates (more cells: :func:`sized_grid`)."""
     import csv
 
     from kvlab.sweep import SweepReport, run_sweep
 
     out = Path(out)
-    spec = sized_grid(grid, models=models, examples=examples)
+    spec = sized_grid(grid, models=models, examples=examples, seeds=seeds)
     cells = cell_tasks(spec, methods=methods, tasks=tasks)
     if device not in (None, "cpu", "gpu"):
         raise ValueError(f"device must be 'cpu', 'gpu' or None (gpu with local GPU workers), got {device!r}")
@@ -748,6 +760,7 @@ def run_leaderboard(grid: str | dict = "tiny", out=DEFAULT_OUT, *, workers: int 
         subset = "".join(f" --{what} {','.join(chosen)}" for what, chosen, every in
                          (("tasks", tasks, TASKS), ("methods", methods, METHODS)) if tuple(chosen) != tuple(every))
         subset += (f" --models {','.join(models)}" if models else "") + (f" --examples {examples}" if examples else "")
+        subset += f" --seeds {','.join(map(str, seeds))}" if seeds is not None else ""
         how = (f"`python -m kvlab leaderboard --grid {grid}{subset} --out {out}`" if isinstance(grid, str)
                else f"`kvlab.leaderboard.run_leaderboard({grid!r})`")
         (out / "leaderboard.md").write_text(f"Made by {how} (kvlab {__import__('kvlab').__version__}); cells in "
@@ -782,6 +795,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--models", default=None, help="comma-separated subset of the grid's models (default: all)")
     p.add_argument("--examples", type=int, default=None,
                    help="texts per length and depth of the question tasks (default: the grid's)")
+    p.add_argument("--seeds", default=None,
+                   help="comma-separated replicate seeds, e.g. 0,1,2 (default: the grid's; seed 0 is the committed one)")
     args = p.parse_args(argv)
     tasks, methods = args.tasks.split(","), args.methods.split(",")
     problems = [f"--tasks must be among {', '.join(TASKS)}, got {t!r}" for t in tasks if t not in TASKS]
@@ -792,6 +807,12 @@ def main(argv: list[str] | None = None) -> int:
         problems.append("--workers and --gpu-workers: give one (with GPU workers every cell runs on them)")
     if args.workers_per_gpu < 1:
         problems.append(f"--workers-per-gpu must be >= 1, got {args.workers_per_gpu}")
+    seeds = None
+    if args.seeds is not None:
+        try:
+            seeds = [int(x) for x in args.seeds.split(",")]
+        except ValueError:
+            problems.append(f"--seeds must be comma-separated whole numbers such as 0,1,2, got {args.seeds!r}")
     if problems:
         print("kvlab leaderboard: " + "; ".join(problems), file=sys.stderr)
         return 2
@@ -799,7 +820,7 @@ def main(argv: list[str] | None = None) -> int:
         report, rows = run_leaderboard(args.grid, args.out, workers=args.workers, scheduler=args.scheduler,
                                        methods=methods, tasks=tasks, run=not args.report_only,
                                        gpu_workers=args.gpu_workers, workers_per_gpu=args.workers_per_gpu,
-                                       device=args.device, examples=args.examples,
+                                       device=args.device, examples=args.examples, seeds=seeds,
                                        models=args.models.split(",") if args.models else None)
     except (ValueError, OSError) as exc:
         print(f"kvlab leaderboard: {exc}", file=sys.stderr)

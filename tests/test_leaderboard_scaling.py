@@ -21,7 +21,25 @@ def test_sized_grid_subsets_models_and_sets_examples():
     assert [c.params["examples"] for c in cells] == [3]
 
 
+def test_seeds_replicate_every_cell_under_its_own_name():
+    one = cell_tasks(sized_grid("tiny"), methods=("Full", "H2O"), tasks=("ppl", "passkey"))
+    three = cell_tasks(sized_grid("tiny", seeds=[0, 1, 2]), methods=("Full", "H2O"), tasks=("ppl", "passkey"))
+    assert len(three) == 3 * len(one) and len({t.name for t in three}) == len(three)
+    assert {t.name for t in one} <= {t.name for t in three}  # seed 0 keeps the committed cells' names
+    assert sorted({t.params["seed"] for t in three}) == [0, 1, 2]
+
+
+def test_leaderboard_cli_refuses_bad_seeds(capsys):
+    from kvlab.leaderboard import main
+
+    assert main(["--seeds", "0,x", "--report-only"]) == 2
+    assert "--seeds must be comma-separated whole numbers" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("kw, words", [(dict(models=["llama-70b"]), "subset of this grid's models"),
+                                       (dict(seeds=[]), "seeds must be a non-empty list"),
+                                       (dict(seeds=[0, 0]), "distinct ints"),
+                                       (dict(seeds=[-1]), "ints >= 0"),
                                        (dict(models=[]), "non-empty subset"),
                                        (dict(examples=0), "examples must be an int >= 1"),
                                        (dict(examples=True), "examples must be an int >= 1")])

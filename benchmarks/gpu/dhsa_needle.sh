@@ -16,6 +16,9 @@
 #    NEEDLE_SECONDS (default 330) with the cells balanced (trials run in turn).
 # Writes $KVLAB_RESULTS/benchmarks/results/dhsa/dhsa_needle_authors_smollm2_4k.{examples.jsonl,log} and the
 # predictor; prints progress and a few raw answers per cell.
+# Resuming a grid the time limit stopped: PREDICTOR=FILE (the predictor that grid used; step 1 is skipped),
+# FIRST_TRIAL=K (the haystacks K.. of every depth) and PART=NAME (written to ..._4k.NAME.{examples.jsonl,log}, beside
+# the first part; the claims ledger joins the files with ';').
 set -uo pipefail
 PY=${PY:-python3}
 : "${KVLAB_RESULTS:?set KVLAB_RESULTS to the results folder}"
@@ -37,19 +40,26 @@ else
   SECONDS_CAP=${NEEDLE_SECONDS:-330}
 fi
 PRED="$P/smollm2-135m-l0.pt"
+NAME=dhsa_needle_authors_smollm2_4k${PART:+.$PART}
 
-echo "== train: predictor on layer-0 labels -> $PRED"
-t0=$(date +%s)
-"$PY" -m kvlab.dhsa.training --model smollm2-135m --layers 0 --heads 8 --window 4 "${TRAIN[@]}" \
-  --compare shipped --out "$PRED" 2>&1 | grep -v "Loading weights" | tee "$D/dhsa_predictor_l0_train.log"
-[ -f "$PRED" ] || { echo "training wrote no predictor" >&2; exit 1; }
-echo "train: $(( $(date +%s) - t0 )) s"
+if [ -n "${PREDICTOR:-}" ]; then
+  [ -f "$PREDICTOR" ] || { echo "PREDICTOR=$PREDICTOR: no such file" >&2; exit 1; }
+  PRED=$PREDICTOR
+  echo "== predictor: $PRED (given; not retrained)"
+else
+  echo "== train: predictor on layer-0 labels -> $PRED"
+  t0=$(date +%s)
+  "$PY" -m kvlab.dhsa.training --model smollm2-135m --layers 0 --heads 8 --window 4 "${TRAIN[@]}" \
+    --compare shipped --out "$PRED" 2>&1 | grep -v "Loading weights" | tee "$D/dhsa_predictor_l0_train.log"
+  [ -f "$PRED" ] || { echo "training wrote no predictor" >&2; exit 1; }
+  echo "train: $(( $(date +%s) - t0 )) s"
+fi
 
 echo "== needle: 4K grid, authors' protocol, DHSA vs block-sparse"
 t0=$(date +%s)
 "$PY" -m kvlab.dhsa.experiments needle --model smollm2-135m --predictor "$PRED" "${NEEDLE[@]}" \
   --protocols authors --baselines dense,block-sparse --backend sdpa --max-seconds "$SECONDS_CAP" \
-  --out "$D/dhsa_needle_authors_smollm2_4k.examples.jsonl" 2>&1 | grep -v "Loading weights" \
-  | tee "$D/dhsa_needle_authors_smollm2_4k.log"
+  --first-trial "${FIRST_TRIAL:-0}" --out "$D/$NAME.examples.jsonl" 2>&1 | grep -v "Loading weights" \
+  | tee "$D/$NAME.log"
 echo "needle: $(( $(date +%s) - t0 )) s"
-[ -s "$D/dhsa_needle_authors_smollm2_4k.examples.jsonl" ] || { echo "needle wrote no records" >&2; exit 1; }
+[ -s "$D/$NAME.examples.jsonl" ] || { echo "needle wrote no records" >&2; exit 1; }

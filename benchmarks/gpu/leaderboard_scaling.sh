@@ -8,11 +8,19 @@
 # Needs two visible GPUs, SmolLM2-135M-Instruct and the corpora staged (scripts/gpu_stage.sh unpack) and Dask's wheels
 # installed (the GPU image has no Dask). The kvpress rows are left out: kvpress needs transformers < 5.3 and runs in
 # its own CPU environment (`bash scripts/peers.sh`). Knobs: WPG (workers per GPU, default 2), EXAMPLES (texts per
-# length and depth of the question tasks, default the grid's 2), SKIP_RECIPE=1. SMOKE=1: the tiny grid on the CPU, one "GPU" lane.
+# length and depth of the question tasks, default the grid's 2), SEEDS (replicates, e.g. 0,1,2: a grid large enough
+# that the fixed start of a run weighs little), SKIP_RECIPE=1, RUNS (one, two or both, default both: a grid too long
+# for one call of the device tool runs "one" in a call and "two" in the next of the same lease; the runs are kept
+# in /tmp/kvlab-leaderboard-runs between them, and the report is written once both are there).
+# NAME: the results' subfolder (gpus/NAME). SMOKE=1: the tiny grid on the CPU, one "GPU" lane.
 set -uo pipefail
 PY=${PY:-python3}
-D="$KVLAB_RESULTS/benchmarks/results/leaderboard/gpus"
-W=$(mktemp -d)
+D="$KVLAB_RESULTS/benchmarks/results/leaderboard/gpus${NAME:+/$NAME}"  # NAME: a subfolder for another grid size
+W=${RUNS_DIR:-/tmp/kvlab-leaderboard-runs}
+RUNS=${RUNS:-both}
+case "$RUNS" in one|two|both) ;; *) echo "RUNS must be one, two or both, got $RUNS" >&2; exit 2 ;; esac
+[ "$RUNS" != both ] || rm -rf "$W"  # one and two: the other run may already be there
+mkdir -p "$W"
 mkdir -p "$D"
 WPG=${WPG:-2}
 METHODS=Full,StreamingLLM,H2O,TOVA,SepLLM,LaCache,REFORM,DHSA,OrthoRank
@@ -21,7 +29,8 @@ if [ "${SMOKE:-0}" = 1 ]; then
   RUN=(--workers 1)
   RUN2=(--workers 2)
 else
-  GRID=(--grid full --models smollm2-135m --methods "$METHODS" ${EXAMPLES:+--examples "$EXAMPLES"})
+  GRID=(--grid full --models smollm2-135m --methods "$METHODS" ${EXAMPLES:+--examples "$EXAMPLES"}
+        ${SEEDS:+--seeds "$SEEDS"})
   RUN=(--gpu-workers auto --workers-per-gpu "$WPG")
   RUN2=("${RUN[@]}")
 fi
@@ -30,19 +39,26 @@ DASK=(dask); command -v dask >/dev/null || DASK=("$PY" -m dask)
 if command -v nvidia-smi >/dev/null; then
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$D/device.txt"
   nvidia-smi --query-gpu=timestamp,index,utilization.gpu,memory.used --format=csv,noheader,nounits -lms 500 \
-    > "$D/gpu_util.csv" 2>/dev/null &
+    >> "$W/gpu_util.csv" 2>/dev/null &
   SMI=$!
 fi
 all=${CUDA_VISIBLE_DEVICES:-0,1}
 first=${all%%,*}
 
-echo "== one GPU ($first)"
-t0=$(date +%s.%N)
-CUDA_VISIBLE_DEVICES=$first "$PY" -m kvlab leaderboard "${GRID[@]}" "${RUN[@]}" --out "$W/one_gpu"
-t1=$(date +%s.%N)
-echo "== two GPUs ($all)"
-CUDA_VISIBLE_DEVICES=$all "$PY" -m kvlab leaderboard "${GRID[@]}" "${RUN2[@]}" --out "$W/two_gpus"
-t2=$(date +%s.%N)
+if [ "$RUNS" != two ]; then
+  echo "== one GPU ($first)"
+  t0=$(date +%s.%N)
+  CUDA_VISIBLE_DEVICES=$first "$PY" -m kvlab leaderboard "${GRID[@]}" "${RUN[@]}" --out "$W/one_gpu"
+  t1=$(date +%s.%N)
+  "$PY" -c "print($t1 - $t0)" > "$W/one_gpu.seconds"
+fi
+if [ "$RUNS" != one ]; then
+  echo "== two GPUs ($all)"
+  t1=$(date +%s.%N)
+  CUDA_VISIBLE_DEVICES=$all "$PY" -m kvlab leaderboard "${GRID[@]}" "${RUN2[@]}" --out "$W/two_gpus"
+  t2=$(date +%s.%N)
+  "$PY" -c "print($t2 - $t1)" > "$W/two_gpus.seconds"
+fi
 
 if [ "${SKIP_RECIPE:-0}" != 1 ]; then
 echo "== the multi-host recipe on this host: scheduler and workers as separate processes (perplexity cells)"
@@ -71,19 +87,26 @@ fi
 [ -n "${SMI:-}" ] && kill "$SMI" 2>/dev/null
 
 for run in one_gpu two_gpus recipe; do
+  [ -d "$W/$run" ] || continue
   mkdir -p "$D/$run"
   cp -r "$W/$run/cells" "$D/$run/" 2>/dev/null
   cp "$W/$run/leaderboard.md" "$W/$run/leaderboard.csv" "$W/$run/pareto.png" "$D/$run/" 2>/dev/null
 done
-cp "$W/scheduler.log" "$W/workers.log" "$D/" 2>/dev/null
-s1=$("$PY" -c "print($t1 - $t0)"); s2=$("$PY" -c "print($t2 - $t1)"); s4=$("$PY" -c "print(round($t4 - $t3, 1))")
-cmd="KVLAB_RESULTS=DIR CUDA_VISIBLE_DEVICES=$all bash benchmarks/gpu/leaderboard_scaling.sh (WPG=$WPG${EXAMPLES:+ EXAMPLES=$EXAMPLES})"
+cp "$W/scheduler.log" "$W/workers.log" "$W/gpu_util.csv" "$D/" 2>/dev/null
+if [ ! -f "$W/one_gpu.seconds" ] || [ ! -f "$W/two_gpus.seconds" ]; then
+  echo "RUNS=$RUNS: the report needs both runs; run RUNS=$([ "$RUNS" = one ] && echo two || echo one) next" \
+    "(same lease: $W keeps this run)"
+  exit 0
+fi
+s1=$(cat "$W/one_gpu.seconds"); s2=$(cat "$W/two_gpus.seconds")
+[ "${SKIP_RECIPE:-0}" = 1 ] || s4=$("$PY" -c "print(round($t4 - $t3, 1))")
+cmd="KVLAB_RESULTS=DIR CUDA_VISIBLE_DEVICES=$all bash benchmarks/gpu/leaderboard_scaling.sh (WPG=$WPG${EXAMPLES:+ EXAMPLES=$EXAMPLES}${SEEDS:+ SEEDS=$SEEDS}$([ "$RUNS" = both ] || echo "; the two runs in separate calls of one lease, RUNS=one and RUNS=two"))"
 dev=$(head -2 "$D/device.txt" 2>/dev/null | tail -1 | cut -d, -f1)
 "$PY" benchmarks/leaderboard_scaling.py report --run "1 GPU=$W/one_gpu:$s1" --run "2 GPUs=$W/two_gpus:$s2" \
-  --util "$D/gpu_util.csv" --command "$cmd" --device "$(nvidia-smi -L 2>/dev/null | wc -l) x ${dev:-CPU}" \
+  --util "$W/gpu_util.csv" --command "$cmd" --device "$(nvidia-smi -L 2>/dev/null | wc -l) x ${dev:-CPU}" \
   > "$D/scaling.md"
 [ "${SKIP_RECIPE:-0}" = 1 ] || echo "recipe (scheduler + worker-env workers as separate processes, perplexity cells): $s4 s" >> "$D/scaling.md"
 [ "${SKIP_RECIPE:-0}" = 1 ] || "$PY" benchmarks/leaderboard_scaling.py report --subset --run "2 GPUs=$W/two_gpus:$s2" --run "recipe=$W/recipe:$s4" \
   > "$D/recipe_vs_two_gpus.md" || true
-cat "$D/scaling.md" "$D/recipe_vs_two_gpus.md"
+cat "$D/scaling.md" "$D/recipe_vs_two_gpus.md" 2>/dev/null
 rm -rf "$W"

@@ -53,3 +53,17 @@ def test_prediction_is_unchanged_on_one_device():
     a = B.predict_boundaries(predictor, keys, max_chunks=6, nms_window=2)
     b = api.predict_boundaries(predictor, keys, max_chunks=6, nms_window=2, backend="torch")
     assert all(torch.equal(x, y) for x, y in zip(a, b)) and all(x.device == keys.device for x in a)
+
+
+def test_auto_backend_takes_torch_where_only_torch_ranks_per_row():
+    """On a GPU "auto" means Triton, which ranks one list per query chunk: a causal chunk query or a kept set
+    without the diagonal (ranked per query row) must go to torch instead of raising (notebook 07 on a GPU)."""
+    from types import SimpleNamespace
+
+    from kvlab.dhsa.api import _resolve_backend
+
+    gpu = SimpleNamespace(is_cuda=True)
+    assert _resolve_backend("auto", gpu) == "triton"
+    assert _resolve_backend("auto", gpu, rowwise=True) == "torch"
+    assert _resolve_backend("triton", gpu, rowwise=True) == "triton"  # asked for by name: the clear error follows
+    assert _resolve_backend("auto", SimpleNamespace(is_cuda=False)) == "torch"

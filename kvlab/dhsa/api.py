@@ -142,10 +142,14 @@ def _check_budget(budget, initial, per, keep_diagonal, local=0):
                 "or local, or use shorter chunks (kvlab.dhsa.reference.split_long_chunks)")
 
 
-def _resolve_backend(backend, q):
+def _resolve_backend(backend, q, *, rowwise: bool = False):
+    """``"auto"``: Triton on a GPU, torch elsewhere, and torch wherever the kept set is ranked per query row
+    (``rowwise``: ``causal_query=True`` or ``keep_diagonal=False``), which only the torch path expresses."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-    return ("triton" if q.is_cuda else "torch") if backend == "auto" else backend
+    if backend != "auto":
+        return backend
+    return "triton" if q.is_cuda and not rowwise else "torch"
 
 
 def dhsa_selection(q: torch.Tensor, k: torch.Tensor, *, chunks, budget: int | None, initial: int = 0, local: int = 0,
@@ -154,7 +158,7 @@ def dhsa_selection(q: torch.Tensor, k: torch.Tensor, *, chunks, budget: int | No
     """The kept set of :func:`dhsa_attention` (same arguments) without the attention: pass it as
     ``selection=`` to attend with it, e.g. in every layer of a forward pass (masks shared across layers)."""
     _check_qkv(q, k, k)
-    backend = _resolve_backend(backend, q)
+    backend = _resolve_backend(backend, q, rowwise=causal_query is True or keep_diagonal is False)
     if aggregation not in AGGREGATIONS:
         raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {aggregation!r}")
     check_flag("share_heads", share_heads)
@@ -247,7 +251,7 @@ def dhsa_attention(
         ``(batch, heads, seq, dim)`` in ``q.dtype``.
     """
     _check_qkv(q, k, v)
-    backend = _resolve_backend(backend, q)
+    backend = _resolve_backend(backend, q, rowwise=causal_query is True or keep_diagonal is False)
     scale = check_scale(scale)
     _int("dense_tail", dense_tail, 0)
     bsz, h, n, d = q.shape

@@ -1,5 +1,5 @@
 """Notebook run times (issue 25): every numbered notebook states its time at the defaults and with its CI set in its
-first cell, the statement follows the committed tables, every CI set fits in 2 min of one core, and
+first cell, the statement follows the committed tables, every CI set fits in 1 min of one core, and
 ``scripts/notebook_times.py`` measures what it says (tree CPU time, one core, a timeout that ends the kernel)."""
 
 from __future__ import annotations
@@ -28,14 +28,14 @@ def _rows(path: pathlib.Path) -> dict:
     return {r["notebook"]: r for r in json.loads(path.read_text())["notebooks"]}
 
 
-def test_every_ci_set_fits_two_minutes_of_one_core():
+def test_every_ci_set_fits_one_minute_of_one_core():
     report = json.loads(CI_TABLE.read_text())
     assert report["set"] == "ci" and report["threads"] == 1
     rows = _rows(CI_TABLE)
     assert sorted(rows) == [nb.name for nb in NOTEBOOKS], "the CI table must hold every numbered notebook"
     for name, row in rows.items():
         assert row["status"] == "ok", f"{name}: {row['status']} {row.get('error')}"
-        assert row["cpu_s"] <= 120, f"{name}: its CI set takes {row['cpu_s']} s of one core (target: 2 min)"
+        assert row["cpu_s"] <= 60, f"{name}: its CI set takes {row['cpu_s']} s of one core (target: 1 min)"
 
 
 @pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: p.stem[:2])

@@ -26,7 +26,7 @@ WPG=${WPG:-2}
 METHODS=Full,StreamingLLM,H2O,TOVA,SepLLM,LaCache,REFORM,DHSA,OrthoRank
 if [ "${SMOKE:-0}" = 1 ]; then
   GRID=(--grid tiny --tasks ppl,passkey --methods Full,StreamingLLM,H2O)
-  RUN=(--workers 1)
+  RUN=(--workers 1)   # the smoke's "one GPU" lane: one CPU worker; its "two GPUs": two
   RUN2=(--workers 2)
 else
   GRID=(--grid full --models smollm2-135m --methods "$METHODS" ${EXAMPLES:+--examples "$EXAMPLES"}
@@ -45,20 +45,17 @@ fi
 all=${CUDA_VISIBLE_DEVICES:-0,1}
 first=${all%%,*}
 
-if [ "$RUNS" != two ]; then
-  echo "== one GPU ($first)"
+timed_run() {  # NAME DEVICES ARGS...: one leaderboard run on those GPUs into $W/NAME, wall seconds in $W/NAME.seconds
+  local name=$1 devices=$2 t0 t1
+  shift 2
+  echo "== $name (GPUs $devices)"
   t0=$(date +%s.%N)
-  CUDA_VISIBLE_DEVICES=$first "$PY" -m kvlab leaderboard "${GRID[@]}" "${RUN[@]}" --out "$W/one_gpu"
+  CUDA_VISIBLE_DEVICES=$devices "$PY" -m kvlab leaderboard "${GRID[@]}" "$@" --out "$W/$name"
   t1=$(date +%s.%N)
-  "$PY" -c "print($t1 - $t0)" > "$W/one_gpu.seconds"
-fi
-if [ "$RUNS" != one ]; then
-  echo "== two GPUs ($all)"
-  t1=$(date +%s.%N)
-  CUDA_VISIBLE_DEVICES=$all "$PY" -m kvlab leaderboard "${GRID[@]}" "${RUN2[@]}" --out "$W/two_gpus"
-  t2=$(date +%s.%N)
-  "$PY" -c "print($t2 - $t1)" > "$W/two_gpus.seconds"
-fi
+  "$PY" -c "print($t1 - $t0)" > "$W/$name.seconds"
+}
+[ "$RUNS" = two ] || timed_run one_gpu "$first" "${RUN[@]}"
+[ "$RUNS" = one ] || timed_run two_gpus "$all" "${RUN2[@]}"
 
 if [ "${SKIP_RECIPE:-0}" != 1 ]; then
 echo "== the multi-host recipe on this host: scheduler and workers as separate processes (perplexity cells)"

@@ -108,16 +108,19 @@ def check_budgets(kv_budgets, flop_budgets, tokens: int) -> None:
             raise ValueError(f"FLOP budgets are kept fractions in (0, 1) (1 is the dense model), got {f!r}")
 
 
-def held_trace(policy, num_layers: int, ids: torch.Tensor, chunk: int) -> torch.Tensor:
+def held_trace(policy, num_layers: int, ids: torch.Tensor, chunk: int, *, vocab_size: int | None = None
+               ) -> torch.Tensor:
     """``(T,)`` entries held per layer (averaged over layers) after the step of each of the ``T`` tokens of
     ``ids`` ``(1, T)``, streamed ``chunk`` at a time through ``policy``, as :class:`kvlab.KVCache` would hold
     them; simulated on positions and token ids (attention scores, which only H2O and TOVA read to choose *which*
-    entries, are zeros here: they do not change *how many*)."""
+    entries, are zeros here: they do not change *how many*). ``vocab_size``: the tokenizer's vocabulary, checked
+    against a policy that reads token ids (SepLLM's separators); the largest id of ``ids`` is no stand-in for it
+    (a separator may have a larger id than every token of the text)."""
     from kvlab.core.cache import LayerView
 
     policy.check_model(num_layers)
-    if hasattr(policy, "check_vocab"):
-        policy.check_vocab(int(ids.max()) + 1)
+    if vocab_size is not None and hasattr(policy, "check_vocab"):
+        policy.check_vocab(vocab_size)
     n = ids.shape[1]
     pos = [torch.empty(1, 0, dtype=torch.long) for _ in range(num_layers)]
     tok = [torch.empty(1, 0, dtype=torch.long) for _ in range(num_layers)]
@@ -163,8 +166,10 @@ def match_cache(method: str, budget: int, ids: torch.Tensor, chunk: int, num_lay
     @functools.lru_cache(None)
     def mean(c: int) -> float:
         try:
-            return float(held_trace(make(c), num_layers, ids, chunk).mean())
+            return float(held_trace(make(c), num_layers, ids, chunk, vocab_size=len(tokenizer)).mean())
         except ValueError:  # a cap too small for the method's fixed parts (LaCache's ladder): below every budget
+            if c >= hi:  # a full cache that cannot run: the method's error, not the cap's
+                raise
             return -math.inf
 
     if mean(hi) < budget:
@@ -233,6 +238,9 @@ def _model(model_id: str):
     from kvlab.threads import set_threads
 
     set_threads(int(os.environ.get("KVLAB_LEADERBOARD_THREADS", "0")))  # 0: KVLAB_THREADS, else this worker's share
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # a worker's loading bars would land in the notebook's output, one per worker
     return kvlab.load_model(model_id, device="cpu" if not torch.cuda.is_available() else None)
 
 

@@ -74,7 +74,9 @@ def load_tokenizer(name: str = "smollm2-135m") -> Any:
     from transformers import AutoTokenizer
 
     source, extra = _source(name, need_weights=False)
-    return AutoTokenizer.from_pretrained(source, **_tokenizer_kwargs(extra))
+    tokenizer = AutoTokenizer.from_pretrained(source, **_tokenizer_kwargs(extra))
+    check_tokenizer(tokenizer, source)
+    return tokenizer
 
 
 def converted_path(model_id: str) -> Path:
@@ -151,12 +153,35 @@ def _load_raw(name: str = "smollm2-135m", dtype: Any = None, device: Any = None)
     source, extra = _source(name)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **extra)
     tokenizer = AutoTokenizer.from_pretrained(source, **_tokenizer_kwargs(extra))
+    check_tokenizer(tokenizer, source)
+    model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **extra)
     _drop_quantizer(model)
     model.to(device)
     model.eval()
     return model, tokenizer
+
+
+#: plain English for :func:`check_tokenizer`: a subword tokenizer gives about one token a word
+_PROBE = "The quick brown fox jumps over the lazy dog, and then the dog sleeps in the warm sun."
+
+
+def check_tokenizer(tokenizer, name: Any) -> None:
+    """Refuse a tokenizer that splits plain English into single characters: what a GGUF tokenizer converted
+    without its merges looks like (transformers 5.17 builds Gemma3's that way: every perplexity and answer is then
+    garbage, with no error). A subword tokenizer gives about one token a word; this one must give at most two."""
+    words = len(_PROBE.split())
+    n = len(tokenizer(_PROBE, add_special_tokens=False)["input_ids"])
+    if n > 2 * words:
+        import transformers
+
+        raise ValueError(
+            f"the tokenizer of {name} splits plain English into {n} tokens for {words} words (a subword tokenizer "
+            f"gives about one a word): it was converted without its merges, so every number computed with it would "
+            f"be wrong. transformers {transformers.__version__} is installed; transformers 5.17 converts Gemma3's "
+            f"GGUF tokenizer this way and the version in constraints.txt does not. Install that version "
+            f"(bash scripts/setup.sh) and, for a kvlab model id, delete its converted copy under "
+            f"{assets.cache_dir() / 'models'} so that it is converted again")
 
 
 def _tokenizer_kwargs(extra: dict[str, Any]) -> dict[str, Any]:
@@ -391,7 +416,9 @@ def _convert(model_id: str, asset, final: Path) -> str:
         model.to(getattr(torch, _STORED_DTYPE))
         model.config.dtype = _STORED_DTYPE
         model.save_pretrained(tmp)
-        AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(tmp)
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        check_tokenizer(tokenizer, model_id)  # a tokenizer converted without its merges is never cached
+        tokenizer.save_pretrained(tmp)
         files = {p.name: {"size": p.stat().st_size, "sha256": integrity.sha256_file(p)}
                  for p in sorted(tmp.iterdir())}
         # Written last: a folder with a record is complete (and it appears only through the rename below).

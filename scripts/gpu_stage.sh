@@ -4,8 +4,8 @@
 #
 #   here:   bash scripts/gpu_stage.sh pack      # .cache/gpu/{gguf.part1,gguf.part2,corpora.tar.xz,corpora-long.tar.xz}
 #                                                 # and .whl/ (add the wheels the GPU image lacks: benchmarks/gpu/README.md)
-#   gemma:  bash scripts/gpu_stage.sh pack-gemma   # .cache/gpu/g3.p0..p5 (6 x 42 MB): gemma3-270m's GGUF in pieces;
-#           each call carries one piece and runs `unpack`, which joins them once all six are there (sha256 checked)
+#   gemma:  bash scripts/gpu_stage.sh pack-gemma   # .cache/gpu/g3.p0..p6 (7 x 37 MB): gemma3-270m's GGUF in pieces;
+#           each call carries one piece and runs `unpack`, which joins them once all seven are there (sha256 checked)
 #   there:  calls 1-3 carry .cache/gpu/gguf.part1..3 (a third each, ~31 MiB, beside the ~18 MiB tree; the third
 #           with corpora.tar.xz), call 4 corpora-long.tar.xz and .whl; each runs `bash benchmarks/gpu/run.sh ...`,
 #           which sources `scripts/gpu_stage.sh unpack` first (the machine must stay warm between the calls:
@@ -16,6 +16,7 @@
 # REFORM's BM25 baseline) without dependencies, and exports KVLAB_CACHE and PYTHONPATH.
 set -eo pipefail
 GGUF=SmolLM2-135M-Instruct.Q4_1.gguf
+GEMMA_PIECES=7  # 37 MB each: one fits a call beside the ~28 MB tree (64 MiB a call)
 case "${1:-}" in
   pack)
     src="${KVLAB_CACHE:-$HOME/.cache/kvlab}"
@@ -34,11 +35,12 @@ case "${1:-}" in
     .venv/bin/pip download -q --no-deps -d .whl gguf==0.19.0 rank-bm25==0.2.2
     ls -la .cache/gpu .whl ;;
   pack-gemma)
-    # gemma3-270m (253 MB, the DHSA paper's model family) in six pieces that fit one call each beside the tree
+    # gemma3-270m (253 MB, the DHSA paper's model family) in pieces that fit one call each beside the tree
     src="${KVLAB_CACHE:-$HOME/.cache/kvlab}/assets/gemma3-270m/gemma-3-270m-q4_k_m.gguf"
     if [ ! -f "$src" ]; then .venv/bin/python -m kvlab fetch gemma3-270m; fi
     mkdir -p .cache/gpu
-    split -n 6 -d -a 1 "$src" .cache/gpu/g3.p
+    rm -f .cache/gpu/g3.p?
+    split -n "$GEMMA_PIECES" -d -a 1 "$src" .cache/gpu/g3.p
     ls -la .cache/gpu/g3.p* ;;
   unpack)
     export KVLAB_CACHE="$PWD/.cache/kvlab"
@@ -51,8 +53,8 @@ case "${1:-}" in
     fi
     g="$KVLAB_CACHE/assets/gemma3-270m"
     if ls .cache/gpu/g3.p? >/dev/null 2>&1; then mkdir -p "$g" && mv .cache/gpu/g3.p? "$g/"; fi
-    if [ "$(ls "$g"/g3.p? 2>/dev/null | wc -l)" = 6 ] && [ ! -f "$g/gemma-3-270m-q4_k_m.gguf" ]; then
-      cat "$g"/g3.p0 "$g"/g3.p1 "$g"/g3.p2 "$g"/g3.p3 "$g"/g3.p4 "$g"/g3.p5 > "$g/.gguf.tmp" &&
+    if [ "$(ls "$g"/g3.p? 2>/dev/null | wc -l)" = "$GEMMA_PIECES" ] && [ ! -f "$g/gemma-3-270m-q4_k_m.gguf" ]; then
+      cat "$g"/g3.p? > "$g/.gguf.tmp" &&
         echo "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818  $g/.gguf.tmp" | sha256sum -c --quiet &&
         mv "$g/.gguf.tmp" "$g/gemma-3-270m-q4_k_m.gguf" && rm -f "$g"/g3.p?
     fi

@@ -249,6 +249,16 @@ def test_every_committed_book_copy_is_current(copy):
     assert nbtool.stale(ROOT / "notebooks" / copy.name) == []
 
 
+def test_every_notebook_with_a_book_set_has_its_copy():
+    """The book shows full-size results for every notebook that declares a book set (01, 03, 05, 06, 07, 10, 12,
+    15): a set without a committed copy would leave its page at the CI run."""
+    sets = sorted(p.name.split(".")[0] for p in (ROOT / "notebooks" / "params").glob("*.book.yaml"))
+    assert sets, "no book parameter sets found"
+    missing = [s for s in sets if not (nbtool.BOOK_COPIES / f"{s}.ipynb").is_file()]
+    assert not missing, f"book sets without an executed copy in book/executed: {missing} (make them with " \
+                        "benchmarks/gpu/book_notebooks.sh)"
+
+
 def test_book_copies_stay_small():
     total = sum(p.stat().st_size for p in COPIES)
     assert total < 10e6, f"book/executed holds {total / 1e6:.1f} MB: keep figures as PNG and outputs short"

@@ -113,6 +113,36 @@ def test_unreachable_mean_kv_raises():
         lb.match_cache("LaCache", 16, ids, 16, 30, load_tokenizer())
 
 
+def test_sepllm_separators_above_every_id_of_the_text_are_in_the_vocabulary():
+    """A separator may have a larger id than every token of the text (Gemma3: 255,968 against WikiText's
+    236,832): the cap search checks the separators against the tokenizer's vocabulary, not the text's largest id."""
+    import torch
+
+    from kvlab.models import load_tokenizer
+    from kvlab.sepllm import separator_ids
+
+    tok = load_tokenizer()
+    ids = torch.arange(0, 200)[None] % 7  # ids 0-6: below every separator id
+    assert min(separator_ids(tok)) > int(ids.max())
+    cap, _, mean = lb.match_cache("SepLLM", 40, ids, 16, 2, tok)
+    assert abs(mean - 40) <= lb.KV_TOLERANCE * 40 and cap >= 40
+
+
+def test_a_full_cache_that_cannot_run_raises_its_own_error(monkeypatch):
+    """The cap search reads a ValueError of a small cap as "below every budget"; the full cache's own error is
+    the method's and is raised as it is (it used to read "a full cache holds -inf entries")."""
+    import torch
+
+    from kvlab.models import load_tokenizer
+
+    def refuse(*args, **kwargs):
+        raise ValueError("separator id 255968 is outside the model's vocabulary")
+
+    monkeypatch.setattr(lb, "held_trace", refuse)
+    with pytest.raises(ValueError, match="outside the model's vocabulary"):
+        lb.match_cache("SepLLM", 40, torch.arange(0, 200)[None], 16, 2, load_tokenizer())
+
+
 def test_a_kvpress_cell_run_in_the_peer_environment_replaces_its_na_twin(tmp_path):
     """Cells of kvpress presses made where kvpress is missing are named apart and give way to the same cell run
     in .venv-peers (records written by kvlab.sweep's own writer, as that environment does)."""

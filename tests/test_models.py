@@ -104,3 +104,22 @@ def test_defaults_follow_the_device():
     assert models._resolve_dtype("torch.float16", cpu) == torch.float16
     assert models._default_device(None).type == ("cuda" if torch.cuda.is_available() else "cpu")
     assert models.MODEL_IDS[0] == "smollm2-135m" and set(models.MODEL_IDS) == set(assets.list_assets("model"))
+
+
+class _CharTokenizer:
+    """What transformers 5.17 makes of Gemma3's GGUF tokenizer: one token a character."""
+
+    def __call__(self, text, add_special_tokens=True):
+        return {"input_ids": [ord(c) for c in text]}
+
+
+def test_a_tokenizer_without_its_merges_is_refused_naming_the_fix():
+    with pytest.raises(ValueError, match=r"splits plain English into \d+ tokens for 18 words.*constraints.txt"):
+        models.check_tokenizer(_CharTokenizer(), "gemma3-270m")
+
+
+def test_the_default_tokenizer_passes_the_check():
+    tokenizer = models.load_tokenizer()  # checked on load
+    models.check_tokenizer(tokenizer, "smollm2-135m")
+    n = len(tokenizer(models._PROBE, add_special_tokens=False)["input_ids"])
+    assert n <= 1.5 * len(models._PROBE.split())

@@ -10,7 +10,10 @@
 # (default 24: 72 questions, paired across methods), the shipped layer-0 predictor (kvlab/dhsa/data; run after
 # dhsa_needle.sh on the same GPU to use the one it trains). One record per (question, method): token F1 and the
 # answer's NLL, with every setting and the keys ranked per query. Stops starting questions after QA_SECONDS
-# (default 300). Writes $KVLAB_RESULTS/benchmarks/results/dhsa/dhsa_longbench_smollm2_2k.{examples.jsonl,log}.
+# (default 330). Writes $KVLAB_RESULTS/benchmarks/results/dhsa/dhsa_longbench_smollm2_2k.{examples.jsonl,log}.
+# PROTOCOLS (default "authors,app_a"): the App. A protocol ranks keys per query on the torch path, about ten times
+# slower a question than the authors'; PART names a second file (dhsa_longbench_smollm2_2k.PART.*) for a run that
+# asks another question than the first.
 set -uo pipefail
 PY=${PY:-python3}
 : "${KVLAB_RESULTS:?set KVLAB_RESULTS to the results folder}"
@@ -28,8 +31,8 @@ fi
 echo "== qa: LongBench stand-in, predictor $PRED"
 t0=$(date +%s)
 timeout "${QA_SECONDS:-330}" "$PY" -m kvlab.dhsa.experiments qa --model smollm2-135m --predictor "$PRED" "${ARGS[@]}" \
-  --protocols authors,app_a --baselines dense,block-sparse --backend sdpa \
-  --out "$D/dhsa_longbench_smollm2_2k.examples.jsonl" 2>&1 | grep -v "Loading weights" \
-  | tee "$D/dhsa_longbench_smollm2_2k.log"
+  --protocols "${PROTOCOLS:-authors,app_a}" --baselines dense,block-sparse --backend sdpa \
+  --out "$D/dhsa_longbench_smollm2_2k${PART:+.$PART}.examples.jsonl" 2>&1 | grep -v "Loading weights" \
+  | tee "$D/dhsa_longbench_smollm2_2k${PART:+.$PART}.log"
 echo "qa: $(( $(date +%s) - t0 )) s"
-[ -s "$D/dhsa_longbench_smollm2_2k.examples.jsonl" ] || { echo "qa wrote no records" >&2; exit 1; }
+[ -s "$D/dhsa_longbench_smollm2_2k${PART:+.$PART}.examples.jsonl" ] || { echo "qa wrote no records" >&2; exit 1; }

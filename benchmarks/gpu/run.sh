@@ -10,7 +10,8 @@
 # own, beside the others, so give such a topic a call of its own. GPU~NAME is another lane on the same GPU
 # (`a@0 b@0~2`: a and b at the same time on GPU 0), for topics too small to fill a GPU alone.
 # `bg:SPEC` starts the topic detached (it outlives this call, for a later call of the same lease), `collect:TOPIC`
-# copies what a detached topic has written so far into this call's archive.
+# copies what a detached topic has written so far into this call's archive. A detached topic's GPU~NAME keeps a
+# second detached run of the same topic apart (`bg:book_notebooks@0~b`, then `collect:book_notebooks~b`).
 #
 # Every topic gets KVLAB_RESULTS=$OUT/TAG/files and writes its results under $KVLAB_RESULTS/<repo-relative path>;
 # its log and exit code go to $OUT/TAG/logs/TOPIC.log and $OUT/TAG/times.txt. The archive is $OUT/TAG.tgz:
@@ -46,16 +47,20 @@ for spec in "$@"; do
     bg:*)
       s=${spec#bg:}; limit=${s#*=}; [ "$limit" = "$s" ] && limit=480; s=${s%%=*}
       t=${s%%@*}; gpu=${s#*@}; [ "$gpu" = "$s" ] && gpu=0
-      mkdir -p "/tmp/kvlab-bg/$t/files"
-      KVLAB_RESULTS="/tmp/kvlab-bg/$t/files" CUDA_VISIBLE_DEVICES=$gpu PYTHONUNBUFFERED=1 \
-        setsid nohup timeout -k 15 "$limit" bash "benchmarks/gpu/$t.sh" > "/tmp/kvlab-bg/$t/run.log" 2>&1 < /dev/null &
-      echo "$t: started detached on gpu $gpu (limit $limit s)" | tee -a "$R/times.txt" ;;
+      name=$t; [ "$gpu" = "${gpu#*~}" ] || name="$t~${gpu#*~}"
+      mkdir -p "/tmp/kvlab-bg/$name/files"
+      KVLAB_RESULTS="/tmp/kvlab-bg/$name/files" CUDA_VISIBLE_DEVICES=${gpu%%~*} PYTHONUNBUFFERED=1 \
+        setsid nohup timeout -k 15 "$limit" bash "benchmarks/gpu/$t.sh" > "/tmp/kvlab-bg/$name/run.log" 2>&1 \
+        < /dev/null &
+      echo $! > "/tmp/kvlab-bg/$name/pid"
+      echo "$name: started detached on gpu ${gpu%%~*} (limit $limit s)" | tee -a "$R/times.txt" ;;
     collect:*)
-      t=${spec#collect:}
-      cp -r "/tmp/kvlab-bg/$t/files/." "$R/files/" 2>/dev/null
-      cp "/tmp/kvlab-bg/$t/run.log" "$R/logs/$t.log" 2>/dev/null
-      echo "$t: collected ($(find "/tmp/kvlab-bg/$t/files" -type f 2>/dev/null | wc -l) files; running:" \
-        "$(pgrep -f "benchmarks/gpu/$t.sh" >/dev/null && echo yes || echo no))" | tee -a "$R/times.txt" ;;
+      name=${spec#collect:}
+      cp -r "/tmp/kvlab-bg/$name/files/." "$R/files/" 2>/dev/null
+      cp "/tmp/kvlab-bg/$name/run.log" "$R/logs/$name.log" 2>/dev/null
+      echo "$name: collected ($(find "/tmp/kvlab-bg/$name/files" -type f 2>/dev/null | wc -l) files; running:" \
+        "$(kill -0 "$(cat "/tmp/kvlab-bg/$name/pid" 2>/dev/null)" 2>/dev/null && echo yes || echo no))" \
+        | tee -a "$R/times.txt" ;;
     *)
       limit=${spec#*=}; [ "$limit" = "$spec" ] && limit=480; s=${spec%%=*}
       t=${s%%@*}; lane=${s#*@}; [ "$lane" = "$s" ] && lane=0
@@ -66,9 +71,11 @@ for spec in "$@"; do
 done
 
 # one lane per GPU (or GPU list): its topics one after the other; the lanes at the same time
+lanes=()
 for lane in "${order[@]}"; do
   ( for item in ${queue[$lane]}; do run_topic "${item%%:*}" "${lane%%~*}" "${item##*:}"; done ) &
+  lanes+=($!)
 done
-wait
+[ ${#lanes[@]} = 0 ] || wait "${lanes[@]}"  # the lanes only: a detached topic (bg:) runs on past this call
 tar -C "$OUT" -czf "$OUT/$tag.tgz" "$tag" && rm -rf "$R"
 ls -la "$OUT"

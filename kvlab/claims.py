@@ -52,7 +52,8 @@ row yet shows as untested in ``python -m kvlab claims --counts``.
 *inconclusive*. Also inconclusive: fewer than 20 pairs; 0/1 outcomes whose exact McNemar test has p >= 0.05, and
 fractional scores in [0, 1] whose exact sign test on the discordant pairs has p >= 0.05 (the bootstrap is
 optimistic with few discordant pairs); any generation of the pairs that is ``":"`` (a known
-harness bug), or empty generations in more than a tenth of them: the verdict must not rest on those; restrict the
+harness bug), or empty generations in more than a tenth of them (not for the teacher-forced metrics of
+``TEACHER_FORCED``, which score the gold answer): the verdict must not rest on those; restrict the
 row with ``filter``. A row may carry ``systematic``: a known bias bound of the measurement (a finite number
 >= 0 in the metric's units, e.g. the segmented long-stream approximation), by which the interval is widened on
 both sides before the rule is applied.
@@ -469,6 +470,10 @@ def _filter(row: dict):
                          f"{text!r}") from None
 
 
+#: metrics scored on the gold text, not on the generation: an empty generation does not touch them
+TEACHER_FORCED = ("answer_nll", "nll", "ppl")
+
+
 def _paired(row: dict) -> tuple[list[str], np.ndarray, np.ndarray | float, int]:
     """The examples, A's and B's values (or B's constant) and the number of suspect generations."""
     recs = _records(row["results_file"])
@@ -517,7 +522,10 @@ def _paired(row: dict) -> tuple[list[str], np.ndarray, np.ndarray | float, int]:
     said = [outputs[(e, m)].strip() for e in examples for m in methods if (e, m) in outputs]
     colon, empty = said.count(":"), said.count("")
     # ':' is the known harness bug: any such answer counts; an empty answer can be the model's own choice (it
-    # stopped at once), so empties count only when they are more than a tenth of the answers.
+    # stopped at once), so empties count only when they are more than a tenth of the answers, and never for a
+    # teacher-forced metric (the gold answer's NLL is scored whatever the model generated).
+    if row["metric"] in TEACHER_FORCED:
+        empty = 0
     suspect = colon + (empty if empty > 0.1 * max(1, len(said)) else 0)
     return examples, np.array([a[e] for e in examples]), b, suspect
 

@@ -295,3 +295,21 @@ def test_a_summary_row_replaced_by_per_example_rows_is_superseded_and_not_counte
     target["superseded"] = "some fix"
     with pytest.raises(ValueError, match="only a statistical or summary row is marked superseded"):
         claims.validate(exact)
+
+
+# ------------------------------------------------------------------ empty generations and teacher-forced metrics
+@pytest.mark.parametrize("metric, flagged", [("f1", True), ("answer_nll", False)])
+def test_empty_generations_flag_generated_scores_but_not_teacher_forced_ones(tmp_path, metric, flagged):
+    """A fifth of the answers empty: a score read from the generation (F1) must not be decided on them; the
+    gold answer's NLL is scored whatever the model generated, so its row is decided as usual."""
+    rng = np.random.default_rng(1)
+    a = (rng.normal(0.0, 0.1, 40) + (0.5 if metric == "f1" else -0.5)).tolist()
+    recs = _pairs(40, a, [0.0] * 40, metric=metric)
+    for i, r in enumerate(recs):
+        r["output"] = "" if i % 5 == 0 else " an answer"
+    row = _row(results_file=_write(tmp_path / "g.examples.jsonl", recs), metric=metric,
+               direction="a>b" if metric == "f1" else "a<b")
+    out = claims.recompute(row)
+    assert ("harness bug" in out["verdict"]) is flagged, out["verdict"]
+    if not flagged:
+        assert out["verdict"] == "agrees"

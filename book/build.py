@@ -284,11 +284,35 @@ def guide_page(page: pathlib.Path) -> str:
     return GUIDE_LINK.sub(unlink, page.read_text(encoding="utf-8"))
 
 
+#: stderr lines that libraries print on a machine's first run (loading bars, a tokenizer notice); they say nothing
+#: about the notebook, so the book leaves them out (every other line of stderr, warnings included, stays)
+LIBRARY_NOISE = re.compile(r"^\s*(\[transformers\] Ignoring clean_up_tokenization_spaces|Loading weights|"
+                           r"Converting and de-quantizing GGUF tensors|Writing model shards|sha256 \S+:\s+\d+%)")
+
+
+def _quiet(nb) -> None:
+    """Drop :data:`LIBRARY_NOISE` from the stderr outputs of ``nb`` (a stderr output left empty goes too)."""
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        kept = []
+        for out in cell.get("outputs", []):
+            if out.get("output_type") == "stream" and out.get("name") == "stderr":
+                lines = re.split(r"(?<=[\n\r])", out["text"])
+                out["text"] = "".join(line for line in lines if not LIBRARY_NOISE.match(line))
+                if not out["text"].strip():
+                    continue
+            kept.append(out)
+        cell.outputs = kept
+
+
 def _with_note(path: pathlib.Path, note: str) -> str:
-    """The executed notebook at ``path`` with ``note`` as a markdown cell after its title cell, as JSON text."""
+    """The executed notebook at ``path`` with ``note`` as a markdown cell after its title cell, as JSON text;
+    the libraries' stderr noise left out (:func:`_quiet`)."""
     import nbformat
 
     nb = _read(path)
+    _quiet(nb)
     cell = nbformat.v4.new_markdown_cell(note)
     cell.metadata["kvlab"] = {"page_note": True}
     nb.cells.insert(1 if nb.cells and nb.cells[0].cell_type == "markdown" else 0, cell)

@@ -300,3 +300,24 @@ def test_a_stale_book_copy_leaves_the_ci_page_and_the_page_says_so(tmp_path, boo
     staged = nbformat.read(tmp_path / "src" / "notebooks" / book_source.name, as_version=4)
     assert "small test parameters, `params/01_a.ci.yaml`" in staged.cells[1].source
     assert "run it with `params/01_a.book.yaml`" in staged.cells[1].source
+
+
+def test_the_book_leaves_out_library_noise_but_keeps_warnings(tmp_path):
+    """Loading bars and transformers' tokenizer notice say nothing about the notebook; a warning does."""
+    nb = nbformat.v4.new_notebook()
+    cell = nbformat.v4.new_code_cell("x = 1")
+    cell.outputs = [
+        nbformat.v4.new_output("stream", name="stderr", text=(
+            "[transformers] Ignoring clean_up_tokenization_spaces=True for BPE tokenizer TokenizersBackend.\n"
+            "Loading weights:   0%|   | 0/272\rLoading weights: 100%|###| 272/272\n")),
+        nbformat.v4.new_output("stream", name="stderr", text=(
+            "Loading weights: 100%|###| 272/272\n/tmp/x.py:3: UserWarning: SepLLM without separators\n")),
+        nbformat.v4.new_output("stream", name="stdout", text="Loading weights is printed by the notebook\n"),
+    ]
+    nb.cells = [cell]
+    path = tmp_path / "n.ipynb"
+    nbformat.write(nb, path)
+    outs = nbformat.reads(book._with_note(path, "note"), as_version=4).cells[1].outputs
+    assert [o["name"] for o in outs] == ["stderr", "stdout"]
+    assert outs[0]["text"] == "/tmp/x.py:3: UserWarning: SepLLM without separators\n"
+    assert outs[1]["text"] == "Loading weights is printed by the notebook\n"

@@ -107,7 +107,14 @@ def test_defaults_follow_the_device():
 
 
 class _CharTokenizer:
-    """What transformers 5.17 makes of Gemma3's GGUF tokenizer: one token a character."""
+    """What transformers 5.17 makes of Gemma3's GGUF tokenizer: one token a character, from a vocabulary of
+    ``size`` entries."""
+
+    def __init__(self, size: int):
+        self.size = size
+
+    def __len__(self):
+        return self.size
 
     def __call__(self, text, add_special_tokens=True):
         return {"input_ids": [ord(c) for c in text]}
@@ -115,7 +122,11 @@ class _CharTokenizer:
 
 def test_a_tokenizer_without_its_merges_is_refused_naming_the_fix():
     with pytest.raises(ValueError, match=r"splits plain English into \d+ tokens for 18 words.*constraints.txt"):
-        models.check_tokenizer(_CharTokenizer(), "gemma3-270m")
+        models.check_tokenizer(_CharTokenizer(262_143), "gemma3-270m")
+
+
+def test_a_byte_level_tokenizer_of_a_test_model_is_left_alone():
+    models.check_tokenizer(_CharTokenizer(259), "tiny-llama")  # nothing to lose: no merges in a 259-entry vocabulary
 
 
 def test_the_default_tokenizer_passes_the_check():

@@ -19,7 +19,6 @@ fills (``--skip``) as ``{"example", "method", "metric": "window_nll", "value"}``
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -29,7 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from sepllm_position_shift import records  # noqa: E402 (one record per piece and method, shared with Table 8)
+from sepllm_position_shift import records, wikitext_pieces, write_examples  # noqa: E402 (shared with Table 8)
 
 
 def policies(separators) -> dict:
@@ -42,7 +41,6 @@ def policies(separators) -> dict:
 
 def main(argv=None) -> int:
     import kvlab
-    from kvlab import datasets
     from kvlab.sepllm import separator_ids
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -57,24 +55,16 @@ def main(argv=None) -> int:
         raise SystemExit(f"--texts must be >= 1 and --tokens > --skip + 1 (tokens left to score), got "
                          f"{args.texts} and {args.tokens} with --skip {args.skip}")
     torch.set_num_threads(args.threads)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     recs = []
     for name in args.models.split(","):
         model, tok = kvlab.load_model(name, device="cpu")
-        ids = tok(datasets.load_text("wikitext"), return_tensors="pt").input_ids[0]
-        if ids.numel() < args.texts * args.tokens:
-            raise SystemExit(f"WikiText has {ids.numel()} tokens under {name}'s tokenizer, fewer than --texts x "
-                             "--tokens")
-        rows = [ids[i * args.tokens:(i + 1) * args.tokens].unsqueeze(0) for i in range(args.texts)]
+        rows = wikitext_pieces(tok, args.texts, args.tokens)
         config = {"model": name, "tokens": args.tokens, "skip": args.skip,
                   "command": "python benchmarks/sepllm_architectures.py " + " ".join(argv or sys.argv[1:])}
         print(f"{name}: {args.texts} pieces of {args.tokens} tokens", flush=True)
         recs += records(model, tok, rows, policies(separator_ids(tok)), skip=args.skip,
                         prefix=f"{name}/wikitext-{args.tokens}-p", config=config)
-    tmp = out / "architectures.examples.jsonl.tmp"
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in recs))
-    tmp.replace(out / "architectures.examples.jsonl")
+    write_examples(Path(args.out) / "architectures.examples.jsonl", recs)
     return 0
 
 

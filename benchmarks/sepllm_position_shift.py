@@ -67,9 +67,27 @@ def records(model, tokenizer, rows: list[torch.Tensor], methods: dict, *, skip: 
     return out
 
 
+def wikitext_pieces(tokenizer, texts: int, tokens: int) -> list[torch.Tensor]:
+    """``texts`` disjoint ``(1, tokens)`` pieces from the start of WikiText under ``tokenizer``."""
+    from kvlab import datasets
+
+    ids = tokenizer(datasets.load_text("wikitext"), return_tensors="pt").input_ids[0]
+    if ids.numel() < texts * tokens:
+        raise SystemExit(f"WikiText has {ids.numel()} tokens under this tokenizer, fewer than --texts x --tokens "
+                         f"= {texts * tokens}")
+    return [ids[i * tokens:(i + 1) * tokens].unsqueeze(0) for i in range(texts)]
+
+
+def write_examples(path: Path, recs: list[dict]) -> None:
+    """``recs`` as JSON lines at ``path``, written whole or not at all (a temporary file renamed into place)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    tmp.replace(path)
+
+
 def main(argv=None) -> int:
     import kvlab
-    from kvlab import datasets
     from kvlab.sepllm import separator_ids
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -82,19 +100,12 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     model, tok = kvlab.load_model(args.model, device="cpu")
-    ids = tok(datasets.load_text("wikitext"), return_tensors="pt").input_ids[0]
-    if ids.numel() < args.texts * args.tokens:
-        raise SystemExit(f"WikiText has {ids.numel()} tokens, fewer than --texts x --tokens")
-    rows = [ids[i * args.tokens:(i + 1) * args.tokens].unsqueeze(0) for i in range(args.texts)]
+    rows = wikitext_pieces(tok, args.texts, args.tokens)
     config = {"model": args.model, "tokens": args.tokens, "skip": args.skip,
               "command": "python benchmarks/sepllm_position_shift.py " + " ".join(argv or sys.argv[1:])}
     recs = records(model, tok, rows, policies(separator_ids(tok)), skip=args.skip,
                    prefix=f"wikitext-{args.tokens}-p", config=config)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    tmp = out / "position_shift.examples.jsonl.tmp"
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in recs))
-    tmp.replace(out / "position_shift.examples.jsonl")
+    write_examples(Path(args.out) / "position_shift.examples.jsonl", recs)
     return 0
 
 

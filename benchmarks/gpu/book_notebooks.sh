@@ -59,10 +59,8 @@ transformers.__version__, 'papermill', papermill.__version__)"
   echo "set $SET, device $DEVICE, $JOBS at once, $THREADS threads each, limit $LIMIT s each"
 } > "$R/device.txt" 2>&1
 cat "$R/device.txt"
-# the model's one-time conversion here, so that the notebooks do not all convert it at once
-"$PY" -c "import kvlab; kvlab.load_model('smollm2-135m', device='cpu'); print('smollm2-135m loads')" \
-  || echo "the model did not load here: the notebooks will say why"
 
+MODELS=smollm2-135m
 # notebook 15's book set is the leaderboard's default grid, which needs gemma3-270m: left out where it is not staged
 if [[ " $NOTEBOOKS " == *" 15 "* ]] && [ "$SET" = book ] && ! "$PY" -c "
 import sys
@@ -71,10 +69,14 @@ sys.exit(0 if asset_path('gemma3-270m').exists() else 1)" 2>/dev/null; then
   NOTEBOOKS=$(echo " $NOTEBOOKS " | sed 's/ 15 / /; s/^ *//; s/ *$//')
   echo "15: gemma3-270m is not staged here, so the leaderboard's default grid cannot run: left out" \
     | tee -a "$R/device.txt"
-elif [[ " $NOTEBOOKS " == *" 15 "* ]] && [ "$SET" = book ]; then  # converted once here, not in each Dask worker
-  "$PY" -c "import kvlab; kvlab.load_model('gemma3-270m', device='cpu'); print('gemma3-270m loads')" \
-    || echo "gemma3-270m did not load here: notebook 15 will say why"
+elif [[ " $NOTEBOOKS " == *" 15 "* ]] && [ "$SET" = book ]; then
+  MODELS="$MODELS gemma3-270m"
 fi
+# each model's one-time conversion here, so that the notebooks (and notebook 15's Dask workers) do not all convert it
+for m in $MODELS; do
+  "$PY" -c "import kvlab; kvlab.load_model('$m', device='cpu'); print('$m loads')" \
+    || echo "$m did not load here: the notebooks will say why"
+done
 T0=$(date +%s)
 [ -s "$R/times.tsv" ] || printf "notebook\texit\tseconds\tlimit_s\n" > "$R/times.tsv"  # two runs into one folder: both rows
 one() {  # NN: one notebook under its limit; its line in times.tsv

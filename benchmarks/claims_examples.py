@@ -1,6 +1,6 @@
 """Write the per-example outcomes already inside committed results as ``*.examples.jsonl`` files beside them.
 
-The claims ledger (``benchmarks/claims.csv``, :mod:`kvlab.claims`) recomputes every interval from per-example
+The claims ledger (``benchmarks/claims.csv``, :mod:`kvlab.experiments.claims`) recomputes every interval from per-example
 files: one JSON object per line, one line per (example, method, metric)::
 
     {"example": "<stable id>", "method": "<name>", "metric": "<name>", "value": <float>,

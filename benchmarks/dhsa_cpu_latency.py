@@ -108,7 +108,7 @@ def run_decode(args) -> None:
 def run_prefill(args) -> None:
     import torch
 
-    from kvlab.dhsa.experiments import peak_bytes
+    from kvlab.experiments.dhsa import peak_bytes
     from kvlab.dhsa.pattern import block_sparse_pattern, dhsa_layers
     from kvlab.core import use_pattern
 

@@ -44,7 +44,7 @@ import torch  # noqa: E402
 
 import kvlab.dhsa.api as dhsa_api  # noqa: E402
 from kvlab.core import use_pattern  # noqa: E402
-from kvlab.dhsa.experiments import prefill_cost, random_model  # noqa: E402
+from kvlab.experiments.dhsa import prefill_cost, random_model  # noqa: E402
 from kvlab.dhsa.pattern import DHSAPattern, dhsa_layers  # noqa: E402
 from kvlab.dhsa.boundary_predictor import BoundaryPredictor  # noqa: E402
 

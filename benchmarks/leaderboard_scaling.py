@@ -4,7 +4,7 @@ utilisation per device while each run ran, and whether every cell's numbers are 
     python benchmarks/leaderboard_scaling.py report --run 1gpu=DIR1:SECONDS --run 2gpu=DIR2:SECONDS \
         [--util gpu_util.csv] [--command "..."] [--device "..."] > scaling.md
 
-Each DIR is a leaderboard ``--out`` folder (``DIR/cells/*.json``, one record per cell, as :mod:`kvlab.sweep`
+Each DIR is a leaderboard ``--out`` folder (``DIR/cells/*.json``, one record per cell, as :mod:`kvlab.experiments.sweep`
 writes them: ``worker.cuda_visible_devices`` says which GPU ran the cell, ``started`` and ``wall_seconds`` when and
 how long). The first run is the reference: a later run's cells must have the same keys and identical ``result``
 fields (every number the table is made of). ``--util`` is ``nvidia-smi --query-gpu=timestamp,index,utilization.gpu,

@@ -26,7 +26,7 @@ def load(path: Path) -> dict:
     out = {}
     for f in sorted(path.glob("*.json")):
         rec = json.loads(f.read_text())
-        if "params" in rec:  # a kvlab.sweep record: the job's kind and arguments are its parameters
+        if "params" in rec:  # a kvlab.experiments.sweep record: the job's kind and arguments are its parameters
             rec = dict(job=rec["name"], kind=rec["params"]["kind"], args=rec["params"]["args"],
                        wall_seconds=rec["wall_seconds"], result=rec["result"])
         res = rec["result"]

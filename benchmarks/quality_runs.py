@@ -3,7 +3,7 @@
 Every job calls the same package functions as notebooks 02, 03 and 06 (``chunked_perplexity``,
 ``needle_in_haystack``, ``passkey``, ``gsm8k_generate``, ``decode_throughput``), only with the sizes
 of the papers' tables: 64K-token streams, 16K/32K decoding lengths, 100 GSM8K problems. Jobs are tasks
-of a Dask sweep (``kvlab.sweep``): worker processes, one thread each, each with its own copy of the model
+of a Dask sweep (``kvlab.experiments.sweep``): worker processes, one thread each, each with its own copy of the model
 (float32, like the CPU notebooks), on the CPU or on a GPU (workers holding the ``GPU`` resource); each
 result is written atomically to ``OUT/<job>.json``, and a job whose result exists with the same parameters
 is skipped, so a run cut short goes on where it stopped. A failed job is retried once, then listed with its
@@ -191,9 +191,9 @@ def fidelity_jobs(out, ppl, smoke) -> None:
                            cost=shard * cost))
 
 
-#: LaCache's long-input task tables at SmolLM2-135M's scale (issue 14): RULER kinds (Table 5; ``kvlab.reform.tasks``
+#: LaCache's long-input task tables at SmolLM2-135M's scale (issue 14): RULER kinds (Table 5; ``kvlab.eval.tasks``
 #: builders; answer tokens to generate: RULER's, 128 for the needles and 30 for variable tracking, no newline stop)
-#: and the LongBench stand-in's QA tasks (Tables 3/4; ``kvlab.dhsa.experiments``)
+#: and the LongBench stand-in's QA tasks (Tables 3/4; ``kvlab.experiments.dhsa``)
 LACACHE_RULER = {"single": 128, "multikey": 128, "multivalue": 128, "multiquery": 128, "vt": 30}
 LACACHE_QA = {"single-doc": 16, "multi-doc": 16}
 
@@ -316,14 +316,14 @@ def _long_tasks(task: str, length: int, examples: int) -> list[tuple]:
         tok = _STATE["tokenizer"]
         table, kind = task.split("-", 1)
         if table == "ruler":  # RULER's generators as REFORM's tables build and score them (string_match_all)
-            from kvlab.reform.compare import task_score
-            from kvlab.reform.tasks import ruler_task
+            from kvlab.experiments.reform_compare import task_score
+            from kvlab.eval.tasks import ruler_task
 
             tasks = [ruler_task(tok, length, kind, seed=s) for s in range(examples)]
             _STATE["texts"][key] = [(t.prompt, t.answer, t.info["answers"], lambda said, t=t: task_score(said, t))
                                     for t in tasks]
         else:
-            from kvlab.dhsa.experiments import qa_f1, qa_items
+            from kvlab.eval.qa import qa_f1, qa_items
 
             _STATE["texts"][key] = [(it.prompt, " " + it.answers[0], it.answers,
                                      lambda said, a=it.answers: qa_f1(said, a))
@@ -378,7 +378,7 @@ def _gsm8k_method(method, tokenizer, exemplars, sample_ids):
 
 
 def _run_mmlu(args):
-    from kvlab.sepllm.mmlu import mmlu_accuracy, mmlu_prompts
+    from kvlab.experiments.sepllm_mmlu import mmlu_accuracy, mmlu_prompts
     from kvlab.sepllm.pattern import FixLLMPattern, SepLLMPattern, StreamingPattern, match_neighbors
 
     tok, a, n = _STATE["tokenizer"], 3, 256
@@ -431,7 +431,7 @@ def _run_throughput(args):
 
 
 def run_job(kind: str, args: dict, device: str = "cpu") -> dict:
-    """One job in a Dask worker (the target of every task of the sweep); kvlab.sweep writes the record."""
+    """One job in a Dask worker (the target of every task of the sweep); kvlab.experiments.sweep writes the record."""
     import torch
 
     _ensure_state("cuda" if device == "gpu" and torch.cuda.is_available() else "cpu")
@@ -455,10 +455,10 @@ def _selected(args) -> list[Job]:
 
 
 def run(args) -> int:
-    """Submit the unfinished jobs to a Dask cluster (kvlab.sweep): local workers, or --scheduler ADDRESS."""
+    """Submit the unfinished jobs to a Dask cluster (kvlab.experiments.sweep): local workers, or --scheduler ADDRESS."""
     import torch
 
-    from kvlab.sweep import Task, run_sweep, visible_gpus
+    from kvlab.experiments.sweep import Task, run_sweep, visible_gpus
 
     gpu_workers = args.gpu_workers if (torch.cuda.is_available() or args.scheduler) else 0
     tasks = [Task(j.name, "quality_runs:run_job", dict(kind=j.kind, args=j.args, device=j.device), j.device, j.cost)

@@ -20,9 +20,9 @@ truncation at the same budget. Scored by the paper's rule: correct when the answ
 ("eat a sandwich", "sit in Dolores Park", "a sunny day"); ``score`` is the share of them (RULER's
 string_match_all).
 
-``qa`` (Table 3, an ∞-Bench En.QA stand-in): kvlab's long-document QA set (:func:`kvlab.dhsa.experiments.qa_items`,
+``qa`` (Table 3, an ∞-Bench En.QA stand-in): kvlab's long-document QA set (:func:`kvlab.experiments.dhsa.qa_items`,
 ``single-doc``: a SQuAD question inside a window of its Wikipedia article's paragraphs) at 2,048 tokens; REFORM vs
-truncation; token F1 of the answer's first line (:func:`kvlab.dhsa.experiments.qa_f1`, SQuAD/LongBench's rule).
+truncation; token F1 of the answer's first line (:func:`kvlab.experiments.dhsa.qa_f1`, SQuAD/LongBench's rule).
 
 Settings of ``needle`` / ``qa`` (the paper's beside ours): eviction budget = chunk = REFORM's recompute budget
 512 (paper 32k / 8k), initial / recent / final 64 tokens (paper 256: 256 + 256 would be all of a 512 budget),
@@ -52,11 +52,11 @@ QA_TAIL = "\n\nAnswer the question with a short phrase from the text."
 
 # ------------------------------------------------------------------------------------------------- tasks
 def needle_task(tokenizer, length: int, depth: float, offset: int, haystack: str):
-    """A :class:`kvlab.reform.tasks.LongTask` of :func:`kvlab.datasets.niah_prompt` (the haystack rotated by
+    """A :class:`kvlab.eval.tasks.LongTask` of :func:`kvlab.datasets.niah_prompt` (the haystack rotated by
     ``offset`` paragraphs, so two offsets give two haystacks): context = instruction + document, query = the
     question, answer prefix = ``"Answer: The best thing to do in San Francisco is"``."""
     from kvlab.datasets import niah_prompt
-    from kvlab.reform.tasks import LongTask
+    from kvlab.eval.tasks import LongTask
 
     paras = haystack.split("\n\n")
     cut = (offset * len(paras)) // 2
@@ -75,11 +75,11 @@ def needle_task(tokenizer, length: int, depth: float, offset: int, haystack: str
 
 
 def qa_task(item, index: int):
-    """A :class:`kvlab.reform.tasks.LongTask` of one :class:`kvlab.dhsa.experiments.QAItem`: the document is the
+    """A :class:`kvlab.eval.tasks.LongTask` of one :class:`kvlab.experiments.dhsa.QAItem`: the document is the
     context, the instruction and question the query, ``"\\nAnswer:"`` the answer prefix; the evidence is every
     occurrence of a gold answer in the document. ``info`` holds no ``answers`` list (the score is the F1 of
-    :func:`kvlab.dhsa.experiments.qa_f1`, recorded beside the harness's own score)."""
-    from kvlab.reform.tasks import LongTask
+    :func:`kvlab.experiments.dhsa.qa_f1`, recorded beside the harness's own score)."""
+    from kvlab.eval.tasks import LongTask
 
     at = item.prompt.rindex(QA_TAIL)
     context, tail = item.prompt[:at], item.prompt[at:]
@@ -138,7 +138,7 @@ def run_mnr(args) -> int:
     import torch
 
     from kvlab.reform.heads import task_mnr
-    from kvlab.reform.tasks import kv_task, multihop_task
+    from kvlab.eval.tasks import kv_task, multihop_task
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -184,10 +184,10 @@ def run_mnr(args) -> int:
 
 
 def _run_rows(args, tasks, methods, max_new_tokens, extra) -> int:
-    """Every method on every task through :func:`kvlab.reform.experiments.run_table` (the harness of the other
+    """Every method on every task through :func:`kvlab.experiments.reform.run_table` (the harness of the other
     REFORM tables), records appended to ``OUT/<what>.examples.jsonl`` with the extra metrics of ``extra``."""
     from kvlab.reform.api import heads_file, load_heads
-    from kvlab.reform.experiments import example_records, run_table
+    from kvlab.experiments.reform import example_records, run_table
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -232,7 +232,7 @@ def run_needle(args) -> int:
 
 
 def run_qa(args) -> int:
-    from kvlab.dhsa.experiments import qa_f1, qa_items
+    from kvlab.eval.qa import qa_f1, qa_items
 
     def tasks(tok):
         for i, item in enumerate(qa_items(tok, "single-doc", args.samples, args.tokens, seed=args.seed)):

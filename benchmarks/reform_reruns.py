@@ -72,7 +72,7 @@ PLANS = {
 
 def _units(scale: dict, with_repo: bool, plan: str | None = None) -> list[tuple[str, int, str, int]]:
     """``(kind, seed, row, length)``: every example of every kind with the rows that table runs on it."""
-    from kvlab.reform.experiments import TABLE1_KINDS, TABLE5_KINDS
+    from kvlab.experiments.reform import TABLE1_KINDS, TABLE5_KINDS
 
     if plan is not None:
         out = []
@@ -92,8 +92,8 @@ def _units(scale: dict, with_repo: bool, plan: str | None = None) -> list[tuple[
 
 
 def _build_task(tok, kind: str, seed: int, length: int, repo: dict):
-    from kvlab.reform.experiments import build_tasks
-    from kvlab.reform.tasks import LongTask, kv_task
+    from kvlab.experiments.reform import build_tasks
+    from kvlab.eval.tasks import LongTask, kv_task
 
     if kind == "repo":
         return LongTask.from_dict(repo[str(seed)])
@@ -110,7 +110,7 @@ def _worker(rank: int, units: list, args_d: dict) -> None:
     torch.set_num_threads(1)
     import kvlab
     from kvlab.reform.api import heads_file, load_heads
-    from kvlab.reform.experiments import ablations, example_id, example_records, run_table
+    from kvlab.experiments.reform import ablations, example_id, example_records, run_table
 
     scale = SCALES[args_d["scale"]]
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -265,9 +265,9 @@ def _kind_name(kind: str) -> str:
 
 def tasks(args) -> int:
     """The code-completion inputs: ``--examples`` per package of ``--packages``, every target line distinct
-    (:func:`kvlab.reform.tasks.repo_targets`; across packages too), numbered 0..N-1 as the runs' seeds."""
+    (:func:`kvlab.eval.tasks.repo_targets`; across packages too), numbered 0..N-1 as the runs' seeds."""
     from kvlab.models import load_tokenizer
-    from kvlab.reform.tasks import repo_targets, repo_task
+    from kvlab.eval.tasks import repo_targets, repo_task
 
     scale = SCALES[args.scale]
     tok = load_tokenizer("smollm2-135m")

@@ -18,7 +18,7 @@ Steps, each failing with a list of what is wrong:
    missing or stale copy (``python scripts/notebooks.py stale``) leaves the CI-executed page, and the page says so.
 3. **Sources** staged in ``OUT/src``: ``book/`` (index, paper pages, with the claims tables and any paper notes of
    ``docs/papers/`` filled in), the notebooks, the lessons, the guide pages of ``docs/guide/`` (links to files
-   outside the book left as text), and ``results.md`` generated from the ledger (:mod:`kvlab.claims`).
+   outside the book left as text), and ``results.md`` generated from the ledger (:mod:`kvlab.experiments.claims`).
 4. **Sphinx** (``-W --keep-going -n``): a broken cross-reference, a missing image or a document outside the table
    of contents is an error. Nothing is executed (``nb_execution_mode = "off"`` in ``book/conf.py``).
 5. **The site checked as a browser would load it**: every local link and image of every page resolves to a file
@@ -205,8 +205,8 @@ def _commands(rows: list[dict]) -> str:
 
 
 def claims_section(paper: str, commands: bool = True) -> str:
-    """One paper's rows of the ledger as kvlab.claims renders them, and (``commands``) the commands behind them."""
-    from kvlab import claims
+    """One paper's rows of the ledger as kvlab.experiments.claims renders them, and (``commands``) the commands behind them."""
+    from kvlab.experiments import claims
 
     rows = [r for r in claims.load() if r["paper"].lower() == paper.lower()]
     if not rows:
@@ -223,7 +223,7 @@ def results_page() -> str:
     """The results page: the verdict rule, the counts per paper, then every paper's rows of the ledger."""
     from collections import Counter
 
-    from kvlab import claims
+    from kvlab.experiments import claims
 
     rows = claims.load()
     counts = claims.counts(rows)
@@ -231,7 +231,7 @@ def results_page() -> str:
     # the model most rows ran on, named as the ledger names it (SmolLM2-135M-Instruct), never typed here
     model = Counter(r["model"].split(",")[0].strip() for r in rows).most_common(1)[0][0]
     out = ["# Results: where each paper's claims hold at our scale", "",
-           "Generated from the claims ledger `benchmarks/claims.csv` by `kvlab.claims` (`python -m kvlab claims` "
+           "Generated from the claims ledger `benchmarks/claims.csv` by `kvlab.experiments.claims` (`python -m kvlab claims` "
            f"recomputes it): one row per claim of a paper that kvlab tests, mostly on {model}. A "
            "statistical row is a paired difference `A - B` over the same examples, with a 95 % paired-bootstrap "
            "interval; it **agrees** when the interval excludes 0 on the paper's side, **does not agree** when it "

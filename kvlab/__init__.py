@@ -9,8 +9,11 @@ The names a user meets::
     kvlab.viz.*                                          # pictures
 
 Layout: :mod:`kvlab.core` (the step protocol: cache, policies, patterns, routers), :mod:`kvlab.baselines`,
-one folder per paper (:mod:`kvlab.sepllm`, :mod:`kvlab.lacache`, ...), :mod:`kvlab.kernels` (shared kernels),
-:mod:`kvlab.eval` (method-agnostic evaluation), :mod:`kvlab.policies` (index of every policy).
+one folder per paper holding only its mechanism (:mod:`kvlab.sepllm`, :mod:`kvlab.lacache`, ...),
+:mod:`kvlab.kernels` (shared kernels), :mod:`kvlab.eval` (method-agnostic evaluation and tasks),
+:mod:`kvlab.policies` (index of every policy); :mod:`kvlab.experiments` (each paper's experiments, benchmarks,
+the claims ledger, the leaderboard, sweeps) and :mod:`kvlab.classroom` (lessons and grading) import the
+mechanism, never the reverse.
 Submodules are imported lazily so that ``import kvlab`` stays light.
 """
 
@@ -20,8 +23,9 @@ import importlib
 import pkgutil
 
 __version__ = "0.1.0"
-__all__ = ["KVCache", "load_model", "check_parameters", "results_dir", "analysis", "assets", "baselines", "core", "datasets",
-           "eval", "kernels", "lacache", "lessons", "memory", "models", "policies", "sepllm", "testing", "viz"]
+__all__ = ["KVCache", "load_model", "check_parameters", "results_dir", "analysis", "assets", "baselines", "classroom", "core",
+           "datasets", "dhsa", "eval", "experiments", "kernels", "lacache", "memory", "models", "orthorank",
+           "policies", "reform", "sepllm", "testing", "viz"]
 
 
 def results_dir(*parts: str):

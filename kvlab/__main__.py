@@ -29,27 +29,27 @@ def main(argv: list[str] | None = None) -> int:
 
         return fetch_main(rest, verify_model=verify_converted) or 0
     if command == "bench":
-        from kvlab.bench import main as bench_main
+        from kvlab.experiments.bench import main as bench_main
 
         return bench_main(rest) or 0
     if command == "sweep":
-        from kvlab.sweep import main as sweep_main
+        from kvlab.experiments.sweep import main as sweep_main
 
         return sweep_main(rest) or 0
     if command == "worker-env":
-        from kvlab.sweep import worker_env_main
+        from kvlab.experiments.sweep import worker_env_main
 
         return worker_env_main(rest) or 0
     if command == "leaderboard":
-        from kvlab.leaderboard import main as leaderboard_main
+        from kvlab.experiments.leaderboard import main as leaderboard_main
 
         return leaderboard_main(rest) or 0
     if command == "lessons":
-        from kvlab.lessons import main as lessons_main
+        from kvlab.classroom.lessons import main as lessons_main
 
         return lessons_main(rest) or 0
     if command == "claims":
-        from kvlab.claims import main as claims_main
+        from kvlab.experiments.claims import main as claims_main
 
         return claims_main(rest) or 0
     print(f"unknown command {command!r}\n\n{USAGE}", file=sys.stderr)

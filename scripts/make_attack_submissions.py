@@ -138,7 +138,7 @@ def write_attacks(student: pathlib.Path, out: pathlib.Path) -> dict[str, tuple]:
 
 
 def main(argv: list[str]) -> int:
-    from kvlab import lessons as classroom
+    from kvlab.classroom import lessons as classroom
 
     if len(argv) != 1:
         print(__doc__)

@@ -22,7 +22,7 @@ def _answer_cells(nb) -> list:
 
 
 def write_class(assignment_folder: pathlib.Path, n: int, out: pathlib.Path) -> list[pathlib.Path]:
-    from kvlab import lessons as classroom
+    from kvlab.classroom import lessons as classroom
 
     assignment = classroom.Assignment.at(pathlib.Path(assignment_folder))
     reference = [c.source for c in _answer_cells(nbformat.read(assignment.solutions, as_version=4))]

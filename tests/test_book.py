@@ -139,7 +139,7 @@ def test_an_image_outside_the_outputs_is_not_a_figure(tmp_path):
 
 
 def test_results_page_is_generated_from_the_ledger():
-    from kvlab import claims
+    from kvlab.experiments import claims
 
     page = book.results_page()
     rows = claims.load()

@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-from kvlab import claims
+from kvlab.experiments import claims
 from kvlab.eval import mcnemar_exact, paired_bootstrap, proportion_interval, sign_test
 
 ROOT = claims.ROOT

@@ -1,5 +1,5 @@
 """The claims ledger's rules against bad input: each case below once gave a silent wrong verdict, lost a field or
-raised an error that named neither the file, the line, the row nor the column (kvlab.claims, kvlab.eval.stats).
+raised an error that named neither the file, the line, the row nor the column (kvlab.experiments.claims, kvlab.eval.stats).
 
 Synthetic rows point at per-example files written under ``tmp_path`` (an absolute path in ``results_file``)."""
 
@@ -10,7 +10,7 @@ import signal
 import numpy as np
 import pytest
 
-from kvlab import claims
+from kvlab.experiments import claims
 from kvlab.eval import paired_bootstrap, proportion_interval
 
 

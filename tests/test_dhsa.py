@@ -471,7 +471,7 @@ def test_flex_touched_tiles_cover_the_mask():
 
 
 def test_bench_helpers():
-    from kvlab.dhsa.bench import COMMANDS, kept_density, random_boundaries
+    from kvlab.experiments.bench.dhsa import COMMANDS, kept_density, random_boundaries
 
     assert set(COMMANDS) >= {"ops", "prefill", "tune"}
     b = random_boundaries(1000, 16, 128, seed=1)
@@ -574,7 +574,7 @@ def test_decode_memory_accounting():
 
 # ------------------------------------------------------------------------------ experiments (Table 1, costs)
 def test_qa_f1():
-    from kvlab.dhsa.experiments import qa_f1
+    from kvlab.eval.qa import qa_f1
 
     assert qa_f1("The France.\nmore", ["France", "Paris"]) == 1.0
     assert qa_f1("northern France", ["France"]) == pytest.approx(2 / 3)
@@ -583,7 +583,7 @@ def test_qa_f1():
 
 def test_qa_items_fit_and_hold_the_answer_source(monkeypatch):
     import kvlab.datasets
-    from kvlab.dhsa.experiments import qa_items
+    from kvlab.eval.qa import qa_items
 
     class Tok:  # one token per word
         def __call__(self, text, add_special_tokens=False):
@@ -609,7 +609,7 @@ def test_qa_items_fit_and_hold_the_answer_source(monkeypatch):
 
 def test_prefill_and_decode_cost_on_cpu():
     from kvlab.baselines import Full, StreamingLLM
-    from kvlab.dhsa.experiments import decode_cost, peak_bytes, prefill_cost, random_model
+    from kvlab.experiments.dhsa import decode_cost, peak_bytes, prefill_cost, random_model
     from kvlab.dhsa.pattern import DHSAPattern, dhsa_layers
 
     x = {}
@@ -628,7 +628,7 @@ def test_prefill_and_decode_cost_on_cpu():
 def test_bench_prefill_and_decode_entry_points_on_cpu(tmp_path):
     import json
 
-    from kvlab.dhsa.bench import COMMANDS
+    from kvlab.experiments.bench.dhsa import COMMANDS
 
     assert {"prefill", "decode"} <= set(COMMANDS)
     common = ["--shapes", "tiny", "--seqs", "48", "--budget-keys", "24", "--chunk", "8", "--initial", "2",

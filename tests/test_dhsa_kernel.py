@@ -167,7 +167,7 @@ def test_default_packed_config_on_a_gpu_shape(monkeypatch):
                                           (256, 4, 2, False)])
 def test_packed_matches_oracle_cuda(d, h, hk, share):
     # 64/128-row tiles, 64/32-key tiles, both launches, variable chunks with local and initial keys, bf16
-    from kvlab.dhsa.bench import random_boundaries
+    from kvlab.experiments.bench.dhsa import random_boundaries
 
     n = 1500
     bd = random_boundaries(n, 8, 128, seed=1)

@@ -14,8 +14,8 @@ import zipfile
 import nbformat
 import pytest
 
-from kvlab import grading
-from kvlab import lessons as classroom
+from kvlab.classroom import grading
+from kvlab.classroom import lessons as classroom
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 spec = importlib.util.spec_from_file_location("make_attack_submissions", ROOT / "scripts" / "make_attack_submissions.py")

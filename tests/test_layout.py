@@ -1,136 +1,67 @@
-"""The layout rules of docs/guide/design.md "Layout": one folder per paper, a small core, no import cycles.
-
-Imports are read from the source (every ``import``/``from`` statement, function-level ones included), so
-a cycle hidden inside a function body is caught too.
-"""
-
-from __future__ import annotations
-
+"""The layout rule: a paper folder holds its mechanism; experiments, the ledger and the classroom import it, never
+the reverse; importing a paper's reference loads no experiment, benchmark, classroom or transformers code."""
 import ast
-import importlib
-import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-import kvlab
-
-ROOT = Path(kvlab.__file__).parent
-PAPERS = {"sepllm", "lacache", "dhsa", "reform", "orthorank"}
-# what each shared part may import from kvlab (besides itself)
-ALLOWED = {
-    "core": set(),
-    "baselines": {"core"},
-    "kernels": {"core"},
-    "eval": {"core", "baselines", "datasets", "assets"},
-}
+PAPERS = ("sepllm", "lacache", "dhsa", "reform", "orthorank")
+ROOT = Path(__file__).resolve().parents[1]
+# what a paper folder may import besides itself: the core, the shared kernels, evaluation, and the foundation
+# modules every method needs (models, corpora, baselines, shapes)
+FOUNDATION = ("core", "kernels", "eval", "baselines", "models", "datasets", "assets", "memory")
 
 
-def _module_name(path: Path) -> str:
-    rel = path.relative_to(ROOT.parent).with_suffix("")
-    parts = list(rel.parts)
-    if parts[-1] == "__init__":
-        parts = parts[:-1]
-    return ".".join(parts)
+@pytest.mark.parametrize("paper", PAPERS)
+def test_importing_a_reference_loads_only_the_core(paper):
+    code = (f"import kvlab.{paper}.reference, sys, json; "
+            "print(json.dumps(sorted(m for m in sys.modules if m.startswith(('kvlab', 'transformers')))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    loaded = set(ast.literal_eval(out.stdout.strip()))
+    allowed = {"kvlab", "kvlab.core", f"kvlab.{paper}", f"kvlab.{paper}.reference"}
+    stray = sorted(m for m in loaded if m not in allowed and not m.startswith("kvlab.core."))
+    assert not stray, f"import kvlab.{paper}.reference also loads {stray}"
 
 
-def _imports(path: Path, typing: bool = False) -> set[str]:
+def _kvlab_imports(path: Path) -> set[str]:
     tree = ast.parse(path.read_text())
-    name = _module_name(path)
-    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
     found = set()
-    typing_only = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If)
-                   and getattr(block.test, "id", getattr(block.test, "attr", "")) == "TYPE_CHECKING"
-                   for n in ast.walk(block)}
     for node in ast.walk(tree):
-        if id(node) in typing_only and not typing:  # annotations only: not imported at run time
-            continue
-        if isinstance(node, ast.Import):
-            found |= {a.name for a in node.names if a.name.startswith("kvlab")}
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")
-                base = base[: len(base) - node.level + 1]
-                mod = ".".join(base + ([node.module] if node.module else []))
-            else:
-                mod = node.module or ""
-            if mod.startswith("kvlab"):
-                found.add(mod)
-                found |= {f"{mod}.{a.name}" for a in node.names}
-    return found
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found.update(f"{node.module}.{a.name}" for a in node.names)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+    return {m for m in found if m.split(".")[0] == "kvlab"}
 
 
-MODULES = {_module_name(p): p for p in ROOT.rglob("*.py")}
-# the root package imports nothing at import time (lazy attributes), so "from kvlab import x" is an edge to x
-GRAPH = {m: {i for i in _imports(p) if i in MODULES and i not in (m, "kvlab")} for m, p in MODULES.items()}
-
-
-def _part(module: str) -> str:
-    parts = module.split(".")
-    return parts[1] if len(parts) > 1 else ""
-
-
-def test_paper_folders_never_import_each_other():
-    bad = [(m, i) for m, deps in GRAPH.items() for i in deps
-           if _part(m) in PAPERS and _part(i) in PAPERS and _part(i) != _part(m)]
-    assert not bad, f"paper folders import each other: {bad}"
-
-
-@pytest.mark.parametrize("part", sorted(ALLOWED))
-def test_shared_parts_import_only_what_they_may(part):
-    bad = [(m, i) for m, deps in GRAPH.items() if _part(m) == part for i in deps
-           if _part(i) != part and _part(i) not in ALLOWED[part]]
-    assert not bad, f"kvlab.{part} imports {bad}"
-
-
-def test_no_import_cycles():
-    """No module reaches itself through imports (function-level imports included)."""
-    def reach(start):
-        seen, todo = set(), list(GRAPH[start])
-        while todo:
-            m = todo.pop()
-            if m in seen:
+@pytest.mark.parametrize("paper", PAPERS)
+def test_a_paper_folder_imports_only_the_foundation(paper):
+    bad = []
+    for path in sorted((ROOT / "kvlab" / paper).glob("*.py")):
+        for module in _kvlab_imports(path):
+            parts = module.split(".")
+            if len(parts) == 1 or parts[1] in (paper, *FOUNDATION):
                 continue
-            seen.add(m)
-            todo += GRAPH.get(m, ())
-        return seen
-    cycles = [m for m in GRAPH if m in reach(m) and not m.endswith(("__main__",))]
-    assert not cycles, f"import cycles through: {sorted(cycles)}"
+            bad.append(f"{path.relative_to(ROOT)} imports {module}")
+    assert not bad, "\n".join(bad)
 
 
-@pytest.mark.parametrize("name", kvlab.__all__)
-def test_every_top_level_name_resolves(name):
-    assert getattr(kvlab, name) is not None
+def test_no_experiment_or_benchmark_file_in_a_paper_folder():
+    names = {"experiments.py", "bench.py", "compare.py", "gsm8k.py", "mmlu.py", "tasks.py"}
+    found = [str(p.relative_to(ROOT)) for paper in PAPERS for p in (ROOT / "kvlab" / paper).glob("*.py")
+             if p.name in names]
+    assert not found, f"experiment code inside a paper folder: {found} (it belongs in kvlab/experiments/)"
 
 
-def test_every_package_module_imports():
-    for module in sorted(MODULES):
-        if module.endswith("__main__") or ".triton" in module or module.endswith((".bench", ".flex")):
-            continue
-        importlib.import_module(module)
-
-
-def test_readme_import_paths_work():
-    readme = "\n".join(p.read_text() for p in [ROOT.parent / "README.md",  # and the guide pages moved out of it
-                                                *sorted((ROOT.parent / "docs" / "guide").glob("*.md"))])
-    blocks = "\n".join(re.findall(r"```python\n(.*?)```", readme, flags=re.S))
-    for mod, names in re.findall(r"^\s*from (kvlab[\w.]*) import ([\w, ]+)", blocks, flags=re.M):
-        module = importlib.import_module(mod)
-        for n in names.split(","):
-            assert hasattr(module, n.strip()), f"README: from {mod} import {n.strip()}"
-    for dotted in set(re.findall(r"`(kvlab(?:\.\w+)+)", readme)):
-        obj, parts = kvlab, dotted.split(".")[1:]
-        for i, part in enumerate(parts):
-            if not hasattr(obj, part):
-                obj = importlib.import_module(".".join(["kvlab"] + parts[: i + 1]))
-            else:
-                obj = getattr(obj, part)
-
-
-def test_core_has_no_import_circle_even_for_type_hints():
-    """kvlab.core reads bottom-up: a module that another imports does not name it back, not even under
-    TYPE_CHECKING (state sits below pattern and router, which install their objects in it)."""
-    core = {m: p for m, p in MODULES.items() if _part(m) == "core"}
-    graph = {m: {i for i in _imports(p, typing=True) if i in core and i != m} for m, p in core.items()}
-    back = sorted((m, i) for m, deps in graph.items() for i in deps if m in graph.get(i, ()))
-    assert not back, f"kvlab.core modules that import each other: {back}"
+def test_the_core_and_kernels_import_no_paper_experiment_or_classroom():
+    bad = []
+    for folder in ("core", "kernels", "eval", "baselines"):
+        for path in sorted((ROOT / "kvlab" / folder).rglob("*.py")):
+            for module in _kvlab_imports(path):
+                parts = module.split(".")
+                if len(parts) > 1 and parts[1] in (*PAPERS, "experiments", "classroom"):
+                    bad.append(f"{path.relative_to(ROOT)} imports {module}")
+    assert not bad, "\n".join(bad)

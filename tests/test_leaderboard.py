@@ -1,4 +1,4 @@
-"""kvlab.leaderboard: the tiny grid on a local Dask cluster of two workers, matched budgets, n/a cells, reruns."""
+"""kvlab.experiments.leaderboard: the tiny grid on a local Dask cluster of two workers, matched budgets, n/a cells, reruns."""
 from __future__ import annotations
 
 import csv
@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from kvlab import leaderboard as lb
-from kvlab.sweep import task_key
+from kvlab.experiments import leaderboard as lb
+from kvlab.experiments.sweep import task_key
 
 TASKS = ("ppl", "passkey")  # two of the four tasks keep the run short; every method runs on both
 
@@ -145,9 +145,9 @@ def test_a_full_cache_that_cannot_run_raises_its_own_error(monkeypatch):
 
 def test_a_kvpress_cell_run_in_the_peer_environment_replaces_its_na_twin(tmp_path):
     """Cells of kvpress presses made where kvpress is missing are named apart and give way to the same cell run
-    in .venv-peers (records written by kvlab.sweep's own writer, as that environment does)."""
+    in .venv-peers (records written by kvlab.experiments.sweep's own writer, as that environment does)."""
     import kvlab
-    from kvlab.sweep import Task, _write_atomic
+    from kvlab.experiments.sweep import Task, _write_atomic
 
     cells = lb.cell_tasks("tiny", methods=("kvpress:KnormPress",), tasks=("passkey",))
     (tmp_path / "cells").mkdir()
@@ -169,7 +169,7 @@ def test_a_kvpress_na_cell_from_the_peer_environment_is_kept(tmp_path):
     """A press on the streaming-loss task is n/a in both environments; the peer environment's record is the one
     shown (its reason names the method, not a missing package), once per cell."""
     import kvlab
-    from kvlab.sweep import Task, _write_atomic
+    from kvlab.experiments.sweep import Task, _write_atomic
 
     cells = lb.cell_tasks("tiny", methods=("kvpress:KnormPress",), tasks=("ppl",))
     (tmp_path / "cells").mkdir()

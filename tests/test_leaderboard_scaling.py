@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kvlab.leaderboard import GRIDS, cell_tasks, sized_grid
+from kvlab.experiments.leaderboard import GRIDS, cell_tasks, sized_grid
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "leaderboard_scaling.py"
@@ -30,7 +30,7 @@ def test_seeds_replicate_every_cell_under_its_own_name():
 
 
 def test_leaderboard_cli_refuses_bad_seeds(capsys):
-    from kvlab.leaderboard import main
+    from kvlab.experiments.leaderboard import main
 
     assert main(["--seeds", "0,x", "--report-only"]) == 2
     assert "--seeds must be comma-separated whole numbers" in capsys.readouterr().err

@@ -18,7 +18,7 @@ import zipfile
 import nbformat
 import pytest
 
-from kvlab import lessons as classroom
+from kvlab.classroom import lessons as classroom
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures" / "lessons"

@@ -1,4 +1,4 @@
-"""Grading that resists tampering (kvlab.grading): every known attack on lesson 01, graded in one class.
+"""Grading that resists tampering (kvlab.classroom.grading): every known attack on lesson 01, graded in one class.
 
 Each submission below is made from the student version of lesson 01 (answers filled with the master's
 solutions or left empty) plus one attack. Under `otter run` (the tests in the student's kernel after the
@@ -15,8 +15,8 @@ import pathlib
 import nbformat
 import pytest
 
-from kvlab import grading
-from kvlab import lessons as classroom
+from kvlab.classroom import grading
+from kvlab.classroom import lessons as classroom
 
 LESSON = "01_streaming_llm"
 SINK_WINDOW_CLASS = '''class SinkWindow(Policy):
@@ -82,9 +82,9 @@ ATTACKS = {
                                      "t.run_doctest = lambda *a, **k: (True, '')\n"}, solved=False),
                     {"q1": 0, "q2": 0, "q3": 0}, "otter"),
     # the same against kvlab's own checking code
-    "grader_patch": (dict(answers={0: "import kvlab.grading as g\ng._run_case = lambda *a, **k: (True, '')\n"
+    "grader_patch": (dict(answers={0: "import kvlab.classroom.grading as g\ng._run_case = lambda *a, **k: (True, '')\n"
                                       "g._restore = lambda *a, **k: []\n"}, solved=False),
-                     {"q1": 0, "q2": 0, "q3": 0}, "kvlab.grading._run_case"),
+                     {"q1": 0, "q2": 0, "q3": 0}, "kvlab.classroom.grading._run_case"),
     # a library function the tests use, replaced: q2's public check would pass (1 point under otter run)
     "torch_patch": (dict(answers={1: "def heavy_hitter_keep(scores, budget, recent):\n    return torch.tensor([0])\n"
                                      "_real = torch.as_tensor\n"

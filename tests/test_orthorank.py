@@ -513,7 +513,7 @@ def test_skip_layer_router_returns_its_input():
 
 
 def test_bench_command_table_and_layer_spread(capsys):
-    from kvlab.orthorank import bench
+    from kvlab.experiments.bench import orthorank as bench
 
     assert set(bench.COMMANDS) == {"throughput", "layer"}
     assert bench.main(["--help"]) == 0 and "throughput" in capsys.readouterr().out

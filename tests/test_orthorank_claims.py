@@ -1,4 +1,4 @@
-"""OrthoRank's claims as paired experiments (kvlab.orthorank.experiments): the sink alignment per window
+"""OrthoRank's claims as paired experiments (kvlab.experiments.orthorank): the sink alignment per window
 (Figs. 2-3, 6-7) against the batch profile, Fig. 4's single-layer plans, pooled records, Table 4's plans from
 known greedy orders, and the paired difference."""
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from kvlab.orthorank.api import sink_profile
-from kvlab.orthorank.experiments import (ALIGNMENT_PAIRS, layerwise_plans, paired_difference, pooled_records,
+from kvlab.experiments.orthorank import (ALIGNMENT_PAIRS, layerwise_plans, paired_difference, pooled_records,
                                          sink_alignment, table4_plans)
 
 pytestmark = pytest.mark.usefixtures("one_thread")

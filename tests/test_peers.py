@@ -64,7 +64,7 @@ def test_leaderboard_scores_a_press_cache_at_the_uncompressed_positions(model_an
     context (position 200 here), as without compression. kvlab's StreamingLLM with original positions keeps the
     same entries (test above) and places the question itself: both answer NLLs must agree."""
     from kvlab.baselines import StreamingLLM
-    from kvlab.leaderboard import _nll_after
+    from kvlab.experiments.leaderboard import _nll_after
 
     model, ids = model_and_ids
     ctx, q, target = ids[:, :200], ids[:, 200:210], ids[:, 210:220]
@@ -76,7 +76,7 @@ def test_leaderboard_scores_a_press_cache_at_the_uncompressed_positions(model_an
 
 
 def test_leaderboard_press_cell_runs():
-    from kvlab.leaderboard import GRIDS, _kvpress_version, model_checksum, run_cell
+    from kvlab.experiments.leaderboard import GRIDS, _kvpress_version, model_checksum, run_cell
 
     g = GRIDS["tiny"]
     cell = run_cell("kvpress:KnormPress", "kv_retrieval", 0, g["kv_budgets"][0], g["flop_budgets"][0], "smollm2-135m",

@@ -156,7 +156,7 @@ def test_leaderboard_legends_stay_off_the_points():
     import matplotlib
 
     matplotlib.use("Agg")
-    from kvlab import leaderboard as lb
+    from kvlab.experiments import leaderboard as lb
 
     rows = []
     for task in ("ppl", "passkey"):

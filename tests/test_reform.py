@@ -12,7 +12,8 @@ import json
 import pytest
 import torch
 
-from kvlab.reform import api, compare, heads as H, reference as R
+from kvlab.reform import api, heads as H, reference as R
+from kvlab.experiments import reform_compare as compare
 from kvlab.reform.reference import Head
 from kvlab.testing import assert_close_to_oracle
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from kvlab.reform import tasks as T
-from kvlab.reform.compare import task_score
+from kvlab.eval import tasks as T
+from kvlab.experiments.reform_compare import task_score
 
 ROOT = Path(__file__).resolve().parent.parent
 

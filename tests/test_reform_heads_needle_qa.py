@@ -63,7 +63,7 @@ def test_needle_offsets_give_other_haystacks(mod, tok):
 
 
 def test_qa_task_splits_the_qa_prompt_unchanged(mod):
-    from kvlab.dhsa.experiments import QAItem
+    from kvlab.eval.qa import QAItem
 
     prompt = ("Document:\n\nThe harbour was built by Romans. Later the Romans left.\n\n"
               "Answer the question with a short phrase from the text.\nQuestion: Who built the harbour?\nAnswer:")

@@ -1,4 +1,4 @@
-"""REFORM's experiment tasks and baselines (kvlab.reform.tasks / compare): RULER needles, variable tracking,
+"""REFORM's experiment tasks and baselines (kvlab.eval.tasks / compare): RULER needles, variable tracking,
 BABILong-style stories, repository-level code completion, InfiniPot's keep rule, BM25 OP-RAG, scoring."""
 
 from __future__ import annotations
@@ -9,8 +9,9 @@ import re
 import pytest
 import torch
 
-from kvlab.reform import compare, tasks as T
-from kvlab.reform.tasks import LongTask
+from kvlab.experiments import reform_compare as compare
+from kvlab.eval import tasks as T
+from kvlab.eval.tasks import LongTask
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -190,7 +191,7 @@ def test_new_methods_run_on_a_tiny_model(tiny_llama):
 
 
 def test_experiment_helpers(tiny_llama):
-    from kvlab.reform import experiments as E
+    from kvlab.experiments import reform as E
 
     summary = {"single": {"reform": {"accuracy": 100.0}, "h2o": {"accuracy": 0.0}},
                "vt": {"reform": {"accuracy": 50.0}, "h2o": {"accuracy": 10.0}}}

@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from kvlab.eval import retrieval
-from kvlab.reform import compare, tasks as T
-from kvlab.reform.tasks import LongTask
+from kvlab.experiments import reform_compare as compare
+from kvlab.eval import tasks as T
+from kvlab.eval.tasks import LongTask
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

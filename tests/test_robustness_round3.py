@@ -78,7 +78,7 @@ def test_kv_cache_made_for_more_layers_is_refused():
 
 
 def test_sweep_array_results_are_stored_as_lists_and_other_objects_refused(tmp_path):
-    from kvlab.sweep import Task, _call, _finished
+    from kvlab.experiments.sweep import Task, _call, _finished
 
     arrays = Task("arange", "numpy:arange", {"stop": 2000})
     _call(arrays, str(tmp_path), [])
@@ -92,7 +92,7 @@ def test_sweep_array_results_are_stored_as_lists_and_other_objects_refused(tmp_p
 
 @pytest.mark.parametrize("value", ["../../x", "/tmp/kvlab-sweep-x", "a/b", ".hidden", ".."])
 def test_sweep_task_names_cannot_write_outside_out(tmp_path, value):
-    from kvlab.sweep import Task, grid_tasks, run_sweep
+    from kvlab.experiments.sweep import Task, grid_tasks, run_sweep
 
     with pytest.raises(ValueError, match="plain file name"):
         grid_tasks("numpy:arange", {"p": [value]}, name="{p}")
@@ -104,7 +104,7 @@ def test_sweep_task_names_cannot_write_outside_out(tmp_path, value):
 
 
 def test_leaderboard_report_only_never_rewrites_the_committed_table(tmp_path, monkeypatch, capsys):
-    from kvlab import leaderboard
+    from kvlab.experiments import leaderboard
 
     committed = tmp_path / "benchmarks" / "results" / "leaderboard"
     (committed / "cells").mkdir(parents=True)
@@ -238,7 +238,7 @@ def _grid(tmp_path, body: str) -> str:
 
 
 def test_sweep_name_with_a_missing_field(tmp_path, capsys):
-    from kvlab.sweep import main
+    from kvlab.experiments.sweep import main
 
     grid = _grid(tmp_path, """
         target: numpy:arange
@@ -255,7 +255,7 @@ def test_sweep_name_with_a_missing_field(tmp_path, capsys):
     ("- a\n- b\n", "a grid file is a YAML mapping"),
 ])
 def test_sweep_bad_grid_files_are_one_sentence(tmp_path, capsys, body, message):
-    from kvlab.sweep import main
+    from kvlab.experiments.sweep import main
 
     assert main([_grid(tmp_path, body), "--dry-run"]) == 2
     err = capsys.readouterr().err
@@ -265,7 +265,7 @@ def test_sweep_bad_grid_files_are_one_sentence(tmp_path, capsys, body, message):
 def test_sweep_unreachable_scheduler_fails_fast(tmp_path):
     import socket
 
-    from kvlab.sweep import Task, run_sweep
+    from kvlab.experiments.sweep import Task, run_sweep
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -280,7 +280,7 @@ def test_sweep_unreachable_scheduler_fails_fast(tmp_path):
 @pytest.mark.parametrize("flags, message", [(["--workers", "0"], "--workers must be >= 1, got 0"),
                                             (["--retries", "-1"], "--retries must be >= 0, got -1")])
 def test_sweep_worker_and_retry_counts(tmp_path, capsys, flags, message):
-    from kvlab.sweep import main
+    from kvlab.experiments.sweep import main
 
     grid = _grid(tmp_path, "target: numpy:arange\ngrid: {stop: [1]}\n")
     assert main([grid, *flags]) == 2
@@ -291,7 +291,7 @@ def test_sweep_worker_and_retry_counts(tmp_path, capsys, flags, message):
                                              ("numpy:no_such_function", "has no function 'no_such_function'"),
                                              ("nowhere.ipynb", "does not exist")])
 def test_sweep_invalid_target_is_found_before_the_cluster_starts(tmp_path, monkeypatch, target, message):
-    from kvlab import sweep
+    from kvlab.experiments import sweep
 
     def no_cluster(*args, **kwargs):
         raise AssertionError("a cluster was started for a target that cannot run")
@@ -304,7 +304,7 @@ def test_sweep_invalid_target_is_found_before_the_cluster_starts(tmp_path, monke
 @pytest.mark.parametrize("flags, message", [(["--methods", "Bogus"], "--methods must be among"),
                                             (["--workers", "-1"], "--workers must be >= 1, got -1")])
 def test_leaderboard_bad_methods_and_workers(tmp_path, capsys, flags, message):
-    from kvlab import leaderboard
+    from kvlab.experiments import leaderboard
 
     assert leaderboard.main(["--report-only", "--out", str(tmp_path), *flags]) == 2
     err = capsys.readouterr().err
@@ -312,7 +312,7 @@ def test_leaderboard_bad_methods_and_workers(tmp_path, capsys, flags, message):
 
 
 def test_leaderboard_truncated_cell_is_named_and_other_grids_are_not_read(tmp_path, capsys):
-    from kvlab import leaderboard
+    from kvlab.experiments import leaderboard
 
     cells = tmp_path / "cells"
     cells.mkdir()
@@ -435,7 +435,7 @@ def test_threads_per_process_follow_kvlab_threads_and_the_workers(monkeypatch):
 
 
 def test_sweep_workers_compute_with_their_share_of_the_cores(tmp_path, monkeypatch):
-    from kvlab.sweep import Task, run_sweep
+    from kvlab.experiments.sweep import Task, run_sweep
 
     monkeypatch.setenv("KVLAB_THREADS", "2")  # the user's choice reaches every worker kvlab starts
     tasks = [Task(f"t{i}", "torch:get_num_threads", {}) for i in range(2)]

@@ -125,7 +125,7 @@ def test_sweep_refuses_a_notebook_parameter_the_notebook_does_not_declare(tmp_pa
     """A grid over `max_tokenz` ran every cell with the default and marked it done."""
     import nbformat
 
-    from kvlab import sweep
+    from kvlab.experiments import sweep
 
     nb = nbformat.v4.new_notebook()
     cell = nbformat.v4.new_code_cell("max_tokens: int = 64  # tokens to stream")
@@ -145,7 +145,7 @@ def test_sweep_keeps_results_of_other_fixed_values(tmp_path):
     """A re-run with a changed `fixed:` value and the same name pattern into the same out replaced the results."""
     import json
 
-    from kvlab import sweep
+    from kvlab.experiments import sweep
 
     out = tmp_path / "out"
     first = sweep.grid_tasks("builtins:dict", {"a": [1]}, fixed={"b": 1}, name="a{a}")
@@ -164,7 +164,7 @@ def test_sweep_keeps_results_of_other_fixed_values(tmp_path):
 def test_sweep_gpu_workers_auto_checks_that_torch_sees_the_gpus(tmp_path, monkeypatch):
     """CUDA_VISIBLE_DEVICES=0 on a machine without a GPU: 'auto' ran device: gpu tasks on the CPU and recorded them
     as run on a GPU."""
-    from kvlab import sweep
+    from kvlab.experiments import sweep
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)

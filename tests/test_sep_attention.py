@@ -310,7 +310,7 @@ def test_default_tiles_follow_head_dim_and_dtype():
 def test_tile_work_counts_the_mask_and_the_tiles():
     """The benchmark's work model: useful FLOP = 4 * dim per visible (query, key) entry of the mask; computed FLOP
     = every entry of the tiles the forward kernel walks (far tiles of BLOCK_F, window tiles of BLOCK_N)."""
-    from kvlab.sepllm.bench import tile_work
+    from kvlab.experiments.bench.sepllm import tile_work
 
     g = torch.Generator().manual_seed(12)
     is_sep = torch.rand(2, 300, generator=g) < 0.1

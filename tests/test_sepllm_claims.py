@@ -1,4 +1,4 @@
-"""SepLLM's ablations as paired experiments (kvlab.sepllm.experiments): Table 16's separator sets, Table 17's
+"""SepLLM's ablations as paired experiments (kvlab.experiments.sepllm): Table 16's separator sets, Table 17's
 FixLLM, Table 9's head-wise baseline with its window matched to SepLLM's r.KV, the per-problem records and the
 pair statistics, and the needle figures' policies."""
 
@@ -9,9 +9,9 @@ import torch
 
 from kvlab.core import kv_ratio
 from kvlab.eval.stats import paired_bootstrap
-from kvlab.sepllm.experiments import (compare_on_gsm8k, fixed_interval_methods, headwise_methods, needle_policies,
+from kvlab.experiments.sepllm import (compare_on_gsm8k, fixed_interval_methods, headwise_methods, needle_policies,
                                       pair_statistics, separator_choice_methods)
-from kvlab.sepllm.gsm8k import problem_ids
+from kvlab.experiments.sepllm_gsm8k import problem_ids
 from kvlab.sepllm.pattern import FixLLMPattern, HeadwisePattern, SepLLMPattern, StreamingPattern
 
 pytestmark = pytest.mark.usefixtures("one_thread")

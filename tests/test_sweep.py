@@ -1,4 +1,4 @@
-"""kvlab.sweep: a grid of calls and a papermill run on a local Dask cluster of two workers."""
+"""kvlab.experiments.sweep: a grid of calls and a papermill run on a local Dask cluster of two workers."""
 from __future__ import annotations
 
 import json
@@ -7,7 +7,7 @@ import nbformat
 import pytest
 
 from kvlab.sepllm.theory import sliding_window_layers
-from kvlab.sweep import Task, grid_tasks, load_grid, run_sweep, task_key
+from kvlab.experiments.sweep import Task, grid_tasks, load_grid, run_sweep, task_key
 
 TARGET = "kvlab.sepllm.theory:sliding_window_layers"
 

@@ -1,4 +1,4 @@
-"""kvlab.sweep on several GPUs: one worker pinned to each device, GPU tasks only on GPU workers, and the multi-host
+"""kvlab.experiments.sweep on several GPUs: one worker pinned to each device, GPU tasks only on GPU workers, and the multi-host
 recipe (a scheduler and `dask worker` processes started apart) on this machine, with fake device indices."""
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from kvlab import sweep
-from kvlab.sweep import Task, gpu_worker_devices, local_cluster, run_sweep, visible_gpus
+from kvlab.experiments import sweep
+from kvlab.experiments.sweep import Task, gpu_worker_devices, local_cluster, run_sweep, visible_gpus
 
 PROBE = '''
 import os, time
@@ -164,8 +164,8 @@ def test_scheduler_and_worker_processes_started_apart(probe, monkeypatch):
 def test_leaderboard_cells_go_to_pinned_gpu_workers(tmp_path, monkeypatch, capsys):
     """The leaderboard hands run_sweep one GPU worker per visible GPU (times --workers-per-gpu), no CPU worker, and
     cells marked device="gpu"; on a machine without GPUs, 'auto' leaves the CPU workers and CPU cells."""
-    from kvlab import leaderboard
-    from kvlab.sweep import SweepReport
+    from kvlab.experiments import leaderboard
+    from kvlab.experiments.sweep import SweepReport
 
     calls = []
 

@@ -30,7 +30,7 @@ else
 fi
 echo "== qa: LongBench stand-in, predictor $PRED"
 t0=$(date +%s)
-timeout "${QA_SECONDS:-330}" "$PY" -m kvlab.dhsa.experiments qa --model smollm2-135m --predictor "$PRED" "${ARGS[@]}" \
+timeout "${QA_SECONDS:-330}" "$PY" -m kvlab.experiments.dhsa qa --model smollm2-135m --predictor "$PRED" "${ARGS[@]}" \
   --protocols "${PROTOCOLS:-authors,app_a}" --baselines dense,block-sparse --backend sdpa \
   --out "$D/dhsa_longbench_smollm2_2k${PART:+.$PART}.examples.jsonl" 2>&1 | grep -v "Loading weights" \
   | tee "$D/dhsa_longbench_smollm2_2k${PART:+.$PART}.log"

@@ -57,7 +57,7 @@ fi
 
 echo "== needle: 4K grid, authors' protocol, DHSA vs block-sparse"
 t0=$(date +%s)
-"$PY" -m kvlab.dhsa.experiments needle --model smollm2-135m --predictor "$PRED" "${NEEDLE[@]}" \
+"$PY" -m kvlab.experiments.dhsa needle --model smollm2-135m --predictor "$PRED" "${NEEDLE[@]}" \
   --protocols authors --baselines dense,block-sparse --backend sdpa --max-seconds "$SECONDS_CAP" \
   --first-trial "${FIRST_TRIAL:-0}" --out "$D/$NAME.examples.jsonl" 2>&1 | grep -v "Loading weights" \
   | tee "$D/$NAME.log"

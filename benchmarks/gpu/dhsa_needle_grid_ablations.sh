@@ -30,7 +30,7 @@ step() {  # step NAME SECONDS CMD...: run with a timeout, log, keep the exit cod
 }
 $PY -c "import torch, transformers; print(torch.__version__, transformers.__version__,
 torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu')" > "$OUT/device.txt" 2>&1
-X=($PY -m kvlab.dhsa.experiments)
+X=($PY -m kvlab.experiments.dhsa)
 C=(--depths 0.1,0.5,0.9 --initial 4 --authors-initial 128 --authors-local 128 --chunk-size 128)
 L=4096; B=512; T=20; K=1  # tokens, budget, haystacks per cell; K scales the time limits
 TESTS=(-k "not slow")

@@ -32,7 +32,7 @@ case "${1:-}" in
   needle)
     # Fig. 2/6 at 4k tokens: 3 depths x 20 haystacks, dense / block-sparse / DHSA (App. A) / DHSA (authors) at
     # N_b = 256 (a 6 % budget: the paper's 512 of 8k), the shipped SmolLM2 predictor; 240 prompt x method runs.
-    timeout "${LIMIT:-570}" python -m kvlab.dhsa.experiments needle --model smollm2-135m --lengths 4096 \
+    timeout "${LIMIT:-570}" python -m kvlab.experiments.dhsa needle --model smollm2-135m --lengths 4096 \
       --depths 0.1,0.5,0.9 --trials 20 --budgets 256 --chunk-size 32 --initial 4 --protocols app_a,authors \
       --out "$R/dhsa_needle_smollm2_4k.examples.jsonl" 2>&1 | tee "$R/needle.log" ;;
   train)

@@ -47,7 +47,7 @@ case "$phase" in
     timeout $((LIMIT + 90)) python benchmarks/reform_reruns.py run --out "$G/reform" --workers 13 --limit "$LIMIT" \
       > "$G/reform_${phase}_$t0.log" 2>&1 &
     if [ "${NEEDLE:-0}" = 1 ]; then  # 75 s a prompt at 4k (7 patterns): too slow for this session
-      timeout $((LIMIT + 60)) python -m kvlab.dhsa.experiments needle --lengths 4096 --trials 20 --budgets 128,256 \
+      timeout $((LIMIT + 60)) python -m kvlab.experiments.dhsa needle --lengths 4096 --trials 20 --budgets 128,256 \
         --out "$G/dhsa_needle_4096.examples.jsonl" > "$G/dhsa_needle.log" 2>&1 &
     fi
     wait
@@ -63,7 +63,7 @@ case "$phase" in
     if [ "$phase" = main ]; then
       timeout $((LIMIT + 90)) bash benchmarks/gpu/orthorank_docs_sepllm_gsm8k.sh "$G/o23" > "$G/o23.log" 2>&1 &
     else
-      timeout $((LIMIT + 90)) python -m kvlab.dhsa.experiments needle --lengths 4096 --trials 20 --budgets 128 \
+      timeout $((LIMIT + 90)) python -m kvlab.experiments.dhsa needle --lengths 4096 --trials 20 --budgets 128 \
         --authors-initial 128 --authors-local 128 --out "$G/dhsa_needle_4096.examples.jsonl" \
         > "$G/dhsa_needle.log" 2>&1 &
     fi

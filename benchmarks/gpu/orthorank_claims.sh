@@ -29,7 +29,7 @@ fi
   for what in fig4 table4docs; do
     echo "== $what"
     t0=$(date +%s)
-    "$PY" -m kvlab.orthorank.experiments "$what" --layers "$NB11" "${ARGS[@]}" \
+    "$PY" -m kvlab.experiments.orthorank "$what" --layers "$NB11" "${ARGS[@]}" \
       --out "$D/${what}_smollm2.json" 2>&1 | grep --line-buffered -v "Loading weights"
     echo "$what: $(( $(date +%s) - t0 )) s"
   done

@@ -31,11 +31,11 @@ fi
   command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name --format=csv,noheader
   echo "== gsm8k: Tables 17, 16, 9"
   t0=$(date +%s)
-  "$PY" -m kvlab.sepllm.experiments gsm8k --neighbors 256 "${GSM[@]}" --out "$D" 2>&1 | grep --line-buffered -v "Loading weights"
+  "$PY" -m kvlab.experiments.sepllm gsm8k --neighbors 256 "${GSM[@]}" --out "$D" 2>&1 | grep --line-buffered -v "Loading weights"
   echo "gsm8k: $(( $(date +%s) - t0 )) s"
   echo "== needle: Figs. 8-11"
   t0=$(date +%s)
-  "$PY" -m kvlab.sepllm.experiments needle "${NEEDLE[@]}" --out "$D" 2>&1 | grep --line-buffered -v "Loading weights"
+  "$PY" -m kvlab.experiments.sepllm needle "${NEEDLE[@]}" --out "$D" 2>&1 | grep --line-buffered -v "Loading weights"
   echo "needle: $(( $(date +%s) - t0 )) s"
   echo "== a few raw needle answers"
   head -n 3 "$D"/needle_streaming.examples.jsonl | cut -c 1-400

@@ -33,24 +33,28 @@ Glossary (one vocabulary for all methods; each paper's own symbols are kept in i
 
 Where a sixth paper goes: ``kvlab/<paper>/`` with the fixed slots ``reference.py`` (the spec, equation
 numbers), ``api.py`` (checks + backend choice), ``policy.py`` / ``pattern.py`` / ``router.py`` (whichever
-doors it uses), ``triton.py`` / ``flex.py`` (fast paths), ``bench.py`` (``python -m kvlab bench PAPER WHAT``);
-its policies are re-exported from :mod:`kvlab.policies` so that the policy contract test covers them.
+doors it uses), ``triton.py`` / ``flex.py`` (fast paths);
+its policies are re-exported from :mod:`kvlab.policies` so that the policy contract test covers them. Its experiments
+and benchmarks go to :mod:`kvlab.experiments`, never into the paper's folder.
 """
 
-from kvlab.core.attention import SUPPORTED_ARCHITECTURES, attach, capture_attention, eager_base
-from kvlab.core.cache import KVCache, KVLayer, LayerView, rerotate
-from kvlab.core.checks import check_choice, check_float, check_int, check_tensor, check_token_ids
-from kvlab.core.pattern import AttentionCall, AttentionPattern, MaskPattern, attend, causal_mask, kv_ratio, use_pattern
-from kvlab.core.policy import POSITION_MODES, Policy, indices_from_mask
-from kvlab.core.router import LayerRouter, RouteCall, use_router
-from kvlab.core.static import StaticKVCache, StaticView, static_support
-from kvlab.core.state import model_state
+from kvlab.core.lazy import attach as _lazy_namespace
 
-__all__ = [
-    "SUPPORTED_ARCHITECTURES", "attach", "capture_attention", "eager_base", "model_state",
-    "KVCache", "KVLayer", "LayerView", "rerotate", "StaticKVCache", "StaticView", "static_support",
-    "Policy", "POSITION_MODES", "indices_from_mask",
-    "AttentionCall", "AttentionPattern", "MaskPattern", "attend", "causal_mask", "kv_ratio", "use_pattern",
-    "LayerRouter", "RouteCall", "use_router",
-    "check_int", "check_float", "check_choice", "check_tensor", "check_token_ids",
-]
+# Names load on first use: a paper's reference imports its checks from here without loading transformers' Cache.
+__getattr__, __dir__, __all__ = _lazy_namespace(
+    __name__,
+    submodules=["attention", "cache", "checks", "lazy", "pattern", "policy", "rope", "router", "state", "static",
+                "static_triton", "views"],
+    names={
+        "attention": ["SUPPORTED_ARCHITECTURES", "attach", "capture_attention", "eager_base"],
+        "cache": ["KVCache", "KVLayer", "LayerView"],
+        "rope": ["rerotate"],
+        "checks": ["check_choice", "check_float", "check_int", "check_tensor", "check_token_ids"],
+        "pattern": ["AttentionCall", "AttentionPattern", "MaskPattern", "attend", "causal_mask", "kv_ratio",
+                    "use_pattern"],
+        "policy": ["POSITION_MODES", "Policy", "indices_from_mask"],
+        "router": ["LayerRouter", "RouteCall", "use_router"],
+        "static": ["StaticKVCache", "StaticView", "static_support"],
+        "state": ["model_state"],
+    },
+)

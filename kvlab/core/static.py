@@ -63,7 +63,7 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import Cache
 
-from kvlab.core.cache import rerotate, rotate_half
+from kvlab.core.rope import rerotate, rotate_half
 from kvlab.core.pattern import attend
 from kvlab.core.policy import Policy
 from kvlab.core.state import model_state

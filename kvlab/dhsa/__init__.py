@@ -12,23 +12,19 @@ specification of the attention, with the chunkings, Eq. 4 and the selection, is 
 (Eq. 5-8), the predictor (Eq. 1-3), the focal loss (Eq. 9), NMS and the recall of a kept set are
 :mod:`.boundary_predictor`; predictor training (App. B) is :mod:`.training` (``python -m kvlab.dhsa.training --help``;
 :func:`.training.shipped_predictor` loads the trained SmolLM2 predictor kvlab ships); the Eq. 4 bias and
-attention recall are :mod:`.theory`; the experiments of notebooks 07-08 are :mod:`.experiments`; GPU
-benchmarks are ``python -m kvlab bench dhsa``.
+attention recall are :mod:`.theory`. The experiments of notebooks 07-08 live in :mod:`kvlab.experiments.dhsa`, the
+GPU benchmarks in ``python -m kvlab bench dhsa``.
 """
-from . import boundary_predictor, experiments, reference, theory, training
-from .api import BACKENDS, Selection, dhsa_attention, dhsa_decode, dhsa_selection, predict_boundaries, resolve_chunks
-from .pattern import (CHUNKINGS, DECODES, DHSAPattern, authors_pattern, block_sparse_pattern, dhsa_layers,
-                      sliding_window_pattern)
-from .policy import DHSADecode, decode_attention, decode_memory
-from .reference import chunk_representation, dhsa_mask, fixed_boundaries, local_starts
-from .boundary_predictor import BoundaryPredictor, attention_recall, best_recall, nms_boundaries, oracle_boundaries
+from kvlab.core.lazy import attach
 
-__all__ = [
-    "BACKENDS", "Selection", "dhsa_attention", "dhsa_decode", "dhsa_selection", "resolve_chunks",
-    "CHUNKINGS", "DECODES", "DHSAPattern", "authors_pattern", "block_sparse_pattern", "dhsa_layers",
-    "sliding_window_pattern",
-    "DHSADecode", "decode_attention", "decode_memory",
-    "BoundaryPredictor", "attention_recall", "best_recall", "chunk_representation", "dhsa_mask",
-    "fixed_boundaries", "local_starts", "nms_boundaries", "oracle_boundaries", "predict_boundaries",
-    "boundary_predictor", "experiments", "reference", "theory", "training",
-]
+__getattr__, __dir__, __all__ = attach(
+    __name__,
+    submodules=['api', 'boundary_predictor', 'chunking', 'flex', 'pattern', 'policy', 'reference', 'theory', 'training', 'triton'],
+    names={
+        "api": ['BACKENDS', 'Selection', 'dhsa_attention', 'dhsa_decode', 'dhsa_selection', 'predict_boundaries', 'resolve_chunks'],
+        "pattern": ['CHUNKINGS', 'DECODES', 'DHSAPattern', 'authors_pattern', 'block_sparse_pattern', 'dhsa_layers', 'sliding_window_pattern'],
+        "policy": ['DHSADecode', 'decode_attention', 'decode_memory'],
+        "reference": ['chunk_representation', 'dhsa_mask', 'fixed_boundaries', 'local_starts'],
+        "boundary_predictor": ['BoundaryPredictor', 'attention_recall', 'best_recall', 'nms_boundaries', 'oracle_boundaries'],
+    },
+)

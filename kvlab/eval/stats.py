@@ -3,7 +3,7 @@
 A verdict "method A beats method B" is a statement about a difference measured on a *sample* of examples
 (needles, questions, text windows). Run the same methods on another sample of the same kind and the difference
 moves. The functions here say how far, so that a verdict is only written when the sample could not plausibly
-have produced the opposite sign (kvlab's claims ledger, :mod:`kvlab.claims`, applies them to every claim).
+have produced the opposite sign (kvlab's claims ledger, :mod:`kvlab.experiments.claims`, applies them to every claim).
 
 - :func:`paired_bootstrap`: the mean of the per-example differences ``a[i] - b[i]`` and a 95 % percentile
   bootstrap interval. Resampling draws ``n`` examples with replacement (the *pairs* stay together, so the

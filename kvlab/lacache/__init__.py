@@ -7,10 +7,13 @@ Public names: :class:`LaCache` (the policy, also ``kvlab.policies.LaCache``), :f
 throughput measurements of the paper's tables use :mod:`kvlab.eval` (``chunked_perplexity``,
 ``ppl_at_lengths``, ``decode_throughput``).
 """
+from kvlab.core.lazy import attach
 
-from kvlab.lacache import coverage, reference
-from kvlab.lacache.api import LAYOUTS, compaction_snapshots, ladder_geometry, ladder_pattern
-from kvlab.lacache.policy import LaCache
-
-__all__ = ["LaCache", "LAYOUTS", "ladder_geometry", "ladder_pattern", "compaction_snapshots", "coverage",
-           "reference"]
+__getattr__, __dir__, __all__ = attach(
+    __name__,
+    submodules=['api', 'coverage', 'policy', 'reference'],
+    names={
+        "api": ['LAYOUTS', 'compaction_snapshots', 'ladder_geometry', 'ladder_pattern'],
+        "policy": ['LaCache'],
+    },
+)

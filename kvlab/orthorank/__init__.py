@@ -4,21 +4,15 @@ most orthogonal to the attention sink are computed; the others pass by the resid
 Public names come from :mod:`kvlab.orthorank.api` (:func:`orthorank`, :func:`skip_layers`,
 :func:`sink_profile`, :func:`search_layers`, :func:`perplexity`, ...); the specification is
 :mod:`kvlab.orthorank.reference`, the routers :mod:`kvlab.orthorank.router`, layer choice and the baselines
-(SLEB, Shortened LLaMA) :mod:`kvlab.orthorank.layers`, the GPU benchmark :mod:`kvlab.orthorank.bench`.
+(SLEB, Shortened LLaMA) :mod:`kvlab.orthorank.layers`; the experiments and the GPU benchmark live in
+:mod:`kvlab.experiments`.
 """
+from kvlab.core.lazy import attach
 
-from __future__ import annotations
-
-import importlib
-
-from kvlab.orthorank.api import __all__ as _api_all
-
-__all__ = list(_api_all) + ["api", "reference", "router", "layers", "bench"]
-
-
-def __getattr__(name: str):
-    if name in ("api", "reference", "router", "layers", "bench"):
-        return importlib.import_module(f"kvlab.orthorank.{name}")
-    if name in __all__:
-        return getattr(importlib.import_module("kvlab.orthorank.api"), name)
-    raise AttributeError(f"module 'kvlab.orthorank' has no attribute {name!r}")
+__getattr__, __dir__, __all__ = attach(
+    __name__,
+    submodules=['api', 'layers', 'reference', 'router', 'triton'],
+    names={
+        "api": ['orthorank', 'skip_layers', 'OrthoRankRouter', 'SkipLayer', 'CRITERIA', 'DECODE_MODES', 'KV_MODES', 'SinkProfile', 'sink_profile', 'Plan', 'LayerSearch', 'use_plan', 'search_layers', 'taylor_importance', 'text_windows', 'perplexity', 'layers_for_sparsity', 'nominal_sparsity', 'flop_sparsity', 'after_sink'],
+    },
+)

@@ -14,7 +14,7 @@ OrthoRank changes *which tokens a layer computes*. The routed layer has two back
 :func:`orthorank`): ``"torch"``, :func:`kvlab.orthorank.reference.routed_layer` (the definition), and
 ``"triton"``, :func:`kvlab.orthorank.triton.routed_layer_triton` (scores, top-k, gathers, attention of the
 selected queries and the scatter in Triton kernels); ``"auto"`` takes Triton on CUDA where it can run. The GPU
-benchmark is :mod:`kvlab.orthorank.bench`. Layer choice and the baselines (SLEB, Shortened
+benchmark is :mod:`kvlab.experiments.bench.orthorank`. Layer choice and the baselines (SLEB, Shortened
 LLaMA) live in :mod:`kvlab.orthorank.layers` and are re-exported here.
 """
 

@@ -5,27 +5,18 @@ Public names: :func:`reform_generate` (text out), :func:`reform_answer_nll` (tea
 reference answer, the small-model proxy), :func:`reform_gather` (which tokens are recomputed, for
 pictures), :func:`load_heads` / :func:`parse_heads` (embedding heads); head choice by Mean Normalized Rank
 lives in :mod:`kvlab.reform.heads` (``python -m kvlab.reform.heads --model smollm2-135m --out heads.json``),
-the synthetic tasks in :mod:`kvlab.reform.tasks`, the baselines at equal budget in
-:mod:`kvlab.reform.compare`, and the specification (Algorithm 1) in :mod:`kvlab.reform.reference`.
+and the specification (Algorithm 1) in :mod:`kvlab.reform.reference`. The synthetic tasks are
+:mod:`kvlab.eval.tasks`; the baselines at equal budget and the experiments live in :mod:`kvlab.experiments`.
 
 Names are resolved lazily, so importing :mod:`kvlab.reform` loads no model code.
 """
+from kvlab.core.lazy import attach
 
-from __future__ import annotations
-
-import importlib
-
-__all__ = ["reform_generate", "reform_answer_nll", "reform_gather", "load_heads", "parse_heads", "ReformOutput",
-           "Head", "reference", "api", "heads", "tasks", "compare"]
-
-_FROM_API = {"reform_generate", "reform_answer_nll", "reform_gather", "load_heads", "parse_heads", "ReformOutput"}
-
-
-def __getattr__(name: str):
-    if name in ("reference", "api", "heads", "tasks", "compare"):
-        return importlib.import_module(f"kvlab.reform.{name}")
-    if name in _FROM_API:
-        return getattr(importlib.import_module("kvlab.reform.api"), name)
-    if name == "Head":
-        return importlib.import_module("kvlab.reform.reference").Head
-    raise AttributeError(f"module 'kvlab.reform' has no attribute {name!r}")
+__getattr__, __dir__, __all__ = attach(
+    __name__,
+    submodules=['api', 'heads', 'reference', 'triton'],
+    names={
+        "api": ['reform_generate', 'reform_answer_nll', 'reform_gather', 'load_heads', 'parse_heads', 'ReformOutput'],
+        "reference": ['Head'],
+    },
+)

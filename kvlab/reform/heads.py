@@ -115,7 +115,7 @@ def _query_mask(tokenizer, query_ids: torch.Tensor) -> torch.Tensor:
 @torch.no_grad()
 def task_mnr(model, tokenizer, task, *, chunk_size: int = 1024, budget: int = 256, n_initial: int = 16,
              n_recent: int = 64, neighbours: int = 20) -> dict[str, torch.Tensor]:
-    """MNR (percent) of every candidate on one :class:`kvlab.reform.tasks.LongTask`: ``{kind: (layers, heads)}``.
+    """MNR (percent) of every candidate on one :class:`kvlab.eval.tasks.LongTask`: ``{kind: (layers, heads)}``.
 
     The question (``task.query``) is the similarity query; the answer prefix is left out (App. C.6)."""
     device = next(model.parameters()).device
@@ -192,7 +192,7 @@ def choose_heads_for_model(model, tokenizer, *, samples: int = 8, tokens: int = 
     """Build both synthetic sets (or take ``tasks = (kv_tasks, multihop_tasks)``), measure MNR, choose heads;
     returns the heads-file content (a dict)."""
     from kvlab.reform.api import model_signature
-    from kvlab.reform.tasks import kv_task, multihop_task
+    from kvlab.eval.tasks import kv_task, multihop_task
 
     samples = check_int("samples", samples, 1)
     tokens = check_int("tokens", tokens, 256)

@@ -84,7 +84,7 @@ def test_paper_page(book_url, browser, screenshots):
 
 
 def test_results_page(book_url, browser, screenshots):
-    from kvlab import claims
+    from kvlab.experiments import claims
 
     h1 = _open(browser, f"{book_url}/results.html")
     visible_box(browser, h1)

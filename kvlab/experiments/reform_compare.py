@@ -83,9 +83,9 @@ class MethodResult:
 def task_score(text: str, task) -> float:
     """Score in [0, 1] of a generated ``text`` for ``task``: RepoEval's edit similarity (code: the first
     non-empty generated lines, as many as the reference has, against the reference), BABILong's rule (the
-    answer is the only place named: :func:`kvlab.reform.tasks.babilong_score`), the fraction of
+    answer is the only place named: :func:`kvlab.eval.tasks.babilong_score`), the fraction of
     ``info["answers"]`` found (RULER's ``string_match_all``), or :func:`_is_correct`."""
-    from kvlab.reform.tasks import babilong_score, edit_similarity, repo_prediction
+    from kvlab.eval.tasks import babilong_score, edit_similarity, repo_prediction
 
     if task.kind == "repo":
         return edit_similarity(repo_prediction(text, task.answer), task.answer)
@@ -431,7 +431,7 @@ def bm25_ids(tokenizer, context_ids: torch.Tensor, question: str, budget: int, *
 def run_method(method: str, model, tokenizer, task, *, budget: int, chunk_size: int, n_initial: int = 16,
                n_recent: int = 64, n_final: int = 64, heads: Any = None, early_exit_layer: int | None = None,
                max_new_tokens: int = 24, rag_layer: int | None = None, pool: int = 129) -> MethodResult:
-    """Answer one :class:`kvlab.reform.tasks.LongTask` with ``method`` at cache budget ``budget``."""
+    """Answer one :class:`kvlab.eval.tasks.LongTask` with ``method`` at cache budget ``budget``."""
     check_choice("method", method, METHODS)
     check_int("budget", budget, 1)
     check_int("chunk_size", chunk_size, 1)

@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from kvlab.eval.bench import SMOLLM2_SHAPE, random_smollm2
+from kvlab.experiments.bench.eval import SMOLLM2_SHAPE, random_smollm2
 
 __all__ = ["COMMANDS", "main"]
 
@@ -50,7 +50,7 @@ def _load(args):
 
 
 def _read_tasks(path):
-    from kvlab.reform.tasks import LongTask
+    from kvlab.eval.tasks import LongTask
 
     data = json.loads(gzip.open(path, "rt").read())
     out = {}
@@ -74,7 +74,7 @@ def _write(path, data) -> None:
 
 def run_tasks(args) -> int:
     from kvlab.models import load_tokenizer
-    from kvlab.reform.tasks import filler_text, kv_task, multihop_task
+    from kvlab.eval.tasks import filler_text, kv_task, multihop_task
 
     tok = load_tokenizer(args.model)
     data: dict[str, Any] = {
@@ -132,7 +132,7 @@ def _single_needle(tok, filler: str, n: int, samples: int) -> list:
     """Key-value retrieval with one pair (RULER's single needle), built from the carried filler: about ``n``
     tokens (WikiText sentences run about 27 SmolLM2 tokens), example ``i`` reading the filler from character
     ``50000 * i``."""
-    from kvlab.reform.tasks import kv_task
+    from kvlab.eval.tasks import kv_task
 
     return [kv_task(tok, None, n_filler=int(n / 27), text=filler[i * 50000:], seed=100 + i, n_pairs=1)
             for i in range(samples)]
@@ -140,7 +140,7 @@ def _single_needle(tok, filler: str, n: int, samples: int) -> list:
 
 def run_compare(args) -> int:
     from kvlab.reform.api import load_heads
-    from kvlab.reform.compare import METHODS, as_dicts, run_method, summarise
+    from kvlab.experiments.reform_compare import METHODS, as_dicts, run_method, summarise
 
     model, tok = _load(args)
     tasks = _read_tasks(args.tasks)
@@ -202,7 +202,7 @@ def _peak(model) -> float:
 @torch.no_grad()
 def _efficiency_one(method, model, tok, task, args, heads) -> dict[str, Any]:
     from kvlab.core import KVCache
-    from kvlab.reform import compare as C
+    from kvlab.experiments import reform_compare as C
     from kvlab.eval.retrieval import greedy_answer
     from kvlab.reform.api import reform_gather
 
@@ -259,7 +259,7 @@ def _efficiency_one(method, model, tok, task, args, heads) -> dict[str, Any]:
 
 def run_efficiency(args) -> int:
     from kvlab.reform.api import load_heads
-    from kvlab.reform.tasks import kv_task
+    from kvlab.eval.tasks import kv_task
 
     model, tok = _load(args)
     heads = load_heads(args.heads, model)

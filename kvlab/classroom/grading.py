@@ -176,7 +176,7 @@ def load_tests(autograder_zip: pathlib.Path) -> dict[str, dict]:
 # ------------------------------------------------------------------------------------------ the scan
 
 _BAD_MODULES = {"otter", "builtins", "__builtin__", "gc", "inspect", "ctypes", "importlib", "subprocess",
-                "signal", "atexit", "unittest", "doctest", "pytest", "kvlab.grading", "kvlab.lessons", "sys",
+                "signal", "atexit", "unittest", "doctest", "pytest", "kvlab.classroom.grading", "kvlab.classroom.lessons", "sys",
                 "threading", "multiprocessing", "_thread", "pickle", "dill", "marshal", "types", "os", "shutil",
                 "pathlib", "tempfile", "socket", "io"}
 _BAD_NAMES = {"__builtins__", "__import__", "exec", "eval", "compile", "globals", "setattr", "delattr",
@@ -1401,7 +1401,7 @@ def grade_submissions(solutions: pathlib.Path, autograder_zip: pathlib.Path, sub
         # the child skips the master's answer cells of q (the student's replace them) and runs the given ones
         (tmp / "job.json").write_text(json.dumps(job))
         env = dict(os.environ, TOKENIZERS_PARALLELISM="false", MPLBACKEND="Agg")
-        done = subprocess.run([sys.executable, "-c", "import sys; from kvlab.grading import _zygote; _zygote(sys.argv[1])",
+        done = subprocess.run([sys.executable, "-c", "import sys; from kvlab.classroom.grading import _zygote; _zygote(sys.argv[1])",
                                str(tmp / "job.json")], cwd=str(solutions.parent), env=env, stdin=subprocess.DEVNULL,
                               capture_output=True, text=True)
         zygote = tmp / "zygote.json"

@@ -1,5 +1,5 @@
 """The classroom: the assignments in ``lessons/`` are otter-grader master notebooks; this module makes the
-student versions and autograders with otter and grades a class with :mod:`kvlab.grading`::
+student versions and autograders with otter and grades a class with :mod:`kvlab.classroom.grading`::
 
     python -m kvlab lessons make [--out build/lessons] [--seed S] [LESSON ...]
         # `otter assign` per master: build/lessons/NN_name/student/NN_name.ipynb (the student version) and
@@ -16,7 +16,7 @@ Why otter-grader: `otter assign` turns one master notebook into the student vers
 public and hidden tests, in a format instructors know; no Docker, database or exchange directory is needed
 (nbgrader needs its course database and exchange). Grading does not use `otter run`, which runs the tests in the
 student's own kernel after the student's code (a cell that patches otter's doctest runner gets full marks):
-:mod:`kvlab.grading` rebuilds the master with only the student's answer cells swapped in and runs every question
+:mod:`kvlab.classroom.grading` rebuilds the master with only the student's answer cells swapped in and runs every question
 in its own forked process, tests taken from the autograder zip; see that module for what is protected.
 """
 
@@ -204,7 +204,7 @@ def written_questions(notebook: pathlib.Path) -> list[str]:
 def _written_answers(submission: pathlib.Path, questions: list[str]) -> list[dict]:
     """The student's text in the answer cells of the written questions (otter tags them ``otter_answer_cell``;
     in the master's solutions notebook the model answer follows the placeholder, tagged as a solution)."""
-    from kvlab.grading import read_submission
+    from kvlab.classroom.grading import read_submission
 
     try:
         cells = read_submission(submission).cells
@@ -255,7 +255,7 @@ def _feedback_text(result, lesson: str) -> str:
 def grade(assignment: Assignment | pathlib.Path, submissions: pathlib.Path, out: pathlib.Path,
           jobs: int = 1, timeout: float | None = None, seed: int | None = None):
     """Grade every ``*.ipynb`` (or ``grader.export()`` ``*.zip``) in ``submissions`` with
-    :func:`kvlab.grading.grade_submissions` (each question in a fresh process against the reference of the
+    :func:`kvlab.classroom.grading.grade_submissions` (each question in a fresh process against the reference of the
     others, the tests from the autograder zip, tampering put back and flagged) and write into ``out``:
 
     - ``final_grades.csv``: the format of ``otter grade`` (a ``points-per-question`` row, then one row per
@@ -270,7 +270,7 @@ def grade(assignment: Assignment | pathlib.Path, submissions: pathlib.Path, out:
     :func:`make` wrote for it."""
     import pandas as pd
 
-    from kvlab.grading import grade_submissions
+    from kvlab.classroom.grading import grade_submissions
 
     if not isinstance(assignment, Assignment):
         assignment = Assignment.at(pathlib.Path(assignment))

@@ -33,7 +33,7 @@ key-value retrieval (UUID pairs in WikiText, the asked pair beyond the cache win
 their article (single-document QA stand-in), scored by the teacher-forced answer NLL (a 135M model's exact
 answers are noise). A method that does not apply to a task gives the cell ``status = "n/a: why"``.
 
-Each cell is one :class:`kvlab.sweep.Task` (target :func:`run_cell`); its parameters hold the method, task,
+Each cell is one :class:`kvlab.experiments.sweep.Task` (target :func:`run_cell`); its parameters hold the method, task,
 budget, model id and checksum, seed and sizes, so a finished cell is skipped on a rerun and a changed model file
 or kvlab version runs again::
 
@@ -251,19 +251,19 @@ def _num_layers(model) -> int:
 
 def _passkey_task(tokenizer, length: int, depth: float, seed: int):
     from kvlab.datasets import passkey_prompt
-    from kvlab.reform.tasks import LongTask
+    from kvlab.eval.tasks import LongTask
 
     p = passkey_prompt(tokenizer, length, depth, seed=seed + length + int(depth * 1000))
     query, prefix = " What is the pass key?", " The pass key is"
     context = p.prompt[: -len(query + prefix)]
     if context + query + prefix != p.prompt:
-        raise RuntimeError("kvlab.datasets.passkey_prompt changed its layout; update kvlab.leaderboard")
+        raise RuntimeError("kvlab.datasets.passkey_prompt changed its layout; update kvlab.experiments.leaderboard")
     return LongTask("passkey", context, query, prefix, p.answer, [], {"answers": [p.info["passkey"]]})
 
 
 def _qa_tasks(tokenizer, n: int, tokens: int, seed: int):
-    from kvlab.dhsa.experiments import qa_items
-    from kvlab.reform.tasks import LongTask
+    from kvlab.eval.qa import qa_items
+    from kvlab.eval.tasks import LongTask
 
     out = []
     for item in qa_items(tokenizer, "single-doc", n, tokens, seed=seed):
@@ -274,7 +274,7 @@ def _qa_tasks(tokenizer, n: int, tokens: int, seed: int):
 
 
 def _long_tasks(task: str, tokenizer, lengths, depths, examples: int, tokens: int, seed: int):
-    from kvlab.reform.tasks import kv_task
+    from kvlab.eval.tasks import kv_task
 
     if task == "passkey":
         return [_passkey_task(tokenizer, n, d, seed) for n in lengths for d in depths]
@@ -435,7 +435,7 @@ def run_cell(method: str, task: str, level: int, kv_budget: int, flop_budget: fl
         return out
 
     # question tasks: every example a LongTask (context + query + answer prefix, reference answer)
-    from kvlab.reform.compare import run_method, task_score
+    from kvlab.experiments.reform_compare import run_method, task_score
 
     items = _long_tasks(task, tok, lengths, depths, examples, tokens, seed)
     acc, nlls, kv, fracs, answers = [], [], [], [], []
@@ -526,9 +526,9 @@ def sized_grid(grid: str | dict = "tiny", *, models=None, examples: int | None =
 
 
 def cell_tasks(grid: str | dict = "tiny", *, methods=METHODS, tasks=TASKS):
-    """The :class:`kvlab.sweep.Task` s of a grid (a name of :data:`GRIDS` or a dict like them); checks the
+    """The :class:`kvlab.experiments.sweep.Task` s of a grid (a name of :data:`GRIDS` or a dict like them); checks the
     budgets first."""
-    from kvlab.sweep import Task
+    from kvlab.experiments.sweep import Task
 
     spec = dict(GRIDS[grid]) if isinstance(grid, str) else dict(grid)
     check_budgets(spec["kv_budgets"], spec["flop_budgets"], spec["tokens"])
@@ -554,7 +554,7 @@ def cell_tasks(grid: str | dict = "tiny", *, methods=METHODS, tasks=TASKS):
                             name += "-no-kvpress"
                         cost = 10.0 * (len(spec["models"]) - rank) + (
                             0.2 if _applies(method, task) else 3.0 if method == "REFORM" else 1.0)
-                        out.append(Task(name, "kvlab.leaderboard:run_cell", params, cost=cost))
+                        out.append(Task(name, "kvlab.experiments.leaderboard:run_cell", params, cost=cost))
     return out
 
 
@@ -564,9 +564,9 @@ def _without_kvpress(params: dict) -> str:
 
 def collect(out, cells=None) -> list[dict]:
     """The rows of the tidy table from the cell records under ``out/cells``; with ``cells`` (the grid's
-    :class:`kvlab.sweep.Task` s) only theirs, made by this kvlab and these model files. A kvpress cell run where
+    :class:`kvlab.experiments.sweep.Task` s) only theirs, made by this kvlab and these model files. A kvpress cell run where
     kvpress imports (``.venv-peers``) replaces the same cell marked n/a where it does not."""
-    from kvlab.sweep import task_key
+    from kvlab.experiments.sweep import task_key
 
     paths = sorted(Path(out, "cells").glob("*.json"))
     if cells is not None:  # only this grid's cell files and their twins (NAME-no-kvpress, NAME-...); not others'
@@ -715,14 +715,14 @@ def run_leaderboard(grid: str | dict = "tiny", out=DEFAULT_OUT, *, workers: int 
     cells already finished (a sweep cut short). Returns ``(report, rows)``.
 
     ``gpu_workers`` (``"auto"``: ``workers_per_gpu`` per visible GPU) starts a local cluster of GPU workers, each
-    pinned to one GPU (:func:`kvlab.sweep.local_cluster`); then every cell runs on them and ``workers`` is not
+    pinned to one GPU (:func:`kvlab.experiments.sweep.local_cluster`); then every cell runs on them and ``workers`` is not
     used. ``device="gpu"`` sends the cells to the GPU workers of a ``scheduler``'s cluster (default: ``"gpu"``
     with local GPU workers, else ``"cpu"``). ``models`` runs a subset of the grid's models, ``examples`` sets the
     number of texts per length and depth of the question tasks (more work per cell, other cells' keys), ``seeds``
     the replicates (more cells: :func:`sized_grid`)."""
     import csv
 
-    from kvlab.sweep import SweepReport, run_sweep
+    from kvlab.experiments.sweep import SweepReport, run_sweep
 
     out = Path(out)
     spec = sized_grid(grid, models=models, examples=examples, seeds=seeds)
@@ -730,7 +730,7 @@ def run_leaderboard(grid: str | dict = "tiny", out=DEFAULT_OUT, *, workers: int 
     if device not in (None, "cpu", "gpu"):
         raise ValueError(f"device must be 'cpu', 'gpu' or None (gpu with local GPU workers), got {device!r}")
     if run and scheduler is None and gpu_workers:
-        from kvlab.sweep import gpu_worker_devices
+        from kvlab.experiments.sweep import gpu_worker_devices
 
         gpu_workers = len(gpu_worker_devices(gpu_workers, workers_per_gpu))  # "auto" on a CPU machine: 0
         if gpu_workers:
@@ -740,7 +740,7 @@ def run_leaderboard(grid: str | dict = "tiny", out=DEFAULT_OUT, *, workers: int 
         cell.device = device
     report = SweepReport()
     if run and importlib.util.find_spec("distributed") is None:  # .venv-peers: kvpress, no Dask
-        from kvlab.sweep import _call, _finished
+        from kvlab.experiments.sweep import _call, _finished
 
         for t in cells:
             if _finished(t, out / "cells"):
@@ -770,7 +770,7 @@ def run_leaderboard(grid: str | dict = "tiny", out=DEFAULT_OUT, *, workers: int 
         subset += (f" --models {','.join(models)}" if models else "") + (f" --examples {examples}" if examples else "")
         subset += f" --seeds {','.join(map(str, seeds))}" if seeds is not None else ""
         how = (f"`python -m kvlab leaderboard --grid {grid}{subset} --out {out}`" if isinstance(grid, str)
-               else f"`kvlab.leaderboard.run_leaderboard({grid!r})`")
+               else f"`kvlab.experiments.leaderboard.run_leaderboard({grid!r})`")
         (out / "leaderboard.md").write_text(f"Made by {how} (kvlab {__import__('kvlab').__version__}); cells in "
                                             f"`cells/`, every number in `leaderboard.csv`.\n\n{markdown(rows)}\n")
         import matplotlib.pyplot as plt
@@ -782,7 +782,7 @@ def run_leaderboard(grid: str | dict = "tiny", out=DEFAULT_OUT, *, workers: int 
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    from kvlab.sweep import _gpu_workers_arg
+    from kvlab.experiments.sweep import _gpu_workers_arg
 
     p = argparse.ArgumentParser(prog="python -m kvlab leaderboard", description=__doc__.split("\n\n")[0])
     p.add_argument("--grid", default="tiny", choices=sorted(GRIDS))

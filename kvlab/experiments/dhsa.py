@@ -6,7 +6,7 @@ Paper: DHSA (arXiv:2510.24606), Sec. 3 and App. C-D. What is here:
   DHSA patterns must use the causal query (``causal_query=True``), :func:`position_nll` for the leak);
 * needle-in-a-haystack under patterns (Fig. 2/6: :func:`needle_under_patterns`), and per example with raw
   answers and either protocol (:func:`needle_records`, written as ``*.examples.jsonl`` by
-  :func:`write_examples`; ``python -m kvlab.dhsa.experiments needle --help`` runs the grid);
+  :func:`write_examples`; ``python -m kvlab.experiments.dhsa needle --help`` runs the grid);
 * the LongBench stand-in of Table 1 (:func:`qa_items`, :func:`qa_under_patterns`): single-document QA
   from SQuAD (one Wikipedia article, the question's paragraph inside), multi-document QA from HotpotQA
   (its ten paragraphs, more from other questions to fill the length), few-shot QA (SQuAD passage / question
@@ -34,13 +34,14 @@ from dataclasses import dataclass
 import torch
 
 from kvlab.core import AttentionCall, AttentionPattern, attend, check_choice, check_int, use_pattern
+from kvlab.eval.qa import QA_TASKS, QAItem, qa_f1, qa_items
 
 __all__ = ["QKRecorder", "record_qk", "pattern_perplexity", "position_nll", "boundary_leak",
            "needle_under_patterns",
            "question_tail_tokens", "newline_ends", "needle_records",
            "boundary_records", "table2_rows", "table2_accuracy", "table2_markdown", "needle_methods", "records_grid", "needle_table", "write_examples",
            "read_examples", "main",
-           "QA_TASKS", "QAItem", "qa_items", "qa_f1", "qa_under_patterns",
+           "qa_under_patterns", "qa_records",
            "peak_bytes", "prefill_cost", "decode_cost", "random_model", "MODEL_SHAPES"]
 
 
@@ -69,7 +70,7 @@ def record_qk(model, ids: torch.Tensor, layers) -> QKRecorder:
 
 
 def _check_causal(name, pattern):
-    from .pattern import DHSAPattern
+    from kvlab.dhsa.pattern import DHSAPattern
 
     if isinstance(pattern, DHSAPattern) and pattern.budget is not None and pattern.chunking == "oracle":
         raise ValueError(
@@ -374,139 +375,8 @@ def read_examples(path) -> list[dict]:
 
 
 # ================================================================================================
-# Table 1 stand-in: single-doc (SQuAD), multi-doc (HotpotQA), few-shot (SQuAD demonstrations)
+# Table 1 stand-in: the QA items come from kvlab.eval.qa (shared with REFORM and the leaderboard)
 # ================================================================================================
-QA_TASKS = ("single-doc", "multi-doc", "few-shot")
-_QA_TAIL = "\n\nAnswer the question with a short phrase from the text.\nQuestion: {q}\nAnswer:"
-
-
-@dataclass
-class QAItem:
-    task: str
-    prompt: str
-    answers: list[str]
-    tokens: int  # prompt length in tokens
-
-
-def _ntok(tokenizer, text: str) -> int:
-    return len(tokenizer(text, add_special_tokens=False).input_ids)
-
-
-def _fill(tokenizer, parts: list[str], keep: int, room: int) -> list[str]:
-    """Drop parts (never ``keep``), farthest from it first, until the joined text fits ``room`` tokens."""
-    sizes = [_ntok(tokenizer, p) + 2 for p in parts]
-    lo, hi = keep, keep + 1
-    total = sizes[keep]
-    while True:  # grow a window around the kept part, alternating sides
-        grew = False
-        if hi < len(parts) and total + sizes[hi] <= room:
-            total += sizes[hi]
-            hi += 1
-            grew = True
-        if lo > 0 and total + sizes[lo - 1] <= room:
-            total += sizes[lo - 1]
-            lo -= 1
-            grew = True
-        if not grew:
-            return parts[lo:hi]
-
-
-def _answers(a) -> list[str]:
-    a = ast.literal_eval(a) if isinstance(a, str) and a.startswith("[") else a
-    return [x for x in ([a] if isinstance(a, str) else list(a)) if x]
-
-
-def qa_items(tokenizer, task: str, n: int, context_tokens: int, *, seed: int = 0) -> list[QAItem]:
-    """``n`` prompts of about ``context_tokens`` tokens (at most) for one task of :data:`QA_TASKS`.
-
-    * ``"single-doc"``: a SQuAD question; the document is its Wikipedia article's paragraphs in order,
-      a window around the question's paragraph (LongBench's NarrativeQA / Qasper stand-in);
-    * ``"multi-doc"``: a HotpotQA question (two supporting paragraphs among ten), more paragraphs of other
-      questions added as distractors when the ten are short, shuffled (HotpotQA / 2WikiMQA stand-in);
-    * ``"few-shot"``: SQuAD passage / question / answer demonstrations from other articles, then the question's
-      passage and question (LongBench's TriviaQA few-shot format).
-    """
-    from kvlab.datasets import load_records
-
-    check_choice("task", task, QA_TASKS)
-    check_int("n", n, 1)
-    check_int("context_tokens", context_tokens, 64)
-    rng = random.Random(seed)
-    items = []
-    if task == "multi-doc":
-        recs = load_records("hotpotqa")
-        picks = rng.sample(range(len(recs)), n)
-        for i in picks:
-            r = recs[i]
-            paras = [f"{t}: {''.join(sents)}" for t, sents in r["context"]]
-            gold = {t for t, _ in r["supporting_facts"]}
-            gold_paras = [p for (t, _), p in zip(r["context"], paras) if t in gold]
-            others = [p for (t, _), p in zip(r["context"], paras) if t not in gold]
-            while True:  # extra distractors from other questions until the length is reached
-                j = rng.randrange(len(recs))
-                others += [f"{t}: {''.join(s)}" for t, s in recs[j]["context"]]
-                if sum(_ntok(tokenizer, p) + 2 for p in gold_paras + others) > context_tokens:
-                    break
-            tail = _QA_TAIL.format(q=r["question"])
-            room = context_tokens - _ntok(tokenizer, tail) - 8
-            body = list(gold_paras)
-            used = sum(_ntok(tokenizer, p) + 2 for p in body)
-            for p in others:
-                c = _ntok(tokenizer, p) + 2
-                if used + c <= room:
-                    body.append(p)
-                    used += c
-            rng.shuffle(body)
-            prompt = "Passages:\n\n" + "\n\n".join(body) + tail
-            items.append(QAItem(task, prompt, _answers(r["answer"]), _ntok(tokenizer, prompt)))
-        return items
-    recs = [r for r in load_records("squad") if not r["is_impossible"] and _answers(r["answers"])]
-    picks = rng.sample(range(len(recs)), n)
-    for i in picks:
-        r = recs[i]
-        tail = _QA_TAIL.format(q=r["question"])
-        if task == "single-doc":
-            article = list(dict.fromkeys(x["context"] for x in recs if x["title"] == r["title"]))
-            room = context_tokens - _ntok(tokenizer, tail) - 8
-            body = _fill(tokenizer, article, article.index(r["context"]), room)
-            prompt = "Document:\n\n" + "\n\n".join(body) + tail
-        else:
-            query = f"Passage: {r['context']}\nQuestion: {r['question']}\nAnswer:"
-            room = context_tokens - _ntok(tokenizer, query) - 8
-            demos, used = [], 0
-            for j in rng.sample(range(len(recs)), len(recs)):
-                d = recs[j]
-                if d["title"] == r["title"]:
-                    continue
-                text = f"Passage: {d['context']}\nQuestion: {d['question']}\nAnswer: {_answers(d['answers'])[0]}"
-                c = _ntok(tokenizer, text) + 2
-                if used + c > room:
-                    break
-                demos.append(text)
-                used += c
-            prompt = "\n\n".join(demos + [query])
-        items.append(QAItem(task, prompt, _answers(r["answers"]), _ntok(tokenizer, prompt)))
-    return items
-
-
-def _normalise(text: str) -> list[str]:
-    text = re.sub(r"\b(a|an|the)\b", " ", re.sub(r"[^a-z0-9 ]", " ", text.lower()))
-    return text.split()
-
-
-def qa_f1(prediction: str, answers: list[str]) -> float:
-    """Token F1 of the prediction's first line against the best gold answer (SQuAD / LongBench QA metric)."""
-    pred = _normalise(prediction.strip().split("\n")[0])
-    best = 0.0
-    for a in answers:
-        gold = _normalise(a)
-        common = sum((Counter(pred) & Counter(gold)).values())
-        if common:
-            p, r = common / len(pred), common / len(gold)
-            best = max(best, 2 * p * r / (p + r))
-    return best
-
-
 @torch.no_grad()
 def qa_under_patterns(model, tokenizer, patterns: dict, layers, items: list[QAItem], *,
                       max_new_tokens: int = 16) -> dict[str, dict[str, dict[str, float]]]:
@@ -727,7 +597,7 @@ def needle_methods(budgets, *, predictor=None, chunk_size: int = 32, initial: in
     ``max_len = min(2 chunk_size, budget - initial)`` (a query keeps its own chunk). ``nms_window``: App. B's NMS distance (0: none); ``suffix`` is
     appended to the DHSA method names (an ablation's label, e.g. ``" nms64"``); ``newlines``: DHSA also cuts
     after every newline token (App. B)."""
-    from .pattern import DHSAPattern, authors_pattern, block_sparse_pattern
+    from kvlab.dhsa.pattern import DHSAPattern, authors_pattern, block_sparse_pattern
 
     out = {"dense": None} if "dense" in baselines else {}
     chunking = "predictor" if predictor is not None else "oracle"
@@ -774,7 +644,7 @@ def _table2(args, model, tok, pred, out_path) -> None:
 
     from kvlab import datasets
 
-    from .pattern import DHSAPattern, dhsa_layers
+    from kvlab.dhsa.pattern import DHSAPattern, dhsa_layers
 
     n = int(args.lengths.split(",")[0])
     prompt = datasets.niah_prompt(tok, datasets.load_text("paul-graham"), n, 0.5).prompt
@@ -841,7 +711,7 @@ def main(argv=None) -> int:
     from pathlib import Path
 
     ap = argparse.ArgumentParser(
-        prog="python -m kvlab.dhsa.experiments",
+        prog="python -m kvlab.experiments.dhsa",
         description="needle: the Fig. 2/6 needle grid with dense, block-sparse and DHSA under the text's protocol "
                     "(App. A: sparse question, sparse decode) and the authors' (dense question tail, dense decode, "
                     "shared boundaries); writes one record per (prompt, method) to OUT (*.examples.jsonl) as it goes. "
@@ -893,8 +763,8 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads)
     import kvlab
 
-    from .pattern import dhsa_layers
-    from .training import load_predictor, shipped_predictor
+    from kvlab.dhsa.pattern import dhsa_layers
+    from kvlab.dhsa.training import load_predictor, shipped_predictor
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     model, tok = kvlab.load_model(args.model, device=device, dtype=getattr(torch, args.dtype))

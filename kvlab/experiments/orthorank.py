@@ -23,14 +23,14 @@ Paper: OrthoRank (Shin, Oh and Oh, ICML 2025), Tables 1-4, Figs. 2-7. What is he
 Command line (each writes one JSON with its parameters; ``benchmarks/results/orthorank/README.md`` lists the
 commands behind the numbers quoted)::
 
-    python -m kvlab.orthorank.experiments zeroshot --questions 20 --layers notebook11.json --out t2.json
-    python -m kvlab.orthorank.experiments geometry --model qwen2.5-coder-0.5b --profile 4x128 --out q.json
-    python -m kvlab.orthorank.experiments model --model gemma3-270m --calib 2x128 --eval 4x128 --out g.json
-    python -m kvlab.orthorank.experiments table4 --calib 8x256 --eval 16x256 --layers notebook11.json --out t4.json
-    python -m kvlab.orthorank.experiments table1 --layers notebook11.json --doc-len 256 --table3 --out t1.json
-    python -m kvlab.orthorank.experiments alignment --model gemma3-270m --doc-len 256 --out a.json
-    python -m kvlab.orthorank.experiments fig4 --layers notebook11.json --doc-len 256 --out fig4.json
-    python -m kvlab.orthorank.experiments table4docs --layers notebook11.json --doc-len 256 --out t4.json
+    python -m kvlab.experiments.orthorank zeroshot --questions 20 --layers notebook11.json --out t2.json
+    python -m kvlab.experiments.orthorank geometry --model qwen2.5-coder-0.5b --profile 4x128 --out q.json
+    python -m kvlab.experiments.orthorank model --model gemma3-270m --calib 2x128 --eval 4x128 --out g.json
+    python -m kvlab.experiments.orthorank table4 --calib 8x256 --eval 16x256 --layers notebook11.json --out t4.json
+    python -m kvlab.experiments.orthorank table1 --layers notebook11.json --doc-len 256 --table3 --out t1.json
+    python -m kvlab.experiments.orthorank alignment --model gemma3-270m --doc-len 256 --out a.json
+    python -m kvlab.experiments.orthorank fig4 --layers notebook11.json --doc-len 256 --out fig4.json
+    python -m kvlab.experiments.orthorank table4docs --layers notebook11.json --doc-len 256 --out t4.json
 
 Windows start with a BOS token where the model's tokenizer adds one (Gemma3: its sink is the BOS token).
 """
@@ -564,7 +564,7 @@ def _windows(spec: str) -> tuple[int, int]:
 def main(argv: list[str] | None = None) -> int:
     import kvlab
 
-    ap = argparse.ArgumentParser(prog="python -m kvlab.orthorank.experiments", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m kvlab.experiments.orthorank", description=__doc__.split("\n\n")[0])
     ap.add_argument("what", choices=("zeroshot", "geometry", "model", "table4", "table1", "alignment", "fig4",
                                       "table4docs"))
     ap.add_argument("--profile", default="4x256", help="sequences for the sink geometry (Figs. 2-3), N x LEN")
@@ -600,7 +600,7 @@ def main(argv: list[str] | None = None) -> int:
                               bos=None)
     out: dict[str, Any] = {"model": args.model, "calib": args.calib, "calib_offset": args.calib_offset,
                            "eval": args.eval, "token_ratio": args.token_ratio,
-                           "command": "python -m kvlab.orthorank.experiments " + " ".join(sys.argv[1:] if argv is None
+                           "command": "python -m kvlab.experiments.orthorank " + " ".join(sys.argv[1:] if argv is None
                                                                                           else argv),
                            "device": str(next(model.parameters()).device), "torch_threads": torch.get_num_threads()}
     if args.what in ("alignment", "fig4", "table4docs"):

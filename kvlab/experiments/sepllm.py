@@ -20,8 +20,8 @@ answer-NLL proxy is what can order the methods here (the records keep r.KV besid
 
 Command line (each writes ``<name>.json`` and ``<name>.examples.jsonl`` under ``--out``)::
 
-    python -m kvlab.sepllm.experiments gsm8k --tables 9,16,17 --neighbors 256 --problems 1319 --out DIR
-    python -m kvlab.sepllm.experiments needle --lengths 1024,2048,3072,4096 --depths 16 --out DIR
+    python -m kvlab.experiments.sepllm gsm8k --tables 9,16,17 --neighbors 256 --problems 1319 --out DIR
+    python -m kvlab.experiments.sepllm needle --lengths 1024,2048,3072,4096 --depths 16 --out DIR
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ import torch
 
 from kvlab.core import check_int, kv_ratio
 from kvlab.eval.stats import paired_bootstrap, sign_test
-from kvlab.sepllm.gsm8k import matched_window, problem_ids
+from kvlab.experiments.sepllm_gsm8k import matched_window, problem_ids
 from kvlab.sepllm.pattern import FixLLMPattern, HeadwisePattern, SepLLMPattern, StreamingPattern
 from kvlab.sepllm.separators import SEPARATOR_SETS, separator_ids
 
@@ -249,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     import kvlab
     from kvlab.eval.gsm8k import load_gsm8k
 
-    ap = argparse.ArgumentParser(prog="python -m kvlab.sepllm.experiments", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m kvlab.experiments.sepllm", description=__doc__.split("\n\n")[0])
     ap.add_argument("what", choices=["gsm8k", "needle"])
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--tables", default="9,16,17", help="gsm8k: which of Tables 9, 16, 17 to run")
@@ -269,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(0)
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
     model, tokenizer = kvlab.load_model(args.model, device=device)
-    command = "python -m kvlab.sepllm.experiments " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "python -m kvlab.experiments.sepllm " + " ".join(argv if argv is not None else sys.argv[1:])
     base = {"model": args.model, "device": device, "command": command}
     if args.what == "gsm8k":
         problems, exemplars = load_gsm8k(None)

@@ -13,13 +13,13 @@ Subcommands (each writes ``<out>/dhsa_<what>.json`` and ``.md`` with the device 
   chunks and random chunk lengths in [16, 128] (what a predictor gives).
 * ``tune``     tile-size sweep of one Triton variant at one length (how the defaults were chosen).
 * ``prefill``  end to end (Tables 2-3): a Gemma3-270m-shaped and a Gemma3-1B-shaped model (random weights,
-  bf16; :func:`kvlab.dhsa.experiments.random_model`), one prefill of N tokens, dense attention (``--attn
+  bf16; :func:`kvlab.experiments.dhsa.random_model`), one prefill of N tokens, dense attention (``--attn
   eager,sdpa``: both columns) vs DHSA (Triton on CUDA, fixed chunks, global layers), latency and peak memory.
 * ``decode``   Fig. 7-10: latency and memory per generated token after an N-token prompt, dense vs
   StreamingLLM / H2O (``--cache`` entries per layer) vs DHSA (full cache, ``--budget-keys`` keys read per token).
 
 ``prefill`` and ``decode`` also run on a CPU (``--shapes tiny`` for a smoke test; the timing is then wall
-clock and the memory from ``torch.profiler``: :func:`kvlab.dhsa.experiments.prefill_cost`).
+clock and the memory from ``torch.profiler``: :func:`kvlab.experiments.dhsa.prefill_cost`).
 
 Timing: CUDA events around each call after a warm-up call, median of repeats sized to a time budget
 (:mod:`kvlab.kernels.benchmarking`). Example (H100/H200)::
@@ -66,7 +66,7 @@ def spaced_boundaries(n: int, mean: int = 64, gap: int = 8, cap: int = 128, seed
     ``cap``. A stand-in for predicted chunks at full length (the predictor has random weights there too)."""
     import torch
 
-    from .reference import split_long_chunks
+    from kvlab.dhsa.reference import split_long_chunks
 
     g = torch.Generator().manual_seed(seed)
     lens = (gap + torch.empty(2 * n // mean + 8).exponential_(1.0 / (mean - gap), generator=g)).round().long()
@@ -77,7 +77,7 @@ def spaced_boundaries(n: int, mean: int = 64, gap: int = 8, cap: int = 128, seed
 
 
 def _chunkings(n, device, names=("fixed64", "random16-128")):
-    from .reference import fixed_boundaries
+    from kvlab.dhsa.reference import fixed_boundaries
 
     all_ = {"fixed64": lambda: fixed_boundaries(n, 64, device=device),
             "fixed128": lambda: fixed_boundaries(n, 128, device=device),
@@ -96,8 +96,8 @@ def _chunking_ms(k, time_budget):
     ``torch.compile`` fast path and the comparison with one layer's SDPA."""
     import torch
 
-    from .api import predict_boundaries
-    from .boundary_predictor import BoundaryPredictor, key_features
+    from kvlab.dhsa.api import predict_boundaries
+    from kvlab.dhsa.boundary_predictor import BoundaryPredictor, key_features
 
     pred = BoundaryPredictor(key_features(k[:, :, :8]).shape[-1]).to(k.device, k.dtype).eval()  # bf16, eager
     with torch.no_grad():
@@ -111,7 +111,7 @@ _OPTIONS = {"lazy": {"LAZY": True}, "gather": {"RUNS": 0}, "tma": {"RUNS": 2}}
 def _variant_tables(plan, spec: str, *, dtype, head_dim: int, group: int):
     """Launch tables of a variant spec: a kernel variant with ``+option`` switches on its default config
     (``packed+lazy``: lazy rescaling, ``packed+gather``: gathered key loads, ``packed+tma``: TMA copies)."""
-    from .triton import VARIANTS, default_config, launch_tables
+    from kvlab.dhsa.triton import VARIANTS, default_config, launch_tables
 
     base, *opts = spec.split("+")
     if base not in VARIANTS or any(o not in _OPTIONS for o in opts):
@@ -131,7 +131,7 @@ def _diagnose(q, k, v, plan, tables, budget, time_budget) -> dict:
     cache: arithmetic + issue alone)."""
     import torch
 
-    from .triton import LaunchTables, dhsa_attention_triton
+    from kvlab.dhsa.triton import LaunchTables, dhsa_attention_triton
 
     out = {}
     loads = tables._replace(launches=tuple((t, dict(c, LOADS_ONLY=True)) for t, c in tables.launches))
@@ -149,9 +149,9 @@ def run_ops(args) -> dict:
     torch = require_cuda()
     import torch.nn.functional as F
 
-    from .flex import _touched_blocks, dhsa_attention_flex, dhsa_block_mask
-    from .reference import chunk_plan
-    from .triton import dhsa_attention_triton, kv_bytes, launch_tables, mma_rows
+    from kvlab.dhsa.flex import _touched_blocks, dhsa_attention_flex, dhsa_block_mask
+    from kvlab.dhsa.reference import chunk_plan
+    from kvlab.dhsa.triton import dhsa_attention_triton, kv_bytes, launch_tables, mma_rows
 
     allow_many_compiles()
     h, hk, d, budget, init = args.heads, args.kv_heads, args.dim, args.budget_keys, args.initial
@@ -245,8 +245,8 @@ def run_prefill(args) -> dict:
     """Tables 2-3: one prefill of N tokens per shape, dense (eager / SDPA) vs DHSA in the global layers."""
     import torch
 
-    from .experiments import prefill_cost, random_model
-    from .pattern import DHSAPattern, dhsa_layers
+    from kvlab.experiments.dhsa import prefill_cost, random_model
+    from kvlab.dhsa.pattern import DHSAPattern, dhsa_layers
 
     rows = []
     dev = _device()
@@ -280,9 +280,9 @@ def run_decode(args) -> dict:
 
     from kvlab.baselines import H2O, Full, StreamingLLM
 
-    from .experiments import decode_cost, random_model
-    from .pattern import DHSAPattern, dhsa_layers
-    from .policy import DHSADecode
+    from kvlab.experiments.dhsa import decode_cost, random_model
+    from kvlab.dhsa.pattern import DHSAPattern, dhsa_layers
+    from kvlab.dhsa.policy import DHSADecode
 
     rows = []
     dev = _device()
@@ -318,7 +318,7 @@ def run_decode(args) -> dict:
 
 def _tune_one(row, plan, variant, cfg, q, k, v, bd, budget, ref):
     """Time one config into ``row`` (``ms``, ``max_diff`` against the reference kernel), or its error."""
-    from .triton import dhsa_attention_triton, launch_tables
+    from kvlab.dhsa.triton import dhsa_attention_triton, launch_tables
 
     try:
         tables = launch_tables(plan, variant, cfg)
@@ -337,8 +337,8 @@ def run_tune(args) -> dict:
     was chosen)."""
     torch = require_cuda()
 
-    from .reference import chunk_plan
-    from .triton import dhsa_attention_triton
+    from kvlab.dhsa.reference import chunk_plan
+    from kvlab.dhsa.triton import dhsa_attention_triton
 
     h, hk, d, budget, n = args.heads, args.kv_heads, args.dim, args.budget_keys, args.seq
     q, k, v = random_qkv(n, h, hk, d)

@@ -138,7 +138,7 @@ def kv_task(tokenizer, n_tokens: int | None, *, n_pairs: int | None = None, seed
     query = f"\n\nWhat is the value corresponding to the id {key}?"
     prefix = f" The value corresponding to the id {key} is"
     if context + query + prefix != p.prompt:
-        raise RuntimeError("kvlab.datasets.kv_retrieval_prompt changed its layout; update kvlab.reform.tasks.kv_task")
+        raise RuntimeError("kvlab.datasets.kv_retrieval_prompt changed its layout; update kvlab.eval.tasks.kv_task")
     line = f"The value corresponding to the id {key} is {value}."
     at = context.index(line)
     return LongTask("kv", context, query, prefix, p.answer, [(at, at + len(line))],

@@ -1,14 +1,14 @@
-"""``python -m kvlab bench METHOD WHAT [options]``: each method's GPU benchmarks live with the method.
+"""``python -m kvlab bench METHOD WHAT [options]``: each method's GPU benchmarks, one module per method here.
 
-``METHOD`` is a folder of kvlab with a ``bench.py`` (``sepllm``, ``kernels``, ``dhsa``, ...); its ``main(argv)``
-takes ``WHAT`` and the options (``python -m kvlab bench METHOD --help``). The names of the first release
+``METHOD`` is a module of this package (``sepllm``, ``kernels``, ``dhsa``, ...); its ``main(argv)`` takes ``WHAT``
+and the options (``python -m kvlab bench METHOD --help``). The names of the first release
 (``bench ops|prefill|train|tune|decode``) still work and say where they moved.
 """
 from __future__ import annotations
 
 import importlib
+import pkgutil
 import sys
-from pathlib import Path
 
 __all__ = ["main", "methods"]
 
@@ -16,13 +16,8 @@ _MOVED = {"ops": "sepllm", "prefill": "sepllm", "train": "sepllm", "tune": "sepl
 
 
 def methods() -> list[str]:
-    """The kvlab folders that have benchmarks."""
-    import kvlab
-
-    found = []
-    for path in kvlab.__path__:
-        found += [p.parent.name for p in Path(path).glob("*/bench.py")]
-    return sorted(set(found))
+    """The methods that have benchmarks (the modules of this package)."""
+    return sorted(m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_"))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     if method not in known:
         print(f"kvlab bench: unknown method {method!r}; choose one of {', '.join(known)}", file=sys.stderr)
         return 2
-    module = importlib.import_module(f"kvlab.{method}.bench")
+    module = importlib.import_module(f"{__name__}.{method}")
     return module.main(rest) or 0
 
 

@@ -17,8 +17,8 @@ What this module adds to :mod:`kvlab.eval.gsm8k` (the prompt, the answer-NLL pro
 
 Command line::
 
-    python -m kvlab.sepllm.gsm8k --neighbors 128 --min-tokens 192 --problems 40 --out DIR
-    python -m kvlab.sepllm.gsm8k --neighbors 128 --min-tokens 192 --problems 300 --generate 100 --out DIR
+    python -m kvlab.experiments.sepllm_gsm8k --neighbors 128 --min-tokens 192 --problems 40 --out DIR
+    python -m kvlab.experiments.sepllm_gsm8k --neighbors 128 --min-tokens 192 --problems 300 --generate 100 --out DIR
 """
 
 from __future__ import annotations
@@ -177,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     import kvlab
     from kvlab.sepllm.separators import separator_ids
 
-    ap = argparse.ArgumentParser(prog="python -m kvlab.sepllm.gsm8k", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m kvlab.experiments.sepllm_gsm8k", description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--init", type=int, default=3, help="initial tokens a (Table 1: 3)")
     ap.add_argument("--neighbors", type=int, default=256, help="SepLLM's window n (Table 1: 256)")
@@ -210,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
         fh.writelines(json.dumps(r) + "\n" for r in result.pop("examples"))
     result.update(model=args.model, device=device, init=args.init, neighbors=args.neighbors, min_tokens=min_tokens,
                   problems=len(selected), generate=args.generate, max_new_tokens=args.max_new_tokens,
-                  command="python -m kvlab.sepllm.gsm8k " + " ".join(argv if argv is not None else sys.argv[1:]),
+                  command="python -m kvlab.experiments.sepllm_gsm8k " + " ".join(argv if argv is not None else sys.argv[1:]),
                   seconds=time.perf_counter() - started)
     with open(stem + ".json", "w") as fh:
         json.dump(result, fh, indent=1)

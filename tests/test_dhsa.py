@@ -456,14 +456,14 @@ def test_eq4_has_length_free_null_scores():
 
 # ------------------------------------------------------------------------------ flex tiles, bench helpers
 def test_flex_touched_tiles_cover_the_mask():
-    from kvlab.dhsa.flex import _touched_blocks
+    from kvlab.dhsa.flex import touched_blocks
 
     q, k, _ = _qkv(2, 2, 1, 70, 16, torch.float32)
     bds = [torch.tensor([0, 5, 9, 20, 22, 30, 50, 70]), R.fixed_boundaries(70, 7)]
     for share in (False, True):
         plan = R.chunk_plan(q, k, bds, 24, initial=3, share_heads=share)
         m = R.dhsa_mask(q, k, bds, 24, initial=3, share_heads=share)
-        tiles = _touched_blocks(plan, 16)
+        tiles = touched_blocks(plan, 16)
         nb = tiles.shape[-1]
         pad = nb * 16 - 70
         need = F.pad(m, (0, pad, 0, pad)).view(2, m.shape[1], nb, 16, nb, 16).any(5).any(3)

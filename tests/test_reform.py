@@ -54,9 +54,9 @@ def test_unbounded_budget_equals_one_full_forward(tiny_model, exit_layer):
         full = tiny_model(ids, output_hidden_states=True).hidden_states
     chunked = torch.cat(trace.hidden, dim=1)
     if exit_layer == len(full) - 1:  # transformers hands out the last layer's states after the final norm
-        chunked = R._decoder(tiny_model).norm(chunked)
+        chunked = R.decoder_of(tiny_model).norm(chunked)
     torch.testing.assert_close(chunked, full[exit_layer], atol=2e-5, rtol=1e-4)
-    layers = R._decoder(tiny_model).layers
+    layers = R.decoder_of(tiny_model).layers
     cols = []
     for h in sorted(set(heads)):
         normed = layers[h.layer].input_layernorm(full[h.layer])
@@ -67,7 +67,7 @@ def test_unbounded_budget_equals_one_full_forward(tiny_model, exit_layer):
 
 def test_layers_above_the_exit_never_run_and_hold_no_cache(tiny_llama):
     calls = []
-    layers = R._decoder(tiny_llama).layers
+    layers = R.decoder_of(tiny_llama).layers
     hooks = [layers[i].register_forward_pre_hook(lambda m, a, i=i: calls.append(i)) for i in range(4)]
     try:
         trace = R.reform(tiny_llama, _ids(60), _ids(6, 2), heads=[Head("v", 1, 0)], chunk_size=16, budget=20,
@@ -87,7 +87,7 @@ def test_layers_above_the_exit_never_run_and_hold_no_cache(tiny_llama):
 def test_positions_are_consecutive_after_eviction(tiny_model):
     """After each compression entry j of every layer is the key of token origin[j] rotated at position j."""
     model = tiny_model
-    layers = R._decoder(model).layers
+    layers = R.decoder_of(model).layers
     cache, rec = R.CompressedCache(len(layers)), R.StateRecorder()
     ids = _ids(70, 3)
     for start, end in R.chunk_spans(70, 16):
@@ -103,7 +103,7 @@ def test_positions_are_consecutive_after_eviction(tiny_model):
             if hasattr(layer.self_attn, "k_norm"):
                 k = layer.self_attn.k_norm(k)
             pos = torch.arange(origin.numel())[None]
-            cos, sin = R._rope(model, l, k, pos)
+            cos, sin = R.rope_at(model, l, k, pos)
             expected = k * cos[:, None] + R._rotate_half(k) * sin[:, None]
             torch.testing.assert_close(cache.keys[l], expected.detach(), atol=1e-5, rtol=1e-4)
 
@@ -394,9 +394,9 @@ def test_triton_compress_matches_the_fp64_reference(tiny_model, dtype):
     from kvlab.reform.triton import compress_kv_triton
 
     n, keep = 45, torch.tensor([0, 1, 5, 6, 17, 30, 31, 40, 41, 42, 43, 44])
-    layers = len(R._decoder(tiny_model).layers)
+    layers = len(R.decoder_of(tiny_model).layers)
     g = torch.Generator().manual_seed(3)
-    dim = R._decoder(tiny_model).layers[0].self_attn.head_dim
+    dim = R.decoder_of(tiny_model).layers[0].self_attn.head_dim
     keys = [torch.randn(1, 2, n, dim, generator=g) for _ in range(layers)]
     values = [torch.randn(1, 2, n, dim, generator=g) for _ in range(layers)]
 

@@ -78,16 +78,16 @@ def test_kv_cache_made_for_more_layers_is_refused():
 
 
 def test_sweep_array_results_are_stored_as_lists_and_other_objects_refused(tmp_path):
-    from kvlab.experiments.sweep import Task, _call, _finished
+    from kvlab.experiments.sweep import Task, call_task, task_finished
 
     arrays = Task("arange", "numpy:arange", {"stop": 2000})
-    _call(arrays, str(tmp_path), [])
+    call_task(arrays, str(tmp_path), [])
     stored = json.loads((tmp_path / "arange.json").read_text())["result"]
     assert stored == list(range(2000))
     objects = Task("object", "builtins:object", {})
     with pytest.raises(TypeError, match="JSON cannot hold"):
-        _call(objects, str(tmp_path), [])
-    assert not (tmp_path / "object.json").exists() and not _finished(objects, tmp_path)
+        call_task(objects, str(tmp_path), [])
+    assert not (tmp_path / "object.json").exists() and not task_finished(objects, tmp_path)
 
 
 @pytest.mark.parametrize("value", ["../../x", "/tmp/kvlab-sweep-x", "a/b", ".hidden", ".."])

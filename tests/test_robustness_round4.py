@@ -49,7 +49,7 @@ def test_static_triton_opt_in_configs_ignore_dead_slots(device, config):
 # -- the static decode engine: token ids
 
 
-def _decoder(batch=2):
+def decoder_of(batch=2):
     from conftest import _tiny
 
     from kvlab.eval import FastDecoder
@@ -60,7 +60,7 @@ def _decoder(batch=2):
 
 def test_fast_decoder_step_refuses_float_token_ids():
     """A float id was truncated (7.9 ran as 7); now it is refused before it reaches the embedding."""
-    decoder = _decoder()
+    decoder = decoder_of()
     with pytest.raises(ValueError, match=r"ids must be integer token ids, got dtype torch.float32.*\.long\(\)"):
         decoder.step(torch.tensor([[7.9], [3.0]]))
 
@@ -68,7 +68,7 @@ def test_fast_decoder_step_refuses_float_token_ids():
 @pytest.mark.parametrize("bad", [96, -1], ids=["vocab", "negative"])
 def test_fast_decoder_step_names_an_id_out_of_the_vocabulary(bad):
     """An id >= vocab or < 0 was an IndexError deep in the embedding."""
-    decoder = _decoder()
+    decoder = decoder_of()
     with pytest.raises(ValueError, match=rf"ids must lie in \[0, 96\) \(the model's vocabulary\), got {bad}"):
         decoder.step(torch.tensor([[bad], [3]]))
 

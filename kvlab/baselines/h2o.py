@@ -33,6 +33,11 @@ class H2O(Policy):
     needs_scores = True
     static_reason = "it ranks entries by attention scores, which the static engine does not record"
 
+    @classmethod
+    def for_budget(cls, cache: int, *, tokenizer=None) -> "H2O":
+        """``H2O(cache)``: the method splits its own budget (see the class docstring)."""
+        return cls(cache)
+
     def __init__(self, budget: int, recent: int | None = None, *, positions: str = "cache"):
         super().__init__(positions)
         self._budget = check_int("budget", budget, 1)

@@ -55,6 +55,11 @@ class StreamingLLM(Policy):
                                  f"({cache_size}); lower one of them or raise cache_size")
         self.window = check_int("window", window, 1)
 
+    @classmethod
+    def for_budget(cls, cache: int, *, tokenizer=None) -> "StreamingLLM":
+        """4 attention sinks (the paper's choice) and a window of ``cache - 4``."""
+        return cls(sink=4, cache_size=cache)
+
     static_reason = None
 
     @property

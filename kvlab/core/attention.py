@@ -175,50 +175,75 @@ def _kvlab_attention(module, query, key, value, attention_mask, dropout=0.0, sca
     state: ModelState | None = getattr(module, "_kvlab_state", None)
     layer = module.layer_idx
     step = state.step if state is not None else None
-    pattern = state.patterns.get(layer) if state is not None else None
-    capture = state is not None and state.capture is not None
     cache = step.cache if step is not None else None
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     if isinstance(cache, StaticKVCache):  # the fast decode engine (kvlab.eval.fast): the cache attends itself
-        scaling = scaling if scaling is not None else query.shape[-1] ** -0.5
-        return cache.attend(query, key, value, layer, scaling).transpose(1, 2).contiguous(), None
-    if state is None or step is None or (cache is None and pattern is None and not capture):
-        if state is None:
-            from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
-            base = ALL_ATTENTION_FUNCTIONS["sdpa"]
-        else:
-            base = _base_function(state, module)
+        return cache.attend(query, key, value, layer, scale).transpose(1, 2).contiguous(), None
+    pattern = state.patterns.get(layer) if state is not None else None
+    if not _kvlab_takes_over(state, step, cache, pattern):
+        base = _plain_function(state, module)
         return base(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                     sliding_window=sliding_window, softcap=softcap, **kwargs)
+    _check_supported(module, dropout, softcap)
+    q_pos, k_pos, q_ids, k_ids = _positions_and_ids(step, cache, layer, query)
+    if pattern is not None:
+        call = AttentionCall(layer, state.num_layers, q_pos, k_pos, q_ids, k_ids, scale, sliding_window,
+                             query.shape[1] // key.shape[1], fresh=step.fresh)
+        out = pattern(query, key, value, call)
+    else:
+        out = _attend_and_observe(state, cache, layer, query, key, value, q_pos, k_pos, scale, sliding_window)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _kvlab_takes_over(state, step, cache, pattern) -> bool:
+    """Does kvlab compute this layer's attention (a cache, a pattern or a capture in force)?"""
+    if state is None or step is None:
+        return False
+    return cache is not None or pattern is not None or state.capture is not None
+
+
+def _check_supported(module, dropout, softcap) -> None:
     if softcap is not None:
         raise NotImplementedError("kvlab's attention does not implement logit soft-capping (Gemma2)")
     if dropout and module.training:
         raise NotImplementedError("kvlab's attention does not implement attention dropout; set it to 0")
-    scaling = scaling if scaling is not None else query.shape[-1] ** -0.5
+
+
+def _attend_and_observe(state, cache, layer, query, key, value, q_pos, k_pos, scale, sliding_window):
+    """Causal attention over the held keys; the probabilities go to a policy that scores entries (H2O, TOVA)
+    and to :func:`capture_attention`."""
+    capture = state.capture is not None
+    scores_wanted = cache is not None and cache.policy.needs_scores
+    q_len = query.shape[2]
+    mask = None if (q_len == 1 and sliding_window is None) else causal_mask(q_pos, k_pos, sliding_window)
+    out, probs = attend(query, key, value, mask, scale, want_probs=capture or scores_wanted)
+    if probs is not None and scores_wanted:
+        cache.layers[layer].observe(probs)
+    if capture and probs is not None and layer in state.capture:
+        state.capture[layer] = probs.detach().cpu()
+    return out
+
+
+def _plain_function(state: ModelState | None, module):
+    """The attention function of a pass kvlab leaves alone (no cache, pattern or capture)."""
+    if state is None:
+        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+        return ALL_ATTENTION_FUNCTIONS["sdpa"]
+    return _base_function(state, module)
+
+
+def _positions_and_ids(step, cache, layer: int, query: torch.Tensor):
+    """Query and key positions and token ids of this pass: from the cache's held entries, or from the step."""
     q_len = query.shape[2]
     if cache is not None:
         held = cache.layers[layer]
         k_pos, k_ids = held.positions, held.token_ids
-        q_pos, q_ids = k_pos[:, -q_len:], k_ids[:, -q_len:]
-    else:
-        q_pos = step.position_ids.to(query.device)
-        k_pos = q_pos
-        ids = step.input_ids
-        q_ids = k_ids = ids if ids is not None else torch.full_like(q_pos, -1)
-    if pattern is not None:
-        call = AttentionCall(layer, state.num_layers, q_pos, k_pos, q_ids, k_ids, scaling, sliding_window,
-                             query.shape[1] // key.shape[1], fresh=step.fresh)
-        out = pattern(query, key, value, call)
-        probs = None
-    else:
-        want = capture or (cache is not None and cache.policy.needs_scores)
-        mask = None if (q_len == 1 and sliding_window is None) else causal_mask(q_pos, k_pos, sliding_window)
-        out, probs = attend(query, key, value, mask, scaling, want_probs=want)
-        if probs is not None and cache is not None and cache.policy.needs_scores:
-            cache.layers[layer].observe(probs)
-    if capture and probs is not None and layer in state.capture:
-        state.capture[layer] = probs.detach().cpu()
-    return out.transpose(1, 2).contiguous(), None
+        return k_pos[:, -q_len:], k_pos, k_ids[:, -q_len:], k_ids
+    q_pos = step.position_ids.to(query.device)
+    ids = step.input_ids
+    q_ids = ids if ids is not None else torch.full_like(q_pos, -1)
+    return q_pos, q_pos, q_ids, q_ids
 
 
 # ---------------------------------------------------------------------------------------------------

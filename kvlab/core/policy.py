@@ -34,6 +34,13 @@ class Policy:
 
     needs_scores: bool = False
     batch_rows: str = "equal"
+
+    @classmethod
+    def for_budget(cls, cache: int, *, tokenizer=None) -> "Policy":
+        """The policy holding at most ``cache`` entries per layer, split into its parts by the method's own rule
+        (each method defines it; harnesses call only this). ``tokenizer``: for methods that read token ids
+        (SepLLM's separators); the others ignore it."""
+        raise TypeError(f"{cls.__name__} has no budget rule (it is not a cache-budget method)")
     #: Why the policy has no :meth:`static_keep` rule (the fast decode engine then falls back to the
     #: hooks engine and says so); None once a subclass implements it.
     static_reason: str | None = "it has no static keep rule (Policy.static_keep) yet"

@@ -506,6 +506,28 @@ def nms_status(scores: torch.Tensor, live: torch.Tensor, sure: torch.Tensor, nms
             return kept, bool(cap is not None and flags[1])
 
 
+def _check_nms_args(scores: torch.Tensor, max_chunks, nms_window, max_len) -> None:
+    if scores.dim() != 2:
+        raise ValueError(f"scores must be (batch, n), got {tuple(scores.shape)}")
+    if isinstance(max_chunks, bool) or not isinstance(max_chunks, int) or max_chunks < 1:
+        raise ValueError(f"max_chunks must be an int >= 1, got {max_chunks!r}")
+    if isinstance(nms_window, bool) or not isinstance(nms_window, int) or nms_window < 0:
+        raise ValueError(f"nms_window must be an int >= 0, got {nms_window!r}")
+    if max_len is not None and (isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 1):
+        raise ValueError(f"max_len must be None or an int >= 1 (longest chunk in tokens), got {max_len!r}")
+
+
+def _keep_best_ranked(kept: torch.Tensor, sc: torch.Tensor, firsts: torch.Tensor, cap: int) -> torch.Tensor:
+    """Rows with more than ``cap`` kept positions keep the best-ranked ``cap`` (a prefix of greedy's order)."""
+    capped = torch.zeros_like(kept)
+    for b in range(kept.shape[0]):
+        t = kept[b].nonzero().squeeze(1)  # increasing positions, at most n / (nms_window + 1) of them
+        if t.numel() > cap:
+            t = t[torch.sort(_rank_keys(sc[b, t], firsts[b, t], t)).indices[:cap]]
+        capped[b, t] = True
+    return capped
+
+
 def nms_boundaries_fast(scores: torch.Tensor, *, max_chunks: int, threshold: float | None, nms_window: int = 8,
                         valid: torch.Tensor | None = None, sure: torch.Tensor | None = None,
                         max_len: int | None = None) -> list[torch.Tensor]:
@@ -515,14 +537,7 @@ def nms_boundaries_fast(scores: torch.Tensor, *, max_chunks: int, threshold: flo
     ``scores``: ``(batch, n)``, float32 or float64 (other float dtypes are promoted to float32); NaN is never
     a candidate (the reference's order of NaN scores is unspecified).
     """
-    if scores.dim() != 2:
-        raise ValueError(f"scores must be (batch, n), got {tuple(scores.shape)}")
-    if isinstance(max_chunks, bool) or not isinstance(max_chunks, int) or max_chunks < 1:
-        raise ValueError(f"max_chunks must be an int >= 1, got {max_chunks!r}")
-    if isinstance(nms_window, bool) or not isinstance(nms_window, int) or nms_window < 0:
-        raise ValueError(f"nms_window must be an int >= 0, got {nms_window!r}")
-    if max_len is not None and (isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 1):
-        raise ValueError(f"max_len must be None or an int >= 1 (longest chunk in tokens), got {max_len!r}")
+    _check_nms_args(scores, max_chunks, nms_window, max_len)
     bsz, n = scores.shape
     dev = scores.device
     sc = scores.detach()
@@ -537,14 +552,8 @@ def nms_boundaries_fast(scores: torch.Tensor, *, max_chunks: int, threshold: flo
     live = cand | firsts
     cap = max_chunks - 1
     kept, over = nms_status(sc, live, firsts, nms_window, cap=cap)
-    if over:  # keep the best-ranked `cap` (a prefix of greedy's order): sort the few kept positions of a row
-        capped = torch.zeros_like(kept)
-        for b in range(bsz):
-            t = kept[b].nonzero().squeeze(1)  # increasing positions, at most n / (nms_window + 1) of them
-            if t.numel() > cap:
-                t = t[torch.sort(_rank_keys(sc[b, t], firsts[b, t], t)).indices[:cap]]
-            capped[b, t] = True
-        kept = capped
+    if over:
+        kept = _keep_best_ranked(kept, sc, firsts, cap)
     # offsets e in [0, n]: 0, n, every kept t + 1, and the cuts of chunks longer than max_len (one kernel)
     ends = torch.empty(bsz, n + 1, dtype=torch.int8, device=dev)
     kept8 = kept.to(torch.int8).contiguous()

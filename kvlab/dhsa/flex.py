@@ -69,7 +69,7 @@ def _tables(plan: ChunkPlan):
     return cid, start, cand_start, first
 
 
-def _touched_blocks(plan: ChunkPlan, block: int):
+def touched_blocks(plan: ChunkPlan, block: int):
     """``(B, Hs, nq, nk)`` bool: query tile ``qb`` keeps at least one key of key tile ``kb``."""
     n, initial = plan.n, plan.initial
     bsz = len(plan.starts)
@@ -122,7 +122,7 @@ def dhsa_block_mask(plan: ChunkPlan, block_size: int = 128):
         listed = (kc < c) & (kv_idx >= initial) & (slot < room)
         return forced | listed
 
-    touched = _touched_blocks(plan, block_size)
+    touched = touched_blocks(plan, block_size)
     num = touched.sum(-1).to(torch.int32)
     idx = torch.argsort(touched.to(torch.int8), dim=-1, descending=True, stable=True).to(torch.int32)
     return BlockMask.from_kv_blocks(num, idx, BLOCK_SIZE=block_size, mask_mod=mask_mod, seq_lengths=(plan.n, plan.n))

@@ -205,7 +205,7 @@ def retrieval_check(model, tokenizer, budget: int, *, lengths=(1024,), depths=(0
     word recall (as :func:`kvlab.eval.needle_in_haystack`). Methods: kvlab's baselines, their kvpress
     twins, and kvpress presses kvlab does not define."""
     from kvlab import datasets
-    from kvlab.eval.retrieval import _needle_score
+    from kvlab.eval.retrieval import needle_score
 
     device = next(model.parameters()).device
     haystack = datasets.load_text("paul-graham")
@@ -224,7 +224,7 @@ def retrieval_check(model, tokenizer, budget: int, *, lengths=(1024,), depths=(0
                 else:
                     cache, _ = press_prefill(model, ids, make_press(name, ids.shape[1], budget, sink=sink))
                 said = tokenizer.decode(answer_from_cache(model, cache, q_ids, 24, start=ids.shape[1]))
-                scores[(name, source)].append(_needle_score(said, ex.answer))
+                scores[(name, source)].append(needle_score(said, ex.answer))
     return [{"method": name, "source": source, "budget": budget, "score": sum(v) / len(v), "n": len(v)}
             for (name, source), v in scores.items()]
 

@@ -130,7 +130,7 @@ def string_match_part(text: str, references) -> float:
     return float(any(r.lower() in low for r in references))
 
 
-def _needle_score(answer: str, needle: str) -> float:
+def needle_score(answer: str, needle: str) -> float:
     words = {w for w in re.findall(r"[a-z]+", needle.lower()) if w not in _STOPWORDS and len(w) > 2}
     found = set(re.findall(r"[a-z]+", answer.lower()))
     return len(words & found) / max(len(words), 1)
@@ -192,4 +192,4 @@ def needle_in_haystack(model, tokenizer, policy: Policy, lengths=(1024, 2048), d
         return p.prompt, p.answer
 
     return _grid("needle", model, tokenizer, policy, lengths, depths, make,
-                 lambda said, answer: _needle_score(said, answer), chunk_size, 32, progress)
+                 lambda said, answer: needle_score(said, answer), chunk_size, 32, progress)

@@ -83,7 +83,7 @@ def _vocab_size(model) -> int | None:
     return getattr(config, "vocab_size", None)
 
 
-def _check_policy(policy) -> None:
+def check_policy(policy) -> None:
     if not isinstance(policy, Policy):
         raise TypeError(f"policy must be a kvlab Policy (e.g. kvlab.policies.Full() or StreamingLLM(4, 252)), "
                         f"got {type(policy).__name__}")
@@ -175,7 +175,7 @@ def streaming_perplexity(model, tokenizer, text: str | torch.Tensor, policy: Pol
     """
     from tqdm.auto import tqdm
 
-    _check_policy(policy)
+    check_policy(policy)
     engine = choose_engine(model, policy, engine)
     device = next(model.parameters()).device
     ids = stream_ids(model, tokenizer, text, max_tokens).to(device)
@@ -218,7 +218,7 @@ def streaming_perplexity_batch(model, tokenizer, texts, policy: Policy, max_toke
     ``compile``: the layers compiled first (``engine="compiled"`` of :func:`streaming_perplexity`). Each
     result equals a single run of its text (tested); ``seconds`` is the time of the whole batch.
     """
-    _check_policy(policy)
+    check_policy(policy)
     engine = choose_engine(model, policy, "compiled" if compile else "static", "streaming_perplexity_batch")
     texts = list(texts)
     if not texts:
@@ -255,7 +255,7 @@ def decode_stepwise(model, ids: torch.Tensor, policy: Policy) -> tuple[torch.Ten
     The building block of the property tests: a policy decoded token by token against the prefill pattern
     (or the plain forward pass) that should give the same logits.
     """
-    _check_policy(policy)
+    check_policy(policy)
     ids = check_token_ids("ids", ids, _vocab_size(model))
     ids = ids.reshape(1, -1) if ids.dim() == 1 else ids
     cache = KVCache(model, policy)
@@ -284,7 +284,7 @@ def chunked_perplexity(model, tokenizer, text, policy, max_tokens: int | None = 
             nll[c] = -log softmax(logits)[next tokens]
     """
     check_int("chunk_size", chunk_size, 1)
-    _check_policy(policy)
+    check_policy(policy)
     device = next(model.parameters()).device
     ids = stream_ids(model, tokenizer, text, max_tokens).to(device)
     n = ids.shape[1]
@@ -387,7 +387,7 @@ class LongStreamResult:
 
 def _long_stream_ids(model, ids, policy: Policy, segments: int, warmup: int, sink: int) -> torch.Tensor:
     """The checked stream ``(T,)`` of :func:`long_stream_perplexity`; bad arguments raise ValueError."""
-    _check_policy(policy)
+    check_policy(policy)
     for name, value, low, fix in (("segments", segments, 1, "1 is one sequential pass"),
                                   ("warmup", warmup, 0, "0 starts each segment cold after the sinks"),
                                   ("sink", sink, 0, "give the policy's number of initial tokens, e.g. 4")):

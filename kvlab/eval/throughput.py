@@ -7,7 +7,7 @@ import time
 import torch
 
 from kvlab.core import KVCache, check_int
-from kvlab.eval.streaming import _check_policy
+from kvlab.eval.streaming import check_policy
 
 __all__ = ["decode_throughput"]
 
@@ -22,7 +22,7 @@ def decode_throughput(model, ids: torch.Tensor, policy, *, prefill: int = 512, s
     eager attention and top-k). A wall-clock number: compare policies measured on the same machine, at the
     same time.
     """
-    _check_policy(policy)
+    check_policy(policy)
     check_int("prefill", prefill, 1)
     check_int("steps", steps, 1)
     check_int("chunk_size", chunk_size, 1)

@@ -35,6 +35,7 @@ import torch
 
 from kvlab.core import AttentionCall, AttentionPattern, attend, check_choice, check_int, use_pattern
 from kvlab.eval.qa import QA_TASKS, QAItem, qa_f1, qa_items
+from kvlab.kernels.benchmarking import synchronize
 
 __all__ = ["QKRecorder", "record_qk", "pattern_perplexity", "position_nll", "boundary_leak",
            "needle_under_patterns",
@@ -207,7 +208,7 @@ def needle_records(model, tokenizer, methods: dict, layers, lengths, depths, *, 
     from kvlab import datasets
     from kvlab.baselines import Full
     from kvlab.eval import ask
-    from kvlab.eval.retrieval import _needle_score
+    from kvlab.eval.retrieval import needle_score
 
     check_int("trials", trials, 1)
     text = haystack if haystack is not None else datasets.load_text("paul-graham")
@@ -242,7 +243,7 @@ def needle_records(model, tokenizer, methods: dict, layers, lengths, depths, *, 
             if pattern is not None and hasattr(pattern, "settings"):
                 config |= pattern.settings() | {k: round(v, 2) if isinstance(v, float) else v
                                                 for k, v in pattern.stats().items()}
-            for metric, value in (("needle_recall", _needle_score(said, p.answer)), ("answer_nll", nll)):
+            for metric, value in (("needle_recall", needle_score(said, p.answer)), ("answer_nll", nll)):
                 records.append({"example": example, "method": name, "metric": metric, "value": float(value),
                                 "output": said, "target": p.answer, "config": config})
         if sink is not None:
@@ -478,11 +479,6 @@ def random_model(shape: str, *, attn_implementation: str = "sdpa", device=None, 
     return attach(Gemma3ForCausalLM(cfg).to(device, dtype).eval())
 
 
-def _sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def peak_bytes(fn, device) -> int:
     """Most bytes allocated at once while ``fn()`` runs, above what was allocated before it.
 
@@ -528,10 +524,10 @@ def prefill_cost(model, ids: torch.Tensor, pattern=None, layers=None, *, repeats
     run()  # warm-up (compilation, allocator)
     times = []
     for _ in range(repeats):
-        _sync(device)
+        synchronize(device)
         t0 = time.perf_counter()
         run()
-        _sync(device)
+        synchronize(device)
         times.append((time.perf_counter() - t0) * 1e3)
     return {"ms": statistics.median(times), "peak_bytes": peak_bytes(run, device) if memory else None}
 
@@ -555,10 +551,10 @@ def decode_cost(model, ids: torch.Tensor, policy, pattern=None, layers=None, *, 
     out = {"step_ms": [], "cache_bytes": [], "peak_bytes": [] if cuda else None}
     with use_pattern(model, pattern, layers) if pattern is not None else nullcontext():
         cache = KVCache(model, policy)
-        _sync(device)
+        synchronize(device)
         t0 = time.perf_counter()
         logits = model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1).logits
-        _sync(device)
+        synchronize(device)
         out["prefill_ms"] = (time.perf_counter() - t0) * 1e3
         base = torch.cuda.memory_allocated(device) if cuda else 0
         for _ in range(steps):
@@ -567,7 +563,7 @@ def decode_cost(model, ids: torch.Tensor, policy, pattern=None, layers=None, *, 
                 torch.cuda.reset_peak_memory_stats(device)
             t0 = time.perf_counter()
             logits = model(input_ids=token, past_key_values=cache, use_cache=True).logits
-            _sync(device)
+            synchronize(device)
             out["step_ms"].append((time.perf_counter() - t0) * 1e3)
             out["cache_bytes"].append(cache.trace.nbytes[-1])
             if cuda:

@@ -48,6 +48,7 @@ the same folder, and replace the n/a cells the main environment made for the pre
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import importlib.util
 import json
@@ -55,6 +56,7 @@ import math
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -143,17 +145,20 @@ def held_trace(policy, num_layers: int, ids: torch.Tensor, chunk: int, *, vocab_
     return torch.tensor(trace, dtype=torch.float64)
 
 
-def _cache_family(method: str, tokenizer):
-    """The one-parameter family of each cache method: cap -> policy (mean KV grows with the cap)."""
+def cache_policies() -> dict:
+    """The policy class of each cache method; each splits a cap into its parts by its own ``for_budget`` rule."""
     from kvlab.policies import H2O, TOVA, LaCache, SepLLMStreaming, StreamingLLM
 
-    return {
-        "StreamingLLM": lambda c: StreamingLLM(sink=4, cache_size=c),
-        "H2O": lambda c: H2O(c),
-        "TOVA": lambda c: TOVA(c),
-        "SepLLM": lambda c: SepLLMStreaming(init=4, sep=c // 4, local=c // 2, cache=c, separators=tokenizer),
-        "LaCache": lambda c: LaCache(c),
-    }[method]
+    return {"StreamingLLM": StreamingLLM, "H2O": H2O, "TOVA": TOVA, "SepLLM": SepLLMStreaming, "LaCache": LaCache}
+
+
+def _cache_family(method: str, tokenizer):
+    """The one-parameter family of a cache method: cap -> policy (mean KV grows with the cap)."""
+    family = cache_policies()
+    if method not in family:
+        raise ValueError(f"{method!r} is not a cache method of the leaderboard; choose one of {sorted(family)}")
+    policy = family[method]
+    return lambda c: policy.for_budget(c, tokenizer=tokenizer)
 
 
 def match_cache(method: str, budget: int, ids: torch.Tensor, chunk: int, num_layers: int, tokenizer):
@@ -364,9 +369,6 @@ def run_cell(method: str, task: str, level: int, kv_budget: int, flop_budget: fl
     ``status`` (``"ok"`` or ``"n/a: why"``), the metrics, ``mean_kv`` / ``flop_fraction`` and ``method_params``
     (what the method ran with). ``kvpress``: the installed kvpress version (part of the key of kvpress cells)."""
     from kvlab import __version__
-    from kvlab.baselines import Full
-    from kvlab.core import use_pattern
-    from kvlab.eval import ask, chunked_perplexity
 
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
@@ -382,34 +384,8 @@ def run_cell(method: str, task: str, level: int, kv_budget: int, flop_budget: fl
         return {**base, **_na(why)}
     torch.manual_seed(seed)
     net, tok = _model(model)
-    layers = _num_layers(net)
     out = {**base, "status": "ok", "method_params": {}}
-
-    def flop_setup(n: int, causal: bool = False):
-        """The pattern or router context of a FLOP method for an ``n``-token input, and its kept fraction.
-        ``causal``: teacher-forced scoring, so DHSA ranks keys with the causal chunk query (the whole-chunk
-        query averages later tokens: a leak into perplexity, notebook 07)."""
-        if method == "DHSA":
-            from kvlab.dhsa.pattern import DHSAPattern, dhsa_layers
-
-            chosen = dhsa_layers(net)  # global layers; sliding-window layers (Gemma3) stay as they are
-            nb, _ = match_dhsa(1.0 - (1.0 - flop_budget) * layers / len(chosen), n) if len(chosen) < layers \
-                else match_dhsa(flop_budget, n)
-            frac = (len(chosen) * attention_fraction(n, nb) + layers - len(chosen)) / layers
-            out["method_params"] = {"budget": nb, "chunking": "fixed", "chunk_size": 16, "initial": 4,
-                                    "layers": len(chosen), "causal_query": causal}
-            pattern = DHSAPattern(nb, chunking="fixed", chunk_size=16, causal_query=causal,
-                                  backend="torch" if causal else "auto")  # the causal query is the eager backend's
-            return use_pattern(net, pattern, chosen), frac
-        from kvlab.orthorank import orthorank
-
-        routed, frac = match_orthorank(net.config, flop_budget, n, candidates=len(_orthorank_ranking(model)))
-        chosen = _orthorank_layers(model, routed)
-        if len(chosen) != routed:
-            raise RuntimeError(f"OrthoRank: {routed} layers to route, {len(chosen)} ranked")
-        out["method_params"] = {"layers": chosen, "token_ratio": TOKEN_RATIO, "decode": "threshold"}
-        return orthorank(net, chosen, TOKEN_RATIO), frac
-
+    runner = _runner(method, _CellContext(net, tok, model, kv_budget, flop_budget, chunk, max_new_tokens))
     if task == "ppl":
         from kvlab.datasets import load_text
         from kvlab.eval import stream_ids
@@ -418,68 +394,193 @@ def run_cell(method: str, task: str, level: int, kv_budget: int, flop_budget: fl
         if ids.shape[1] != tokens:
             raise ValueError(f"seed {seed}: WikiText holds fewer than {tokens * (seed + 1)} tokens for the "
                              f"{seed}-th window of {tokens}: use smaller seeds or fewer tokens")
-        if method in FLOP_METHODS:
-            ctx, frac = flop_setup(ids.shape[1], causal=True)
-            with ctx:
-                logits = net(input_ids=ids.to(net.device), use_cache=False).logits[0, :-1].float()
-            nll = torch.nn.functional.cross_entropy(logits, ids[0, 1:].to(logits.device))
-            out.update(ppl=math.exp(float(nll)), flop_fraction=frac)
-            return out
-        if method == "Full":
-            policy = Full()
-        else:
-            cap, policy, simulated = match_cache(method, kv_budget, ids, chunk, layers, tok)
-            out["method_params"] = {"cap": cap, "policy": repr(policy), "simulated_mean_kv": simulated}
-        r = chunked_perplexity(net, tok, ids, policy, max_tokens=tokens, chunk_size=chunk)
-        out.update(ppl=r.ppl, mean_kv=r.mean_kv, flop_fraction=1.0 if method == "Full" else None)
+        out.update(runner.perplexity(ids, tokens))
         return out
-
     # question tasks: every example a LongTask (context + query + answer prefix, reference answer)
-    from kvlab.experiments.reform_compare import run_method, task_score
+    from kvlab.experiments.reform_compare import task_score
 
+    why = runner.unavailable()
+    if why:
+        return {**base, **_na(why)}
     items = _long_tasks(task, tok, lengths, depths, examples, tokens, seed)
     acc, nlls, kv, fracs, answers = [], [], [], [], []
     for item in items:
-        ids = tok(item.prompt, return_tensors="pt").input_ids
-        if method == "REFORM":
-            from kvlab.reform.api import heads_file
-
-            if heads_file(net) is None:
-                return {**base, **_na("kvlab ships no REFORM heads for this model (kvlab/reform/heads/); choose "
-                                      "them with python -m kvlab.reform.heads")}
-            b = kv_budget
-            r = run_method("reform", net, tok, item, budget=b, chunk_size=max(chunk, b), n_initial=4,
-                           n_recent=b // 4, n_final=b // 4, max_new_tokens=max_new_tokens)
-            said, nll = r.text, r.answer_nll
-            kv.append(r.extra["gathered"])
-            out["method_params"] = {"budget": b, "recompute_budget": b, "chunk_size": max(chunk, b), "n_initial": 4,
-                                    "n_recent": b // 4, "n_final": b // 4}
-        elif method.startswith("kvpress:"):
-            said, nll = _press_answer(net, tok, item, method.split(":", 1)[1], kv_budget, max_new_tokens)
-            kv.append(kv_budget)
-            out["method_params"] = {"press": method.split(":", 1)[1], "n_kept": kv_budget}
-        elif method in FLOP_METHODS:
-            ctx, frac = flop_setup(ids.shape[1])
-            with ctx:  # the whole prompt in one prefill under the pattern / router
-                said, nll = ask(net, tok, item.prompt, item.answer, Full(), chunk_size=ids.shape[1] + 1,
-                                max_new_tokens=max_new_tokens)
-            fracs.append(frac)
-        else:
-            if method == "Full":
-                policy = Full()
-                kv.append(float(held_trace(policy, layers, ids, chunk).mean()))
-            else:
-                cap, policy, simulated = match_cache(method, kv_budget, ids, chunk, layers, tok)
-                kv.append(simulated)
-                out["method_params"] = {"cap": cap, "policy": repr(policy)}
-            said, nll = ask(net, tok, item.prompt, item.answer, policy, chunk_size=chunk, max_new_tokens=max_new_tokens)
+        said, nll, held, frac, params = runner.answer(item)
+        out["method_params"] = params or out["method_params"]
+        kv += [held] if held is not None else []
+        fracs += [frac] if frac is not None else []
         acc.append(task_score(said, item))
         nlls.append(nll)
         answers.append(said)
     out.update(accuracy=sum(acc) / len(acc), answer_nll=sum(nlls) / len(nlls), examples=len(items),
                answers=answers, mean_kv=sum(kv) / len(kv) if kv else None,
-               flop_fraction=sum(fracs) / len(fracs) if fracs else (1.0 if method == "Full" else None))
+               flop_fraction=sum(fracs) / len(fracs) if fracs else runner.full_fraction)
     return out
+
+
+# ------------------------------------------------------------------------------------------------
+# one runner per kind of method: a cache budget (policies, REFORM, kvpress) or a FLOP budget (DHSA, OrthoRank)
+# ------------------------------------------------------------------------------------------------
+@dataclasses.dataclass
+class _CellContext:
+    net: Any
+    tok: Any
+    model_id: str
+    kv_budget: int
+    flop_budget: float
+    chunk: int
+    max_new_tokens: int
+
+    @property
+    def layers(self) -> int:
+        return _num_layers(self.net)
+
+
+class _PolicyRunner:
+    """A KV policy in kvlab's cache (Full, or a cache method matched to the mean KV budget)."""
+
+    full_fraction = None
+
+    def __init__(self, method: str, ctx: _CellContext):
+        self.method, self.ctx = method, ctx
+        if method == "Full":
+            self.full_fraction = 1.0
+
+    def unavailable(self) -> str | None:
+        return None
+
+    def _policy(self, ids) -> tuple[Any, float, dict]:
+        from kvlab.baselines import Full
+
+        c = self.ctx
+        if self.method == "Full":
+            policy = Full()
+            return policy, float(held_trace(policy, c.layers, ids, c.chunk).mean()), {}
+        cap, policy, simulated = match_cache(self.method, c.kv_budget, ids, c.chunk, c.layers, c.tok)
+        return policy, simulated, {"cap": cap, "policy": repr(policy)}
+
+    def perplexity(self, ids, tokens: int) -> dict:
+        from kvlab.eval import chunked_perplexity
+
+        c = self.ctx
+        policy, simulated, params = self._policy(ids)
+        if params:
+            params["simulated_mean_kv"] = simulated
+        r = chunked_perplexity(c.net, c.tok, ids, policy, max_tokens=tokens, chunk_size=c.chunk)
+        return dict(ppl=r.ppl, mean_kv=r.mean_kv, flop_fraction=self.full_fraction, method_params=params)
+
+    def answer(self, item):
+        from kvlab.eval import ask
+
+        c = self.ctx
+        ids = c.tok(item.prompt, return_tensors="pt").input_ids
+        policy, held, params = self._policy(ids)
+        said, nll = ask(c.net, c.tok, item.prompt, item.answer, policy, chunk_size=c.chunk,
+                        max_new_tokens=c.max_new_tokens)
+        return said, nll, held, None, params
+
+
+class _ReformRunner(_PolicyRunner):
+    """REFORM at the KV budget, split by its own rule (:func:`kvlab.reform.api.settings_for_budget`)."""
+
+    def unavailable(self) -> str | None:
+        from kvlab.reform.api import heads_file
+
+        if heads_file(self.ctx.net) is None:
+            return ("kvlab ships no REFORM heads for this model (kvlab/reform/heads/); choose them with "
+                    "python -m kvlab.reform.heads")
+        return None
+
+    def answer(self, item):
+        from kvlab.experiments.reform_compare import run_method
+        from kvlab.reform.api import settings_for_budget
+
+        c = self.ctx
+        settings = settings_for_budget(c.kv_budget, chunk_size=c.chunk)
+        r = run_method("reform", c.net, c.tok, item, max_new_tokens=c.max_new_tokens,
+                       **{k: v for k, v in settings.items() if k != "recompute_budget"})
+        return r.text, r.answer_nll, r.extra["gathered"], None, settings
+
+
+class _PressRunner(_PolicyRunner):
+    """A kvpress press at ``n_kept`` = the KV budget, after one prefill."""
+
+    def answer(self, item):
+        c = self.ctx
+        press = self.method.split(":", 1)[1]
+        said, nll = _press_answer(c.net, c.tok, item, press, c.kv_budget, c.max_new_tokens)
+        return said, nll, c.kv_budget, None, {"press": press, "n_kept": c.kv_budget}
+
+
+class _FlopRunner(_PolicyRunner):
+    """DHSA's pattern or OrthoRank's router, matched to the kept FLOP share; the whole prompt in one prefill."""
+
+    def setup(self, n: int, causal: bool = False):
+        """The pattern or router context for an ``n``-token input, its kept fraction and its parameters.
+        ``causal``: teacher-forced scoring, so DHSA ranks keys with the causal chunk query (the whole-chunk
+        query averages later tokens: a leak into perplexity, notebook 07)."""
+        c = self.ctx
+        if self.method == "DHSA":
+            return _dhsa_setup(c, n, causal)
+        return _orthorank_setup(c, n)
+
+    def perplexity(self, ids, tokens: int) -> dict:
+        net = self.ctx.net
+        ctx, frac, params = self.setup(ids.shape[1], causal=True)
+        with ctx:
+            logits = net(input_ids=ids.to(net.device), use_cache=False).logits[0, :-1].float()
+        nll = torch.nn.functional.cross_entropy(logits, ids[0, 1:].to(logits.device))
+        return dict(ppl=math.exp(float(nll)), flop_fraction=frac, method_params=params)
+
+    def answer(self, item):
+        from kvlab.baselines import Full
+        from kvlab.eval import ask
+
+        c = self.ctx
+        n = c.tok(item.prompt, return_tensors="pt").input_ids.shape[1]
+        ctx, frac, params = self.setup(n)
+        with ctx:  # the whole prompt in one prefill under the pattern / router
+            said, nll = ask(c.net, c.tok, item.prompt, item.answer, Full(), chunk_size=n + 1,
+                            max_new_tokens=c.max_new_tokens)
+        return said, nll, None, frac, params
+
+
+def _dhsa_setup(c: _CellContext, n: int, causal: bool):
+    from kvlab.core import use_pattern
+    from kvlab.dhsa.pattern import DHSAPattern, dhsa_layers
+
+    layers = c.layers
+    chosen = dhsa_layers(c.net)  # global layers; sliding-window layers (Gemma3) stay as they are
+    target = 1.0 - (1.0 - c.flop_budget) * layers / len(chosen) if len(chosen) < layers else c.flop_budget
+    nb, _ = match_dhsa(target, n)
+    frac = (len(chosen) * attention_fraction(n, nb) + layers - len(chosen)) / layers
+    params = {"budget": nb, "chunking": "fixed", "chunk_size": 16, "initial": 4, "layers": len(chosen),
+              "causal_query": causal}
+    pattern = DHSAPattern(nb, chunking="fixed", chunk_size=16, causal_query=causal,
+                          backend="torch" if causal else "auto")  # the causal query is the eager backend's
+    return use_pattern(c.net, pattern, chosen), frac, params
+
+
+def _orthorank_setup(c: _CellContext, n: int):
+    from kvlab.orthorank import orthorank
+
+    routed, frac = match_orthorank(c.net.config, c.flop_budget, n, candidates=len(_orthorank_ranking(c.model_id)))
+    chosen = _orthorank_layers(c.model_id, routed)
+    if len(chosen) != routed:
+        raise RuntimeError(f"OrthoRank: {routed} layers to route, {len(chosen)} ranked")
+    params = {"layers": chosen, "token_ratio": TOKEN_RATIO, "decode": "threshold"}
+    return orthorank(c.net, chosen, TOKEN_RATIO), frac, params
+
+
+def _runner(method: str, ctx: _CellContext) -> _PolicyRunner:
+    """The runner of ``method``: one class per kind of budget, chosen here and nowhere else."""
+    if method in FLOP_METHODS:
+        return _FlopRunner(method, ctx)
+    if method == "REFORM":
+        return _ReformRunner(method, ctx)
+    if method.startswith("kvpress:"):
+        return _PressRunner(method, ctx)
+    return _PolicyRunner(method, ctx)
 
 
 # ================================================================================================
@@ -740,14 +841,14 @@ def run_leaderboard(grid: str | dict = "tiny", out=DEFAULT_OUT, *, workers: int 
         cell.device = device
     report = SweepReport()
     if run and importlib.util.find_spec("distributed") is None:  # .venv-peers: kvpress, no Dask
-        from kvlab.experiments.sweep import _call, _finished
+        from kvlab.experiments.sweep import call_task, task_finished
 
         for t in cells:
-            if _finished(t, out / "cells"):
+            if task_finished(t, out / "cells"):
                 report.skipped.append(t.name)
             else:
                 (out / "cells").mkdir(parents=True, exist_ok=True)
-                report.done.append(_call(t, str(out / "cells"), []))
+                report.done.append(call_task(t, str(out / "cells"), []))
     elif run:
         report = run_sweep(cells, out / "cells", scheduler=scheduler, workers=workers, progress=progress,
                            gpu_workers=gpu_workers if scheduler is None else 0, workers_per_gpu=workers_per_gpu,
@@ -782,7 +883,7 @@ def run_leaderboard(grid: str | dict = "tiny", out=DEFAULT_OUT, *, workers: int 
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    from kvlab.experiments.sweep import _gpu_workers_arg
+    from kvlab.experiments.sweep import gpu_workers_arg
 
     p = argparse.ArgumentParser(prog="python -m kvlab leaderboard", description=__doc__.split("\n\n")[0])
     p.add_argument("--grid", default="tiny", choices=sorted(GRIDS))
@@ -790,7 +891,7 @@ def main(argv: list[str] | None = None) -> int:
                    help=f"result folder (default {DEFAULT_OUT}; the committed table is benchmarks/results/leaderboard, "
                         "written only when named here)")
     p.add_argument("--workers", type=int, default=None, help="local Dask worker processes (default: cores - 1)")
-    p.add_argument("--gpu-workers", type=_gpu_workers_arg, default=0,
+    p.add_argument("--gpu-workers", type=gpu_workers_arg, default=0,
                    help="local workers each pinned to one GPU (CUDA_VISIBLE_DEVICES), every cell on them; 'auto': "
                         "one per visible GPU (default 0: the CPU workers, which use a GPU when there is one)")
     p.add_argument("--workers-per-gpu", type=int, default=1, help="GPU workers sharing one GPU (default 1)")

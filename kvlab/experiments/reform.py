@@ -118,9 +118,9 @@ def ablations(model, heads_data: dict | None = None, seed: int = 0) -> dict[str,
     heads`` / ``worst heads`` (the paper's other embeddings: four random Q/K/V heads below 70% depth, the four
     with the worst MNR); ``kernel 5``: max-pooling over 5 tokens instead of 129."""
     from kvlab.reform.heads import worst_heads
-    from kvlab.reform.reference import Head, _decoder
+    from kvlab.reform.reference import Head, decoder_of
 
-    cfg = _decoder(model).config
+    cfg = decoder_of(model).config
     rng = random.Random(seed)
     top = int(0.7 * cfg.num_hidden_layers)
     pool = [Head(k, layer, h) for k in "qkv" for layer in range(top)

@@ -52,7 +52,7 @@ import torch.nn.functional as F
 from kvlab.core import KVCache, LayerView, Policy, check_choice, check_int
 from kvlab.eval.retrieval import greedy_answer, string_match_all
 from kvlab.reform.api import load_heads, reform_gather
-from kvlab.reform.reference import (CompressedCache, _decoder, _query_states, _rope, _window, chunk_spans,
+from kvlab.reform.reference import (CompressedCache, decoder_of, query_states, rope_at, sliding_window_of, chunk_spans,
                                    forward_chunk, h2o_scores)
 
 __all__ = ["METHODS", "MethodResult", "run_method", "compare", "summarise", "truncation_ids", "rag_ids", "bm25_ids",
@@ -147,7 +147,7 @@ class _Recurrent:
         self.model, self.cache, self.next, self.settings = model, cache, next_index, settings
 
     def step(self, ids: torch.Tensor, compress: bool = False) -> torch.Tensor:
-        inner = _decoder(self.model)
+        inner = decoder_of(self.model)
         hs = forward_chunk(self.model, ids, self.cache, _Discard(), chunk_start=self.next, compress=compress,
                            **self.settings)
         self.next += ids.shape[1]
@@ -168,7 +168,7 @@ class _Recurrent:
 def _answer_compressed(model, tokenizer, context_ids, query_ids, target, *, chunk_size, budget, n_initial,
                        n_recent, max_new_tokens) -> tuple[str, float, int]:
     """Recurrent compression through every layer, then answer from the compressed cache."""
-    layers = len(_decoder(model).layers)
+    layers = len(decoder_of(model).layers)
     run = _Recurrent(model, CompressedCache(layers), 0,
                      dict(early_exit_layer=layers, budget=budget, n_initial=n_initial, n_recent=n_recent))
     for s, e in chunk_spans(context_ids.shape[1], chunk_size):
@@ -305,7 +305,7 @@ def _answer_infinipot(model, tokenizer, context_ids, query_ids, target, *, chunk
     """InfiniPot: each chunk (with the catalyst prompt after it) through every layer; CaP from the catalyst's
     queries (summed over heads and catalyst tokens, as :func:`h2o_scores`), NuC from the chunk's own logits;
     the catalyst's entries dropped, then :func:`infinipot_keep` per layer, positions made consecutive."""
-    inner = _decoder(model)
+    inner = decoder_of(model)
     layers = len(inner.layers)
     device = context_ids.device
     catalyst = tokenizer(CATALYST_PROMPT, return_tensors="pt", add_special_tokens=False).input_ids.to(device)
@@ -328,10 +328,10 @@ def _answer_infinipot(model, tokenizer, context_ids, query_ids, target, *, chunk
         keep = {}
         for l in range(layers):
             layer = inner.layers[l]
-            cos, sin = _rope(model, l, hs, positions[None])
-            q = _query_states(layer, sink.normed[l], cos, sin)
+            cos, sin = rope_at(model, l, hs, positions[None])
+            q = query_states(layer, sink.normed[l], cos, sin)
             cap = h2o_scores(q, cache.keys[l], layer.self_attn.scaling, positions, torch.arange(m, device=device),
-                             _window(model, l))[0, :m - w]
+                             sliding_window_of(model, l))[0, :m - w]
             cache.keys[l], cache.values[l] = cache.keys[l][:, :, :m - w], cache.values[l][:, :, :m - w]
             cache.origin[l] = cache.origin[l][:m - w]
             if m - w > budget:
@@ -375,7 +375,7 @@ def rag_ids(model, context_ids: torch.Tensor, query_ids: torch.Tensor, budget: i
     Chunks of ``chunk`` tokens are encoded independently (mean of ``hidden_states[layer]``), the question
     too; cosine similarity; the best chunks until ``budget`` tokens; input order preserved (OP-RAG)."""
     n = context_ids.shape[1]
-    layer = _decoder(model).config.num_hidden_layers // 2 if layer is None else layer
+    layer = decoder_of(model).config.num_hidden_layers // 2 if layer is None else layer
     full = n // chunk
     rows = []
     if full:

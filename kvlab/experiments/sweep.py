@@ -87,7 +87,7 @@ def task_key(task: Task) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def _finished(task: Task, out: Path) -> bool:
+def task_finished(task: Task, out: Path) -> bool:
     path = out / f"{task.name}.json"
     if not path.exists():
         return False
@@ -126,7 +126,7 @@ def _write_atomic(path: Path, record: dict) -> None:
     os.replace(tmp, path)
 
 
-def _call(task: Task, out: str, python_path: list[str]) -> str:
+def call_task(task: Task, out: str, python_path: list[str]) -> str:
     """Runs in the worker: the call itself, then its record written atomically. Errors propagate to Dask."""
     for p in python_path:
         if p not in sys.path:
@@ -350,7 +350,7 @@ def run_sweep(tasks: list[Task], out, *, scheduler: str | None = None, workers: 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     _keep_other_results(tasks, out)
-    report = SweepReport(skipped=[t.name for t in tasks if _finished(t, out)])
+    report = SweepReport(skipped=[t.name for t in tasks if task_finished(t, out)])
     todo = sorted((t for t in tasks if t.name not in report.skipped), key=lambda t: -t.cost)
     if not todo:
         return report
@@ -386,7 +386,7 @@ def run_sweep(tasks: list[Task], out, *, scheduler: str | None = None, workers: 
         futures = {}
         for t in todo:
             resources = {"GPU": 1} if t.device == "gpu" else None
-            fut = client.submit(_call, t, str(out.resolve()), python_path, key=f"{t.name}-{task_key(t)}",
+            fut = client.submit(call_task, t, str(out.resolve()), python_path, key=f"{t.name}-{task_key(t)}",
                                 retries=retries, resources=resources, pure=False)
             futures[fut] = t
         bar = tqdm(total=len(todo), desc="sweep", disable=not progress)
@@ -475,7 +475,7 @@ def load_grid(path) -> tuple[list[Task], Path]:
     return tasks, out
 
 
-def _gpu_workers_arg(value: str):
+def gpu_workers_arg(value: str):
     import argparse
 
     if value == "auto":
@@ -498,7 +498,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--scheduler", help="address of a running Dask scheduler (default: a local cluster)")
     p.add_argument("--workers", type=int, default=None,
                    help="local CPU worker processes (default: none if GPU workers take every task, else cores - 1)")
-    p.add_argument("--gpu-workers", type=_gpu_workers_arg, default=0,
+    p.add_argument("--gpu-workers", type=gpu_workers_arg, default=0,
                    help="local worker processes holding the GPU resource, each pinned to one GPU by "
                         "CUDA_VISIBLE_DEVICES; 'auto': one per visible GPU (default 0)")
     p.add_argument("--workers-per-gpu", type=int, default=1,
@@ -516,7 +516,7 @@ def main(argv: list[str] | None = None) -> int:
         out = Path(args.out) if args.out else out
         if args.dry_run:
             for t in tasks:
-                print(f"{'done' if _finished(t, out) else 'todo'}  {t.name:30s} {json.dumps(t.params, default=str)}")
+                print(f"{'done' if task_finished(t, out) else 'todo'}  {t.name:30s} {json.dumps(t.params, default=str)}")
             return 0
         report = run_sweep(tasks, out, scheduler=args.scheduler, workers=args.workers, gpu_workers=args.gpu_workers,
                            workers_per_gpu=args.workers_per_gpu, retries=args.retries, python_path=[os.getcwd()])

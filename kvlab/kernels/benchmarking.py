@@ -12,8 +12,20 @@ import statistics
 import time
 from pathlib import Path
 
-__all__ = ["require_cuda", "device_info", "bench_ms", "spin", "machine_ceilings", "save_record", "fmt_table",
+__all__ = ["synchronize", "require_cuda", "device_info", "bench_ms", "spin", "machine_ceilings", "save_record", "fmt_table",
            "ints", "write_outputs", "allow_many_compiles", "random_qkv", "perf_report_against_sdpa"]
+
+
+def synchronize(where) -> None:
+    """Wait for the GPU work queued on ``where`` (a device, a tensor or a model) before reading a clock; no-op on CPU."""
+    import torch
+
+    if isinstance(where, torch.nn.Module):
+        where = next(where.parameters()).device
+    elif isinstance(where, torch.Tensor):
+        where = where.device
+    if torch.device(where).type == "cuda":
+        torch.cuda.synchronize(where)
 
 
 def require_cuda():

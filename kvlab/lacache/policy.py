@@ -70,6 +70,11 @@ class LaCache(Policy):
         self._last_plan: int | None = None
 
     @classmethod
+    def for_budget(cls, cache: int, *, tokenizer=None) -> "LaCache":
+        """``LaCache(cache)``: span and overlap follow from the budget and the model's depth (the class docstring)."""
+        return cls(cache)
+
+    @classmethod
     def official(cls, cache_size: int, span: int = 16, overlap: int = 0, sink: int = 4, *,
                  positions: str = "cache") -> "LaCache":
         """The authors' ``LaCache(cache_size, span, overlap)`` (public code, ``start_size = sink``): interleaved

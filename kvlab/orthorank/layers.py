@@ -288,54 +288,61 @@ def search_layers(model: torch.nn.Module, windows: torch.Tensor, n: int, *, acti
     """
     action = check_choice("action", action, ACTIONS)
     search = check_choice("search", search, SEARCHES)
-    num_layers = model_state(model).num_layers
-    pool = list(range(num_layers)) if candidates is None else sorted(set(int(c) for c in candidates))
-    if any(not 0 <= c < num_layers for c in pool):
-        raise ValueError(f"candidates must be layers in 0..{num_layers - 1}, got {pool}")
     router = dict(router or {})
-    if action == "remove" and router:
-        raise ValueError("router options only apply to action='route'")
-    if action == "route":
-        OrthoRankRouter(**router)  # checks the options now rather than halfway through the search
-    if search == "taylor":
-        if action != "remove":
-            raise ValueError("search='taylor' ranks blocks for removal (Shortened LLaMA); use action='remove'")
-        pool = [c for c in pool if keep_first <= c < num_layers - keep_last]
+    pool = _candidate_pool(model, candidates, action, search, router, keep_first, keep_last)
     n = check_int("n", n, 0, len(pool))
     evaluator = _Evaluator(model, windows, batch_size)
     resume = evaluator.can_resume()
-    dense = evaluator.nll(Plan(), record=resume)
-    base = Plan(router=router) if action == "route" else Plan()
-    order: list[int] = []
-    ppl: list[float] = []
-    trials: list[dict[int, float]] = []
+    dense = math.exp(evaluator.nll(Plan(), record=resume))
     if search == "taylor":
         scores = taylor_importance(model, windows, batch_size=batch_size)
         ranked = sorted(pool, key=lambda c: float(scores[c]))[:n]
-        return LayerSearch("taylor", action, ranked, [float(scores[c]) for c in ranked], pool, [], math.exp(dense),
-                           router)
-    steps = 1 if search == "one-shot" else n
+        return LayerSearch("taylor", action, ranked, [float(scores[c]) for c in ranked], pool, [], dense, router)
+    base = Plan(router=router) if action == "route" else Plan()
+    if search == "one-shot":
+        tried = _try_each(evaluator, base, pool, action, resume, "  one-shot" if progress else None)
+        ranked = sorted(tried, key=tried.get)[:n]
+        return LayerSearch("one-shot", action, ranked, [tried[c] for c in ranked], pool, [tried], dense, router)
+    order: list[int] = []
+    ppl: list[float] = []
+    trials: list[dict[int, float]] = []
     current = base
-    for step in range(steps):
-        tried: dict[int, float] = {}
+    for step in range(n):  # SLEB: remove (or route) the layer whose loss hurts least, then search again
         todo = [c for c in pool if c not in order]
-        if progress:
-            print(f"  step {step + 1}/{steps}: {len(todo)} candidates", flush=True)
-        for c in todo:
-            plan = current.with_layer(c, action)
-            tried[c] = math.exp(evaluator.nll(plan, start=c if resume else 0))
+        tried = _try_each(evaluator, current, todo, action, resume, f"  step {step + 1}/{n}" if progress else None)
         trials.append(tried)
-        if search == "one-shot":
-            ranked = sorted(tried, key=tried.get)[:n]
-            return LayerSearch("one-shot", action, ranked, [tried[c] for c in ranked], pool, trials,
-                               math.exp(dense), router)
         best = min(tried, key=tried.get)
         order.append(best)
         ppl.append(tried[best])
         current = current.with_layer(best, action)
-        if resume and step + 1 < steps:
+        if resume and step + 1 < n:
             evaluator.nll(current, record=True)
-    return LayerSearch("iterative", action, order, ppl, pool, trials, math.exp(dense), router)
+    return LayerSearch("iterative", action, order, ppl, pool, trials, dense, router)
+
+
+def _candidate_pool(model, candidates, action: str, search: str, router: dict, keep_first: int,
+                    keep_last: int) -> list[int]:
+    """The layers a search may pick, checked (``candidates``; Taylor+ spares the first and last blocks)."""
+    num_layers = model_state(model).num_layers
+    pool = list(range(num_layers)) if candidates is None else sorted(set(int(c) for c in candidates))
+    if any(not 0 <= c < num_layers for c in pool):
+        raise ValueError(f"candidates must be layers in 0..{num_layers - 1}, got {pool}")
+    if action == "remove" and router:
+        raise ValueError("router options only apply to action='route'")
+    if action == "route":
+        OrthoRankRouter(**router)  # checks the options now rather than halfway through the search
+    if search != "taylor":
+        return pool
+    if action != "remove":
+        raise ValueError("search='taylor' ranks blocks for removal (Shortened LLaMA); use action='remove'")
+    return [c for c in pool if keep_first <= c < num_layers - keep_last]
+
+
+def _try_each(evaluator, current: Plan, todo: list[int], action: str, resume: bool, label) -> dict[int, float]:
+    """Calibration perplexity of ``current`` plus each candidate layer."""
+    if label:
+        print(f"{label}: {len(todo)} candidates", flush=True)
+    return {c: math.exp(evaluator.nll(current.with_layer(c, action), start=c if resume else 0)) for c in todo}
 
 
 def taylor_importance(model: torch.nn.Module, windows: torch.Tensor, *, batch_size: int = 4) -> torch.Tensor:

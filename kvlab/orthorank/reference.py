@@ -191,7 +191,7 @@ def _heads(x: torch.Tensor, head_dim: int) -> torch.Tensor:
     return x.view(*x.shape[:2], x.shape[-1] // head_dim, head_dim).transpose(1, 2)
 
 
-def _gather_rows(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+def take_rows(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """Rows ``index (batch, k)`` of ``x (batch or 1, n, d)`` -> ``(batch, k, d)``."""
     x = x.expand(index.shape[0], *x.shape[1:])
     return x.gather(1, index[..., None].expand(-1, -1, x.shape[-1]))
@@ -290,8 +290,8 @@ def routed_layer(layer: torch.nn.Module, hidden_states: torch.Tensor, selected: 
     positions = positions.expand(batch, seq)
 
     normed = layer.input_layernorm(hidden_states) if normed is None else normed
-    h_sel = _gather_rows(hidden_states, selected)
-    x_sel = _gather_rows(normed, selected)
+    h_sel = take_rows(hidden_states, selected)
+    x_sel = take_rows(normed, selected)
 
     # keys and values: every token (the paper) or the selected ones, with or without the sink (ablations)
     key_valid = None
@@ -307,9 +307,9 @@ def routed_layer(layer: torch.nn.Module, hidden_states: torch.Tensor, selected: 
             has_sink = (selected[:, :1] == 0) & sel_valid[:, :1]
             kv_index = torch.cat([torch.zeros_like(selected[:, :1]), selected], dim=1)
             key_valid = torch.cat([~has_sink, sel_valid], dim=1)
-        x_kv, cos_kv, sin_kv = (_gather_rows(t, kv_index) for t in (normed, cos, sin))
+        x_kv, cos_kv, sin_kv = (take_rows(t, kv_index) for t in (normed, cos, sin))
         k_pos = positions.gather(1, kv_index)
-    query, key, value = project_qkv(layer, x_sel, _gather_rows(cos, selected), _gather_rows(sin, selected),
+    query, key, value = project_qkv(layer, x_sel, take_rows(cos, selected), take_rows(sin, selected),
                                     x_kv, cos_kv, sin_kv)
     if past_key_values is not None:
         key, value = past_key_values.update(key, value, attn.layer_idx)
@@ -333,7 +333,7 @@ def routed_layer(layer: torch.nn.Module, hidden_states: torch.Tensor, selected: 
     h_sel = h_sel + mlp_update(layer, h_sel)
 
     if valid is not None:  # padding entries write back their own input: a no-op
-        h_sel = torch.where(valid[..., None], h_sel, _gather_rows(hidden_states, selected))
+        h_sel = torch.where(valid[..., None], h_sel, take_rows(hidden_states, selected))
     index = selected[..., None].expand(-1, -1, hidden_states.shape[-1])
     return hidden_states.scatter(1, index, h_sel.to(hidden_states.dtype))
 

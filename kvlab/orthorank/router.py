@@ -129,75 +129,121 @@ class OrthoRankRouter(LayerRouter):
         if not first and memory is None:
             raise RuntimeError(f"layer {call.layer_idx}: a pass that does not start at position 0 came before any "
                                "pass that did; the router needs the sink token (position 0) first")
-        kernels = self._kernels(call.layer, h)
-        dot = self.criterion == "orthogonal" and self.score == "dot"
-        if first and kernels is not None and dot and self.stage == "normalized":
-            states, scores = kernels.normalized_scores(call.layer, h)  # the RMSNorm and Eq. 4 in one pass
-        else:
-            states = normalized_states(call.layer, h) if self.stage == "normalized" else h
-            scores = None
+        path = self._path(call.layer, h)  # the torch or the Triton path, chosen once for this call
+        states, scores = path.states_and_scores(call.layer, h, first)
         if first:
-            k = tokens_for_ratio(self.token_ratio, seq)
-            if kernels is None:
-                scores = self._scores(states, None)
-                selected = select_topk(scores, k, self.sink)
-            else:
-                if scores is None:
-                    scores = kernels.orthogonal_scores(states) if dot else self._scores(states, None).float()
-                selected = kernels.topk_in_order(scores, k, self.sink)
-            valid = None
-            picked = scores.gather(1, selected)
-            if self.sink == "select" and k > 0:
-                picked = picked[:, 1:]  # the sink's forced score is not a threshold
-            threshold = picked.max(dim=1).values if picked.shape[1] else scores.new_full((batch,), float("-inf"))
-            self.memory[call.layer_idx] = {"sink": states[:, 0].detach().clone(), "threshold": threshold.detach()}
+            selected, valid = self._select_prompt(path, call.layer_idx, states, scores), None
         elif self.decode == "dense":
             selected, valid = torch.arange(seq, device=h.device).expand(batch, seq), None
         else:
-            if self.criterion == "random" and self.decode == "threshold":
-                chosen = torch.rand((batch, seq), generator=self.generator).to(h.device) < self.token_ratio
-            else:
-                scores = self._scores(states, memory["sink"])
-                if self.decode == "threshold":
-                    chosen = scores <= memory["threshold"][:, None]
-                else:
-                    k = tokens_for_ratio(self.token_ratio, seq)
-                    order = torch.sort(scores, dim=-1, stable=True).indices[:, :k]
-                    chosen = torch.zeros_like(scores, dtype=torch.bool).scatter_(1, order, True)
-            selected, valid = _mask_to_indices(chosen)
-        mask = torch.zeros(batch, seq, dtype=torch.bool, device=h.device)
-        mask.scatter_(1, selected, True if valid is None else valid)
-        self.last_selected[call.layer_idx] = mask
-        part = self.counts["prompt" if first else "decode"]
-        part[0] = part[0] + mask.sum()  # a device tensor: no host sync in the forward pass
-        part[1] += batch * seq
+            selected, valid = _mask_to_indices(self._chosen_in_decode(states, memory))
+        self._record(call.layer_idx, selected, valid, first, h)
         if selected.shape[1] == seq and (valid is None or bool(valid.all())):
             return call.run()  # every token computed: the layer's own forward, exactly the dense model
         kwargs = call.kwargs
         args = dict(position_embeddings=kwargs["position_embeddings"], positions=_original_positions(call, positions),
                     past_key_values=kwargs.get("past_key_values"), valid=valid,
                     normed=states if self.stage == "normalized" else None)
-        if kernels is None:
-            return routed_layer(call.layer, h, selected, kv=self.kv, **args)
-        return kernels.routed_layer_triton(call.layer, h, selected, inplace=self.inplace, **args)
+        return path.routed_layer(call.layer, h, selected, args)
 
-    def _kernels(self, layer: torch.nn.Module, h: torch.Tensor):
-        """The Triton module when this call runs the Triton path, else None (see ``backend``)."""
+    def _select_prompt(self, path, layer_idx: int, states: torch.Tensor, scores) -> torch.Tensor:
+        """A pass that starts the sequence: the top-``k`` tokens by score (Eq. 4), and the threshold and sink state
+        that later passes reuse."""
+        batch, seq = states.shape[:2]
+        k = tokens_for_ratio(self.token_ratio, seq)
+        scores = path.prompt_scores(states, scores)
+        selected = path.topk(scores, k, self.sink)
+        picked = scores.gather(1, selected)
+        if self.sink == "select" and k > 0:
+            picked = picked[:, 1:]  # the sink's forced score is not a threshold
+        threshold = picked.max(dim=1).values if picked.shape[1] else scores.new_full((batch,), float("-inf"))
+        self.memory[layer_idx] = {"sink": states[:, 0].detach().clone(), "threshold": threshold.detach()}
+        return selected
+
+    def _chosen_in_decode(self, states: torch.Tensor, memory: dict) -> torch.Tensor:
+        """A later pass (``decode`` = ``"threshold"`` or ``"topk"``): the ``(batch, seq)`` mask of computed tokens."""
+        batch, seq = states.shape[:2]
+        if self.criterion == "random" and self.decode == "threshold":
+            return torch.rand((batch, seq), generator=self.generator).to(states.device) < self.token_ratio
+        scores = self._scores(states, memory["sink"])
+        if self.decode == "threshold":
+            return scores <= memory["threshold"][:, None]
+        k = tokens_for_ratio(self.token_ratio, seq)
+        order = torch.sort(scores, dim=-1, stable=True).indices[:, :k]
+        return torch.zeros_like(scores, dtype=torch.bool).scatter_(1, order, True)
+
+    def _record(self, layer_idx: int, selected: torch.Tensor, valid, first: bool, h: torch.Tensor) -> None:
+        """The last pass's mask (for pictures) and the computed / offered counts (no host sync)."""
+        batch, seq = h.shape[:2]
+        mask = torch.zeros(batch, seq, dtype=torch.bool, device=h.device)
+        mask.scatter_(1, selected, True if valid is None else valid)
+        self.last_selected[layer_idx] = mask
+        part = self.counts["prompt" if first else "decode"]
+        part[0] = part[0] + mask.sum()  # a device tensor: no host sync in the forward pass
+        part[1] += batch * seq
+
+    def _path(self, layer: torch.nn.Module, h: torch.Tensor):
+        """The one place the backend is chosen: :class:`_TorchPath` or :class:`_TritonPath` (see ``backend``)."""
         if self.backend == "torch" or (self.backend == "auto" and not h.is_cuda):
-            return None
+            return _TorchPath(self)
         try:
             kernels = importlib.import_module("kvlab.orthorank.triton")
         except ImportError as err:
             if self.backend == "auto":
-                return None
+                return _TorchPath(self)
             raise ValueError("backend='triton' needs the triton package; use backend='torch'") from err
         try:
             kernels.check_routed_layer_triton(layer, h, self.kv)
         except ValueError:
             if self.backend == "auto":
-                return None
+                return _TorchPath(self)
             raise
-        return kernels
+        return _TritonPath(self, kernels)
+
+
+class _TorchPath:
+    """The readable path: RMSNorm, scores and top-k in eager PyTorch, then :func:`routed_layer`."""
+
+    def __init__(self, router: OrthoRankRouter):
+        self.router = router
+
+    def states_and_scores(self, layer, h, first: bool):
+        states = normalized_states(layer, h) if self.router.stage == "normalized" else h
+        return states, None
+
+    def prompt_scores(self, states, scores):
+        return self.router._scores(states, None)
+
+    def topk(self, scores, k: int, sink: str):
+        return select_topk(scores, k, sink)
+
+    def routed_layer(self, layer, h, selected, args: dict):
+        return routed_layer(layer, h, selected, kv=self.router.kv, **args)
+
+
+class _TritonPath(_TorchPath):
+    """The fast path (:mod:`kvlab.orthorank.triton`): fused RMSNorm + Eq. 4 scores, in-order top-k, routed layer."""
+
+    def __init__(self, router: OrthoRankRouter, kernels):
+        super().__init__(router)
+        self.kernels = kernels
+        self.dot = router.criterion == "orthogonal" and router.score == "dot"
+
+    def states_and_scores(self, layer, h, first: bool):
+        if first and self.dot and self.router.stage == "normalized":
+            return self.kernels.normalized_scores(layer, h)  # the RMSNorm and Eq. 4 in one pass
+        return super().states_and_scores(layer, h, first)
+
+    def prompt_scores(self, states, scores):
+        if scores is not None:
+            return scores
+        return self.kernels.orthogonal_scores(states) if self.dot else self.router._scores(states, None).float()
+
+    def topk(self, scores, k: int, sink: str):
+        return self.kernels.topk_in_order(scores, k, sink)
+
+    def routed_layer(self, layer, h, selected, args: dict):
+        return self.kernels.routed_layer_triton(layer, h, selected, inplace=self.router.inplace, **args)
 
 
 def _starts_sequence(call: RouteCall, positions: torch.Tensor) -> bool:

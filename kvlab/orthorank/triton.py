@@ -53,7 +53,7 @@ import triton.language as tl
 
 from kvlab.kernels.triton_utils import check_triton_inputs, dot, interpreting, online_softmax_step
 
-from .reference import (_cached_positions, _gather_rows, _heads, attention_update, layer_kind, logit_softcap,
+from .reference import (_cached_positions, take_rows, _heads, attention_update, layer_kind, logit_softcap,
                         mlp_update, project_qkv)
 
 __all__ = ["orthogonal_scores", "rmsnorm", "rmsnorm_form", "normalized_scores", "gather_add_rmsnorm", "silu_mul",
@@ -685,7 +685,7 @@ def routed_layer_triton(layer: torch.nn.Module, hidden_states: torch.Tensor, sel
         key = rope_heads(attn.k_proj(normed), cos, sin, attn.head_dim)
         value = _heads(attn.v_proj(normed), attn.head_dim)
     else:
-        query, key, value = project_qkv(layer, x_sel, _gather_rows(cos, selected), _gather_rows(sin, selected),
+        query, key, value = project_qkv(layer, x_sel, take_rows(cos, selected), take_rows(sin, selected),
                                         normed, cos, sin)
     k_pos = positions
     if past_key_values is not None:

@@ -40,9 +40,10 @@ from typing import Any, Iterable
 import torch
 
 from kvlab.core import check_choice, check_int, check_token_ids
-from kvlab.reform.reference import HEAD_KINDS, Head, _decoder, reform
+from kvlab.memory import kv_bytes_per_token, shape_of
+from kvlab.reform.reference import HEAD_KINDS, Head, decoder_of, reform
 
-__all__ = ["ReformOutput", "reform_generate", "reform_answer_nll", "reform_gather", "load_heads", "parse_heads",
+__all__ = ["ReformOutput", "settings_for_budget", "reform_generate", "reform_answer_nll", "reform_gather", "load_heads", "parse_heads",
            "heads_file", "model_signature"]
 
 HEADS_DIR = Path(__file__).parent / "heads"
@@ -73,7 +74,7 @@ class ReformOutput:
 
 def model_signature(model) -> dict[str, Any]:
     """What a heads file must match: architecture and attention sizes."""
-    cfg = _decoder(model).config
+    cfg = decoder_of(model).config
     return {"model_type": cfg.model_type, "num_layers": int(cfg.num_hidden_layers),
             "num_heads": int(cfg.num_attention_heads), "num_kv_heads": int(cfg.num_key_value_heads),
             "hidden_size": int(cfg.hidden_size)}
@@ -183,7 +184,7 @@ def _ids(tokenizer, text: Any, name: str, special: bool, vocab_size: int | None 
 
 def _settings(model, n_context: int, n_query: int, chunk_size, budget, early_exit_layer, heads, recompute_budget,
               n_initial, n_recent, n_final, pool, score_window) -> tuple[dict[str, Any], list[Head]]:
-    cfg = _decoder(model).config
+    cfg = decoder_of(model).config
     num_layers = int(cfg.num_hidden_layers)
     window = int(getattr(cfg, "max_position_embeddings", 8192) or 8192)
     heads = load_heads(heads, model)
@@ -223,6 +224,16 @@ def _settings(model, n_context: int, n_query: int, chunk_size, budget, early_exi
     return settings, heads
 
 
+def settings_for_budget(budget: int, *, chunk_size: int = 1) -> dict[str, int]:
+    """REFORM at one token budget, split by kvlab's rule (the leaderboard's): the compressed cache and the recompute
+    budget are both ``budget``; 4 initial tokens, a quarter of the budget recent and a quarter final; chunks of at
+    least ``budget`` tokens (``chunk_size``: the caller's chunk, raised to the budget). Keyword arguments of
+    :func:`reform_generate`."""
+    budget = check_int("budget", budget, 8)
+    return dict(budget=budget, recompute_budget=budget, chunk_size=max(check_int("chunk_size", chunk_size, 1), budget),
+                n_initial=4, n_recent=budget // 4, n_final=budget // 4)
+
+
 def _triton_problem(model) -> str | None:
     """Why the Triton kernels cannot take ``model`` (a sentence naming the constraint), or None."""
     from kvlab.kernels.triton_utils import check_triton_inputs
@@ -230,7 +241,7 @@ def _triton_problem(model) -> str | None:
     if importlib.util.find_spec("triton") is None:
         return "backend='triton' needs the triton package (pip install triton); use backend='torch'"
     try:
-        check_triton_inputs(next(model.parameters()), int(_decoder(model).layers[0].self_attn.head_dim))
+        check_triton_inputs(next(model.parameters()), int(decoder_of(model).layers[0].self_attn.head_dim))
     except ValueError as exc:
         return str(exc)
     return None
@@ -259,12 +270,9 @@ def _progress(enabled: bool, n_chunks: int):
     return lambda chunks: tqdm(chunks, desc="REFORM chunked forwarding", unit="chunk", mininterval=2.0)
 
 
-def _kv_bytes_per_token(model, layers: int | None = None) -> int:
-    cfg = _decoder(model).config
-    dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    layers = cfg.num_hidden_layers if layers is None else layers
-    element = next(model.parameters()).element_size()
-    return 2 * layers * cfg.num_key_value_heads * dim * element
+def _kv_bytes_per_token(model) -> int:
+    """Bytes of keys and values one token adds to the model's full cache, in the model's dtype."""
+    return kv_bytes_per_token(shape_of(decoder_of(model).config), next(model.parameters()).dtype)
 
 
 # --------------------------------------------------------------------------- entry points
@@ -286,7 +294,7 @@ def reform_gather(model, tokenizer, context, query, *, answer_prefix: str = "", 
     Every other argument: see the module docstring and :func:`kvlab.reform.reference.reform`.
     """
     device = next(model.parameters()).device
-    vocab = getattr(_decoder(model).config, "vocab_size", None)
+    vocab = getattr(decoder_of(model).config, "vocab_size", None)
     context_ids = _ids(tokenizer, context, "context", True, vocab).to(device)
     query_ids = _ids(tokenizer, query, "query", False, vocab).to(device)
     prefix_ids = _ids(tokenizer, answer_prefix, "answer_prefix", False, vocab).to(device) if answer_prefix else \
@@ -313,7 +321,7 @@ def reform_gather(model, tokenizer, context, query, *, answer_prefix: str = "", 
                  gathered_tokens=int(trace.gathered.numel()), chunks=trace.chunks,
                  cache_peak_bytes=int(trace.cache_bytes_peak),
                  layers_with_cache=int(sum(trace.cache.allocated())),
-                 full_depth_cache_bytes=int(trace.cache_bytes_peak * _decoder(model).config.num_hidden_layers
+                 full_depth_cache_bytes=int(trace.cache_bytes_peak * decoder_of(model).config.num_hidden_layers
                                             / settings["early_exit_layer"]),
                  embedding_bytes_per_token=int(emb_bytes), kv_bytes_per_token=_kv_bytes_per_token(model),
                  embedding_bytes=int(emb_bytes * trace.embeddings.shape[0]), seconds_gather=seconds,

@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 
 from kvlab.core import check_float, check_int
-from kvlab.reform.reference import (HEAD_KINDS, CompressedCache, Head, StateRecorder, _decoder, chunk_spans,
+from kvlab.reform.reference import (HEAD_KINDS, CompressedCache, Head, StateRecorder, decoder_of, chunk_spans,
                                     forward_chunk, head_states, mean_normalised_rank)
 
 __all__ = ["SCORE_KINDS", "MNRResult", "collect_states", "retrieval_scores", "task_mnr", "mnr_over_tasks",
@@ -71,7 +71,7 @@ class MNRResult:
 def collect_states(model, context_ids: torch.Tensor, query_ids: torch.Tensor, *, chunk_size: int, budget: int,
                    n_initial: int, n_recent: int, score_window: int = 128) -> StateRecorder:
     """Recurrent chunked forwarding through **all** layers, every layer's normalised input and output saved."""
-    layers = len(_decoder(model).layers)
+    layers = len(decoder_of(model).layers)
     cache, rec = CompressedCache(layers), StateRecorder(device=context_ids.device)
     n = context_ids.shape[1]
     chunks = [(context_ids[:, s:e], s) for s, e in chunk_spans(n, chunk_size)] + [(query_ids, n)]
@@ -88,7 +88,7 @@ def retrieval_scores(model, rec: StateRecorder, n_context: int, query_mask: torc
     q/k/v: cosine to the question tokens, max over them; attention: pre-RoPE ``q . k`` of a query head with
     its KV group's key head, max over question tokens; hidden: cosine of layer outputs (one "head").
     """
-    layers = _decoder(model).layers
+    layers = decoder_of(model).layers
     out: dict[str, list[torch.Tensor]] = {k: [] for k in SCORE_KINDS}
     sel = query_mask.to(rec.input(0).device)
     for idx, layer in enumerate(layers):

@@ -120,18 +120,18 @@ class Head:
 # --------------------------------------------------------------------------- model plumbing
 
 
-def _decoder(model):
+def decoder_of(model):
     return model.get_decoder() if hasattr(model, "get_decoder") else model.model
 
 
 def _layer_type(model, layer_idx: int) -> str | None:
-    types = getattr(_decoder(model).config, "layer_types", None)
+    types = getattr(decoder_of(model).config, "layer_types", None)
     return types[layer_idx] if types else None
 
 
-def _rope(model, layer_idx: int, hs: torch.Tensor, positions: torch.Tensor):
+def rope_at(model, layer_idx: int, hs: torch.Tensor, positions: torch.Tensor):
     """``(cos, sin)`` for ``positions`` ``(batch, seq)`` as this layer's rotary embedding makes them."""
-    rotary = _decoder(model).rotary_emb
+    rotary = decoder_of(model).rotary_emb
     kind = _layer_type(model, layer_idx)
     if kind is not None and hasattr(rotary, f"{kind}_inv_freq"):  # Gemma3: local and global RoPE
         return rotary(hs, positions, kind)
@@ -139,15 +139,15 @@ def _rope(model, layer_idx: int, hs: torch.Tensor, positions: torch.Tensor):
 
 
 def _inv_freq(model, layer_idx: int) -> torch.Tensor:
-    rotary = _decoder(model).rotary_emb
+    rotary = decoder_of(model).rotary_emb
     kind = _layer_type(model, layer_idx)
     freq = getattr(rotary, f"{kind}_inv_freq", None) if kind is not None else None
     return rotary.inv_freq if freq is None else freq
 
 
-def _window(model, layer_idx: int) -> int | None:
+def sliding_window_of(model, layer_idx: int) -> int | None:
     if _layer_type(model, layer_idx) == "sliding_attention":
-        return int(_decoder(model).config.sliding_window)
+        return int(decoder_of(model).config.sliding_window)
     return None
 
 
@@ -377,7 +377,7 @@ def h2o_keep(scores: torch.Tensor, budget: int, n_initial: int, n_recent: int) -
                       torch.arange(n - n_recent, n, device=scores.device)])
 
 
-def _query_states(layer, normed: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def query_states(layer, normed: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotated queries ``(batch, heads, w, dim)`` of the layer, as its attention computes them."""
     q = head_states(layer, normed, "q")
     if hasattr(layer.self_attn, "q_norm"):  # Gemma3 normalises each head before RoPE
@@ -399,18 +399,18 @@ def forward_chunk(model, chunk_ids: torch.Tensor, cache: CompressedCache, emb, *
     scoring with :func:`h2o_scores`'s arguments and result (``kvlab.reform.triton.h2o_scores_triton`` fuses it).
     Returns the hidden states ``(1, c, hidden)`` leaving layer ``early_exit_layer - 1``.
     """
-    layers = _decoder(model).layers
+    layers = decoder_of(model).layers
     c = chunk_ids.shape[1]
     start = cache.size  # consecutive positions: the chunk goes right after the kept entries
     positions = torch.arange(start, start + c, device=chunk_ids.device)
-    hs = _decoder(model).embed_tokens(chunk_ids)
+    hs = decoder_of(model).embed_tokens(chunk_ids)
     w = min(score_window, c)
     scores: dict[int, torch.Tensor] = {}
     tick = _Ticker(profile, hs.device)
     for layer_idx in range(early_exit_layer):
         layer = layers[layer_idx]
-        cos, sin = _rope(model, layer_idx, hs, positions[None])
-        mask = _attention_bias(positions, torch.arange(start + c, device=hs.device), _window(model, layer_idx),
+        cos, sin = rope_at(model, layer_idx, hs, positions[None])
+        mask = _attention_bias(positions, torch.arange(start + c, device=hs.device), sliding_window_of(model, layer_idx),
                                hs.dtype)
         normed = layer.input_layernorm(hs)  # what the layer's Q/K/V projections read
         hs = layer(hs, attention_mask=mask, position_ids=positions[None], past_key_values=cache, use_cache=True,
@@ -419,9 +419,9 @@ def forward_chunk(model, chunk_ids: torch.Tensor, cache: CompressedCache, emb, *
         emb.save(layer_idx, layer, normed, hs)
         tick("embeddings")
         if compress and budget is not None and cache.keys[layer_idx].shape[-2] > budget:
-            q = _query_states(layer, normed[:, -w:], cos[:, -w:], sin[:, -w:])
+            q = query_states(layer, normed[:, -w:], cos[:, -w:], sin[:, -w:])
             scores[layer_idx] = score_fn(q, cache.keys[layer_idx], layer.self_attn.scaling, positions[-w:],
-                                         torch.arange(start + c, device=hs.device), _window(model, layer_idx))[0]
+                                         torch.arange(start + c, device=hs.device), sliding_window_of(model, layer_idx))[0]
             tick("scoring")
     emb.end_chunk()
     cache.peak_bytes = max(cache.peak_bytes, cache.nbytes())
@@ -530,7 +530,7 @@ def reform(model, context_ids: torch.Tensor, query_ids: torch.Tensor, *, heads: 
     ``kvlab.reform.api`` picks them by ``backend``).
     """
     heads = list(heads)
-    cache = CompressedCache(len(_decoder(model).layers), compress_fn)
+    cache = CompressedCache(len(decoder_of(model).layers), compress_fn)
     n = context_ids.shape[1]
     emb = ContextEmbeddings(heads, dtype=emb_dtype, capacity=n + query_ids.shape[1])
     chunks = [(context_ids[:, s:e], s) for s, e in chunk_spans(n, chunk_size)] + [(query_ids, n)]

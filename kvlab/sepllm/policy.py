@@ -163,6 +163,16 @@ class SepLLMStreaming(Policy):
                           "kvlab.policies.StreamingLLM(init, cache - init) for the window cache", UserWarning,
                           stacklevel=2)
 
+    @classmethod
+    def for_budget(cls, cache: int, *, tokenizer=None) -> "SepLLMStreaming":
+        """kvlab's split of a total capacity ``c`` into the four blocks: ``a = 4`` initial tokens, ``s = c // 4``
+        separators, ``w = c // 2`` local window; the remaining quarter is the past window, where separators wait
+        for the next compression. (The paper's own settings, such as ``(4, 32, 224, 324)`` or ``(4, 64, 256,
+        800)``, are passed to the constructor as they are.) ``tokenizer``: the separators' source."""
+        if tokenizer is None:
+            raise ValueError("SepLLMStreaming.for_budget needs tokenizer= (its separator ids)")
+        return cls(init=4, sep=cache // 4, local=cache // 2, cache=cache, separators=tokenizer)
+
     @property
     def budget(self) -> int:
         return self.cache

@@ -72,6 +72,23 @@ def _classify(text: str, marks: frozenset[str], spaces: frozenset[str], match: s
     return match == "suffix" and bool(core) and core[-1] in marks
 
 
+def _chosen_separators(separators: Iterable[str] | str, match: str) -> tuple[str, ...]:
+    """The separator characters named by ``separators`` (a key of :data:`SEPARATOR_SETS` or characters), checked."""
+    if isinstance(separators, str) and separators in SEPARATOR_SETS:
+        chosen = tuple(SEPARATOR_SETS[separators])
+    elif isinstance(separators, str):
+        raise ValueError(f"separators={separators!r} is not a key of SEPARATOR_SETS {list(SEPARATOR_SETS)}; "
+                         "pass an iterable of characters to choose your own")
+    else:
+        chosen = tuple(separators)
+    unknown = [s for s in chosen if s not in SEPARATORS]
+    if unknown:
+        raise ValueError(f"{unknown} are not SepLLM separators; choose among {SEPARATORS}")
+    if match not in MATCHES:
+        raise ValueError(f"match must be one of {MATCHES}, got {match!r}")
+    return chosen
+
+
 def separator_ids(tokenizer, separators: Iterable[str] | str = SEPARATORS, match: str = "official") -> list[int]:
     """Every id of ``tokenizer`` whose text is one of ``separators`` (by the reading ``match``); sorted.
 
@@ -85,18 +102,7 @@ def separator_ids(tokenizer, separators: Iterable[str] | str = SEPARATORS, match
     Results are cached per (tokenizer name, vocabulary size, separators, match) when the tokenizer has a
     name (decoding a 262k vocabulary takes seconds); a tokenizer without one is decoded every time.
     """
-    if isinstance(separators, str) and separators in SEPARATOR_SETS:
-        chosen = SEPARATOR_SETS[separators]
-    elif isinstance(separators, str):
-        raise ValueError(f"separators={separators!r} is not a key of SEPARATOR_SETS {list(SEPARATOR_SETS)}; "
-                         "pass an iterable of characters to choose your own")
-    else:
-        chosen = tuple(separators)
-    unknown = [s for s in chosen if s not in SEPARATORS]
-    if unknown:
-        raise ValueError(f"{unknown} are not SepLLM separators; choose among {SEPARATORS}")
-    if match not in MATCHES:
-        raise ValueError(f"match must be one of {MATCHES}, got {match!r}")
+    chosen = _chosen_separators(separators, match)
     name = getattr(tokenizer, "name_or_path", None)
     key = (name, len(tokenizer), tuple(sorted(chosen)), match) if name else None
     if key is not None and key in _CACHE:

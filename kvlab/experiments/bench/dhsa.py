@@ -149,7 +149,7 @@ def run_ops(args) -> dict:
     torch = require_cuda()
     import torch.nn.functional as F
 
-    from kvlab.dhsa.flex import _touched_blocks, dhsa_attention_flex, dhsa_block_mask
+    from kvlab.dhsa.flex import touched_blocks, dhsa_attention_flex, dhsa_block_mask
     from kvlab.dhsa.reference import chunk_plan
     from kvlab.dhsa.triton import dhsa_attention_triton, kv_bytes, launch_tables, mma_rows
 
@@ -190,7 +190,7 @@ def run_ops(args) -> dict:
                     try:
                         row["mask_ms"] = bench_ms(lambda: dhsa_block_mask(plan), args.time_budget, max_reps=5)["ms"]
                         bm = dhsa_block_mask(plan)
-                        touched = _touched_blocks(plan, 128)
+                        touched = touched_blocks(plan, 128)
                         nb = touched.shape[-1]
                         row["tiles"] = float(touched.float().sum() / (touched.shape[1] * nb * (nb + 1) / 2))
                         row["flex_ms"] = bench_ms(lambda: dhsa_attention_flex(q, k, v, bd, budget, block_mask=bm, **kw),

@@ -38,6 +38,7 @@ import time
 from pathlib import Path
 
 import torch
+from kvlab.kernels.benchmarking import synchronize
 
 __all__ = ["SMOLLM2_SHAPE", "main", "main_streams", "random_smollm2"]
 
@@ -70,23 +71,17 @@ def _models(device, dtype):
 def _policies(tokens: int):
     import kvlab  # the paper policies, reached through the root package as the other eval CLIs do
 
-    Full, LaCache = kvlab.policies.Full, kvlab.policies.LaCache
-    SepLLMStreaming, StreamingLLM = kvlab.policies.SepLLMStreaming, kvlab.policies.StreamingLLM
     seps = list(range(0, SMOLLM2_SHAPE["vocab_size"], 16))  # ~6% of random tokens are "separators"
     b = max(tokens // 4, 64)  # the budget: a quarter of the stream (StreamingLLM(4, 124) at 512 tokens)
-    return [Full(), StreamingLLM(4, b - 4), SepLLMStreaming(4, b // 8, b // 2, b, separators=seps), LaCache(b)]
-
-
-def _sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    methods = (kvlab.policies.StreamingLLM, kvlab.policies.SepLLMStreaming, kvlab.policies.LaCache)
+    return [kvlab.policies.Full()] + [m.for_budget(b, tokenizer=seps) for m in methods]
 
 
 def _timed(fn, device) -> float:
-    _sync(device)
+    synchronize(device)
     start = time.perf_counter()
     fn()
-    _sync(device)
+    synchronize(device)
     return time.perf_counter() - start
 
 
@@ -263,12 +258,11 @@ def _stream_ids(tok, vocab: int, rows: int, tokens: int, gen) -> torch.Tensor:
 def _stream_policy(name: str, tok, cache: int):
     import kvlab
 
-    if name == "streamingllm":
-        return kvlab.policies.StreamingLLM(4, cache_size=cache)
-    if name == "sepllm":
-        seps = tok if tok is not None else list(range(0, SMOLLM2_SHAPE["vocab_size"], 16))
-        return kvlab.policies.SepLLMStreaming(4, 32, cache - 100, cache, separators=seps)
-    raise ValueError(f"--policies takes streamingllm and sepllm, got {name!r}")
+    methods = {"streamingllm": kvlab.policies.StreamingLLM, "sepllm": kvlab.policies.SepLLMStreaming}
+    if name not in methods:
+        raise ValueError(f"--policies takes streamingllm and sepllm, got {name!r}")
+    seps = tok if tok is not None else list(range(0, SMOLLM2_SHAPE["vocab_size"], 16))
+    return methods[name].for_budget(cache, tokenizer=seps)
 
 
 def _kernel_table(prof, steps: int, top: int = 15) -> tuple[list[dict], float]:
@@ -317,7 +311,7 @@ def _phase_table(decoder, ids, device) -> tuple[list[dict], float]:
                 with record_function("phase:step"):
                     decoder.ids.copy_(ids[:, t:t + 1])
                     decoder._forward()
-            _sync(device)
+            synchronize(device)
     finally:
         for name in _PHASES:
             delattr(cache, name)  # back to the class's methods
@@ -348,7 +342,7 @@ def _engine_run(model, policy, ids, kernel: str, fill: int, steps: int, device, 
     start = time.perf_counter()
     decoder = FastDecoder(model, policy, batch, kernel=kernel)
     decoder.step(ids[:, :1])  # capture
-    _sync(device)
+    synchronize(device)
     capture_s = time.perf_counter() - start
     fill_s = _timed(lambda: [decoder.step(ids[:, t:t + 1]) for t in range(1, fill)], device)
 
@@ -373,7 +367,7 @@ def _engine_run(model, policy, ids, kernel: str, fill: int, steps: int, device, 
         with _graph_profile() as prof:  # the graph replays as they run
             for t in range(t0, t0 + 3):
                 decoder.step(ids[:, t:t + 1])
-            _sync(device)
+            synchronize(device)
         out["profile"], out["profile_ms_per_step"] = _kernel_table(prof, 3)
         # the same step run eagerly (decoder._forward, same buffers), each part of the cache's work labelled:
         # GPU time per part, the rest is the model's own layers

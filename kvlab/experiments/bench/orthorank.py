@@ -133,7 +133,7 @@ def run_throughput(args) -> dict:
 def run_layer(args) -> dict:
     torch = require_cuda()
     from kvlab.orthorank import triton as kernels
-    from kvlab.orthorank.reference import (_gather_rows, alignment, attention, project_qkv, routed_layer,
+    from kvlab.orthorank.reference import (take_rows, alignment, attention, project_qkv, routed_layer,
                                            select_topk, tokens_for_ratio)
 
     rows = []
@@ -154,8 +154,8 @@ def run_layer(args) -> dict:
             normed = layer.input_layernorm(h)
             sel = select_topk(alignment(normed), k)
             cos, sin = (t.expand(args.batch, -1, -1) for t in pe)
-            query, key, value = project_qkv(layer, _gather_rows(normed, sel), _gather_rows(cos, sel),
-                                            _gather_rows(sin, sel), normed, cos, sin)
+            query, key, value = project_qkv(layer, take_rows(normed, sel), take_rows(cos, sel),
+                                            take_rows(sin, sel), normed, cos, sin)
             positions = pos.expand(args.batch, -1)
             q_pos = positions.gather(1, sel)
 

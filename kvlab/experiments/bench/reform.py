@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from kvlab.experiments.bench.eval import SMOLLM2_SHAPE, random_smollm2
+from kvlab.kernels.benchmarking import synchronize
 
 __all__ = ["COMMANDS", "main"]
 
@@ -184,11 +185,6 @@ def _device(model) -> str:
     return torch.cuda.get_device_name() if next(model.parameters()).is_cuda else "cpu"
 
 
-def _sync(model) -> None:
-    if next(model.parameters()).is_cuda:
-        torch.cuda.synchronize()
-
-
 def _peak_reset(model) -> None:
     if next(model.parameters()).is_cuda:
         torch.cuda.synchronize()
@@ -219,14 +215,14 @@ def _efficiency_one(method, model, tok, task, args, heads) -> dict[str, Any]:
                             chunk_size=args.chunk_size, budget=args.budget, heads=heads,
                             recompute_budget=args.budget, n_initial=args.n_initial, n_recent=args.n_recent,
                             n_final=args.n_final, progress=False, profile=args.profile, backend=args.backend)
-        _sync(model)
+        synchronize(model)
         phases.update(out.trace.timings)
         t1 = time.perf_counter()
         ids = out.input_ids
         o = model(input_ids=ids, use_cache=True)
         text = greedy_answer(tok, o.logits[:, -1], lambda t: model(input_ids=t, past_key_values=o.past_key_values,
                                                               use_cache=True).logits[:, -1], args.new_tokens)
-        _sync(model)
+        synchronize(model)
         phases["recompute_and_generate"] = time.perf_counter() - t1
         extra = {"cache_peak_bytes": out.stats["cache_peak_bytes"], "embedding_bytes": out.stats["embedding_bytes"]}
     elif method == "compress_only":
@@ -249,7 +245,7 @@ def _efficiency_one(method, model, tok, task, args, heads) -> dict[str, Any]:
     else:
         raise ValueError(f"efficiency times reform, compress_only, streamingllm, h2o and tova; got method={method!r} "
                          "(drop it from --methods)")
-    _sync(model)
+    synchronize(model)
     seconds = time.perf_counter() - begin
     return {"method": method, "tokens": n, "seconds": round(seconds, 2), "peak_gib": round(_peak(model), 3),
             "before_gib": round(base, 3), "text": text, "answer": task.answer,
@@ -433,13 +429,13 @@ def run_profile(args) -> int:
             base = torch.cuda.memory_allocated() / 2**30 if device == "cuda" else float("nan")
             begin = time.perf_counter()
             out = reform_gather(model, None, ids, query, backend=backend, profile=args.profile, **settings)
-            _sync(model)
+            synchronize(model)
             gathered = time.perf_counter()
             o = model(input_ids=out.input_ids.to(device), use_cache=True)
             token = o.logits[:, -1:].argmax(-1)
             for _ in range(args.new_tokens - 1):
                 token = model(input_ids=token, past_key_values=o.past_key_values, use_cache=True).logits.argmax(-1)
-            _sync(model)
+            synchronize(model)
             end = time.perf_counter()
             phases = dict(out.trace.timings)
             phases["recompute_and_generate"] = end - gathered
@@ -456,10 +452,9 @@ def run_profile(args) -> int:
 
 
 def _kv_gib(model, tokens: int) -> float:
-    cfg = model.config
-    dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    element = next(model.parameters()).element_size()
-    return 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * dim * element * tokens / 2**30
+    from kvlab.memory import kv_bytes_per_token, shape_of
+
+    return kv_bytes_per_token(shape_of(model.config), next(model.parameters()).dtype) * tokens / 2**30
 
 
 # --------------------------------------------------------------------------- command line

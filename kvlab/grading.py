@@ -183,7 +183,9 @@ _BAD_NAMES = {"__builtins__", "__import__", "exec", "eval", "compile", "globals"
               "breakpoint", "__loader__", "__spec__", "open", "vars", "locals", "exit", "quit"}
 _BAD_ATTRS = {"_exit", "_getframe", "settrace", "setprofile", "f_back", "f_globals", "f_locals", "__code__",
               "__globals__", "__subclasses__", "__builtins__", "kill", "fork", "execv", "system",
-              "__dict__", "__closure__", "gi_frame", "tb_frame", "argv", "environ", "__setattr__"}
+              "__dict__", "__closure__", "gi_frame", "tb_frame", "argv", "environ", "__setattr__",
+              # names reachable from allowed modules (random._os, operator.attrgetter("kill"), a module's time)
+              "_os", "attrgetter", "methodcaller", "import_module", "sleep", "_posixsubprocess", "posix"}
 _COMPARISON_DUNDERS = {"__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__", "__bool__",
                        "__instancecheck__", "__subclasshook__", "__hash__", "__float__", "__index__",
                        "__getattr__", "__getattribute__"}

@@ -1111,18 +1111,16 @@ def sandbox_spec(hide: list[pathlib.Path] = ()) -> dict:
     ro += [p for p in sys.path if p and os.path.isdir(p)]
     for cache in (cache_dir(), pathlib.Path(os.environ.get("HF_HOME", pathlib.Path.home() / ".cache" / "huggingface"))):
         ro.append(str(cache))
-    seen, paths = set(), []
-    for p in ro:
-        p = os.path.abspath(p)
-        if p not in seen and os.path.lexists(p):
-            seen.add(p)
-            paths.append(p)
-    inside = [str(h.resolve()) for h in hide if any(str(h.resolve()).startswith(p.rstrip("/") + "/") or
+    paths = []
+    for p in sorted({os.path.abspath(p) for p in ro if os.path.lexists(p)}, key=len):
+        if not any(p.startswith(q.rstrip("/") + "/") for q in paths if not os.path.islink(q)):
+            paths.append(p)  # a folder inside one already bound comes with it
+    inside = [str(h.resolve()) for h in hide if h.is_dir() and any(str(h.resolve()).startswith(p.rstrip("/") + "/") or
                                                     str(h.resolve()) == p for p in paths)]
     return {"ro": paths, "hide": sorted(set(inside)), "scratch": SCRATCH}
 
 
-def _bwrap_args(spec: dict, info_fd: int, ready_fd: int) -> list[str]:
+def _bwrap_args(spec: dict, info_fd: int) -> list[str]:
     """bubblewrap's command line for one child's sandbox: new pid, network, IPC, UTS (and cgroup) namespaces, a
     cleared environment, dies with the zygote; its only process a holder that says when the sandbox is ready."""
     args = ["bwrap", "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-net", "--unshare-ipc",
@@ -1137,8 +1135,7 @@ def _bwrap_args(spec: dict, info_fd: int, ready_fd: int) -> list[str]:
         args += ["--perms", "1777", "--size", str(int(spec["scratch"])), "--tmpfs", p]
     for p in spec["hide"]:
         args += ["--tmpfs", p]
-    return args + ["--chdir", "/", "--info-fd", str(info_fd), "--", "/bin/sh", "-c",
-                   f"echo ready >&{ready_fd}; exec sleep infinity"]
+    return args + ["--chdir", "/", "--info-fd", str(info_fd), "--", "/bin/sh", "-c", "echo ready; exec sleep infinity"]
 
 
 class _Sandbox:
@@ -1148,12 +1145,11 @@ class _Sandbox:
     def __init__(self, spec: dict, timeout: float = 20.0):
         import select
 
-        ready_r, ready_w = os.pipe()
         info_r, info_w = os.pipe()
-        self.proc = subprocess.Popen(_bwrap_args(spec, info_w, ready_w), pass_fds=(info_w, ready_w),
-                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self.proc = subprocess.Popen(_bwrap_args(spec, info_w), pass_fds=(info_w,), stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         os.close(info_w)
-        os.close(ready_w)
+        ready_r = self.proc.stdout.fileno()  # the holder says "ready" on its stdout once the sandbox is made
         try:
             readable, _, _ = select.select([ready_r], [], [], timeout)
             ready = os.read(ready_r, 16) if readable else b""
@@ -1164,7 +1160,7 @@ class _Sandbox:
                 raise SandboxUnavailable(f"bubblewrap did not start a sandbox: {why or 'no message'}")
             self.pid = int(json.loads(info.decode())["child-pid"])
         finally:
-            os.close(ready_r)
+            self.proc.stdout.close()
             os.close(info_r)
             if self.proc.stderr is not None:
                 self.proc.stderr.close()
@@ -1627,7 +1623,7 @@ def _run_zygote(job: dict, tests: dict, cwd: pathlib.Path) -> tuple[list[dict], 
 
 def grade_submissions(solutions: pathlib.Path, autograder_zip: pathlib.Path, submissions: list[pathlib.Path],
                       jobs: int = 1, timeout: float | None = None, memory: int = MEMORY, seed: int | None = None,
-                      trust_submissions: bool = False) -> list[SubmissionResult]:
+                      trust_submissions: bool = False, hide: list[pathlib.Path] = ()) -> list[SubmissionResult]:
     """Grade ``submissions`` (``.ipynb`` or ``grader.export()`` zips) against the master ``solutions``
     notebook (the one ``otter assign`` writes beside the autograder zip) and the tests in ``autograder_zip``.
 
@@ -1639,7 +1635,8 @@ def grade_submissions(solutions: pathlib.Path, autograder_zip: pathlib.Path, sub
     bytes a child may map. ``seed``: the instructor's secret, given to the tests as ``HIDDEN_SEED`` (hidden tests
     draw their inputs from it; default 0); it reaches the judges only. Where bubblewrap cannot start a sandbox,
     raises :class:`SandboxUnavailable` unless ``trust_submissions`` (then the children run confined as before,
-    without namespaces). A child that dies, hangs or is killed costs its question only; a notebook that cannot be
+    without namespaces). ``hide``: more folders no child may see (the output, the built assignments); the
+    autograder folder and the submissions' folders are hidden always. A child that dies, hangs or is killed costs its question only; a notebook that cannot be
     read or planned is one row with its reason; if the grading process itself dies, every row says so and the
     class goes on.
     """
@@ -1658,7 +1655,7 @@ def grade_submissions(solutions: pathlib.Path, autograder_zip: pathlib.Path, sub
             raise SandboxUnavailable(f"student code runs only in a sandbox, and none can be made here: {problem}. "
                                      f"Fix that, or grade submissions you trust with --trust-submissions "
                                      f"(trust_submissions=True)")
-        hide = [pathlib.Path(autograder_zip).parent, pathlib.Path(solutions).parent]
+        hide = [pathlib.Path(autograder_zip).parent, pathlib.Path(solutions).parent] + [pathlib.Path(h) for h in hide]
         hide += sorted({pathlib.Path(p).resolve().parent for p in submissions})
         sandbox = sandbox_spec(hide)
     master = nbformat.read(solutions, as_version=4)

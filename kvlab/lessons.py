@@ -308,7 +308,8 @@ def grade(assignment: Assignment | pathlib.Path, submissions: pathlib.Path, out:
     if seed is None:
         seed = assignment.seed()
     results = grade_submissions(assignment.solutions, assignment.autograder, paths, jobs=jobs, timeout=timeout,
-                                seed=seed, trust_submissions=trust_submissions)
+                                seed=seed, trust_submissions=trust_submissions,
+                                hide=[out.resolve(), assignment.autograder.resolve().parent.parent.parent])
     questions = list(results[0].questions)
     possible = {q: results[0].questions[q].points for q in questions}
     total = sum(possible.values())

@@ -16,7 +16,7 @@ decides its own grade. Here the student's notebook is only a source of answer ce
    answer it forks, per distinct answer (identical code forked from the same state scores the same), a
    confined *child* and a *judge* joined by a socket. The child runs the student's added cells, the
    student's answer to q and the master's cells up to q's check, then only answers the judge. The judge reads
-   q's tests (public and hidden) from the grading process's private folder and runs them; where a test calls a
+   q's tests (public and hidden) from a memory file of the grading process and runs them; where a test calls a
    function or reads a value of the student's, it asks the child, sending the inputs and getting back plain
    data (:func:`_encode`: exact ``int``/``float``/``str``, lists, dicts, tensors converted with
    ``.as_subclass(torch.Tensor)`` and sent as dtype, shape and bytes; a subclass of a plain type comes back
@@ -34,23 +34,32 @@ decides its own grade. Here the student's notebook is only a source of answer ce
    ``setattr``/attribute assignment on imported modules; ``__eq__`` overrides; ``os._exit``;
    assignments to parameters). A flag does not change the score: it puts the row up for review.
 
-5. **The child is confined** (:func:`_confine`): its own session, killed whole when its judge is done or on
-   timeout (a process it left behind scores the question 0); stdout/stderr on ``/dev/null``, every
-   descriptor closed but its socket to the judge; an empty working folder; rlimits on CPU time, address
-   space, core files and processes; a seccomp filter that stops it when it tries to start a process (the
-   question scores 0, flagged); as root, the user ``nobody`` (it cannot signal the grader, read its folders
-   or the autograder folder, or write the build and lessons folders). Errors are reported by type and line,
-   never with the student's text.
+5. **The child is sandboxed** (:class:`_Sandbox`, :func:`_enter`, :func:`_confine`): bubblewrap makes, per child,
+   new pid, network, IPC and UTS namespaces and a filesystem of read-only binds (the system, the Python
+   installation, the project, the model cache) with private size-capped tmpfs for ``/tmp``, ``/dev/shm`` and the
+   working folder; the child, forked from the zygote, joins them with ``setns`` and forks once more into the
+   sandbox's pid namespace (it sees and can signal only its own sandbox). Then: its own session, stdout/stderr
+   on ``/dev/null``, every descriptor closed but its socket to the judge, a cleared environment, rlimits on
+   CPU time, address space and core files, as root the user ``nobody``, no capability, and a seccomp filter
+   that kills it when it starts a process or makes a system call of another ABI (i386, x32); threads run. The
+   zygote runs under ``python -I`` with a cleared environment. Where bubblewrap cannot run, grading refuses
+   unless ``trust_submissions``. Errors are reported by type and line, never with the student's text.
 6. **Time limits from the reference**: each question's reference answer runs first in a child and judge like
    the students', and a student's run may take ``SLOWDOWN`` times as long (at least ``MIN_LIMIT`` s) unless
-   ``timeout`` is given.
+   ``timeout`` is given; a run whose child and judge both sleep is stopped once the student's ``IDLE_BUDGET``
+   is spent, and a student whose runs take far more CPU time than the reference's is flagged slow.
 7. **Hidden inputs from a secret**: the judge gives the tests ``HIDDEN_SEED`` (the instructor's seed, see
-   :func:`grade_submissions`); hidden tests draw their random inputs from it.
+   :func:`grade_submissions`); hidden tests draw their random inputs from it. The tests and the seed reach the
+   judges in a memory file; no child can see them, nor the grader's command line or environment.
+8. **Nothing comes back but plain data and fixed words**: the judge's inputs are copied per call (what the
+   student's code does to its arguments stays in the child), a message over ``MAX_MESSAGE`` scores the
+   question 0, the judge has a memory limit, outcomes reach the grader over a pipe (never a file a child could
+   write), and every message is escaped (:func:`clean`) and capped.
 
 Not protected: what the child sends back is what the student's code computed, so a test checks values, not
 how they were found (kvlab's own implementation imported and called gets the points; the scan flags the
 import). The child's heap may still hold freed bytes of what it emptied (reachable with ``ctypes``, which
-the scan flags). Not root: no user switch (see docs/guide/classroom.md).
+the scan flags). See docs/guide/classroom.md.
 
 Entry point: :func:`grade_submissions` (used by ``python -m kvlab lessons grade``).
 """
@@ -993,7 +1002,7 @@ def _child_notes(ready: dict, q: str) -> tuple[list[str], list[str]]:
 
 def _judge(job: dict, q: str, ns: dict, pristine: dict, sock, out_fd: int) -> None:
     """Run in a process forked from the zygote beside each child, never running student code: read q's tests
-    (public and hidden) from the grading process's private folder, take the child's answers as plain data, run
+    (public and hidden) from the grading process's memory file, take the child's answers as plain data, run
     the tests here (the student's functions called through the child), write the verdict to ``out_fd``."""
     result = {"cases": [], "errors": [], "flags": []}
     try:

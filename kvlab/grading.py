@@ -231,7 +231,7 @@ def _scan_more(tree: ast.AST, allowed_imports: set[str] | None) -> list[str]:
                         found.append(f"defines {n} in the class {node.name} (changes how its values compare, "
                                      f"convert or dispatch)")
             for base in node.bases:
-                b = ast.unparse(base)
+                b = _name(ast.unparse(base), "a base")
                 if b.split(".")[-1] in ("float", "int", "list", "tuple", "dict", "str", "bool", "Tensor"):
                     found.append(f"subclasses {b} (an answer must be the plain type)")
         elif allowed_imports is not None and isinstance(node, (ast.Import, ast.ImportFrom)):
@@ -310,7 +310,7 @@ def scan(source: str, label: str, parameters: set[str] = frozenset(), imported: 
                         while isinstance(root, ast.Attribute):
                             root = root.value
                         if isinstance(root, ast.Name) and root.id in aliases:
-                            found.append(f"assigns {ast.unparse(sub)} (monkeypatching {root.id})")
+                            found.append(f"assigns {_name(ast.unparse(sub), 'an attribute')} (monkeypatching {root.id})")
     for node in tree.body:  # top level only: a local variable of the same name is harmless
         targets = []
         if isinstance(node, ast.Assign):

@@ -1426,7 +1426,12 @@ def _fork_all(job: dict, q: str, ns: dict, pristine: dict, out_fd: int, state: d
                                    "word": "no-result"})
                     continue
             else:
-                workdir = tempfile.mkdtemp(prefix="kvlab-child-")
+                try:
+                    workdir = tempfile.mkdtemp(prefix="kvlab-child-")
+                except OSError as exc:  # a full TMPDIR costs this run, not the class
+                    _emit(out_fd, {"v": i, "q": q, "status": f"no working folder could be made ({type(exc).__name__})",
+                                   "word": "no-result"})
+                    continue
             mine, theirs = socket.socketpair()
             r, w = os.pipe()
             child = os.fork()

@@ -103,6 +103,8 @@ class QuestionResult:
     score: float = 0.0
     cases: list[CaseResult] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)  # the student's cells that raised, and why
+    seconds: float = 0.0  # wall time of its run (child and judge), a slot of --jobs held that long
+    cpu: float = 0.0  # CPU time of its run (child and judge)
 
 
 @dataclass
@@ -1762,7 +1764,9 @@ def grade_submissions(solutions: pathlib.Path, autograder_zip: pathlib.Path, sub
         for q in order:
             qr = res.questions[q]
             outcome = outcomes.get((q, variant_of[i + 1][q]), {})
-            cpu += float(outcome.get("cpu", 0.0)) if type(outcome.get("cpu")) in (int, float) else 0.0
+            qr.cpu = float(outcome.get("cpu", 0.0)) if type(outcome.get("cpu")) in (int, float) else 0.0
+            qr.seconds = float(outcome.get("seconds", 0.0)) if type(outcome.get("seconds")) in (int, float) else 0.0
+            cpu += qr.cpu
             cases = tests[q]["cases"]
             data = outcome.get("result") if type(outcome.get("result")) is dict else None
             if data is not None:

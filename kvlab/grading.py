@@ -1126,6 +1126,7 @@ def sandbox_spec(hide: list[pathlib.Path] = ()) -> dict:
     for p in sorted({os.path.abspath(p) for p in ro if os.path.lexists(p)}, key=len):
         if not any(p.startswith(q.rstrip("/") + "/") for q in paths if not os.path.islink(q)):
             paths.append(p)  # a folder inside one already bound comes with it
+    hide = [*hide, project / "build"]  # earlier grades and built assignments: nothing a child needs
     inside = [str(h.resolve()) for h in hide if h.is_dir() and any(str(h.resolve()).startswith(p.rstrip("/") + "/") or
                                                     str(h.resolve()) == p for p in paths)]
     return {"ro": paths, "hide": sorted(set(inside)), "scratch": SCRATCH}

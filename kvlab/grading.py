@@ -1105,6 +1105,13 @@ MAX_FLAGS = 40  # reasons to review kept per submission (the rest are counted)
 
 # ------------------------------------------------------------------------------------------ the sandbox
 
+def _project() -> pathlib.Path:
+    """The folder holding the ``kvlab`` package this grader runs from (the project, or site-packages)."""
+    import kvlab
+
+    return pathlib.Path(kvlab.__file__).resolve().parent.parent
+
+
 class SandboxUnavailable(RuntimeError):
     """bubblewrap cannot start a sandbox here: untrusted submissions are not graded (see the message)."""
 
@@ -1116,7 +1123,7 @@ def sandbox_spec(hide: list[pathlib.Path] = ()) -> dict:
     them."""
     from kvlab.assets.integrity import cache_dir
 
-    project = pathlib.Path(__file__).resolve().parent.parent
+    project = _project()
     ro = ["/usr", "/lib", "/lib32", "/lib64", "/libx32", "/bin", "/sbin", "/etc/ld.so.cache", "/etc/localtime",
           sys.base_prefix, sys.prefix, str(pathlib.Path(os.path.realpath(sys.executable)).parent.parent), str(project)]
     ro += [p for p in sys.path if p and os.path.isdir(p)]
@@ -1593,9 +1600,9 @@ def _run_zygote(job: dict, tests: dict, cwd: pathlib.Path) -> tuple[list[dict], 
     data = json.dumps(tests).encode()
     os.write(tests_fd, data)
     out_r, out_w = os.pipe()
-    project = str(pathlib.Path(__file__).resolve().parent.parent)
+    project = str(_project())
     job = dict(job, tests_fd=tests_fd, tests_size=len(data), out_fd=out_w)
-    code = f"import sys; sys.path.insert(0, {project!r}); from kvlab.grading import _zygote; _zygote()"
+    code = f"import sys; sys.path.insert(0, {project!r}); from {__name__} import _zygote; _zygote()"
     proc = subprocess.Popen([sys.executable, "-I", "-c", code], cwd=str(cwd), env=_zygote_env(),
                             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             pass_fds=(tests_fd, out_w))

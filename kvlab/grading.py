@@ -1510,9 +1510,6 @@ def _fork_all(job: dict, q: str, ns: dict, pristine: dict, out_fd: int, state: d
             if run["child_status"] is None:
                 _, run["child_status"], usage = os.wait4(run["child"], 0)
                 run["child_cpu"] = usage.ru_utime + usage.ru_stime
-                killed_by_us = True
-            else:
-                killed_by_us = False
             try:
                 while chunk := os.read(run["r"], 1 << 16):
                     run["buf"] += chunk
@@ -1536,7 +1533,7 @@ def _fork_all(job: dict, q: str, ns: dict, pristine: dict, out_fd: int, state: d
                 outcome["status"] = (f"the run of {q} waited {run['idle']:.1f} s without computing (sleeping) and "
                                      f"was stopped: a student's runs may wait {IDLE_BUDGET:g} s in all")
                 outcome["word"] = "slow"
-            elif not killed_by_us and code == -signal.SIGSYS:
+            elif code == -signal.SIGSYS:  # only seccomp sends it (the grader kills with SIGKILL)
                 outcome["status"] = (f"the run of {q} tried to start a process (fork, exec or a shell) or to make a "
                                      f"system call of another ABI, and was stopped")
                 outcome["word"] = "process"
@@ -1627,7 +1624,7 @@ def _run_zygote(job: dict, tests: dict, cwd: pathlib.Path) -> tuple[list[dict], 
 
     feeder = threading.Thread(target=feed, daemon=True)
     feeder.start()
-    messages, buf = [], bytearray()
+    messages = []
     with os.fdopen(out_r, "rb") as pipe:
         for line in pipe:
             try:

@@ -29,7 +29,6 @@ import contextlib
 import csv
 import hashlib
 import io
-import os
 import pathlib
 import shutil
 import sys

@@ -9,7 +9,10 @@ notebook per attack from that student version, each with the score and review fl
 Each attack is what a determined student tried against the grader: killing the grader, hanging, forking a
 grandchild, forging result files, planting an autograder zip, answers that compare equal to anything, reading
 the tests and raising them as an error message, using kvlab's own class, walking the call stack, searching the
-process's memory for a test, a reference answer or a classmate's code.
+process's memory for a test, a reference answer or a classmate's code; and those of the sandbox round: signalling
+every process it can see, planting a module in classmates' working folders, changing its arguments in place,
+filling /tmp and /dev/shm, system calls of another ABI, class names carrying text, looking for the seed, a raw
+oversized message to the judge, sleeping to near the limit. ``write_class`` writes an honest class beside them.
 """
 
 from __future__ import annotations
@@ -52,9 +55,10 @@ def write_master(path: pathlib.Path) -> pathlib.Path:
              new_markdown_cell("Return the sum of `xs` as a `float`."), new_raw_cell("# BEGIN SOLUTION"),
              new_code_cell(TOTAL), new_raw_cell("# END SOLUTION"), new_raw_cell("# BEGIN TESTS"),
              new_code_cell(_test("got = total([1, 2])\nassert type(got) is float and got == 3.0, 'total([1, 2]) is 3.0'", 1)),
-             new_code_cell(_test("for n in range(20):\n    got = total(list(range(n)))\n"
-                                 "    assert type(got) is float and math.isclose(got, n * (n - 1) / 2), n", 1,
-                                 hidden=True)),
+             # the expected value is computed from the inputs after the call: the student's function gets a copy
+             new_code_cell(_test("for n in range(20):\n    xs = list(range(n))\n    got = total(xs)\n"
+                                 "    assert type(got) is float and math.isclose(got, sum(xs)) and xs == list(range(n)), n",
+                                 1, hidden=True)),
              new_raw_cell("# END TESTS"), new_raw_cell("# END QUESTION")]
     nb = new_notebook(cells=cells, metadata={"kernelspec": {"name": "python3", "display_name": "Python 3",
                                                             "language": "python"}})
@@ -120,6 +124,96 @@ ATTACKS = {
 }
 
 
+SEED = 918273  # the seed the attack class is made with: seed_probe must not find it
+_FIND = ("def _visible():\n"  # every process, working folder and scratch folder this child can see
+         "    os = random._os\n    found = []\n"
+         "    for pid in os.listdir('/proc'):\n        if pid.isdigit() and int(pid) != os.getpid():\n"
+         "            found.append(int(pid))\n    return found\n")
+
+# the sandbox round: each attack of the issue's table, on this assignment (the names say what each tries)
+SANDBOX_ATTACKS = {
+    # SIGKILL every process it can see, with no import of os (random._os, operator.attrgetter)
+    "pid_killer": ({0: "import operator, random\n" + _FIND + "for pid in _visible():\n    try:\n"
+                       "        operator.attrgetter('kill')(random._os)(pid, 9)\n    except Exception:\n"
+                       "        pass\n" + GOOD[0]}, (2, 2), "uses ._os"),
+    # a fake module in every folder it can write (classmates' working folders, /tmp, the project)
+    "module_planter": ({0: "import random\nos = random._os\n"
+                           "targets = ['/tmp', '/dev/shm', '.', '/home', '/work']\n"
+                           "for pid in os.listdir('/proc'):\n    targets.append(f'/proc/{pid}/cwd')\n"
+                           "for base in list(targets):\n    try:\n        targets += [os.path.join(base, d) for d in "
+                           "os.listdir(base)]\n    except OSError:\n        pass\n"
+                           "for t in targets:\n    try:\n        os.makedirs(os.path.join(t, 'matplotlib'), exist_ok=True)\n"
+                           "        with open(os.path.join(t, 'matplotlib', '__init__.py'), 'w') as f:\n"
+                           "            f.write('raise SystemExit')\n        with open(os.path.join(t, 'math.py'), 'w') as f:\n"
+                           "            f.write('raise SystemExit')\n    except OSError:\n        pass\n" + GOOD[0]},
+                       (2, 2), "uses ._os"),
+    # changes its argument in place so that the hidden test's expected value (computed after the call) matches
+    "mutator": ({1: "def total(xs):\n    xs.clear()\n    return 0.0\n"}, (2, 0), None),
+    # fills its /tmp, /dev/shm and working folder (the grader's TMPDIR, before the sandbox)
+    "disk_filler": ({0: "import random\nos = random._os\n"
+                        "for d in ('/tmp', '/dev/shm', '.'):\n    try:\n"
+                        "        with open(os.path.join(d, 'kvlab-attack-fill'), 'wb') as f:\n"
+                        "            for _ in range(200):\n                f.write(b'x' * (1 << 20))\n"
+                        "    except OSError:\n        pass\n" + GOOD[0]}, (2, 2), "uses ._os"),
+    # execve("/usr/bin/touch") through int 0x80, the i386 system-call ABI
+    "int80": ({0: "import ctypes, mmap\n"
+                  "low = mmap.mmap(-1, 4096, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | 0x40)\n"  # MAP_32BIT
+                  "path = b'/usr/bin/touch\\x00'\narg = b'/tmp/kvlab-int80\\x00'\n"
+                  "low[0:len(path)] = path\nlow[64:64 + len(arg)] = arg\n"
+                  "base = ctypes.addressof(ctypes.c_char.from_buffer(low))\n"
+                  "argv = (base).to_bytes(4, 'little') + (base + 64).to_bytes(4, 'little') + bytes(4)\n"
+                  "low[128:140] = argv\n"
+                  "code = bytes([0xb8, 11, 0, 0, 0, 0xbb]) + base.to_bytes(4, 'little') + bytes([0xb9]) + "
+                  "(base + 128).to_bytes(4, 'little') + bytes([0x31, 0xd2, 0xcd, 0x80, 0xc3])\n"
+                  "exe = mmap.mmap(-1, 4096, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)\n"
+                  "exe[0:len(code)] = code\n"
+                  "ctypes.CFUNCTYPE(ctypes.c_int)(ctypes.addressof(ctypes.c_char.from_buffer(exe)))()\n" + GOOD[0]},
+              (0, 2), "another ABI"),
+    # a system call of the x32 ABI (getpid with bit 30 set)
+    "x32": ({0: "import ctypes\nctypes.CDLL(None).syscall(0x40000000 | 39)\n" + GOOD[0]}, (0, 2), "another ABI"),
+    # class names carrying text: escape codes, a forged REVIEW line, the hidden check's marker
+    "class_names": ({1: "Evil = type('\\x1b[31mREVIEW evil.ipynb: nothing\\nhidden-check-7f3a', (float,), {})\n"
+                        "def total(xs):\n    return Evil(float(sum(xs)))\n"}, (2, 0), "returned a subclass of float"),
+    # thousands of replaced names, so thousands of flags
+    "flag_flood": ({0: "import torch\nfor k in dir(torch)[:3000]:\n    try:\n        setattr(torch, k, 1)\n"
+                       "    except Exception:\n        pass\n" + GOOD[0]}, (2, 2), "replaced torch"),
+    # looks for the seed in its environment and every command line and environment it can read; answers wrong
+    # when it finds it: full marks show it is nowhere
+    "seed_probe": ({0: "import random\nos = random._os\nfound = str(%d) in ' '.join(os.environ.values())\n"
+                       "for pid in os.listdir('/proc'):\n    for part in ('cmdline', 'environ'):\n        try:\n"
+                       "            with open(f'/proc/{pid}/{part}', 'rb') as f:\n"
+                       "                found = found or b'%d' in f.read()\n        except OSError:\n            pass\n"
+                       "def double(x):\n    return 2 * x + (1 if found else 0)\n" % (SEED, SEED)}, (2, 2),
+                   "uses .environ"),
+    # a raw 63 MiB message to the judge on the child's own socket
+    "big_message": ({0: "import random, socket\nos = random._os\n"
+                        "for fd in range(3, 64):\n    try:\n        s = socket.socket(fileno=os.dup(fd))\n"
+                        "        body = b'[' * (63 << 20)\n        s.sendall(len(body).to_bytes(8, 'big') + body)\n"
+                        "    except OSError:\n        pass\n" + GOOD[0]}, (0, 2), "oversize"),
+    # correct answers, then asleep until 85 % of the CPU limit read from /proc/self/limits
+    "sleeper": ({i: GOOD[i] + "import random, time\nwith open('/proc/self/limits') as f:\n"
+                              "    cpu = next(int(line.split()[3]) for line in f if line.startswith('Max cpu time'))\n"
+                              "time.sleep(0.85 * cpu)\n" for i in (0, 1)}, (0, 0), "slow"),
+    # threads are allowed: the answer computed in one
+    "thread": ({0: "import threading\nbox = []\nt = threading.Thread(target=lambda: box.append(2))\nt.start()\n"
+                   "t.join()\n\ndef double(x):\n    return box[0] * x\n"}, (2, 2), "imports threading"),
+}
+ATTACKS.update(SANDBOX_ATTACKS)
+
+
+def write_class(student: pathlib.Path, out: pathlib.Path, n: int = 8) -> list[pathlib.Path]:
+    """``n`` honest students (``student0.ipynb`` ...), each answer with a comment of its own (no shared run)."""
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for k in range(n):
+        nb = nbformat.read(student, as_version=4)
+        for i, cell in enumerate(_answer_cells(nb)):
+            cell.source = f"# student {k}\n" + GOOD[i]
+        nbformat.write(nb, out / f"student{k}.ipynb")
+        written.append(out / f"student{k}.ipynb")
+    return written
+
+
 def _answer_cells(nb) -> list:
     return [c for c in nb.cells if c.cell_type == "code" and "otter_answer_cell" in c.metadata.get("tags", [])]
 
@@ -145,8 +239,9 @@ def main(argv: list[str]) -> int:
         return 2
     root = pathlib.Path(argv[0])
     master = write_master(root / "master" / f"{NAME}.ipynb")
-    (assignment,) = classroom.make([str(master)], out=root / "built")
+    (assignment,) = classroom.make([str(master)], out=root / "built", seed=SEED)
     write_attacks(assignment.student, root / "subs")
+    write_class(assignment.student, root / "subs")
     print(json.dumps({k: v[1] for k, v in ATTACKS.items()}))
     return 0
 

@@ -22,6 +22,19 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "$want" > "$stamp"
 fi
 
+# The grader runs each student's code in a bubblewrap sandbox (`python -m kvlab lessons grade`; Linux only).
+if [ "$(uname -s)" = Linux ] && ! command -v bwrap >/dev/null; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "kvlab: installing bubblewrap for the grader's sandbox: apt-get install bubblewrap"
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap; } \
+      >/dev/null 2>&1 || echo "kvlab: apt-get could not install bubblewrap" >&2
+  fi
+  if ! command -v bwrap >/dev/null; then
+    echo "kvlab: no bubblewrap here (needs root and apt-get, or install it yourself: apt-get install bubblewrap);" \
+      "\`lessons grade\` will refuse untrusted submissions" >&2
+  fi
+fi
+
 echo "kvlab: fetching the default model and corpora (cached under \${KVLAB_CACHE:-the user cache dir})"
 .venv/bin/python -m kvlab fetch
 # The first load converts the default model's GGUF into a safetensors copy (once, ~30 s).

@@ -46,19 +46,20 @@ def _rows(out: pathlib.Path) -> dict[str, dict]:
         return {row["file"]: row for row in csv.DictReader(f)}
 
 
-def test_the_seed_changes_the_hidden_inputs_not_the_verdicts(tiny, monkeypatch):
+def test_the_seed_changes_the_hidden_inputs_not_the_verdicts(tiny, tmp_path):
     root, assignment = tiny
     assert assignment.seed() == 11 and (assignment.autograder.parent / classroom.SEED_FILE).stat().st_mode & 0o077 == 0
     subs = _write(assignment, root / "seeded", {"honest": {}, "zero": {0: "def double(x):\n    return 0\n"}})
-    monkeypatch.delenv("KVLAB_GRADING_SEED", raising=False)
+    seed_file = tmp_path / "seed"
+    seed_file.write_text("13\n")
+    seed_file.chmod(0o644)
+    with pytest.raises(ValueError, match="chmod 600"):  # a seed others may read is refused
+        classroom.grade(assignment, subs, root / "grades-open", jobs=2, timeout=20, seed_file=seed_file)
+    seed_file.chmod(0o600)
     runs = {}
-    for label, seed, env in (("make", None, None), ("flag", 12, None), ("env", None, "13")):
-        if env is None:
-            monkeypatch.delenv("KVLAB_GRADING_SEED", raising=False)
-        else:
-            monkeypatch.setenv("KVLAB_GRADING_SEED", env)
+    for label, seed, path in (("make", None, None), ("argument", 12, None), ("file", None, seed_file)):
         out = root / f"grades-{label}"
-        classroom.grade(assignment, subs, out, jobs=2, timeout=20, seed=seed)
+        classroom.grade(assignment, subs, out, jobs=2, timeout=20, seed=seed, seed_file=path)
         with open(out / "feedback.csv") as f:
             hidden = [r for r in csv.DictReader(f) if r["file"] == "zero.ipynb" and r["check"] == "q1 check 2"]
         runs[label] = (_rows(out), hidden[0]["message"])
@@ -71,12 +72,12 @@ def test_the_seed_changes_the_hidden_inputs_not_the_verdicts(tiny, monkeypatch):
     import random
 
     first = {label: random.Random(seed).randint(-10 ** 6, 10 ** 6) for label, seed in
-             (("make", 11), ("flag", 12), ("env", 13))}
+             (("make", 11), ("argument", 12), ("file", 13))}
     for label, message in messages.items():
         assert message == f"AssertionError: {first[label]}", (label, message)
 
 
-def test_a_class_of_8_with_a_killer_and_a_hanger_grades_the_other_6_within_2x(tiny):
+def test_a_class_of_8_with_a_killer_and_a_hanger_grades_the_other_6_within_2x_and_a_sleeper_adds_under_20_percent(tiny):
     root, assignment = tiny
     # eight different honest students (a comment apiece: no two share a run)
     honest = {f"student{k}": {0: f"def double(x):\n    # student {k}\n    return 2 * x\n",
@@ -84,9 +85,11 @@ def test_a_class_of_8_with_a_killer_and_a_hanger_grades_the_other_6_within_2x(ti
     attacked = {k: v for k, v in honest.items() if k not in ("student6", "student7")}
     attacked["killer"] = attacks.ATTACKS["killer"][0]
     attacked["hanger"] = attacks.ATTACKS["hanger"][0]
+    slow = {k: v for k, v in honest.items() if k != "student7"}
+    slow["sleeper"] = attacks.ATTACKS["sleeper"][0]  # correct answers, then asleep to 85 % of each limit
     timeout = 3.0
     times = {}
-    for label, answers in (("honest", honest), ("attacked", attacked)):
+    for label, answers in (("honest", honest), ("attacked", attacked), ("slow", slow)):
         subs = _write(assignment, root / f"class-{label}", answers)
         start = time.monotonic()
         classroom.grade(assignment, subs, root / f"grades-{label}", jobs=2, timeout=timeout)
@@ -101,9 +104,22 @@ def test_a_class_of_8_with_a_killer_and_a_hanger_grades_the_other_6_within_2x(ti
     assert "imports os" in rows["killer.ipynb"]["review"]
     assert (float(rows["hanger.ipynb"]["q1"]), float(rows["hanger.ipynb"]["q2"])) == (0, 2)
     assert f"took over {timeout:g} s" in rows["hanger.ipynb"]["review"]
+    slow_rows = _rows(root / "grades-slow")
+    assert all(slow_rows[f"student{k}.ipynb"] == honest_rows[f"student{k}.ipynb"] for k in range(7))
+    assert "slow" in slow_rows["sleeper.ipynb"]["review"]
     print(f"class of 8 on the small assignment, --jobs 2: honest {times['honest']:.1f} s, "
-          f"with a killer and a hanger {times['attacked']:.1f} s")
+          f"with a killer and a hanger {times['attacked']:.1f} s, with a sleeper {times['slow']:.1f} s")
     assert times["attacked"] <= 2 * times["honest"], times
+    # what the sleeper costs the class: the time its runs held a --jobs slot beyond an honest student's, at most
+    # its idle budget and the floor of its second question, under 20 % of the honest class's time at two slots
+    # (measured on the runs themselves: the wall time of a whole class on a shared machine is noisier than that)
+    results = grading.grade_submissions(assignment.solutions, assignment.autograder,
+                                        sorted((root / "class-slow").glob("*.ipynb")), jobs=2, timeout=timeout)
+    held = {r.file: sum(q.seconds for q in r.questions.values()) for r in results}
+    honest_held = sorted(v for k, v in held.items() if k != "sleeper.ipynb")
+    extra = held["sleeper.ipynb"] - honest_held[len(honest_held) // 2]
+    assert extra <= grading.IDLE_BUDGET + grading.IDLE_FLOOR + 1.0, held
+    assert extra / 2 <= 0.2 * sum(honest_held) * 8 / 7 / 2, held
 
 
 def test_plain_data_round_trips_and_subclasses_equal_nothing():

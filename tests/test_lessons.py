@@ -42,6 +42,97 @@ WRONG = {
 }
 
 
+# Plausible wrong solutions, one question each (answer cell index, its source, the question that must lose points);
+# every other answer is the master's. Some fit the public checks or their fixtures by hand, some change their
+# arguments in place so that an expected value computed from them after the call would match.
+PLAUSIBLY_WRONG = {
+    "01_streaming_llm": {
+        "keep_one_more": (0, "def sink_window_keep(n, sink, window):\n    if n <= sink + window:\n"
+                             "        return list(range(n))\n    return list(range(sink)) + list(range(n - window - 1, n))\n",
+                          "q1"),
+        "h2o_without_recent": (1, "def heavy_hitter_keep(scores, budget, recent):\n    n = scores.numel()\n"
+                                  "    if n <= budget:\n        return torch.arange(n)\n"
+                                  "    return torch.sort(scores, descending=True, stable=True).indices[:budget].sort().values\n",
+                               "q2"),
+        # the window only (right count, wrong entries) and the public fixture's perplexity typed in
+        "window_only_fixture": (2, "class SinkWindow(Policy):\n    def __init__(self, sink, window):\n"
+                                   "        super().__init__(positions='cache')\n        self.sink, self.window = sink, window\n\n"
+                                   "    def keep(self, view):\n        n = view.size\n"
+                                   "        if n <= self.sink + self.window:\n            return None\n"
+                                   "        return torch.arange(n - self.sink - self.window, n)\n\n"
+                                   "ppl_full = streaming_perplexity(model, tokenizer, ids, Full(), progress=False).ppl\n"
+                                   "ppl_sink_window = 22.938\n", "q3"),
+    },
+    "02_sepllm": {
+        "mask_not_causal": (0, "def sep_mask(is_sep, init, neighbors):\n    pos = torch.arange(is_sep.numel())\n"
+                               "    q, k = pos[:, None], pos[None, :]\n"
+                               "    return (k < init) | ((q - k).abs() < neighbors) | is_sep.bool()[None, :]\n", "q1"),
+        # the public check and the hidden fixture typed in, and a cycle between a + w and c that meets the old
+        # bounds (length, max == c, min >= a + w) on any stream
+        "sizes_fitted": (1, "def runtime_sizes(flags, a, s, w, c):\n"
+                            "    if (len(flags), a, s, w, c) == (12, 1, 1, 2, 5):\n"
+                            "        return [1, 2, 3, 4, 5, 3, 4, 5, 3, 4, 5, 3]\n"
+                            "    if (len(flags), a, s, w, c) == (20, 2, 2, 3, 8):\n"
+                            "        return [1, 2, 3, 4, 5, 6, 7, 8, 6, 7, 8, 7, 8, 7, 8, 7, 8, 7, 8, 7]\n"
+                            "    sizes, size = [], 0\n    for _ in flags:\n"
+                            "        size = size + 1 if size < c else a + w\n        sizes.append(size)\n"
+                            "    return sizes\n", "q2"),
+        "separators_uncapped": (1, "def runtime_sizes(flags, a, s, w, c):\n"
+                                   "    initial, seps, past, local, sizes = [], [], [], [], []\n"
+                                   "    for t, flag in enumerate(flags):\n        if len(initial) < a:\n"
+                                   "            initial.append(t)\n        else:\n            local.append((t, flag))\n"
+                                   "            if len(local) > w:\n                past.append(local.pop(0))\n"
+                                   "        if len(initial) + len(seps) + len(past) + len(local) > c:\n"
+                                   "            seps = seps + [p for p in past if p[1]]\n            past = []\n"
+                                   "        sizes.append(len(initial) + len(seps) + len(past) + len(local))\n"
+                                   "    return sizes\n", "q2"),
+    },
+    "03_lacache": {
+        "groups_floored": (0, "def ladder_sizes(L, S, O):\n    D = S - O\n    G = 1 + (L - S) // D\n"
+                              "    A = min(math.ceil(S / D), G)\n    return D, G, A, G - A\n", "q1"),
+        "cursor_stays": (2, "def compact_once(entries, cursor, G, A, offset):\n"
+                            "    kept = entries[cursor + offset:cursor + offset + A]\n"
+                            "    return entries[:cursor] + kept + entries[cursor + G:], cursor\n", "q3"),
+    },
+    "04_dhsa": {
+        "rep_zeroes_its_input": (0, "def chunk_rep(x, boundaries):\n    x.zero_()\n"
+                                    "    return torch.zeros(len(boundaries) - 1, x.shape[-1], dtype=x.dtype)\n", "q1"),
+        "budget_one_short": (3, "def budget_mask(scores, budget):\n    seq = scores.shape[0]\n"
+                                "    causal = torch.ones(seq, seq, dtype=torch.bool).tril()\n"
+                                "    s = scores.double().masked_fill(~causal, float('-inf'))\n"
+                                "    top = torch.sort(s, dim=-1, descending=True, stable=True).indices[:, :max(budget - 1, 0)]\n"
+                                "    mask = torch.zeros(seq, seq, dtype=torch.bool)\n    mask.scatter_(1, top, True)\n"
+                                "    return mask & causal\n", "q4"),
+    },
+    "05_reform": {
+        "pool_unpadded": (0, "def max_pool(scores, pool):\n"
+                             "    return scores[None, None].unfold(-1, pool, 1).amax(dim=-1)[0, 0]\n", "q1"),
+        "gather_forgets_final": (1, "def gather(scores, budget, n_initial, n_final):\n    n = scores.numel()\n"
+                                    "    if n <= budget:\n        return torch.arange(n)\n"
+                                    "    ranked = scores.clone().float()\n    ranked[:n_initial] = float('inf')\n"
+                                    "    return torch.sort(ranked, descending=True, stable=True).indices[:budget].sort().values\n",
+                                 "q2"),
+    },
+    "06_orthorank": {
+        "scores_signed": (0, "def sink_scores(h):\n    return torch.einsum('bd,bnd->bn', h[:, 0], h)\n", "q1"),
+        "select_zeroes_scores": (1, "def select(scores, k):\n    scores.zero_()\n"
+                                    "    return torch.arange(1, k + 1).repeat(scores.shape[0], 1)\n", "q2"),
+    },
+}
+
+
+def _with_answer(assignment, index: int, source: str):
+    """The student version with the master's answers, answer cell ``index`` replaced by ``source``."""
+    tags = {"otter_answer_cell", "otter_assign_solution_cell"}
+    reference = [c.source for c in nbformat.read(assignment.solutions, as_version=4).cells
+                 if c.cell_type == "code" and tags & set(c.metadata.get("tags", []))]
+    nb = nbformat.read(assignment.student, as_version=4)
+    cells = [c for c in nb.cells if c.cell_type == "code" and tags & set(c.metadata.get("tags", []))]
+    for i, cell in enumerate(cells):
+        cell.source = source if i == index else reference[i]
+    return nb
+
+
 def _points(master: pathlib.Path) -> dict[str, float]:
     """Points of each autograded question, read from the master's question configs."""
     import yaml
@@ -68,6 +159,8 @@ def graded(tmp_path_factory):
         wrong = FIXTURES / f"{assignment.name}_wrong.ipynb"
         if wrong.exists():
             shutil.copy(wrong, subs / "wrong.ipynb")
+        for name, (index, source, _) in PLAUSIBLY_WRONG.get(assignment.name, {}).items():
+            nbformat.write(_with_answer(assignment, index, source), subs / f"plausible_{name}.ipynb")
         if assignment.name == "01_streaming_llm":  # what grader.export() writes: a zip with the notebook
             with zipfile.ZipFile(subs / "alice.zip", "w") as z:
                 z.write(wrong, "01_streaming_llm.ipynb")
@@ -148,11 +241,12 @@ def test_wrong_submission_gets_the_expected_partial_points(graded, name):
 
 def test_grades_csv_has_a_row_per_submission_and_the_written_answers(graded):
     _, rows, grades = graded["01_streaming_llm"]
-    assert set(rows) == {"points-per-question", "alice.zip", "master.ipynb", "student.ipynb", "wrong.ipynb"}
+    assert {r for r in rows if not r.startswith("plausible_")} == {"points-per-question", "alice.zip", "master.ipynb",
+                                                                     "student.ipynb", "wrong.ipynb"}
     total = sum(_points(ROOT / "lessons" / "01_streaming_llm.ipynb").values())
     assert float(rows["points-per-question"]["total_points_earned"]) == total
     with open(grades / "written_answers.csv") as f:
-        answers = list(csv.DictReader(f))
+        answers = [a for a in csv.DictReader(f) if not a["file"].startswith("plausible_")]
     assert [(a["file"], a["question"]) for a in answers] == [
         ("alice.zip", "q4"), ("master.ipynb", "q4"), ("student.ipynb", "q4"), ("wrong.ipynb", "q4")]
     wrong = next(a for a in answers if a["file"] == "wrong.ipynb")
@@ -279,3 +373,19 @@ def test_grading_refuses_an_assignment_made_from_an_older_master(tmp_path, grade
             classroom.grade(assignment, tmp_path, tmp_path / "grades")
     finally:
         kept.write_text(saved)
+
+
+@pytest.mark.parametrize("lesson, name", [(lesson, name) for lesson, wrong in sorted(PLAUSIBLY_WRONG.items())
+                                          for name in sorted(wrong)])
+def test_a_plausible_wrong_solution_loses_points_on_its_question(graded, lesson, name):
+    """Each plausible wrong answer (other answers the master's) scores less than full on its question, full on the
+    others (the hidden tests catch what the public checks and their fixtures let through)."""
+    _, rows, _ = graded[lesson]
+    row = rows[f"plausible_{name}.ipynb"]
+    _, _, question = PLAUSIBLY_WRONG[lesson][name]
+    points_of = _points(ROOT / "lessons" / f"{lesson}.ipynb")
+    assert row["grading_status"] == "Completed", row
+    assert float(row[question]) < points_of[question], row
+    for q, points in points_of.items():
+        if q != question:
+            assert float(row[q]) == points, (q, row)

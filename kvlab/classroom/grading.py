@@ -16,7 +16,7 @@ decides its own grade. Here the student's notebook is only a source of answer ce
    answer it forks, per distinct answer (identical code forked from the same state scores the same), a
    confined *child* and a *judge* joined by a socket. The child runs the student's added cells, the
    student's answer to q and the master's cells up to q's check, then only answers the judge. The judge reads
-   q's tests (public and hidden) from the grading process's private folder and runs them; where a test calls a
+   q's tests (public and hidden) from a memory file of the grading process and runs them; where a test calls a
    function or reads a value of the student's, it asks the child, sending the inputs and getting back plain
    data (:func:`_encode`: exact ``int``/``float``/``str``, lists, dicts, tensors converted with
    ``.as_subclass(torch.Tensor)`` and sent as dtype, shape and bytes; a subclass of a plain type comes back
@@ -34,23 +34,32 @@ decides its own grade. Here the student's notebook is only a source of answer ce
    ``setattr``/attribute assignment on imported modules; ``__eq__`` overrides; ``os._exit``;
    assignments to parameters). A flag does not change the score: it puts the row up for review.
 
-5. **The child is confined** (:func:`_confine`): its own session, killed whole when its judge is done or on
-   timeout (a process it left behind scores the question 0); stdout/stderr on ``/dev/null``, every
-   descriptor closed but its socket to the judge; an empty working folder; rlimits on CPU time, address
-   space, core files and processes; a seccomp filter that stops it when it tries to start a process (the
-   question scores 0, flagged); as root, the user ``nobody`` (it cannot signal the grader, read its folders
-   or the autograder folder, or write the build and lessons folders). Errors are reported by type and line,
-   never with the student's text.
+5. **The child is sandboxed** (:class:`_Sandbox`, :func:`_enter`, :func:`_confine`): bubblewrap makes, per child,
+   new pid, network, IPC and UTS namespaces and a filesystem of read-only binds (the system, the Python
+   installation, the project, the model cache) with private size-capped tmpfs for ``/tmp``, ``/dev/shm`` and the
+   working folder; the child, forked from the zygote, joins them with ``setns`` and forks once more into the
+   sandbox's pid namespace (it sees and can signal only its own sandbox). Then: its own session, stdout/stderr
+   on ``/dev/null``, every descriptor closed but its socket to the judge, a cleared environment, rlimits on
+   CPU time, address space and core files, as root the user ``nobody``, no capability, and a seccomp filter
+   that kills it when it starts a process or makes a system call of another ABI (i386, x32); threads run. The
+   zygote runs under ``python -I`` with a cleared environment. Where bubblewrap cannot run, grading refuses
+   unless ``trust_submissions``. Errors are reported by type and line, never with the student's text.
 6. **Time limits from the reference**: each question's reference answer runs first in a child and judge like
    the students', and a student's run may take ``SLOWDOWN`` times as long (at least ``MIN_LIMIT`` s) unless
-   ``timeout`` is given.
+   ``timeout`` is given; a run whose child and judge both sleep is stopped once the student's ``IDLE_BUDGET``
+   is spent, and a student whose runs take far more CPU time than the reference's is flagged slow.
 7. **Hidden inputs from a secret**: the judge gives the tests ``HIDDEN_SEED`` (the instructor's seed, see
-   :func:`grade_submissions`); hidden tests draw their random inputs from it.
+   :func:`grade_submissions`); hidden tests draw their random inputs from it. The tests and the seed reach the
+   judges in a memory file; no child can see them, nor the grader's command line or environment.
+8. **Nothing comes back but plain data and fixed words**: the judge's inputs are copied per call (what the
+   student's code does to its arguments stays in the child), a message over ``MAX_MESSAGE`` scores the
+   question 0, the judge has a memory limit, outcomes reach the grader over a pipe (never a file a child could
+   write), and every message is escaped (:func:`clean`) and capped.
 
 Not protected: what the child sends back is what the student's code computed, so a test checks values, not
 how they were found (kvlab's own implementation imported and called gets the points; the scan flags the
 import). The child's heap may still hold freed bytes of what it emptied (reachable with ``ctypes``, which
-the scan flags). Not root: no user switch (see docs/guide/classroom.md).
+the scan flags). See docs/guide/classroom.md.
 
 Entry point: :func:`grade_submissions` (used by ``python -m kvlab lessons grade``).
 """
@@ -94,6 +103,8 @@ class QuestionResult:
     score: float = 0.0
     cases: list[CaseResult] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)  # the student's cells that raised, and why
+    seconds: float = 0.0  # wall time of its run (child and judge), a slot of --jobs held that long
+    cpu: float = 0.0  # CPU time of its run (child and judge)
 
 
 @dataclass
@@ -183,7 +194,9 @@ _BAD_NAMES = {"__builtins__", "__import__", "exec", "eval", "compile", "globals"
               "breakpoint", "__loader__", "__spec__", "open", "vars", "locals", "exit", "quit"}
 _BAD_ATTRS = {"_exit", "_getframe", "settrace", "setprofile", "f_back", "f_globals", "f_locals", "__code__",
               "__globals__", "__subclasses__", "__builtins__", "kill", "fork", "execv", "system",
-              "__dict__", "__closure__", "gi_frame", "tb_frame", "argv", "environ", "__setattr__"}
+              "__dict__", "__closure__", "gi_frame", "tb_frame", "argv", "environ", "__setattr__",
+              # names reachable from allowed modules (random._os, operator.attrgetter("kill"), a module's time)
+              "_os", "attrgetter", "methodcaller", "import_module", "sleep", "_posixsubprocess", "posix"}
 _COMPARISON_DUNDERS = {"__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__", "__bool__",
                        "__instancecheck__", "__subclasshook__", "__hash__", "__float__", "__index__",
                        "__getattr__", "__getattribute__"}
@@ -220,7 +233,7 @@ def _scan_more(tree: ast.AST, allowed_imports: set[str] | None) -> list[str]:
                         found.append(f"defines {n} in the class {node.name} (changes how its values compare, "
                                      f"convert or dispatch)")
             for base in node.bases:
-                b = ast.unparse(base)
+                b = _name(ast.unparse(base), "a base")
                 if b.split(".")[-1] in ("float", "int", "list", "tuple", "dict", "str", "bool", "Tensor"):
                     found.append(f"subclasses {b} (an answer must be the plain type)")
         elif allowed_imports is not None and isinstance(node, (ast.Import, ast.ImportFrom)):
@@ -299,7 +312,7 @@ def scan(source: str, label: str, parameters: set[str] = frozenset(), imported: 
                         while isinstance(root, ast.Attribute):
                             root = root.value
                         if isinstance(root, ast.Name) and root.id in aliases:
-                            found.append(f"assigns {ast.unparse(sub)} (monkeypatching {root.id})")
+                            found.append(f"assigns {_name(ast.unparse(sub), 'an attribute')} (monkeypatching {root.id})")
     for node in tree.body:  # top level only: a local variable of the same name is harmless
         targets = []
         if isinstance(node, ast.Assign):
@@ -552,7 +565,13 @@ def _run_case(case: tuple[str, list | str], env: dict, pristine: dict) -> tuple[
 # ------------------------------------------------------------------------------------------ plain data
 
 _IDENT = __import__("re").compile(r"[A-Za-z_][A-Za-z0-9_.]{0,120}")
-MAX_MESSAGE = 1 << 26  # bytes one message between a child and its judge may hold
+MAX_MESSAGE = 8 << 20  # bytes one message between a child and its judge may hold (over it: the question scores 0)
+
+
+def _name(value, default: str = "object") -> str:
+    """A name taken from the child (a type's, an exception's): kept only when it is an identifier."""
+    value = str(value)[:80]
+    return value if _IDENT.fullmatch(value) else default
 
 
 class NotSendable(TypeError):
@@ -605,10 +624,10 @@ def _encode(value, handles: dict | None = None, names: dict | None = None, depth
     if handles is not None:  # the child: a subclass of a plain type is not that type
         for base in (bool, int, float, str, list, tuple, dict, set):
             if isinstance(value, base):
-                return {"bad": f"an object of {t.__name__}, a subclass of {base.__name__}"}
+                return {"bad": 1, "base": base.__name__}
         key = len(handles) + 1
         handles[key] = value
-        return {"H": key, "type": getattr(t, "__name__", "object")[:80], "callable": callable(value)}
+        return {"H": key, "type": _name(getattr(t, "__name__", "object")), "callable": callable(value)}
     if names is not None and id(value) in names:
         return {"G": names[id(value)]}
     if names is not None and _kvlab_record(t):  # a value object of kvlab's (a LayerView): sent field by field
@@ -674,7 +693,7 @@ def _decode(data, remote=None, depth: int = 0, found: list | None = None):
             raw = bytearray(base64.b64decode(data["b"]))
             flat = torch.frombuffer(raw, dtype=torch.uint8).view(dtype) if raw else torch.empty(0, dtype=dtype)
             if "sub" in data and found is not None:
-                found.append(f"returned a tensor of the subclass {str(data['sub'])[:60]} (compared as a plain tensor)")
+                found.append(f"returned a tensor of the subclass {_name(data['sub'])} (compared as a plain tensor)")
             return flat.reshape([int(s) for s in data["shape"]]).clone()
         if "N" in data:
             import numpy
@@ -689,12 +708,13 @@ def _decode(data, remote=None, depth: int = 0, found: list | None = None):
                 raise ValueError("not a dtype")
             return dtype
         if "bad" in data:
-            what = str(data["bad"])[:120]
+            base = str(data.get("base", ""))
+            what = f"a subclass of {base}" if base in _PLAIN else "a subclass of a plain type"
             if found is not None:
                 found.append(f"returned {what} (not the plain type: it equals nothing)")
             return Unconvertible(what)
         if "H" in data and remote is not None:
-            return _Remote(remote, int(data["H"]), str(data.get("type", "object"))[:80], bool(data.get("callable")))
+            return _Remote(remote, int(data["H"]), _name(data.get("type", "object")), bool(data.get("callable")))
         if "O" in data and remote is None:  # the child: a kvlab value object the judge sent
             module, qualname = (str(v) for v in data["O"])
             cls = getattr(sys.modules.get(module), qualname, None)
@@ -711,6 +731,13 @@ def _decode(data, remote=None, depth: int = 0, found: list | None = None):
     raise ValueError("not plain data")
 
 
+_PLAIN = ("bool", "int", "float", "str", "list", "tuple", "dict", "set")
+
+
+class MessageTooLarge(ConnectionError):
+    """The child sent the judge a message over :data:`MAX_MESSAGE`: the question scores 0, flagged."""
+
+
 class StudentCodeRaised(Exception):
     """Raised in the judge when the student's code, called by a test in the child, raised."""
 
@@ -722,7 +749,7 @@ class _Channel:
         self.sock = sock
         self.found: list[str] = []
         self.broken = False
-        self.after: list = []
+        self.oversize = False
         self.names: dict = {}
 
     def send(self, message: dict) -> None:
@@ -733,7 +760,9 @@ class _Channel:
         head = self._exactly(8)
         size = int.from_bytes(head, "big")
         if size > MAX_MESSAGE:
-            raise ConnectionError(f"the answer of your code's process is over {MAX_MESSAGE >> 20} MiB")
+            self.oversize = True
+            self.broken = True
+            raise MessageTooLarge(f"the answer of your code's process is over {MAX_MESSAGE >> 20} MiB")
         message = json.loads(self._exactly(size).decode())
         if type(message) is not dict:
             raise ConnectionError("not an answer")
@@ -753,10 +782,9 @@ class _Channel:
         self.send(message)
         answer = self.receive()
         if "raised" in answer:
-            name = str(answer["raised"])
-            raise StudentCodeRaised(name if _IDENT.fullmatch(name) else "an exception")
-        for index, state in answer.get("after", []):  # arguments the student's code changed in place
-            self.after.append((int(index), state))
+            raise StudentCodeRaised(_name(answer["raised"], "an exception"))
+        # what the student's code did to its arguments stays in the child: the judge's objects, the test's inputs
+        # and its expected values are never written from an answer
         return _decode(answer.get("ok"), self, found=self.found)
 
 
@@ -775,22 +803,9 @@ class _Remote:
     def __call__(self, *args, **kwargs):
         channel = object.__getattribute__(self, "_c")
         names = channel.names
-        sent = [_encode(a, names=names) for a in args]
+        sent = [_encode(a, names=names) for a in args]  # a copy per call: the child gets its own objects
         kw = {str(k): _encode(v, names=names) for k, v in kwargs.items()}
-        channel.after = []
-        result = self._ask("call", args=sent, kwargs=kw)
-        for index, state in channel.after:  # a list, dict or tensor the student's code changed in place
-            if 0 <= index < len(args):
-                target, new = args[index], _decode(state, channel)
-                if type(target) is list and type(new) is list:
-                    target[:] = new
-                elif type(target) is dict and type(new) is dict:
-                    target.clear()
-                    target.update(new)
-                elif type(target).__name__ == "Tensor" and hasattr(new, "shape") and tuple(new.shape) == tuple(target.shape):
-                    with sys.modules["torch"].no_grad():
-                        target.copy_(new)
-        return result
+        return self._ask("call", args=sent, kwargs=kw)
 
     def __getattr__(self, name):
         return self._ask("getattr", name=str(name))
@@ -863,13 +878,6 @@ def _serve(sock, ns: dict, handles: dict, write) -> None:
                 kwargs = {k: arg(v) for k, v in request["kwargs"].items()}
                 result = target(*args, **kwargs)
                 answer["ok"] = _encode(result, handles)
-                after = []
-                for i, (a, data) in enumerate(zip(args, request["args"])):
-                    if type(data) is dict and set(data) & {"L", "D", "X"}:
-                        now = _encode(a, handles)
-                        if now != data:
-                            after.append([i, now])
-                answer["after"] = after
             elif op == "getattr":
                 answer["ok"] = _encode(getattr(target, request["name"]), handles)
             elif op == "getitem":
@@ -968,7 +976,7 @@ def _child_notes(ready: dict, q: str) -> tuple[list[str], list[str]]:
 
     labels = {"your added cell", f"your answer to {q}"}
     errors, flags = [], []
-    for item in ready.get("errors", [])[:50]:
+    for item in ready.get("errors", [])[:20]:
         try:
             label, kind, line = item
         except (TypeError, ValueError):
@@ -976,7 +984,7 @@ def _child_notes(ready: dict, q: str) -> tuple[list[str], list[str]]:
         if label in labels and ident(kind):
             where = f" (line {int(line)})" if type(line) is int else ""
             errors.append(f"{label} raised {kind}{where}")
-    for item in ready.get("flags", [])[:200]:
+    for item in ready.get("flags", [])[:20]:
         try:
             what, label, name = item
         except (TypeError, ValueError):
@@ -996,23 +1004,22 @@ def _child_notes(ready: dict, q: str) -> tuple[list[str], list[str]]:
 
 def _judge(job: dict, q: str, ns: dict, pristine: dict, sock, out_fd: int) -> None:
     """Run in a process forked from the zygote beside each child, never running student code: read q's tests
-    (public and hidden) from the grading process's private folder, take the child's answers as plain data, run
+    (public and hidden) from the grading process's memory file, take the child's answers as plain data, run
     the tests here (the student's functions called through the child), write the verdict to ``out_fd``."""
     result = {"cases": [], "errors": [], "flags": []}
     try:
         torch = sys.modules.get("torch")
         if torch is not None:
             torch.set_num_threads(1)  # the zygote's OpenMP threads are not in this fork: their locks would hang it
-        tests = json.loads((pathlib.Path(job["tests_dir"]) / f"{q}.json").read_text())
+        tests = json.loads(os.pread(job["tests_fd"], job["tests_size"], 0).decode())[q]
         compiled = [_compile_case(case) for case in tests["cases"]]
         channel = _Channel(sock)
-        channel.after = []
         channel.names = {id(v): k for k, v in ns.items() if not k.startswith("__")}
         env = dict(ns)
         try:
             ready = channel.receive()
         except (ConnectionError, ValueError) as exc:
-            result["ended"] = str(exc)[:200] if isinstance(exc, ConnectionError) else "not an answer"
+            result["ended"] = "ended" if isinstance(exc, ConnectionError) else "not an answer"
             ready = None
         if ready is not None:
             result["errors"], result["flags"] = _child_notes(ready, q)
@@ -1029,28 +1036,30 @@ def _judge(job: dict, q: str, ns: dict, pristine: dict, sock, out_fd: int) -> No
             for case in compiled:
                 passed, message = _run_case(case, env, pristine)
                 result["cases"].append({"name": case[0], "passed": passed, "message": message[:500]})
-            result["flags"].extend(sorted(set(channel.found)))
+            result["flags"].extend(sorted(set(channel.found))[:20])
             if channel.broken:
                 result["ended"] = "the child's socket closed"
+        if channel.oversize:
+            result["oversize"] = True
         try:
             sock.close()
         except OSError:
             pass
     except BaseException as exc:  # noqa: BLE001 - reported to the zygote as the judge's own failure
-        result["judge_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+        result["judge_error"] = _name(type(exc).__name__, "an error")
     data = json.dumps(result).encode()
     while data:
         data = data[os.write(out_fd, data):]
     os._exit(0)
 
 
-def _zygote(job_path: str) -> None:
+def _zygote() -> None:
     """Run the master cell by cell; before each question's first answer cell, fork one confined child and one
-    judge per submission (``job["jobs"]`` pairs at a time). The zygote never reads a test. Writes
-    ``zygote.json`` (errors of the master's own cells) into the results folder."""
-    job = json.loads(pathlib.Path(job_path).read_text())
-    os.remove(job_path)
-    results = pathlib.Path(job["results"])
+    judge per distinct answer (``job["jobs"]`` pairs at a time). The job comes on stdin, the tests are in a
+    memory file only the judges read (the zygote never reads a test), and every outcome goes back to the grading
+    process as one JSON line on the pipe ``job["out_fd"]``: the grader reads no file a child could write."""
+    job = json.loads(sys.stdin.buffer.read().decode())
+    out_fd = job["out_fd"]
     pristine = dict(builtins.__dict__)
     ns: dict = {"__name__": "__main__", "__builtins__": builtins}
 
@@ -1061,28 +1070,200 @@ def _zygote(job_path: str) -> None:
     ns["grader"] = _Grader()
     master_errors = []
     forked = set()
+    state = {"idle": {}}  # seconds each student spent waiting without computing, over all questions
     for index, cell in enumerate(job["cells"]):
         q = cell["question"]
         if cell["kind"] == "answer" and q not in forked:
             forked.add(q)
-            _fork_all(job, q, ns, pristine, results)
+            _fork_all(job, q, ns, pristine, out_fd, state)
         if cell["kind"] in ("given", "answer"):
             try:
                 exec(compile(cell["source"], f"<master cell {index}>", "exec"), ns)
             except BaseException as exc:  # noqa: BLE001 - reported to the grading process
                 master_errors.append(f"master cell {index}: {type(exc).__name__}: {exc}")
-    (results / "zygote.json").write_text(json.dumps({"errors": master_errors}))
+    _emit(out_fd, {"master_errors": master_errors})
+
+
+def _emit(fd: int, message: dict) -> None:
+    data = json.dumps(message).encode() + b"\n"
+    while data:
+        data = data[os.write(fd, data):]
 
 
 REFERENCE_LIMIT = 600.0  # seconds the reference answer may take (it sets the students' limit)
 SLOWDOWN, MIN_LIMIT = 10.0, 5.0  # a student's run of a question may take 10x the reference's, at least 5 s
+IDLE_BUDGET, IDLE_FLOOR = 3.0, 0.5  # seconds a student's runs may wait without computing, over all questions
+# (a run gets what is left of the budget, at least IDLE_FLOOR): sleeping holds a slot but burns no CPU time
+SLOW_FACTOR, SLOW_MARGIN = 3.0, 2.0  # flagged slow: more CPU time than 3x the reference's, plus 2 s
 MEMORY = 4 << 30  # bytes a child may map beyond what the zygote had mapped
+JUDGE_MEMORY = 2 << 30  # bytes a judge may map beyond what the zygote had mapped
+SCRATCH = 64 << 20  # bytes of each private tmpfs of a child's sandbox (/tmp, /dev/shm, its working folder)
+WORKDIR = "/home/student"  # the child's working folder inside its sandbox
 NOBODY = 65534  # the unprivileged user a child runs as when the grader is root
+MAX_FLAGS = 40  # reasons to review kept per submission (the rest are counted)
+
+
+# ------------------------------------------------------------------------------------------ the sandbox
+
+def _project() -> pathlib.Path:
+    """The folder holding the ``kvlab`` package this grader runs from (the project, or site-packages)."""
+    import kvlab
+
+    return pathlib.Path(kvlab.__file__).resolve().parent.parent
+
+
+class SandboxUnavailable(RuntimeError):
+    """bubblewrap cannot start a sandbox here: untrusted submissions are not graded (see the message)."""
+
+
+def sandbox_spec(hide: list[pathlib.Path] = ()) -> dict:
+    """What a child's bubblewrap sandbox holds: read-only the system's libraries, the Python installation, the
+    project and kvlab's model cache; private size-capped tmpfs for /tmp, /dev/shm and :data:`WORKDIR`; ``hide``
+    (the autograder folder, the submissions, the output) covered by an empty tmpfs where a read-only path holds
+    them."""
+    from kvlab.assets.integrity import cache_dir
+
+    project = _project()
+    ro = ["/usr", "/lib", "/lib32", "/lib64", "/libx32", "/bin", "/sbin", "/etc/ld.so.cache", "/etc/localtime",
+          sys.base_prefix, sys.prefix, str(pathlib.Path(os.path.realpath(sys.executable)).parent.parent), str(project)]
+    ro += [p for p in sys.path if p and os.path.isdir(p)]
+    for cache in (cache_dir(), pathlib.Path(os.environ.get("HF_HOME", pathlib.Path.home() / ".cache" / "huggingface"))):
+        ro.append(str(cache))
+    paths = []
+    for p in sorted({os.path.abspath(p) for p in ro if os.path.lexists(p)}, key=len):
+        if not any(p.startswith(q.rstrip("/") + "/") for q in paths if not os.path.islink(q)):
+            paths.append(p)  # a folder inside one already bound comes with it
+    hide = [*hide, project / "build"]  # earlier grades and built assignments: nothing a child needs
+    inside = [str(h.resolve()) for h in hide if h.is_dir() and any(str(h.resolve()).startswith(p.rstrip("/") + "/") or
+                                                    str(h.resolve()) == p for p in paths)]
+    return {"ro": paths, "hide": sorted(set(inside)), "scratch": SCRATCH}
+
+
+def _bwrap_args(spec: dict, info_fd: int) -> list[str]:
+    """bubblewrap's command line for one child's sandbox: new pid, network, IPC, UTS (and cgroup) namespaces, a
+    cleared environment, dies with the zygote; its only process a holder that says when the sandbox is ready."""
+    args = ["bwrap", "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-net", "--unshare-ipc",
+            "--unshare-uts", "--unshare-cgroup-try", "--clearenv"]
+    for p in spec["ro"]:
+        if os.path.islink(p) and p.count("/") == 1:  # a merged /usr: /bin -> usr/bin
+            args += ["--symlink", os.readlink(p), p]
+        else:
+            args += ["--ro-bind-try", p, p]
+    args += ["--proc", "/proc", "--dev", "/dev"]
+    for p in ("/tmp", "/dev/shm", WORKDIR):
+        args += ["--perms", "1777", "--size", str(int(spec["scratch"])), "--tmpfs", p]
+    for p in spec["hide"]:
+        args += ["--tmpfs", p]
+    return args + ["--chdir", "/", "--info-fd", str(info_fd), "--", "/bin/sh", "-c", "echo ready; exec sleep infinity"]
+
+
+class _Sandbox:
+    """One child's bubblewrap sandbox, held open by a sleeping process until :meth:`close`; ``pid`` is its first
+    process (pid 1 of its pid namespace, seen from outside), whose namespaces the child joins."""
+
+    def __init__(self, spec: dict, timeout: float = 20.0):
+        import select
+
+        info_r, info_w = os.pipe()
+        self.proc = subprocess.Popen(_bwrap_args(spec, info_w), pass_fds=(info_w,), stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        os.close(info_w)
+        ready_r = self.proc.stdout.fileno()  # the holder says "ready" on its stdout once the sandbox is made
+        try:
+            readable, _, _ = select.select([ready_r], [], [], timeout)
+            ready = os.read(ready_r, 16) if readable else b""
+            info = os.read(info_r, 1 << 12) if ready else b""
+            if not ready:
+                self.close()
+                why = self.proc.stderr.read().decode(errors="replace").strip()[-300:] if self.proc.stderr else ""
+                raise SandboxUnavailable(f"bubblewrap did not start a sandbox: {why or 'no message'}")
+            self.pid = int(json.loads(info.decode())["child-pid"])
+        finally:
+            self.proc.stdout.close()
+            os.close(info_r)
+            if self.proc.stderr is not None:
+                self.proc.stderr.close()
+
+    def close(self) -> None:
+        """Kill the sandbox: its pid namespace goes, and with it every process in it; its tmpfs are freed."""
+        try:
+            self.proc.kill()
+        except OSError:
+            pass
+        self.proc.wait()
+
+
+def sandbox_problem() -> str | None:
+    """Why a child cannot run in a bubblewrap sandbox here (None: it can). Starts one and enters it."""
+    if sys.platform != "linux":
+        return "the sandbox needs Linux (namespaces, seccomp) and bubblewrap"
+    import platform
+    import shutil
+
+    if platform.machine() != "x86_64":
+        return f"the sandbox's system-call filter is written for x86-64 Linux, not {platform.machine()}"
+    if shutil.which("bwrap") is None:
+        return ("bubblewrap is not installed: `apt-get install bubblewrap` (Debian/Ubuntu; `bash scripts/setup.sh` "
+                "does it when run as root) or your system's bubblewrap package")
+    try:
+        box = _Sandbox(sandbox_spec())
+    except (SandboxUnavailable, OSError) as exc:
+        return (f"bubblewrap is installed but cannot start a sandbox here ({exc}): it needs user namespaces, or "
+                f"root; inside Docker run the grader as root with `--cap-add SYS_ADMIN` or "
+                f"`--security-opt seccomp=unconfined`")
+    try:
+        pid = os.fork()
+        if pid == 0:
+            try:
+                _enter(box.pid)
+                os._exit(0 if os.listdir("/proc") is not None and os.path.isdir(WORKDIR) else 3)
+            finally:
+                os._exit(4)
+        _, status = os.waitpid(pid, 0)
+        code = os.waitstatus_to_exitcode(status)
+    finally:
+        box.close()
+    return None if code == 0 else f"a process could not join a bubblewrap sandbox here (exit status {code})"
+
+
+_NAMESPACES = ("ipc", "uts", "net", "pid", "mnt")
+
+
+def _enter(pid: int) -> None:
+    """In a forked child, before any student code (single-threaded, as setns needs): join the namespaces of the
+    sandbox whose first process is ``pid`` and fork. Returns in the new process, which is inside the sandbox's
+    pid namespace (it sees and can signal only the sandbox's processes); the forked child itself waits for it
+    and exits with its status (``128 + signal`` when it was killed), holding no descriptor."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    names = list(_NAMESPACES)
+    if os.readlink(f"/proc/{pid}/ns/user") != os.readlink("/proc/self/ns/user"):
+        names.insert(0, "user")  # bubblewrap without root made a user namespace: join it first
+    fds = [os.open(f"/proc/{pid}/ns/{name}", os.O_RDONLY) for name in names]  # before mnt hides our /proc
+    for name, fd in zip(names, fds):
+        if libc.setns(fd, 0) != 0:
+            raise OSError(ctypes.get_errno(), f"setns({name})")
+        os.close(fd)
+    inner = os.fork()
+    if inner == 0:
+        return
+    os.closerange(0, 1 << 16)
+    while True:
+        try:
+            _, status = os.waitpid(inner, 0)
+            break
+        except ChildProcessError:
+            os._exit(1)
+        except InterruptedError:
+            continue
+    os._exit(128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status))
 
 
 def _no_new_processes() -> bool:
     """A seccomp filter (x86-64 Linux) that kills the calling process when it tries to start another one (fork,
-    vfork, clone without CLONE_THREAD, execve): threads are allowed. False where it could not be installed."""
+    vfork, clone without CLONE_THREAD, execve, execveat) or makes a system call of another ABI (i386 through
+    ``int 0x80``, x32): threads are allowed. False where it could not be installed."""
     import ctypes
     import platform
     import struct
@@ -1092,7 +1273,7 @@ def _no_new_processes() -> bool:
     LD, JEQ, JGE, JSET, RET = 0x20, 0x15, 0x35, 0x45, 0x06
     ALLOW, KILL, ENOSYS = 0x7FFF0000, 0x80000000, 0x00050000 | 38
     prog = [  # (code, jt, jf, k); jumps are relative to the next instruction
-        (LD, 0, 0, 4), (JEQ, 1, 0, 0xC000003E), (RET, 0, 0, ALLOW),  # another architecture: not filtered
+        (LD, 0, 0, 4), (JEQ, 1, 0, 0xC000003E), (RET, 0, 0, KILL),  # another architecture (i386, int 0x80): killed
         (LD, 0, 0, 0),
         (JGE, 9, 0, 0x40000000),  # x32 system calls: killed
         (JEQ, 8, 0, 57), (JEQ, 7, 0, 58), (JEQ, 6, 0, 59), (JEQ, 5, 0, 322),  # fork, vfork, execve, execveat
@@ -1111,6 +1292,19 @@ def _no_new_processes() -> bool:
     if libc.prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS
         return False
     return libc.prctl(22, 2, ctypes.byref(fprog), 0, 0) == 0  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
+
+
+def _drop_capabilities() -> None:
+    """No capability left (a child that joined a user namespace has them all inside it): none in the bounding
+    set, none effective, permitted or inheritable."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    for cap in range(64):
+        libc.prctl(24, cap, 0, 0, 0)  # PR_CAPBSET_DROP (fails harmlessly past the last capability)
+    header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this process
+    data = (ctypes.c_uint32 * 6)()
+    libc.capset(header, data)
 
 
 def _forget(job: dict, q: str, i: int) -> tuple[dict, dict]:
@@ -1132,12 +1326,12 @@ def _forget(job: dict, q: str, i: int) -> tuple[dict, dict]:
     return sub, mine
 
 
-def _confine(keep_fd: int, workdir: str, cpu_seconds: float, memory_bytes: int) -> None:
-    """In a forked child, before any student code: its own session (its process group is killed whole), stdin,
-    stdout and stderr on /dev/null and every other descriptor closed but the socket to its judge ``keep_fd``, an
-    empty working folder, limits on CPU time, memory, core files and processes, when run as root the
-    unprivileged user ``nobody`` (it cannot signal the grader, read its private folders or write the build and
-    lessons folders), and a seccomp filter that kills it if it tries to start a process (see the guide)."""
+def _confine(keep_fd: int, cpu_seconds: float, memory_bytes: int, workdir: str) -> None:
+    """In the child, before any student code: its own session, stdin, stdout and stderr on /dev/null and every
+    other descriptor closed but the socket to its judge ``keep_fd``, an empty working folder, a cleared
+    environment, limits on CPU time, memory and core files, as root the unprivileged user ``nobody``, no
+    capability, and a seccomp filter that kills it if it tries to start a process or uses another system-call
+    ABI (see the guide)."""
     import resource
 
     os.setsid()
@@ -1149,6 +1343,10 @@ def _confine(keep_fd: int, workdir: str, cpu_seconds: float, memory_bytes: int) 
     if os.geteuid() == 0:
         os.chown(workdir, NOBODY, NOBODY)
     os.chdir(workdir)
+    os.environ.clear()
+    os.environ.update({"HOME": workdir, "TMPDIR": "/tmp", "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8",
+                       "MPLBACKEND": "Agg", "MPLCONFIGDIR": workdir, "TOKENIZERS_PARALLELISM": "false",
+                       "OMP_NUM_THREADS": "1"})
     cpu = max(1, int(cpu_seconds) + 1)
     resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
@@ -1159,8 +1357,16 @@ def _confine(keep_fd: int, workdir: str, cpu_seconds: float, memory_bytes: int) 
         os.setgroups([])
         os.setgid(NOBODY)
         os.setuid(NOBODY)
-    resource.setrlimit(resource.RLIMIT_NPROC, (1, 1))  # counted per user: with this process there, no fork
+    _drop_capabilities()
     _no_new_processes()
+
+
+def _limit_memory(extra: int) -> None:
+    import resource
+
+    with open("/proc/self/statm") as f:
+        mapped = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    resource.setrlimit(resource.RLIMIT_AS, (mapped + extra, mapped + extra))
 
 
 def _kill_group(pid: int) -> None:
@@ -1172,24 +1378,34 @@ def _kill_group(pid: int) -> None:
         pass
 
 
-def _session_members(sid: int) -> list[int]:
-    """Processes of the session ``sid`` other than its leader (what a child left running)."""
-    found = []
-    for stat in pathlib.Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if len(fields) > 3 and fields[0] != "Z" and int(fields[3]) == sid and int(stat.parent.name) != sid:
-            found.append(int(stat.parent.name))
-    return found
+def _sleeping(pid: int | None) -> bool:
+    """Whether process ``pid`` is asleep (waiting on something other than the disk), from /proc/PID/stat."""
+    if pid is None:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state in ("S", "T", "t", "Z", "X")
 
 
-def _fork_all(job: dict, q: str, ns: dict, pristine: dict, results: pathlib.Path) -> None:
-    """Fork, per variant of ``q``, a confined child (runs the student's code) and its judge (runs the tests, never
-    student code), joined by a socket; ``job["jobs"]`` pairs at a time. The judge's verdict comes back over its own
-    pipe; the child's whole session is killed when the judge is done or the limit is reached. Writes what came
-    back (or why nothing did) as ``V.q.json`` into the zygote's private ``results`` folder."""
+def _inner(pid: int) -> int | None:
+    """The process a sandboxed child forked inside its sandbox (it runs the student's code)."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            kids = f.read().split()
+    except OSError:
+        return None
+    return int(kids[0]) if kids else None
+
+
+def _fork_all(job: dict, q: str, ns: dict, pristine: dict, out_fd: int, state: dict) -> None:
+    """Fork, per variant of ``q``, a confined child (runs the student's code, in its own bubblewrap sandbox) and
+    its judge (runs the tests, never student code), joined by a socket; ``job["jobs"]`` pairs at a time. The
+    judge's verdict comes back over its own pipe; the child's sandbox is killed whole when the judge is done,
+    the time limit is reached or the pair has waited too long without computing. Each outcome goes to the
+    grading process as a line on ``out_fd``."""
     import select
     import shutil
     import signal
@@ -1201,17 +1417,33 @@ def _fork_all(job: dict, q: str, ns: dict, pristine: dict, results: pathlib.Path
     running: dict[int, dict] = {}
     limit = job["timeout"] or REFERENCE_LIMIT
     measured = job["timeout"] is not None
+    owners = job["owners"][q]
+    idle = state["idle"]
     while pending or running:
         if not measured and not running and pending[0] != 0:
             # variant 0 is the reference answer: its time sets the limit of every student's run of q
-            ref = json.loads((results / f"0.{q}.json").read_text())
-            limit = max(MIN_LIMIT, SLOWDOWN * ref.get("seconds", REFERENCE_LIMIT))
+            limit = max(MIN_LIMIT, SLOWDOWN * state.get("reference", REFERENCE_LIMIT))
             measured = True
         while pending and len(running) < (job["jobs"] if measured else 1):
             i = pending.pop(0)
+            allowed_idle = None if i == 0 else max(IDLE_FLOOR, min(IDLE_BUDGET - idle.get(s, 0.0) for s in owners[i]))
+            box, workdir = None, None
+            if job["sandbox"] is not None:
+                try:
+                    box = _Sandbox(job["sandbox"])
+                except (SandboxUnavailable, OSError) as exc:
+                    _emit(out_fd, {"v": i, "q": q, "status": f"no sandbox could be started ({type(exc).__name__})",
+                                   "word": "no-result"})
+                    continue
+            else:
+                try:
+                    workdir = tempfile.mkdtemp(prefix="kvlab-child-")
+                except OSError as exc:  # a full TMPDIR costs this run, not the class
+                    _emit(out_fd, {"v": i, "q": q, "status": f"no working folder could be made ({type(exc).__name__})",
+                                   "word": "no-result"})
+                    continue
             mine, theirs = socket.socketpair()
             r, w = os.pipe()
-            workdir = tempfile.mkdtemp(prefix="kvlab-child-")
             child = os.fork()
             if child == 0:
                 try:
@@ -1219,7 +1451,9 @@ def _fork_all(job: dict, q: str, ns: dict, pristine: dict, results: pathlib.Path
                     os.close(r)
                     os.close(w)
                     sub, mine_only = _forget(job, q, i)
-                    _confine(theirs.fileno(), workdir, limit, mine_only["memory"])
+                    if box is not None:
+                        _enter(box.pid)
+                    _confine(theirs.fileno(), limit, mine_only["memory"], WORKDIR if box is not None else workdir)
                     _child(mine_only, sub, q, ns, pristine, theirs)
                 finally:
                     os._exit(1)
@@ -1229,14 +1463,17 @@ def _fork_all(job: dict, q: str, ns: dict, pristine: dict, results: pathlib.Path
                 try:
                     os.close(r)
                     signal.signal(signal.SIGALRM, signal.SIG_DFL)
+                    _limit_memory(job["judge_memory"])
                     _judge(job, q, ns, pristine, mine, w)
                 finally:
                     os._exit(1)
             mine.close()
             os.close(w)
             os.set_blocking(r, False)
-            running[judge] = {"t0": time.monotonic(), "i": i, "r": r, "buf": bytearray(), "workdir": workdir,
-                              "child": child, "child_status": None}
+            now = time.monotonic()
+            running[judge] = {"t0": now, "i": i, "r": r, "buf": bytearray(), "workdir": workdir, "box": box,
+                              "child": child, "child_status": None, "child_cpu": 0.0, "idle": 0.0, "seen": now,
+                              "allowed_idle": allowed_idle, "inner": None}
         readable, _, _ = select.select([v["r"] for v in running.values()], [], [], 0.02)
         for judge, run in list(running.items()):
             if run["r"] in readable:
@@ -1246,41 +1483,60 @@ def _fork_all(job: dict, q: str, ns: dict, pristine: dict, results: pathlib.Path
                 except BlockingIOError:
                     pass
             if run["child_status"] is None:
-                done, status = os.waitpid(run["child"], os.WNOHANG)
+                done, status, usage = os.wait4(run["child"], os.WNOHANG)
                 if done:
                     run["child_status"] = status
-            done, _ = os.waitpid(judge, os.WNOHANG)
-            over = not done and time.monotonic() - run["t0"] > limit
-            if not (done or over):
+                    run["child_cpu"] = usage.ru_utime + usage.ru_stime
+            now = time.monotonic()
+            if run["child_status"] is None and run["allowed_idle"] is not None:
+                if run["box"] is not None and run["inner"] is None:
+                    run["inner"] = _inner(run["child"])
+                student = run["inner"] if run["box"] is not None else run["child"]
+                if student is not None and _sleeping(student) and _sleeping(judge):
+                    run["idle"] += now - run["seen"]
+            run["seen"] = now
+            done, jstatus, jusage = os.wait4(judge, os.WNOHANG)
+            over = not done and now - run["t0"] > limit
+            idle_over = not done and run["allowed_idle"] is not None and run["idle"] > run["allowed_idle"]
+            if not (done or over or idle_over):
                 continue
-            left = _session_members(run["child"]) if run["child_status"] is None else []
-            _kill_group(run["child"])  # the child's session: anything it left behind goes with it
-            if over:
+            if run["box"] is not None:
+                run["box"].close()  # the sandbox's pid namespace, and every process in it, goes
+            else:
+                _kill_group(run["child"])  # the child's session: anything it left behind goes with it
+            if over or idle_over:
                 os.kill(judge, signal.SIGKILL)
                 os.waitpid(judge, 0)
             if run["child_status"] is None:
-                _, run["child_status"] = os.waitpid(run["child"], 0)
-                killed_by_us = True
-            else:
-                killed_by_us = False
+                _, run["child_status"], usage = os.wait4(run["child"], 0)
+                run["child_cpu"] = usage.ru_utime + usage.ru_stime
             try:
                 while chunk := os.read(run["r"], 1 << 16):
                     run["buf"] += chunk
             except BlockingIOError:
                 pass
             os.close(run["r"])
-            shutil.rmtree(run["workdir"], ignore_errors=True)
+            if run["workdir"]:
+                shutil.rmtree(run["workdir"], ignore_errors=True)
             del running[judge]
-            outcome: dict = {}
+            outcome: dict = {"v": run["i"], "q": q}
             status = run["child_status"]
             code = os.waitstatus_to_exitcode(status)
+            if run["box"] is not None and code > 128:
+                code = -(code - 128)  # the sandboxed process's signal, relayed by the child that forked it
+            for s in owners[run["i"]] if run["allowed_idle"] is not None else []:
+                idle[s] = idle.get(s, 0.0) + run["idle"]
             if over:
                 outcome["status"] = f"the run of {q} took over {limit:g} s and was stopped"
-            elif not killed_by_us and code == -signal.SIGSYS:
-                outcome["status"] = (f"the run of {q} tried to start a process (fork, exec or a shell) and was "
-                                     f"stopped")
-            elif left:
-                outcome["status"] = f"the run of {q} left {len(left)} process(es) running (killed)"
+                outcome["word"] = "timeout"
+            elif idle_over:
+                outcome["status"] = (f"the run of {q} waited {run['idle']:.1f} s without computing (sleeping) and "
+                                     f"was stopped: a student's runs may wait {IDLE_BUDGET:g} s in all")
+                outcome["word"] = "slow"
+            elif code == -signal.SIGSYS:  # only seccomp sends it (the grader kills with SIGKILL)
+                outcome["status"] = (f"the run of {q} tried to start a process (fork, exec or a shell) or to make a "
+                                     f"system call of another ABI, and was stopped")
+                outcome["word"] = "process"
             else:
                 try:
                     got = json.loads(bytes(run["buf"]).decode())
@@ -1290,42 +1546,139 @@ def _fork_all(job: dict, q: str, ns: dict, pristine: dict, results: pathlib.Path
                     got = {"judge_error": "the judge left no verdict"}
                 if "judge_error" in got:
                     outcome["status"] = f"the judge of {q} failed ({got['judge_error']})"
+                    outcome["word"] = "judge-failed"
                     outcome["judge_error"] = True
+                elif "oversize" in got:
+                    outcome["status"] = (f"the run of {q} sent the judge a message over {MAX_MESSAGE >> 20} MiB "
+                                         f"(scored 0)")
+                    outcome["word"] = "oversize"
                 elif "ended" in got:
-                    outcome["status"] = (f"the run of {q} ended before its tests finished (exit status {code})")
+                    outcome["status"] = f"the run of {q} ended before its tests finished (exit status {code})"
+                    outcome["word"] = "ended"
                 else:
                     outcome["result"] = {k: got[k] for k in ("cases", "errors", "flags")}
-            outcome["seconds"] = time.monotonic() - run["t0"]
+            outcome["seconds"] = now - run["t0"]
+            outcome["cpu"] = run["child_cpu"] + (jusage.ru_utime + jusage.ru_stime if done else 0.0)
             outcome["limit"] = limit
-            (results / f"{run['i']}.{q}.json").write_text(json.dumps(outcome))
+            if run["i"] == 0:
+                state["reference"] = outcome["seconds"]
+            _emit(out_fd, outcome)
 
 
 # ------------------------------------------------------------------------------------------ the grading process
 
+_UNSAFE = __import__("re").compile(r"[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2066-\u2069\ufeff]")
+
+
+def clean(text, limit: int = 300) -> str:
+    """``text`` safe to put in a CSV cell, a Markdown file or a terminal: control characters (escape codes, line
+    breaks, bidirectional overrides) written as ``\\xNN``, at most ``limit`` characters."""
+    text = _UNSAFE.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 256 else f"\\u{ord(m.group()):04x}",
+                       str(text))
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+def _zygote_env() -> dict:
+    """The zygote's environment: what Python, torch and kvlab need, nothing else (no secret of the grader's)."""
+    keep = {"PATH", "HOME", "LANG", "LC_ALL", "HF_HOME", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "OMP_NUM_THREADS",
+            "MKL_NUM_THREADS", "KVLAB_CACHE", "KVLAB_THREADS", "TMPDIR"}
+    env = {k: v for k, v in os.environ.items() if k in keep}
+    env.update(TOKENIZERS_PARALLELISM="false", MPLBACKEND="Agg")
+    return env
+
+
+def _run_zygote(job: dict, tests: dict, cwd: pathlib.Path) -> tuple[list[dict], str | None]:
+    """Start the zygote (``python -I``: no current folder on its path, no ``PYTHON*`` variable, a cleared
+    environment), hand it the job on stdin and the tests in a memory file, and collect its outcome lines from a
+    pipe until it ends. Returns the messages and, when it ended badly, why."""
+    import threading
+
+    tests_fd = os.memfd_create("kvlab-tests", 0)  # no file on disk: a full TMPDIR cannot stop the grading
+    data = json.dumps(tests).encode()
+    os.write(tests_fd, data)
+    out_r, out_w = os.pipe()
+    project = str(_project())
+    job = dict(job, tests_fd=tests_fd, tests_size=len(data), out_fd=out_w)
+    code = f"import sys; sys.path.insert(0, {project!r}); from {__name__} import _zygote; _zygote()"
+    proc = subprocess.Popen([sys.executable, "-I", "-c", code], cwd=str(cwd), env=_zygote_env(),
+                            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            pass_fds=(tests_fd, out_w))
+    os.close(out_w)
+    os.close(tests_fd)
+    tail = bytearray()
+
+    def drain():  # the master's own errors, the last few KiB
+        for chunk in iter(lambda: proc.stderr.read(1 << 14), b""):
+            tail.extend(chunk)
+            del tail[:-8192]
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+
+    def feed():
+        try:
+            proc.stdin.write(json.dumps(job).encode())
+            proc.stdin.close()
+        except OSError:
+            pass
+
+    feeder = threading.Thread(target=feed, daemon=True)
+    feeder.start()
+    messages = []
+    with os.fdopen(out_r, "rb") as pipe:
+        for line in pipe:
+            try:
+                message = json.loads(line.decode())
+            except (ValueError, UnicodeDecodeError):
+                continue  # a garbled line: its student's question has no outcome, and scores 0 with that reason
+            if type(message) is dict:
+                messages.append(message)
+    proc.wait()
+    reader.join(timeout=5)
+    feeder.join(timeout=5)
+    died = None
+    if proc.returncode != 0 or not any("master_errors" in m for m in messages):
+        died = f"the grading process ended early (exit {proc.returncode}): {bytes(tail).decode(errors='replace').strip()[-300:]}"
+    return messages, died
+
+
 def grade_submissions(solutions: pathlib.Path, autograder_zip: pathlib.Path, submissions: list[pathlib.Path],
-                      jobs: int = 1, timeout: float | None = None,
-                      memory: int = MEMORY, seed: int | None = None) -> list[SubmissionResult]:
+                      jobs: int = 1, timeout: float | None = None, memory: int = MEMORY, seed: int | None = None,
+                      trust_submissions: bool = False, hide: list[pathlib.Path] = ()) -> list[SubmissionResult]:
     """Grade ``submissions`` (``.ipynb`` or ``grader.export()`` zips) against the master ``solutions``
     notebook (the one ``otter assign`` writes beside the autograder zip) and the tests in ``autograder_zip``.
 
-    Every autograded question of every submission runs in its own forked process with the reference answers
-    of the other questions; see the module docstring for what is protected. ``jobs`` children run at once;
-    a child running over ``timeout`` seconds is stopped (the question scores zero). ``timeout=None`` (the
-    default) runs the reference answer of each question first, in a child like the students', and gives each
-    student's run ``SLOWDOWN`` times its time (at least ``MIN_LIMIT`` s). ``memory``: bytes a child may map.
-    ``seed``: the instructor's secret, given to the tests as ``HIDDEN_SEED`` (hidden tests draw their inputs from
-    it; default: ``KVLAB_GRADING_SEED`` from the environment, else 0). A child that dies, hangs or is killed costs
-    its question only; a notebook that cannot be read or planned is
-    one row with its reason; if the grading process itself dies, every row says so and the class goes on.
+    Every autograded question of every submission runs in its own forked process, in its own bubblewrap sandbox,
+    with the reference answers of the other questions; see the module docstring for what is protected. ``jobs``
+    children run at once; a child running over ``timeout`` seconds is stopped (the question scores zero).
+    ``timeout=None`` (the default) runs the reference answer of each question first, in a child like the
+    students', and gives each student's run ``SLOWDOWN`` times its time (at least ``MIN_LIMIT`` s). ``memory``:
+    bytes a child may map. ``seed``: the instructor's secret, given to the tests as ``HIDDEN_SEED`` (hidden tests
+    draw their inputs from it; default 0); it reaches the judges only. Where bubblewrap cannot start a sandbox,
+    raises :class:`SandboxUnavailable` unless ``trust_submissions`` (then the children run confined as before,
+    without namespaces). ``hide``: more folders no child may see (the output, the built assignments); the
+    autograder folder and the submissions' folders are hidden always. A child that dies, hangs or is killed costs its question only; a notebook that cannot be
+    read or planned is one row with its reason; if the grading process itself dies, every row says so and the
+    class goes on.
     """
     import nbformat
 
     if not hasattr(os, "fork"):
-        raise RuntimeError("kvlab's grading forks one process per question: it needs Linux or macOS (or WSL)")
+        raise RuntimeError("kvlab's grading forks one process per question: it needs Linux")
     if jobs < 1:
         raise ValueError(f"jobs={jobs}: must be at least 1 (submissions graded at once)")
     if timeout is not None and not timeout > 0:
         raise ValueError(f"timeout={timeout}: must be positive (seconds one question may run)")
+    sandbox = None
+    if not trust_submissions:
+        problem = sandbox_problem()
+        if problem is not None:
+            raise SandboxUnavailable(f"student code runs only in a sandbox, and none can be made here: {problem}. "
+                                     f"Fix that, or grade submissions you trust with --trust-submissions "
+                                     f"(trust_submissions=True)")
+        hide = [pathlib.Path(autograder_zip).parent, pathlib.Path(solutions).parent] + [pathlib.Path(h) for h in hide]
+        hide += sorted({pathlib.Path(p).resolve().parent for p in submissions})
+        sandbox = sandbox_spec(hide)
     master = nbformat.read(solutions, as_version=4)
     cells, order = _master_plan(master)
     tests = load_tests(autograder_zip)
@@ -1346,10 +1699,10 @@ def grade_submissions(solutions: pathlib.Path, autograder_zip: pathlib.Path, sub
             nb = read_submission(path)
             name = nb.metadata.get("otter", {}).get("assignment_name")
             if assignment and name and name != assignment:
-                res.flags.append(f"the notebook is assignment {name!r}, not {assignment!r}")
+                res.flags.append(f"notebook: the notebook is assignment {clean(name, 60)!r}, not {assignment!r}")
             answers, extras, flags = _student_plan(nb, cells, order, "notebook")
         except Exception as exc:  # noqa: BLE001 - one unreadable or malformed notebook is a row, not a crash
-            res.status = f"not graded: the notebook could not be read ({type(exc).__name__}: {str(exc)[:200]})"
+            res.status = f"not graded: the notebook could not be read ({type(exc).__name__}: {clean(exc, 200)})"
             continue
         res.flags.extend(flags)
         for q in order:
@@ -1366,14 +1719,18 @@ def grade_submissions(solutions: pathlib.Path, autograder_zip: pathlib.Path, sub
     # one run per distinct (added cells up to q, answer to q): the same code forked from the same state scores
     # the same, so an unanswered question or an untouched reference runs once for the whole class
     variants: dict[str, list[dict]] = {q: [] for q in order}
+    owners: dict[str, list[list[int]]] = {q: [] for q in order}  # the students (1, 2, ...) of each variant
     variant_of: list[dict[str, int]] = []
-    for sub in [reference] + subs:  # variant 0 of each question: the reference answer (times the limit)
+    for k, sub in enumerate([reference] + subs):  # variant 0 of each question: the reference answer (times the limit)
         picks = {}
-        for k, q in enumerate(order):
-            v = {"extras": [src for p in order[:k + 1] for src in sub["extras"][p]], "answers": sub["answers"][q]}
+        for n, q in enumerate(order):
+            v = {"extras": [src for p in order[:n + 1] for src in sub["extras"][p]], "answers": sub["answers"][q]}
             if v not in variants[q]:
                 variants[q].append(v)
+                owners[q].append([])
             picks[q] = variants[q].index(v)
+            if k:
+                owners[q][picks[q]].append(k)
         variant_of.append(picks)
     rebinds = {q: sorted(_assigned([c["source"] for c in cells if c["kind"] == "answer" and c["question"] == q]))
                for q in order}
@@ -1385,67 +1742,65 @@ def grade_submissions(solutions: pathlib.Path, autograder_zip: pathlib.Path, sub
     # between that answer and q's check bind (they ran on the student's code)
     remote = {q: sorted(set(rebinds[q]) | _assigned([c["source"] for c in cells[answer_start[q]:check_index[q]]
                                                      if c["kind"] == "given"])) for q in order}
-    if seed is None:
-        seed = int(os.environ.get("KVLAB_GRADING_SEED", "0") or 0)
-    with tempfile.TemporaryDirectory(prefix="kvlab-grade-") as tmp:
-        tmp = pathlib.Path(tmp)
-        # the tests, for the judges only: the zygote (and so every child) never reads them, and a child running as
-        # nobody cannot read this folder
-        tests_dir = tmp / "tests"
-        tests_dir.mkdir(mode=0o700)
+    seed = int(seed or 0)
+    job = {"cells": cells, "variants": variants, "owners": owners, "jobs": jobs, "timeout": timeout,
+           "memory": memory, "judge_memory": JUDGE_MEMORY, "order": order, "parameters": sorted(parameters),
+           "rebinds": rebinds, "remote": remote, "answer_start": answer_start, "check_index": check_index,
+           "sandbox": sandbox}
+    # the tests (and the seed) for the judges only: the zygote, and so every child, never reads them
+    messages, died = _run_zygote(job, {q: {"seed": seed, "cases": tests[q]["cases"]} for q in order},
+                                 pathlib.Path(solutions).parent)
+    outcomes = {(m.get("q"), m.get("v")): m for m in messages if "q" in m and "v" in m}
+    master_errors = next((m["master_errors"] for m in messages if "master_errors" in m), [])
+    if master_errors:
+        raise RuntimeError("the master notebook's own cells raised, so nothing can be graded against it:\n"
+                           + "\n".join(str(e) for e in master_errors))
+    for q in order:
+        ref = outcomes.get((q, 0))
+        if died is None and ref is not None:
+            got = ref.get("result") or {}
+            if not got or not all(c.get("passed") for c in got.get("cases", [])) or len(got["cases"]) != len(
+                    tests[q]["cases"]):
+                raise RuntimeError(f"the reference answer of {q} does not pass its own tests in the grading child "
+                                   f"({got or ref}): fix the master or raise the memory limit")
+    reference_cpu = sum(float((outcomes.get((q, 0)) or {}).get("cpu", 0.0)) for q in order)
+    for i, res in enumerate(gradable):
+        cpu = 0.0
         for q in order:
-            (tests_dir / f"{q}.json").write_text(json.dumps({"seed": int(seed), "cases": tests[q]["cases"]}))
-        job = {"cells": cells, "tests_dir": str(tests_dir), "variants": variants, "jobs": jobs, "timeout": timeout,
-               "memory": memory, "results": str(tmp), "order": order, "parameters": sorted(parameters),
-               "rebinds": rebinds, "remote": remote, "answer_start": answer_start, "check_index": check_index}
-        # the child skips the master's answer cells of q (the student's replace them) and runs the given ones
-        (tmp / "job.json").write_text(json.dumps(job))
-        env = dict(os.environ, TOKENIZERS_PARALLELISM="false", MPLBACKEND="Agg")
-        done = subprocess.run([sys.executable, "-c", "import sys; from kvlab.classroom.grading import _zygote; _zygote(sys.argv[1])",
-                               str(tmp / "job.json")], cwd=str(solutions.parent), env=env, stdin=subprocess.DEVNULL,
-                              capture_output=True, text=True)
-        zygote = tmp / "zygote.json"
-        died = None
-        if done.returncode != 0 or not zygote.exists():
-            died = f"the grading process ended early (exit {done.returncode}): {done.stderr.strip()[-300:]}"
-        else:
-            master_errors = json.loads(zygote.read_text())["errors"]
-            if master_errors:
-                raise RuntimeError("the master notebook's own cells raised, so nothing can be graded against it:\n"
-                                   + "\n".join(master_errors))
-        for q in order:
-            ref = tmp / f"0.{q}.json"
-            if died is None and ref.exists():
-                got = json.loads(ref.read_text()).get("result") or {}
-                if not got or not all(c["passed"] for c in got.get("cases", [])) or len(got["cases"]) != len(
-                        tests[q]["cases"]):
-                    raise RuntimeError(f"the reference answer of {q} does not pass its own tests in the grading child "
-                                       f"({got or json.loads(ref.read_text())}): fix the master or raise the memory "
-                                       f"limit")
-        for i, res in enumerate(gradable):
-            for q in order:
-                qr = res.questions[q]
-                v = variant_of[i + 1][q]
-                path = tmp / f"{v}.{q}.json"
-                outcome = json.loads(path.read_text()) if path.exists() else {}
-                cases = tests[q]["cases"]
-                if "result" in outcome:
-                    data = outcome["result"]
-                    by_name = {c["name"]: c for c in data["cases"]}
-                    qr.errors = [str(e)[:300] for e in data["errors"]]
-                    res.flags.extend(f"{q}: {str(f)[:300]}" for f in data["flags"])
+            qr = res.questions[q]
+            outcome = outcomes.get((q, variant_of[i + 1][q]), {})
+            qr.cpu = float(outcome.get("cpu", 0.0)) if type(outcome.get("cpu")) in (int, float) else 0.0
+            qr.seconds = float(outcome.get("seconds", 0.0)) if type(outcome.get("seconds")) in (int, float) else 0.0
+            cpu += qr.cpu
+            cases = tests[q]["cases"]
+            data = outcome.get("result") if type(outcome.get("result")) is dict else None
+            if data is not None:
+                by_name = {c["name"]: c for c in data.get("cases", []) if type(c) is dict and "name" in c}
+                qr.errors = [clean(e) for e in data.get("errors", [])[:20]]
+                res.flags.extend(f"{q}: {clean(f)}" for f in data.get("flags", [])[:MAX_FLAGS])
+            else:
+                by_name = {}
+                reason = clean(outcome.get("status") or died or f"the run of {q} left no result (no-result)")
+                word = outcome.get("word", "no-result")
+                qr.errors = [reason]
+                res.flags.append(f"{q}: {word}: {reason}")
+            for case in cases:
+                got = by_name.get(case["name"])
+                if got is None:
+                    qr.cases.append(CaseResult(case["name"], case["hidden"], case["points"], False,
+                                               "not run (the question's run ended early)"))
                 else:
-                    by_name = {}
-                    reason = outcome.get("status") or died or f"the run of {q} left no result"
-                    qr.errors = [reason]
-                    res.flags.append(f"{q}: {reason}")
-                for case in cases:
-                    got = by_name.get(case["name"])
-                    if got is None:
-                        qr.cases.append(CaseResult(case["name"], case["hidden"], case["points"], False,
-                                                   "not run (the question's run ended early)"))
-                    else:
-                        qr.cases.append(CaseResult(case["name"], case["hidden"], case["points"],
-                                                   got.get("passed") is True, str(got.get("message", ""))[:500]))
-                qr.score = sum(c.points for c in qr.cases if c.passed)
+                    qr.cases.append(CaseResult(case["name"], case["hidden"], case["points"],
+                                               got.get("passed") is True, clean(got.get("message", ""), 500)))
+            qr.score = sum(c.points for c in qr.cases if c.passed)
+        if cpu > SLOW_FACTOR * reference_cpu + SLOW_MARGIN:
+            res.flags.append(f"slow: the answers took {cpu:.1f} s of CPU time, the reference's {reference_cpu:.1f} s")
+        seen, kept = set(), []
+        for f in res.flags:
+            f = clean(f)
+            if f not in seen:
+                seen.add(f)
+                kept.append(f)
+        res.flags = kept[:MAX_FLAGS] + ([f"flags: {len(kept) - MAX_FLAGS} more not shown"]
+                                        if len(kept) > MAX_FLAGS else [])
     return results

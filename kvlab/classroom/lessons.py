@@ -6,11 +6,13 @@ student versions and autograders with otter and grades a class with :mod:`kvlab.
         # build/lessons/NN_name/autograder/ (solutions notebook + NN_name-autograder_*.zip with every test);
         # build/lessons/student/ and build/lessons/student.zip: every student version, nothing else (hand out);
         # --seed S: the instructor's secret for the hidden tests' inputs, kept in the private autograder folder
-    python -m kvlab lessons grade LESSON SUBMISSIONS/ [--out build/grades/LESSON] [--jobs 2] [--timeout S] [--seed S]
+    python -m kvlab lessons grade LESSON SUBMISSIONS/ [--out build/grades/LESSON] [--jobs 2] [--timeout S]
+                                  [--seed-file PATH] [--trust-submissions]
         # every SUBMISSIONS/*.ipynb or *.zip (what the notebook's export cell writes), each question in a fresh
         # process against the reference of the others: OUT/final_grades.csv (one row per submission, one column
         # per question, as `otter grade` writes it, plus `review`), OUT/feedback.csv and OUT/feedback/NAME.ipynb.md
-        # (every check that failed, with its message), OUT/written_answers.csv
+        # (every check that failed, with its message), OUT/written_answers.csv; each student's code runs in a
+        # bubblewrap sandbox (Linux): where none can be made, grade refuses unless --trust-submissions
 
 Why otter-grader: `otter assign` turns one master notebook into the student version and an autograder zip with
 public and hidden tests, in a format instructors know; no Docker, database or exchange directory is needed
@@ -27,7 +29,6 @@ import contextlib
 import csv
 import hashlib
 import io
-import os
 import pathlib
 import shutil
 import sys
@@ -232,7 +233,9 @@ PLACEHOLDER = "_Type your answer here, replacing this text._"  # what otter puts
 
 def _feedback_text(result, lesson: str) -> str:
     """One student's feedback as Markdown: per question the score, each check that failed and its message."""
-    lines = [f"# Feedback: {lesson}, {result.file}", ""]
+    from kvlab.classroom.grading import clean
+
+    lines = [f"# Feedback: {lesson}, {clean(result.file, 200)}", ""]
     if result.status != "Completed":
         lines += [f"**Not graded**: {result.status}", ""]
     possible = sum(q.points for q in result.questions.values())
@@ -252,8 +255,21 @@ def _feedback_text(result, lesson: str) -> str:
     return "\n".join(lines)
 
 
+def read_seed_file(path: pathlib.Path) -> int:
+    """The secret seed in ``path``; refuses (ValueError) a file that others than its owner may read."""
+    path = pathlib.Path(path)
+    if path.stat().st_mode & 0o077:
+        raise ValueError(f"{path} may be read by others than its owner: `chmod 600 {path}` (it holds the secret of "
+                         f"the hidden tests' inputs)")
+    return int(path.read_text().strip())
+
+
+REVIEW_LIMIT = 4000  # characters of the review column of one submission
+
+
 def grade(assignment: Assignment | pathlib.Path, submissions: pathlib.Path, out: pathlib.Path,
-          jobs: int = 1, timeout: float | None = None, seed: int | None = None):
+          jobs: int = 1, timeout: float | None = None, seed: int | None = None,
+          seed_file: pathlib.Path | None = None, trust_submissions: bool = False):
     """Grade every ``*.ipynb`` (or ``grader.export()`` ``*.zip``) in ``submissions`` with
     :func:`kvlab.classroom.grading.grade_submissions` (each question in a fresh process against the reference of the
     others, the tests from the autograder zip, tampering put back and flagged) and write into ``out``:
@@ -265,12 +281,14 @@ def grade(assignment: Assignment | pathlib.Path, submissions: pathlib.Path, out:
       passed, message``), and ``feedback/<submission>.md``, the same for one student, to hand back;
     - ``written_answers.csv`` (``file, question, answer``) for the questions graded by hand.
 
-    ``seed``: the secret of the hidden tests' inputs (default: ``KVLAB_GRADING_SEED``, else the one ``make --seed``
-    kept with the assignment, else 0). Returns the grades as a pandas DataFrame. ``assignment`` is an :class:`Assignment` or the folder that
+    ``seed``: the secret of the hidden tests' inputs (default: read from ``seed_file``, a file only its owner
+    may read, else from the one ``make --seed`` kept with the assignment, else 0); it reaches the judges only,
+    never a student's process (not its environment, not a command line it could see). ``trust_submissions``:
+    grade without the bubblewrap sandbox where none can be made (see :mod:`kvlab.classroom.grading`). Returns the grades as a pandas DataFrame. ``assignment`` is an :class:`Assignment` or the folder that
     :func:`make` wrote for it."""
     import pandas as pd
 
-    from kvlab.classroom.grading import grade_submissions
+    from kvlab.classroom.grading import clean, grade_submissions
 
     if not isinstance(assignment, Assignment):
         assignment = Assignment.at(pathlib.Path(assignment))
@@ -284,19 +302,23 @@ def grade(assignment: Assignment | pathlib.Path, submissions: pathlib.Path, out:
         raise ValueError(f"no *.ipynb or *.zip submissions in {submissions}")
     out = pathlib.Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    if seed is None and not os.environ.get("KVLAB_GRADING_SEED"):
+    if seed is None and seed_file is not None:
+        seed = read_seed_file(seed_file)
+    if seed is None:
         seed = assignment.seed()
     results = grade_submissions(assignment.solutions, assignment.autograder, paths, jobs=jobs, timeout=timeout,
-                                seed=seed)
+                                seed=seed, trust_submissions=trust_submissions,
+                                hide=[out.resolve(), assignment.autograder.resolve().parent.parent.parent])
     questions = list(results[0].questions)
     possible = {q: results[0].questions[q].points for q in questions}
     total = sum(possible.values())
     rows = [{"file": "points-per-question", **possible, "total_points_earned": total, "percent_correct": "",
              "grading_status": "", "review": ""}]
     for r in results:
-        rows.append({"file": r.file, **{q: r.questions[q].score for q in questions},
+        review = " | ".join(r.flags)
+        rows.append({"file": clean(r.file, 200), **{q: r.questions[q].score for q in questions},
                      "total_points_earned": r.total, "percent_correct": round(r.total / total, 4) if total else 0.0,
-                     "grading_status": r.status, "review": " | ".join(r.flags)})
+                     "grading_status": clean(r.status, 400), "review": clean(review, REVIEW_LIMIT)})
     table = pd.DataFrame(rows)
     table.to_csv(out / "final_grades.csv", index=False)
     if (out / "feedback").exists():  # a run replaces every feedback file: none stays from an earlier class
@@ -309,10 +331,10 @@ def grade(assignment: Assignment | pathlib.Path, submissions: pathlib.Path, out:
         for r in results:
             for q in r.questions.values():
                 for e in q.errors:
-                    writer.writerow({"file": r.file, "question": q.question, "check": "(your code)", "hidden": "",
+                    writer.writerow({"file": clean(r.file, 200), "question": q.question, "check": "(your code)", "hidden": "",
                                      "points": "", "earned": "", "passed": "", "message": e})
                 for c in q.cases:
-                    writer.writerow({"file": r.file, "question": q.question, "check": c.name, "hidden": c.hidden,
+                    writer.writerow({"file": clean(r.file, 200), "question": q.question, "check": c.name, "hidden": c.hidden,
                                      "points": c.points, "earned": c.points if c.passed else 0.0, "passed": c.passed,
                                      "message": c.message})
             # keyed by the full name: x.ipynb and x.zip are two submissions with two feedback files
@@ -347,9 +369,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=None,
                    help="seconds one question of one submission may run (default: 10x the reference answer's "
                         "measured time, at least 5 s)")
-    p.add_argument("--seed", type=int, default=None,
-                   help="the secret of the hidden tests' inputs (default: KVLAB_GRADING_SEED, else the one given "
-                        "to `make --seed`, else 0)")
+    p.add_argument("--seed-file", type=pathlib.Path, default=None,
+                   help="a file (mode 600) holding the secret of the hidden tests' inputs (default: the one `make "
+                        "--seed` kept in the private autograder folder, else 0)")
+    p.add_argument("--trust-submissions", action="store_true",
+                   help="grade even where no bubblewrap sandbox can be made (only for submissions you trust)")
     args = parser.parse_args(argv)
     if args.command == "make":
         for a in make(args.lessons, args.out, args.run_tests, seed=args.seed):
@@ -361,7 +385,14 @@ def main(argv: list[str] | None = None) -> int:
     from kvlab.threads import share_threads
 
     share_threads(max(1, args.jobs))  # each grading process computes with cores // jobs threads (KVLAB_THREADS wins)
-    table = grade(args.built / name, args.submissions, out, jobs=args.jobs, timeout=args.timeout, seed=args.seed)
+    from kvlab.classroom.grading import SandboxUnavailable
+
+    try:
+        table = grade(args.built / name, args.submissions, out, jobs=args.jobs, timeout=args.timeout,
+                      seed_file=args.seed_file, trust_submissions=args.trust_submissions)
+    except SandboxUnavailable as exc:
+        print(f"kvlab lessons grade: {exc}", file=sys.stderr)
+        return 2
     print(table.drop(columns=["review"]).to_string(index=False))
     flagged = table[(table["review"] != "") & (table["file"] != "points-per-question")]
     for _, row in flagged.iterrows():

@@ -488,3 +488,22 @@ def test_sweep_checks_notebook_parameters_before_starting(tmp_path):
     with pytest.raises(ValueError, match=r"max_tokens: expected int, got list"):
         run_sweep([task], tmp_path / "out", workers=1, progress=False)
     assert not (tmp_path / "out").exists()
+
+
+def test_papermill_run_with_a_misspelt_parameter_fails_in_the_check_cell(tmp_path):
+    nbformat = pytest.importorskip("nbformat")
+    papermill = pytest.importorskip("papermill")
+    nb = nbformat.v4.new_notebook()
+    params = nbformat.v4.new_code_cell("max_tokens: int = 4096  # tokens to stream\nnames: list[str] = ['a']  # x")
+    params.metadata["tags"] = ["parameters"]
+    nb.cells = [params, nbformat.v4.new_code_cell("import kvlab\nkvlab.check_parameters(globals())"),
+                nbformat.v4.new_code_cell("print('work that should not run')")]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    src, out = tmp_path / "nb.ipynb", tmp_path / "out.ipynb"
+    nbformat.write(nb, src)
+    with pytest.raises(papermill.PapermillExecutionError, match="max_tokenz: not a parameter.*did you mean"):
+        papermill.execute_notebook(str(src), str(out), parameters={"max_tokenz": 5}, progress_bar=False,
+                                   kernel_name="python3")
+    with pytest.raises(papermill.PapermillExecutionError, match=r"names: expected list\[str\]"):
+        papermill.execute_notebook(str(src), str(out), parameters={"names": [1, 2]}, progress_bar=False,
+                                   kernel_name="python3")

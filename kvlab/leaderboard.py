@@ -861,7 +861,7 @@ def main(argv: list[str] | None = None) -> int:
                                        device=args.device, examples=args.examples, seeds=seeds,
                                        models=args.models.split(",") if args.models else None)
     except (ValueError, OSError) as exc:
-        print(f"kvlab leaderboard: {exc}", file=sys.stderr)
+        print(str(exc) if str(exc).startswith("kvlab leaderboard:") else f"kvlab leaderboard: {exc}", file=sys.stderr)
         return 2
     print(report.summary())
     if not rows:

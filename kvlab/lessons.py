@@ -413,7 +413,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _run(args)
     except (ValueError, FileNotFoundError) as exc:  # a bad lesson, folder or output: one sentence, no traceback
-        print(f"kvlab lessons {args.command}: {exc}", file=sys.stderr)
+        said = str(exc)
+        print(said if said.startswith("kvlab ") else f"kvlab lessons {args.command}: {said}", file=sys.stderr)
         return 2
 
 

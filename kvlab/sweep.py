@@ -575,7 +575,7 @@ def main(argv: list[str] | None = None) -> int:
         report = run_sweep(tasks, out, scheduler=args.scheduler, workers=args.workers, gpu_workers=args.gpu_workers,
                            workers_per_gpu=args.workers_per_gpu, retries=args.retries, python_path=[os.getcwd()])
     except (ValueError, OSError) as exc:  # a bad grid, target, name or scheduler: one sentence, no traceback
-        print(f"kvlab sweep: {exc}", file=sys.stderr)
+        print(str(exc) if str(exc).startswith("kvlab sweep:") else f"kvlab sweep: {exc}", file=sys.stderr)
         return 2
     print(report.summary())
     return 1 if report.failed else 0

@@ -327,7 +327,7 @@ def grade(assignment: Assignment | pathlib.Path, submissions: pathlib.Path, out:
                          f"{sorted(p.name for p in pathlib.Path(submissions).iterdir())[:5] or 'nothing'}): put the "
                          "students' notebooks or the zips their export cell wrote there")
     out = pathlib.Path(out)
-    written = OutputFolder(out, "kvlab lessons grade", recognise=_graded_here(out))
+    outputs = OutputFolder(out, "kvlab lessons grade", recognise=_graded_here(out))
     if seed is None and not os.environ.get("KVLAB_GRADING_SEED"):
         seed = assignment.seed()
     results = grade_submissions(assignment.solutions, assignment.autograder, paths, jobs=jobs, timeout=timeout,
@@ -342,12 +342,12 @@ def grade(assignment: Assignment | pathlib.Path, submissions: pathlib.Path, out:
                      "total_points_earned": r.total, "percent_correct": round(r.total / total, 4) if total else 0.0,
                      "grading_status": r.status, "review": " | ".join(r.flags)})
     table = pd.DataFrame(rows)
-    table.to_csv(written.claim("final_grades.csv"), index=False)
+    table.to_csv(outputs.claim("final_grades.csv"), index=False)
     # a run replaces every feedback file it wrote: none stays from an earlier class (a file it did not write
     # stopped the run before grading began)
-    written.remove_tree("feedback")
+    outputs.remove_tree("feedback")
     (out / "feedback").mkdir()
-    with open(written.claim("feedback.csv"), "w", newline="") as f:
+    with open(outputs.claim("feedback.csv"), "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=["file", "question", "check", "hidden", "points", "earned", "passed",
                                                "message"])
         writer.writeheader()
@@ -361,10 +361,10 @@ def grade(assignment: Assignment | pathlib.Path, submissions: pathlib.Path, out:
                                      "points": c.points, "earned": c.points if c.passed else 0.0, "passed": c.passed,
                                      "message": c.message})
             # keyed by the full name: x.ipynb and x.zip are two submissions with two feedback files
-            written.claim(f"feedback/{r.file}.md").write_text(_feedback_text(r, assignment.name))
+            outputs.claim(f"feedback/{r.file}.md").write_text(_feedback_text(r, assignment.name))
     masters = [m for m in lessons() if m.stem == assignment.name]  # otter drops the names from its copies
     written = written_questions(masters[0]) if masters else []
-    with open(written.claim("written_answers.csv"), "w", newline="") as f:
+    with open(outputs.claim("written_answers.csv"), "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=["file", "question", "answer"])
         writer.writeheader()
         for path in paths:

@@ -219,7 +219,7 @@ def _row(**kw):
     base.update(id="t-1", paper="SepLLM", item="Table 1", claim="c", kind="statistical", paper_value="1",
                 model="m", differs="none", where="w", role="check", metric="score", method_a="A", method_b="B",
                 direction="a>b", command="cmd", verdict="inconclusive",
-                results_file="benchmarks/results/sepllm/table1_smollm2_wikitext.examples.jsonl")
+                results_file="benchmarks/results/fidelity/fullsize_runs.examples.jsonl")
     base.update(kw)
     return base
 

@@ -98,6 +98,18 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
+    problems = []  # every flag checked before the model loads
+    if args.texts < 2:
+        problems.append(f"--texts must be >= 2 (an interval needs several pieces), got {args.texts}")
+    if args.skip < 0:
+        problems.append(f"--skip must be >= 0, got {args.skip}")
+    if args.tokens < args.skip + 2:
+        problems.append(f"--tokens must exceed --skip + 1 = {args.skip + 1} (tokens are scored only after the first "
+                        f"--skip), got --tokens {args.tokens}: raise --tokens or lower --skip")
+    if args.threads < 1:
+        problems.append(f"--threads must be >= 1, got {args.threads}")
+    if problems:
+        ap.error("; ".join(problems))
     torch.set_num_threads(args.threads)
     model, tok = kvlab.load_model(args.model, device="cpu")
     rows = wikitext_pieces(tok, args.texts, args.tokens)

@@ -461,9 +461,26 @@ def _parse(page: pathlib.Path) -> _Page:
 
 # --- main -------------------------------------------------------------------------------------------------------
 
+def _output_folder(out: pathlib.Path):
+    """``out`` under kvlab's output rule (:mod:`kvlab.outputs`): new, or holding only the book's three folders (its
+    sources, Sphinx's doctrees and html), which it then owns; a file of anyone else's there stops the build before
+    it starts. Inside ``src`` only the pages an earlier build listed are ever deleted (``.kvlab-book-files``)."""
+    from kvlab.outputs import OutputFolder, OutputRefused
+
+    parts = ("src", "html", "doctrees")
+    try:
+        folder = OutputFolder(out, "python book/build.py",
+                              recognise=lambda p: p.relative_to(out).parts[0] in parts)
+    except OutputRefused as err:
+        raise BookError(str(err), []) from None
+    folder.claim(*(f"{p}/" for p in parts))
+    return folder
+
+
 def build(executed: pathlib.Path, lessons_out: pathlib.Path, out: pathlib.Path, jobs: str = "auto",
           copies: pathlib.Path = BOOK_COPIES) -> pathlib.Path:
     start = time.monotonic()
+    _output_folder(out)
     notebooks = sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
     problems = check_executed(executed, notebooks)
     if problems:

@@ -34,6 +34,12 @@ import papermill
 import yaml
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from kvlab.core.checks import check_notebook_parameters, declared_parameters  # noqa: E402
+from kvlab.outputs import OutputFolder  # noqa: E402
+
 NOTEBOOKS = ROOT / "notebooks"
 PARAMS_DIR = "params"  # beside the notebooks: NN_name.ci.yaml, NN_name.full.yaml, NN_name.checks.json
 MARK = "# NBVAL_CHECK_OUTPUT"
@@ -45,8 +51,21 @@ def _sidecar(nb: pathlib.Path, suffix: str) -> pathlib.Path:
 
 
 def _parameters(nb: pathlib.Path) -> dict:
-    path = _sidecar(nb, ".ci.yaml")
-    return yaml.safe_load(path.read_text()) or {} if path.exists() else {}
+    return read_set(_sidecar(nb, ".ci.yaml"), missing_ok=True)
+
+
+def read_set(path: pathlib.Path, missing_ok: bool = False) -> dict:
+    """A parameter set (YAML mapping); an error naming the file where it is not one."""
+    if not path.exists() and missing_ok:
+        return {}
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{_shown(path)} is not valid YAML: {str(exc).splitlines()[0]}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{_shown(path)}: a parameter set is a YAML mapping (name: value), got "
+                         f"{type(data).__name__}")
+    return data
 
 
 def _checked(nb) -> list:
@@ -60,16 +79,53 @@ from nbcheck import pytest_configure  # noqa: E402,F401
 """
 
 
+def checked_parameters(nb: pathlib.Path, base: dict, where: str, overrides: dict | None = None) -> dict:
+    """``base`` (a parameter set read from ``where``) then ``overrides`` (``-p NAME VALUE``), checked against the
+    notebook's parameters cell before any work: names (a misspelt one suggests the declared name), types with
+    element types, finiteness and ranges. An override of a parameter that says only where and how a notebook runs
+    (``device``, ``num_threads``...) is left out, with a note, where the notebook does not declare it."""
+    check_notebook_parameters(nb, base, where)
+    declared = declared_parameters(nb)
+    overrides = dict(overrides or {})
+    dropped = sorted(k for k in overrides if k in NEUTRAL and k not in declared)
+    if dropped:
+        print(f"{nb.name}: declares no {dropped}: those -p overrides are left out for it", file=sys.stderr)
+    overrides = {k: v for k, v in overrides.items() if k not in dropped}
+    check_notebook_parameters(nb, overrides, "-p")
+    return {**base, **overrides}
+
+
+def _prepared(path: pathlib.Path) -> bool:
+    """A file an earlier ``prepare`` wrote (before its folder kept a manifest): its conftest, or a copy of a notebook
+    with papermill's injected parameters."""
+    if path.name == "conftest.py":
+        return path.read_text(errors="replace").startswith(CONFTEST.splitlines()[0])
+    if path.suffix == ".ipynb" and (NOTEBOOKS / path.name).exists():
+        try:
+            return any("injected-parameters" in c.get("metadata", {}).get("tags", [])
+                       for c in json.loads(path.read_text()).get("cells", []))
+        except (OSError, ValueError):
+            return False
+    return "__pycache__" in path.parts
+
+
 def prepare(out: pathlib.Path, names: list[str], overrides: dict | None = None) -> None:
-    """Copy notebooks to ``out`` with their CI parameters (then ``overrides``) and their recorded checks."""
+    """Copy notebooks to ``out`` with their CI parameters (then ``overrides``) and their recorded checks.
+
+    Everything is checked before anything in ``out`` changes: the names, every parameter set, and the folder
+    itself (:class:`kvlab.outputs.OutputFolder`: new, or holding only what an earlier ``prepare`` wrote)."""
+    selected = _selected(names)
+    sets = {path: checked_parameters(path, _parameters(path), _shown(_sidecar(path, ".ci.yaml")), overrides)
+            for path in selected}
+    folder = OutputFolder(out, "scripts/notebooks.py prepare", recognise=_prepared)
     out = out.resolve()
-    out.mkdir(parents=True, exist_ok=True)
-    for old in out.glob("*.ipynb"):
-        old.unlink()
-    (out / "conftest.py").write_text(CONFTEST)
-    for path in _selected(names):
-        target = out / path.name
-        parameters = {**_parameters(path), **(overrides or {})}
+    for old in sorted(out.glob("*.ipynb")):
+        folder.remove(old.name)
+    folder.claim("__pycache__/")  # pytest's, beside the conftest
+    folder.claim("conftest.py").write_text(CONFTEST)
+    for path in selected:
+        target = folder.claim(path.name).resolve()
+        parameters = sets[path]
         papermill.execute_notebook(str(path), str(target), parameters=parameters, prepare_only=True,
                                    kernel_name="python3", cwd=str(NOTEBOOKS), progress_bar=False)
         nb = nbformat.read(target, as_version=4)
@@ -98,6 +154,18 @@ def record(names: list[str]) -> None:
             texts.append("".join(o.get("text", "") for o in cell.outputs if o.output_type == "stream"))
         _sidecar(path, ".checks.json").write_text(json.dumps(texts, indent=1) + "\n")
         print(f"recorded {len(texts)} checked outputs of {path.name}")
+
+
+def _overrides(pairs) -> dict:
+    """``-p NAME YAML`` pairs as values; a value YAML cannot read is an error naming it."""
+    out = {}
+    for name, text in pairs:
+        try:
+            out[name] = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise ValueError(f"-p {name} {text!r}: not a YAML value ({str(exc).splitlines()[0]}); quote a string, "
+                             "write a list as [1, 2]") from None
+    return out
 
 
 def _selected(names: list[str]) -> list[pathlib.Path]:
@@ -133,7 +201,7 @@ def book_parameters(nb: pathlib.Path) -> dict:
     if not path.exists():
         raise FileNotFoundError(f"{nb.name}: no book parameter set {_shown(path)}; write one (every "
                                 f"parameter of the notebook's parameters cell, at the size the book shows)")
-    return yaml.safe_load(path.read_text()) or {}
+    return read_set(path)
 
 
 def code_hash(nb) -> str:
@@ -200,21 +268,16 @@ def execute_book(nb_path: pathlib.Path, out: pathlib.Path, which: str = "book",
                  overrides: dict | None = None) -> dict:
     """Execute ``nb_path`` with its book set (``which="ci"``: its CI set, for a quick check of this machinery;
     ``stale`` refuses such a copy) plus ``overrides`` (kept where the notebook declares them) into ``out``."""
-    declared = set(papermill.inspect_notebook(str(nb_path)))
     if which == "book":
         base = book_parameters(nb_path)
     elif which == "ci":
         base = _parameters(nb_path)
     else:
         raise ValueError(f"which must be 'book' or 'ci', got {which!r}")
-    unknown = sorted(set(base) - declared)
-    if unknown:
-        raise ValueError(f"{nb_path.name}: its {which} set names {unknown}, which its parameters cell does not "
-                         f"declare: remove them from the set or declare them")
-    parameters = {**base, **{k: v for k, v in (overrides or {}).items() if k in declared}}
-    out.mkdir(parents=True, exist_ok=True)
-    target = out / nb_path.name
-    partial = target.with_suffix(".partial.ipynb")
+    parameters = checked_parameters(nb_path, base, _shown(_sidecar(nb_path, f".{which}.yaml")), overrides)
+    folder = OutputFolder(out, "scripts/notebooks.py book", recognise=_book_copy)
+    target = folder.claim(nb_path.name)
+    partial = folder.claim(target.with_suffix(".partial.ipynb").name)
     t0 = time.monotonic()
     papermill.execute_notebook(str(nb_path), str(partial), parameters=parameters, kernel_name="python3",
                                cwd=str(NOTEBOOKS), progress_bar=False)
@@ -246,6 +309,16 @@ def execute_book(nb_path: pathlib.Path, out: pathlib.Path, which: str = "book",
     return meta
 
 
+def _book_copy(path: pathlib.Path) -> bool:
+    """A copy ``book`` wrote (stamped in its metadata), or the partial copy of a run that was stopped."""
+    if path.name.endswith(".partial.ipynb") and (NOTEBOOKS / path.name.replace(".partial", "")).exists():
+        return True
+    try:
+        return path.suffix == ".ipynb" and "book" in json.loads(path.read_text()).get("metadata", {}).get("kvlab", {})
+    except (OSError, ValueError):
+        return False
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -268,13 +341,20 @@ def main() -> None:
     s.add_argument("names", nargs="*", help="default: every notebook that has a book set")
     args = parser.parse_args()
     if args.command == "prepare":
-        prepare(args.out, args.names, {k: yaml.safe_load(v) for k, v in args.parameter})
-    elif args.command == "book":
-        overrides = {k: yaml.safe_load(v) for k, v in args.parameter}
         try:
-            for nb in _selected(args.names):
+            prepare(args.out, args.names, _overrides(args.parameter))
+        except (ValueError, TypeError, FileNotFoundError) as err:
+            sys.exit(str(err))
+    elif args.command == "book":
+        try:
+            overrides = _overrides(args.parameter)
+            selected = _selected(args.names)
+            for nb in selected:  # every set checked before the first notebook runs
+                checked_parameters(nb, book_parameters(nb) if args.set == "book" else _parameters(nb),
+                                   _shown(_sidecar(nb, f".{args.set}.yaml")), overrides)
+            for nb in selected:
                 execute_book(nb, args.out.resolve(), args.set, overrides)
-        except (ValueError, FileNotFoundError) as err:
+        except (ValueError, TypeError, FileNotFoundError) as err:
             sys.exit(str(err))
     elif args.command == "stale":
         names = args.names or [str(p) for p in sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))

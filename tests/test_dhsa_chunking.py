@@ -28,14 +28,21 @@ CUDA = torch.cuda.is_available()
 DEV = torch.device("cuda" if CUDA else "cpu")
 
 
+def _on(x, device):
+    return x.to(device) if isinstance(x, torch.Tensor) else x
+
+
 def _both(sc, **kw):
+    """The reference NMS on CPU and the fast one on the device under test (the Triton kernel refuses CPU tensors
+    outside the interpreter), both returned on CPU."""
     from kvlab.dhsa.chunking import nms_boundaries_fast
 
     max_len = kw.pop("max_len", None)
-    ref = B.nms_boundaries(sc, **kw)
+    ref = B.nms_boundaries(sc.cpu(), **{k: _on(v, "cpu") for k, v in kw.items()})
     if max_len:
         ref = [R.split_long_chunks(b, max_len) for b in ref]
-    return ref, nms_boundaries_fast(sc, max_len=max_len, **kw)
+    got = nms_boundaries_fast(sc.to(DEV), max_len=max_len, **{k: _on(v, DEV) for k, v in kw.items()})
+    return ref, [b.cpu() for b in got]
 
 
 def _assert_same(ref, got, what=""):
@@ -167,7 +174,7 @@ def test_nms_property_many_random_cases():
 def test_nms_fast_bad_arguments_raise():
     from kvlab.dhsa.chunking import MAX_NMS_WINDOW, nms_boundaries_fast, nms_status
 
-    sc = torch.rand(1, 20)
+    sc = torch.rand(1, 20, device=DEV)
     with pytest.raises(ValueError, match="scores must be"):
         nms_boundaries_fast(sc[0], max_chunks=4, threshold=0.5)
     with pytest.raises(ValueError, match="max_chunks must be"):

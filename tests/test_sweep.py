@@ -65,7 +65,8 @@ def test_second_run_skips_finished_and_retries_only_the_failed(swept):
 
 def test_changed_parameters_or_damaged_results_run_again(tmp_path):
     task = Task("one", TARGET, {"distance": 10, "neighbors": 3})
-    (tmp_path / "one.json").write_text("{not json")
+    assert run_sweep([task], tmp_path, workers=1, progress=False).done == ["one"]
+    (tmp_path / "one.json").write_text("{not json")  # a result the sweep wrote, damaged since: redone
     assert run_sweep([task], tmp_path, workers=1, progress=False).done == ["one"]
     assert json.loads((tmp_path / "one.json").read_text())["result"] == 5
     task.params["distance"] = 11

@@ -29,6 +29,7 @@ import contextlib
 import csv
 import hashlib
 import io
+import math
 import pathlib
 import shutil
 import sys
@@ -114,12 +115,15 @@ def make(names: list[str] | None = None, out: pathlib.Path = pathlib.Path("build
     :func:`grade` uses it; a public repository then does not reveal the hidden inputs."""
     from otter.assign import main as otter_assign
 
+    from kvlab.outputs import OutputFolder
+
     made = []
     out = pathlib.Path(out)
-    for master in lessons(names):
+    masters = lessons(names)
+    written = OutputFolder(out, "kvlab lessons make", recognise=_made_here(out))
+    for master in masters:
         folder = (out / master.stem).resolve()
-        if folder.exists():  # no stale autograder zip from an earlier make
-            shutil.rmtree(folder)
+        written.remove_tree(master.stem)  # no stale autograder zip from an earlier make (and only what make wrote)
         with contextlib.redirect_stdout(io.StringIO()):  # otter's summary table; the CLI prints its own line
             otter_assign(str(master.resolve()), str(folder), no_run_tests=not run_tests, no_pdfs=True)
         (folder / "autograder").chmod(0o700)  # the tests and the solutions: only the instructor reads them
@@ -127,29 +131,62 @@ def make(names: list[str] | None = None, out: pathlib.Path = pathlib.Path("build
         if seed is not None:
             (folder / "autograder" / SEED_FILE).write_text(f"{int(seed)}\n")
             (folder / "autograder" / SEED_FILE).chmod(0o600)
+        written.adopt_tree(master.stem)
         made.append(Assignment.at(folder))
-    bundle(out)
+    bundle(out, written)
     return made
 
 
-def bundle(out: pathlib.Path) -> pathlib.Path:
-    """Copy the student version of every assignment built in ``out`` into ``out/student/`` and zip that folder
-    into ``out/student.zip``; refuses (ValueError) if a solution or hidden test reached a student version."""
+def _made_here(out: pathlib.Path):
+    """What ``make`` wrote into ``out`` before its folder kept a manifest: the folders of the lessons (otter's
+    student and autograder folders), the hand-out copies, its README and zip. Anything else is the user's."""
     import zipfile
 
     out = pathlib.Path(out)
-    folder = out / BUNDLE
-    if folder.exists():
-        shutil.rmtree(folder)
-    folder.mkdir(parents=True)
+    names = {p.stem for p in lessons()}
+
+    def recognise(path: pathlib.Path) -> bool:
+        rel = path.relative_to(out).parts
+        if rel[0] in names and len(rel) >= 3 and rel[1] in ("student", "autograder"):
+            return True
+        if rel[0] == BUNDLE and len(rel) == 2:
+            return (rel[1] == "README.md" and path.read_text(errors="replace") == HANDOUT) or \
+                (rel[1].endswith(".ipynb") and pathlib.Path(rel[1]).stem in names)
+        if rel == (f"{BUNDLE}.zip",):
+            try:
+                with zipfile.ZipFile(path) as z:
+                    return f"{BUNDLE}/README.md" in z.namelist() and all(
+                        n.startswith(f"{BUNDLE}/") for n in z.namelist())
+            except (OSError, zipfile.BadZipFile):
+                return False
+        return False
+    return recognise
+
+
+def bundle(out: pathlib.Path, written=None) -> pathlib.Path:
+    """Copy the student version of every assignment built in ``out`` into ``out/student/`` and zip that folder
+    into ``out/student.zip``; refuses (ValueError) if a solution or hidden test reached a student version, and
+    (:class:`kvlab.outputs.OutputRefused`) if ``out`` holds a file kvlab did not write (``written``: the
+    :class:`~kvlab.outputs.OutputFolder` that :func:`make` opened)."""
+    import zipfile
+
+    from kvlab.outputs import OutputFolder
+
+    out = pathlib.Path(out)
     students = sorted(out.glob("[0-9][0-9]_*/student/*.ipynb"))
     for path in students:
         leaked = solution_leaks(path)
         if leaked:
             raise ValueError(f"{path} is not safe to hand out: {leaked}")
-        shutil.copy(path, folder / path.name)
-    (folder / "README.md").write_text(HANDOUT)
-    with zipfile.ZipFile(out / f"{BUNDLE}.zip", "w", zipfile.ZIP_DEFLATED) as z:
+    if written is None:
+        written = OutputFolder(out, "kvlab lessons make", recognise=_made_here(out))
+    written.remove_tree(BUNDLE)
+    folder = out / BUNDLE
+    folder.mkdir(parents=True)
+    for path in students:
+        shutil.copy(path, written.claim(f"{BUNDLE}/{path.name}"))
+    written.claim(f"{BUNDLE}/README.md").write_text(HANDOUT)
+    with zipfile.ZipFile(written.claim(f"{BUNDLE}.zip"), "w", zipfile.ZIP_DEFLATED) as z:
         for path in sorted(folder.iterdir()):
             z.write(path, f"{BUNDLE}/{path.name}")
     return folder
@@ -297,11 +334,18 @@ def grade(assignment: Assignment | pathlib.Path, submissions: pathlib.Path, out:
         raise ValueError(f"{assignment.autograder.parent.parent} was made from an older {changed}: its tests and "
                          f"reference answers may no longer match; rebuild it with `python -m kvlab lessons make "
                          f"{assignment.name}` (and hand out the new student version if the questions changed)")
+    from kvlab.outputs import OutputFolder
+
+    if not pathlib.Path(submissions).is_dir():
+        raise FileNotFoundError(f"the submissions folder {submissions} does not exist (or is not a folder): give the "
+                                "folder holding the students' .ipynb files or export zips")
     paths = sorted(p for p in pathlib.Path(submissions).glob("*") if p.suffix in (".ipynb", ".zip"))
     if not paths:
-        raise ValueError(f"no *.ipynb or *.zip submissions in {submissions}")
+        raise ValueError(f"no *.ipynb or *.zip submissions in {submissions} (it holds "
+                         f"{sorted(p.name for p in pathlib.Path(submissions).iterdir())[:5] or 'nothing'}): put the "
+                         "students' notebooks or the zips their export cell wrote there")
     out = pathlib.Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    outputs = OutputFolder(out, "kvlab lessons grade", recognise=_graded_here(out))
     if seed is None and seed_file is not None:
         seed = read_seed_file(seed_file)
     if seed is None:
@@ -320,11 +364,12 @@ def grade(assignment: Assignment | pathlib.Path, submissions: pathlib.Path, out:
                      "total_points_earned": r.total, "percent_correct": round(r.total / total, 4) if total else 0.0,
                      "grading_status": clean(r.status, 400), "review": clean(review, REVIEW_LIMIT)})
     table = pd.DataFrame(rows)
-    table.to_csv(out / "final_grades.csv", index=False)
-    if (out / "feedback").exists():  # a run replaces every feedback file: none stays from an earlier class
-        shutil.rmtree(out / "feedback")
+    table.to_csv(outputs.claim("final_grades.csv"), index=False)
+    # a run replaces every feedback file it wrote: none stays from an earlier class (a file it did not write
+    # stopped the run before grading began)
+    outputs.remove_tree("feedback")
     (out / "feedback").mkdir()
-    with open(out / "feedback.csv", "w", newline="") as f:
+    with open(outputs.claim("feedback.csv"), "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=["file", "question", "check", "hidden", "points", "earned", "passed",
                                                "message"])
         writer.writeheader()
@@ -338,15 +383,29 @@ def grade(assignment: Assignment | pathlib.Path, submissions: pathlib.Path, out:
                                      "points": c.points, "earned": c.points if c.passed else 0.0, "passed": c.passed,
                                      "message": c.message})
             # keyed by the full name: x.ipynb and x.zip are two submissions with two feedback files
-            (out / "feedback" / f"{r.file}.md").write_text(_feedback_text(r, assignment.name))
+            outputs.claim(f"feedback/{r.file}.md").write_text(_feedback_text(r, assignment.name))
     masters = [m for m in lessons() if m.stem == assignment.name]  # otter drops the names from its copies
     written = written_questions(masters[0]) if masters else []
-    with open(out / "written_answers.csv", "w", newline="") as f:
+    with open(outputs.claim("written_answers.csv"), "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=["file", "question", "answer"])
         writer.writeheader()
         for path in paths:
             writer.writerows(_written_answers(path, written))
     return table
+
+
+def _graded_here(out: pathlib.Path):
+    """What ``grade`` wrote into ``out`` before its folder kept a manifest: its three CSV files and the feedback
+    pages it writes (each starts with its heading). Anything else (an instructor's own notes) is the user's."""
+    out = pathlib.Path(out)
+
+    def recognise(path: pathlib.Path) -> bool:
+        rel = path.relative_to(out).parts
+        if rel in (("final_grades.csv",), ("feedback.csv",), ("written_answers.csv",)):
+            return True
+        return len(rel) == 2 and rel[0] == "feedback" and rel[1].endswith(".md") and \
+            path.read_text(errors="replace").startswith("# Feedback: ")
+    return recognise
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -375,12 +434,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--trust-submissions", action="store_true",
                    help="grade even where no bubblewrap sandbox can be made (only for submissions you trust)")
     args = parser.parse_args(argv)
+    try:
+        return _run(args)
+    except (ValueError, FileNotFoundError) as exc:  # a bad lesson, folder or output: one sentence, no traceback
+        said = str(exc)
+        print(said if said.startswith("kvlab ") else f"kvlab lessons {args.command}: {said}", file=sys.stderr)
+        return 2
+
+
+def _run(args) -> int:
     if args.command == "make":
         for a in make(args.lessons, args.out, args.run_tests, seed=args.seed):
             print(f"{a.name}: student version {a.student}; grade with {a.autograder} (keep it private)")
         print(f"hand out {args.out / BUNDLE}/ or {args.out / BUNDLE}.zip: the student versions only")
         return 0
     name = lessons([args.lesson])[0].stem
+    if args.jobs < 1:
+        raise ValueError(f"--jobs must be an int >= 1 (questions graded at once), got {args.jobs}")
+    if args.timeout is not None and not (math.isfinite(args.timeout) and args.timeout > 0):
+        raise ValueError(f"--timeout must be a finite number of seconds > 0, got {args.timeout}")
     out = args.out or pathlib.Path("build/grades") / name
     from kvlab.threads import share_threads
 

@@ -12,7 +12,8 @@ from typing import Any, Iterable
 
 import torch
 
-__all__ = ["check_int", "check_float", "check_choice", "check_tensor", "check_token_ids", "check_parameters"]
+__all__ = ["check_int", "check_float", "check_choice", "check_tensor", "check_token_ids", "check_parameters",
+           "check_notebook_parameters", "declared_parameters", "parameter_problems"]
 
 
 def check_int(name: str, value: Any, minimum: int | None = None, maximum: int | None = None) -> int:
@@ -92,54 +93,204 @@ def check_parameters(namespace: dict) -> None:
 
     The parameters cell annotates each value (``max_tokens: int = 4096``), which records the type in the
     notebook's ``__annotations__``; papermill's injected cell then assigns plain values (``-p max_tokens abc``
-    gives the string ``'abc'``). Called right after the parameters, this turns a wrong type into one clear
-    error at once instead of a failure minutes later: an int is accepted where a float is declared, and
-    ``None`` where the default is None (``int | None``).
+    gives the string ``'abc'``). Called right after the parameters, this turns a wrong value into one clear
+    error at once instead of a failure minutes later (the same rules as :func:`check_notebook_parameters`, which
+    the command-line entry points apply before they start a kernel):
+
+    - the type, and the element types of a list, dict or tuple (``[1, 2]`` is not a ``list[str]``); an int is
+      accepted where a float is declared, and ``None`` where the annotation allows it (``int | None``);
+    - finiteness: NaN and infinities are refused in every float;
+    - range: a number whose declared default is >= 0 (a count, size, rate or fraction) must not be negative;
+    - names: a name papermill injected that the parameters cell does not declare (``-p max_tokenz 5``) is an
+      error that suggests the declared name nearest to it (papermill itself only warns).
     """
+    annotations = namespace.get("__annotations__", {})
+    defaults = _declared_defaults(namespace.get("In"), annotations)
+    declared = {name: (_resolve_annotation(t), defaults.get(name, _NO_DEFAULT)) for name, t in annotations.items()}
+    values = {name: namespace[name] for name in annotations if name in namespace}
+    injected = _injected_names(namespace.get("In"))
+    values.update({name: namespace.get(name) for name in injected if name not in annotations})
+    _raise_problems(parameter_problems(declared, values), "notebook parameters")
+
+
+_NO_DEFAULT = object()
+
+
+def _resolve_annotation(declared: Any) -> Any:
+    """An annotation object from a string (postponed annotations, or the source of a parameters cell); None when
+    it cannot be read (then the value is not type-checked)."""
+    import typing
+
+    if not isinstance(declared, str):
+        return declared
+    try:
+        return eval(declared, {"__builtins__": {}}, {"typing": typing, "list": list, "dict": dict, "tuple": tuple,
+                                                      "int": int, "float": float, "str": str, "bool": bool,
+                                                      "None": None, "Optional": typing.Optional,
+                                                      "Union": typing.Union, "Any": typing.Any})
+    except Exception:  # noqa: BLE001 - an annotation we cannot read is not checked
+        return None
+
+
+def _type_name(t: Any) -> str:
+    return getattr(t, "__name__", None) if not getattr(t, "__args__", None) else str(t).replace("typing.", "")
+
+
+def _matches(value: Any, declared: Any) -> bool | None:
+    """Whether ``value`` is of the declared type, element types included; None when the type cannot be checked."""
     import types
     import typing
 
-    annotations = namespace.get("__annotations__", {})
-    defaults = _declared_defaults(namespace.get("In"), annotations)
-    bad = []
-    signs = []
-    for name, declared in annotations.items():
-        if name not in namespace:
+    if declared is None or declared is typing.Any:
+        return None
+    if declared is type(None):
+        return value is None
+    origin = typing.get_origin(declared)
+    args = typing.get_args(declared)
+    if origin in (typing.Union, types.UnionType):
+        results = [_matches(value, a) for a in args]
+        return True if any(r is True for r in results) else (None if any(r is None for r in results) else False)
+    if origin is None:
+        if not isinstance(declared, type):
+            return None
+        if declared is float:
+            return isinstance(value, (int, float)) and not isinstance(value, bool)
+        if isinstance(value, bool) and declared is not bool:
+            return False
+        return isinstance(value, declared)
+    if origin in (list, tuple, set, frozenset):
+        if not isinstance(value, (list, tuple)) if origin in (list, tuple) else not isinstance(value, origin):
+            return False
+        if not args:
+            return True
+        if origin is tuple and not (len(args) == 2 and args[1] is Ellipsis):
+            return len(value) == len(args) and all(_matches(v, a) is not False for v, a in zip(value, args))
+        return all(_matches(v, args[0]) is not False for v in value)
+    if origin is dict:
+        if not isinstance(value, dict):
+            return False
+        return not args or all(_matches(k, args[0]) is not False and _matches(v, args[1]) is not False
+                               for k, v in value.items())
+    return None
+
+
+def _numbers(value: Any):
+    """Every number inside ``value`` (itself, or the elements of nested lists, tuples and dict values)."""
+    if isinstance(value, bool):
+        return
+    if isinstance(value, (int, float)):
+        yield value
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _numbers(v)
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _numbers(v)
+
+
+def parameter_problems(declared: dict[str, tuple[Any, Any]], values: dict[str, Any]) -> list[tuple[str, str]]:
+    """What is wrong with ``values`` against a parameters cell ``declared`` (name -> (annotation, default)):
+    a list of (kind, line), kind "name", "type" or "range"; empty when every value is fine."""
+    import difflib
+
+    problems = []
+    for name, value in values.items():
+        if name not in declared:
+            near = difflib.get_close_matches(name, list(declared), n=1, cutoff=0.6)
+            hint = f"did you mean {near[0]!r}?" if near else f"the declared names are {sorted(declared)}"
+            problems.append(("name", f"  {name}: not a parameter of this notebook ({hint})"))
             continue
-        value = namespace[name]
-        if isinstance(declared, str):  # postponed annotations
+        annotation, default = declared[name]
+        ok = _matches(value, annotation)
+        if ok is False:
+            problems.append(("type", f"  {name}: expected {_type_name(annotation)}, got {type(value).__name__} "
+                                     f"{value!r}"))
+            continue
+        numbers = list(_numbers(value))
+        if any(isinstance(x, float) and not math.isfinite(x) for x in numbers):
+            problems.append(("range", f"  {name} must be finite, got {value!r}"))
+            continue
+        floor = list(_numbers(default)) if default is not _NO_DEFAULT else []
+        if floor and min(floor) >= 0 and numbers and min(numbers) < 0:
+            problems.append(("range", f"  {name} must be >= 0 (its default is {default!r}: a count, size, rate or "
+                                      f"fraction), got {value!r}"))
+    return problems
+
+
+def _raise_problems(problems: list[tuple[str, str]], what: str) -> None:
+    if not problems:
+        return
+    kinds = {k for k, _ in problems}
+    lines = "\n".join(line for _, line in problems)
+    if kinds == {"range"}:
+        raise ValueError(f"{what} out of range (checked before any work):\n{lines}")
+    if kinds == {"name"}:
+        raise ValueError(f"{what}: names the parameters cell does not declare (papermill would inject them as "
+                         f"new variables no cell reads; fix the name):\n{lines}")
+    raise TypeError(f"{what} of the wrong type or name (papermill: -p NAME VALUE parses numbers, true/false, None "
+                    f"and YAML lists such as [1, 2]; quote nothing else):\n{lines}")
+
+
+def declared_parameters(notebook) -> dict[str, tuple[Any, Any]]:
+    """The parameters a notebook's cell tagged ``parameters`` declares: name -> (annotation, default), read from
+    its source (``max_tokens: int = 4096  # ...``) without running it."""
+    import ast
+    import json
+    from pathlib import Path
+
+    nb = json.loads(Path(notebook).read_text(encoding="utf-8"))
+    cells = [c for c in nb.get("cells", []) if "parameters" in c.get("metadata", {}).get("tags", [])]
+    if not cells:
+        raise ValueError(f"{notebook}: no cell tagged 'parameters' (papermill needs one to inject values)")
+    source = cells[0]["source"]
+    source = "".join(source) if isinstance(source, list) else source
+    found: dict[str, tuple[Any, Any]] = {}
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
             try:
-                declared = eval(declared, {"typing": typing, "list": list, "dict": dict, "tuple": tuple})
-            except Exception:  # noqa: BLE001 - an annotation we cannot read is not checked
-                continue
-        origin = typing.get_origin(declared)
-        allowed = typing.get_args(declared) if origin in (typing.Union, types.UnionType) else (declared,)
-        allowed = tuple(typing.get_origin(a) or a for a in allowed)
-        allowed = tuple(type(None) if a is None else a for a in allowed)
-        if float in allowed:
-            allowed = allowed + (int,)
-        if not all(isinstance(a, type) for a in allowed):
+                default = ast.literal_eval(node.value) if node.value is not None else _NO_DEFAULT
+            except (ValueError, TypeError, SyntaxError, RecursionError):
+                default = _NO_DEFAULT
+            found[node.target.id] = (_resolve_annotation(ast.unparse(node.annotation)), default)
+        elif isinstance(node, ast.Assign):
+            for target in node.targets:
+                if isinstance(target, ast.Name):
+                    try:
+                        found[target.id] = (None, ast.literal_eval(node.value))
+                    except (ValueError, TypeError, SyntaxError, RecursionError):
+                        found[target.id] = (None, _NO_DEFAULT)
+    return found
+
+
+def check_notebook_parameters(notebook, values: dict, where: str = "") -> None:
+    """Check ``values`` (a YAML set, ``-p`` overrides, a sweep task's parameters) against the parameters cell of
+    ``notebook`` before any work starts: names (a misspelt one suggests the declared name), types with element
+    types, finiteness and ranges, as :func:`check_parameters` checks them inside the kernel. Raises ValueError or
+    TypeError naming ``where`` (e.g. the YAML file), each bad parameter, the rule and the value."""
+    from pathlib import Path
+
+    what = f"{Path(notebook).name}: parameters" + (f" from {where}" if where else "")
+    _raise_problems(parameter_problems(declared_parameters(notebook), dict(values)), what)
+
+
+def _injected_names(history: Any) -> list[str]:
+    """Names papermill's injected cell assigns (its source starts with ``# Parameters``), from IPython's ``In``."""
+    import ast
+
+    names: list[str] = []
+    if not isinstance(history, (list, tuple)):
+        return names
+    for source in history:
+        if not isinstance(source, str) or not source.lstrip().startswith("# Parameters"):
             continue
-        if isinstance(value, bool) and bool not in allowed:
-            bad.append((name, declared, value))
-        elif not isinstance(value, allowed):
-            bad.append((name, declared, value))
-        elif _negative_against_default(value, defaults.get(name)):
-            signs.append(f"  {name} must be >= 0 (its default is {defaults[name]!r}: a count, size, rate or "
-                         f"fraction), got {value!r}")
-    if signs and not bad:
-        raise ValueError("notebook parameters out of range (checked before any work):\n" + "\n".join(signs))
-    if bad:
-        lines = "\n".join(f"  {name}: expected {getattr(t, '__name__', t)}, got {type(v).__name__} {v!r}"
-                          for name, t, v in bad)
-        raise TypeError(f"notebook parameters of the wrong type (papermill: -p NAME VALUE parses numbers, "
-                        f"true/false and None; quote nothing else):\n{lines}")
-
-
-def _negative_against_default(value: Any, default: Any) -> bool:
-    numbers = (int, float)
-    return (isinstance(value, numbers) and not isinstance(value, bool) and isinstance(default, numbers)
-            and not isinstance(default, bool) and default >= 0 and value < 0)
+        try:
+            tree = ast.parse(source)
+        except SyntaxError:
+            continue
+        for node in tree.body:
+            if isinstance(node, ast.Assign):
+                names += [t.id for t in node.targets if isinstance(t, ast.Name) and t.id not in names]
+    return names
 
 
 def _declared_defaults(history: Any, annotations: dict) -> dict[str, Any]:

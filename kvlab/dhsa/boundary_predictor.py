@@ -248,6 +248,10 @@ def oracle_boundaries(attn: torch.Tensor, *, window: int = 4, max_chunks: int, t
 
     Reading (authors' code): ratio threshold ``theta = 1.1``, NMS window 8.
     """
+    if not isinstance(attn, torch.Tensor) or attn.dim() not in (2, 3) or attn.shape[-1] != attn.shape[-2]:
+        raise ValueError(f"attn must be one layer's attention map of shape (n, n) or (heads, n, n), got "
+                         f"{tuple(attn.shape) if isinstance(attn, torch.Tensor) else type(attn).__name__}: for a "
+                         "(batch, heads, n, n) map pass one row, attn[b]")
     if attn.dim() == 3:
         attn = attn.mean(0)
     r = label_ratios(attn, window, rule=rule, horizon=horizon)

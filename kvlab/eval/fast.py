@@ -217,7 +217,7 @@ def decode_static(model, ids: torch.Tensor, policy: Policy, *, progress: bool = 
     _check_ids(ids, int(getattr(_text_config(model), "vocab_size", 0) or 0) or None)
     decoder = FastDecoder(model, policy, batch, max_steps=n - 1, record=n - 1, graph=graph, compile=compile,
                           kernel=kernel)
-    ids = ids.to(decoder.device)
+    ids = ids.to(decoder.device).long()  # int32 ids are fine tokens; cross_entropy's targets must be long
     nll = torch.empty((n - 1, batch), dtype=torch.float64, device=decoder.device)
     cuda = decoder.device.type == "cuda"
     if cuda:

@@ -38,6 +38,7 @@ from typing import Any
 import torch
 
 from kvlab.datasets import kv_retrieval_prompt, load_records, load_text, split_sentences
+from kvlab.core.checks import check_int
 
 __all__ = ["LongTask", "kv_task", "multihop_task", "filler_text", "gold_token_mask", "RULER_NEEDLES", "RULER_KINDS",
            "needle_task", "variable_tracking_task", "ruler_task", "babi_story", "babilong_task", "babilong_score",
@@ -485,6 +486,8 @@ def repo_task(tokenizer, n_tokens: int, *, package: str = "click", seed: int = 0
     """
     import ast
 
+    if use is not None:  # before any work: True is not the use at index 1
+        use = check_int("use", use, 0)
     root = _package_root(package, root)
     files = _python_files(root)
     def block(path: str) -> str:

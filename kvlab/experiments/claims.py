@@ -318,12 +318,22 @@ def validate(rows: list[dict]) -> None:
     tests (:func:`exact_columns`; see ``tests/test_claims.py``)."""
     problems = []
     seen = set()
-    by_id = {r.get("id"): r for r in rows}
+    by_id = {str(r.get("id")): r for r in rows}
     for i, r in enumerate(rows, start=2):
         where = f"row {i} ({r.get('id') or '?'})"
+        bad = [k for k in FIELDS if not isinstance(r.get(k, ""), str)]
+        if bad:  # a row built in Python: every ledger value is text, as load() reads it
+            problems.append(f"{where}: columns {bad} must be strings (as kvlab.experiments.claims.load reads the CSV), got "
+                            f"{[type(r[k]).__name__ for k in bad]}")
+            continue
         if not r["id"] or r["id"] in seen:
             problems.append(f"{where}: id must be unique and non-empty")
         seen.add(r["id"])
+        verdict = r["verdict"]
+        if not _known_verdict(verdict):
+            problems.append(f"{where}: verdict {verdict!r} is not one of {VERDICT_WORDS()} (exactly, in lower case; "
+                            "a reason may follow in parentheses): run `python -m kvlab claims --update` rather than "
+                            "typing it")
         if r["paper"] not in PAPERS:
             problems.append(f"{where}: paper must be one of {PAPERS}, got {r['paper']!r}")
         if r["kind"] not in KINDS:
@@ -338,6 +348,9 @@ def validate(rows: list[dict]) -> None:
                     problems.append(f"{where}: a statistical row needs {col}")
             if r["direction"] not in ("a>b", "a<b"):
                 problems.append(f"{where}: direction must be 'a>b' or 'a<b' (the paper's ordering of A and B)")
+            if r["method_a"].strip() and r["method_a"].strip() == r["method_b"].strip():
+                problems.append(f"{where}: method_a and method_b are both {r['method_a']!r}: a comparison needs two "
+                                "distinct methods (or method_b '=x' for a constant)")
             for f in r["results_file"].split(";"):
                 if f.strip() and not (ROOT / f.strip()).is_file():
                     problems.append(f"{where}: results_file {f.strip()} does not exist")
@@ -368,6 +381,10 @@ def validate(rows: list[dict]) -> None:
                 if not name or not (ROOT / file).is_file():
                     problems.append(f"{where}: test {file}::{name} does not exist (column test: "
                                     "tests/test_x.py::test_name, several joined with ';')")
+                elif name.split("[")[0] not in _test_functions(ROOT / file):
+                    problems.append(f"{where}: {file} defines no test function {name.split('[')[0]!r} (a name "
+                                    "mentioned only in a docstring or comment is not a test); name a `def test_...` "
+                                    "of that file")
         elif r["kind"] == "summary":
             wanted = SUPERSEDED if r["superseded"].strip() else NO_DATA
             if r["verdict"] != wanted:
@@ -399,6 +416,34 @@ def validate(rows: list[dict]) -> None:
                             "the record)")
     if problems:
         raise ValueError("claims ledger:\n  " + "\n  ".join(problems))
+
+
+def VERDICT_WORDS() -> tuple[str, ...]:
+    """The verdict vocabulary: the module's verdict lists (read when called, so a word added there counts)."""
+    return tuple(dict.fromkeys((*BUCKETS, *OTHER_BUCKETS)))
+
+
+def _known_verdict(verdict: str) -> bool:
+    """A verdict is a word of the vocabulary, exactly, optionally followed by a reason in parentheses."""
+    return any(verdict == w or (verdict.startswith(f"{w} (") and verdict.endswith(")")) for w in VERDICT_WORDS())
+
+
+def _test_functions(path: Path) -> set[str]:
+    """Names of the test functions ``path`` defines (module level, or methods of its ``Test*`` classes)."""
+    import ast
+
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, ValueError):
+        return set()
+    names = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test"):
+            names.add(node.name)
+        elif isinstance(node, ast.ClassDef) and node.name.startswith("Test"):
+            names |= {f.name for f in node.body if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+                      and f.name.startswith("test")}
+    return names
 
 
 # ---------------------------------------------------------------------------------------------- recompute
@@ -474,6 +519,22 @@ def _filter(row: dict):
 TEACHER_FORCED = ("answer_nll", "nll", "ppl")
 
 
+def teacher_forced(metric: str) -> bool:
+    """Whether ``metric`` scores the gold text (an NLL or perplexity: ``nll``, ``NLL``, ``answer_nll``,
+    ``window_nll``, ``ppl``), matched case-insensitively on its last word."""
+    return bool(re.search(r"(?:^|_)(?:" + "|".join(w.split("_")[-1] for w in TEACHER_FORCED) + r"|perplexity)$",
+                          metric.strip(), re.I))
+
+
+def _sorted_examples(ids, row: dict) -> list:
+    """Example ids in order; ids of mixed kinds (3 and "3") would pair wrongly or not sort: an error naming them."""
+    kinds = {type(e).__name__ for e in ids}
+    if len(kinds) > 1:
+        raise ValueError(f"claim {row['id']}: the example ids of {row['results_file']} mix {sorted(kinds)} (e.g. "
+                         f"{sorted(map(repr, ids))[:3]}); write every example id as a string")
+    return sorted(ids)
+
+
 def _paired(row: dict) -> tuple[list[str], np.ndarray, np.ndarray | float, int]:
     """The examples, A's and B's values (or B's constant) and the number of suspect generations."""
     recs = _records(row["results_file"])
@@ -504,7 +565,7 @@ def _paired(row: dict) -> tuple[list[str], np.ndarray, np.ndarray | float, int]:
         raise ValueError(f"claim {row['id']}: no {row['metric']!r} records of method {row['method_a']!r} in "
                          f"{row['results_file']} (filter {row['filter']!r})")
     if row["method_b"].startswith("="):
-        examples = sorted(a)
+        examples = _sorted_examples(list(a), row)
         b: np.ndarray | float = _constant_b(row)
         methods = [row["method_a"]]
         av = np.array(list(a.values()))
@@ -513,6 +574,7 @@ def _paired(row: dict) -> tuple[list[str], np.ndarray, np.ndarray | float, int]:
                              f"method_b must lie in [0, 1], got {row['method_b']!r}")
     else:
         bv = values.get(row["method_b"], {})
+        _sorted_examples(list(a) + list(bv), row)
         examples = sorted(set(a) & set(bv))
         if not examples:
             raise ValueError(f"claim {row['id']}: methods {row['method_a']!r} and {row['method_b']!r} share no "
@@ -524,7 +586,7 @@ def _paired(row: dict) -> tuple[list[str], np.ndarray, np.ndarray | float, int]:
     # ':' is the known harness bug: any such answer counts; an empty answer can be the model's own choice (it
     # stopped at once), so empties count only when they are more than a tenth of the answers, and never for a
     # teacher-forced metric (the gold answer's NLL is scored whatever the model generated).
-    if row["metric"] in TEACHER_FORCED:
+    if teacher_forced(row["metric"]):
         empty = 0
     suspect = colon + (empty if empty > 0.1 * max(1, len(said)) else 0)
     return examples, np.array([a[e] for e in examples]), b, suspect
@@ -538,7 +600,8 @@ def derive_verdict(low: float, high: float, direction: str, n: int, *, p_binary:
     [0, 1]), and the number of suspect generations."""
     if direction not in ("a>b", "a<b"):
         raise ValueError(f"direction must be 'a>b' or 'a<b', got {direction!r}")
-    if not (isinstance(systematic, (int, float)) and math.isfinite(systematic) and systematic >= 0):
+    if isinstance(systematic, bool) or not (isinstance(systematic, (int, float)) and math.isfinite(systematic)
+                                            and systematic >= 0):
         raise ValueError(f"systematic must be a finite number >= 0 (a bias bound), got {systematic!r}")
     if suspect:
         return f"inconclusive (harness bug: {suspect} answers ':' or empty)"
@@ -561,10 +624,15 @@ def _fmt(x: float) -> str:
     return f"{x:.6g}"
 
 
+def _ppl(nll: float) -> str:
+    """exp(nll) to two decimals; past float range (a mean NLL near 1,000 nats) as e^x, not an OverflowError."""
+    return f"{math.exp(nll):.2f}" if nll < 700 else f"e^{nll:.4g}"
+
+
 def _our_value(metric: str, ma: float, mb: float | None, label_b: str) -> str:
     if metric.endswith(("window_nll", "segment_nll")):
-        b = f"{math.exp(mb):.2f}" if mb is not None else label_b
-        return f"ppl {math.exp(ma):.2f} vs {b}"
+        b = _ppl(mb) if mb is not None else label_b
+        return f"ppl {_ppl(ma)} vs {b}"
     b = f"{mb:.3g}" if mb is not None else label_b
     return f"{ma:.3g} vs {b}"
 
@@ -971,6 +1039,13 @@ def main(argv: list[str] | None = None) -> int:
                    help="with --update or --check: do not run the exact rows' tests (keep what is recorded)")
     p.add_argument("--table", metavar="PAPER", help="print one paper's rows (as a notebook would)")
     args = p.parse_args(argv)
+    if args.table is not None and args.table.lower() not in {x.lower() for x in PAPERS}:
+        import difflib
+
+        near = difflib.get_close_matches(args.table, PAPERS, n=1, cutoff=0.5)
+        print(f"kvlab claims: --table {args.table!r} is not a paper of the ledger; the papers are {list(PAPERS)}"
+              + (f" (did you mean {near[0]!r}?)" if near else ""), file=sys.stderr)
+        return 2
     if args.update:
         update(run_exact=not args.skip_exact)
     if args.write_readme:

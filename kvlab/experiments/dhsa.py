@@ -21,15 +21,11 @@ and ``python -m kvlab bench dhsa``.
 """
 from __future__ import annotations
 
-import ast
 import math
-import random
 import re
 import statistics
 import time
-from collections import Counter
 from contextlib import nullcontext
-from dataclasses import dataclass
 
 import torch
 

@@ -119,7 +119,14 @@ def held_trace(policy, num_layers: int, ids: torch.Tensor, chunk: int, *, vocab_
     against a policy that reads token ids (SepLLM's separators); the largest id of ``ids`` is no stand-in for it
     (a separator may have a larger id than every token of the text)."""
     from kvlab.core.cache import LayerView
+    from kvlab.core.checks import check_int
 
+    chunk = check_int("chunk", chunk, 1)
+    num_layers = check_int("num_layers", num_layers, 1)
+    if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.shape[0] != 1 or ids.shape[1] < 1:
+        raise ValueError(f"ids must be token ids of shape (1, T) with T >= 1 (the stream), got "
+                         f"{tuple(ids.shape) if isinstance(ids, torch.Tensor) else type(ids).__name__}: pass "
+                         "tokenizer(text, return_tensors='pt').input_ids of a non-empty text")
     policy.check_model(num_layers)
     if vocab_size is not None and hasattr(policy, "check_vocab"):
         policy.check_vocab(vocab_size)
@@ -161,10 +168,21 @@ def _cache_family(method: str, tokenizer):
     return lambda c: policy.for_budget(c, tokenizer=tokenizer)
 
 
+#: the methods whose cache size :func:`match_cache` matches to a mean KV budget
+CACHE_METHODS = ("StreamingLLM", "H2O", "TOVA", "SepLLM", "LaCache")
+
+
 def match_cache(method: str, budget: int, ids: torch.Tensor, chunk: int, num_layers: int, tokenizer):
     """``(cap, policy, mean_kv)``: the cap of ``method`` whose mean KV over streaming ``ids`` in chunks of
     ``chunk`` is closest to ``budget`` (bisection: the mean grows with the cap). Raises ValueError when the
     closest misses by more than :data:`KV_TOLERANCE`."""
+    from kvlab.core.checks import check_float, check_int
+
+    if method not in CACHE_METHODS:
+        raise ValueError(f"match_cache matches the cache methods {list(CACHE_METHODS)}, got {method!r}"
+                         + (": Full keeps every entry, it has no cap to match" if method == "Full" else ""))
+    budget = check_float("budget (mean KV entries)", budget, 0.0, low_open=True)
+    chunk = check_int("chunk", chunk, 1)
     make = _cache_family(method, tokenizer)
     hi = ids.shape[1]
 
@@ -605,6 +623,10 @@ def sized_grid(grid: str | dict = "tiny", *, models=None, examples: int | None =
     if isinstance(grid, str) and grid not in GRIDS:
         raise ValueError(f"grid must be one of {sorted(GRIDS)}, got {grid!r}")
     spec = dict(GRIDS[grid]) if isinstance(grid, str) else dict(grid)
+    missing = [k for k in GRIDS["tiny"] if k not in spec]
+    if missing:
+        raise ValueError(f"a grid dict needs every key of the named grids {list(GRIDS['tiny'])}; missing {missing} "
+                         f"(start from dict(kvlab.experiments.leaderboard.GRIDS['tiny']) and change what differs)")
     if models is not None:
         models = list(models)
         unknown = [m for m in models if m not in spec["models"]]
@@ -803,6 +825,9 @@ def pareto_plot(rows: list[dict], path=None):
     return fig
 
 
+#: what a run writes beside ``cells/``
+TABLE_FILES = ("leaderboard.csv", "leaderboard.parquet", "leaderboard.md", "pareto.png")
+
 #: where a run writes unless told: never over the committed ``benchmarks/results/leaderboard`` (pass ``--out`` for that)
 DEFAULT_OUT = "build/leaderboard"
 
@@ -823,7 +848,8 @@ def run_leaderboard(grid: str | dict = "tiny", out=DEFAULT_OUT, *, workers: int 
     the replicates (more cells: :func:`sized_grid`)."""
     import csv
 
-    from kvlab.experiments.sweep import SweepReport, run_sweep
+    from kvlab.experiments.sweep import SweepReport, open_results, run_sweep
+    from kvlab.outputs import OutputFolder
 
     out = Path(out)
     spec = sized_grid(grid, models=models, examples=examples, seeds=seeds)
@@ -839,15 +865,18 @@ def run_leaderboard(grid: str | dict = "tiny", out=DEFAULT_OUT, *, workers: int 
     device = device or ("gpu" if gpu_workers and scheduler is None else "cpu")
     for cell in cells:
         cell.device = device
+    # the output rule (kvlab.outputs): out holds only what the leaderboard wrote; cells/ is the sweep's, checked by it
+    written = OutputFolder(out, "kvlab leaderboard", others=("cells",),
+                           recognise=lambda p: p.relative_to(out).as_posix() in TABLE_FILES)
     report = SweepReport()
     if run and importlib.util.find_spec("distributed") is None:  # .venv-peers: kvpress, no Dask
         from kvlab.experiments.sweep import call_task, task_finished
 
+        open_results(cells, out / "cells")
         for t in cells:
             if task_finished(t, out / "cells"):
                 report.skipped.append(t.name)
             else:
-                (out / "cells").mkdir(parents=True, exist_ok=True)
                 report.done.append(call_task(t, str(out / "cells"), []))
     elif run:
         report = run_sweep(cells, out / "cells", scheduler=scheduler, workers=workers, progress=progress,
@@ -855,7 +884,7 @@ def run_leaderboard(grid: str | dict = "tiny", out=DEFAULT_OUT, *, workers: int 
                            python_path=[str(Path(__file__).resolve().parents[1])])
     rows = collect(out, cells)
     if rows:
-        with open(out / "leaderboard.csv", "w", newline="") as f:
+        with open(written.claim("leaderboard.csv"), "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=list(rows[0]))
             w.writeheader()
             w.writerows(rows)
@@ -863,20 +892,21 @@ def run_leaderboard(grid: str | dict = "tiny", out=DEFAULT_OUT, *, workers: int 
             import pandas as pd
             import pyarrow  # noqa: F401
 
-            pd.DataFrame(rows).to_parquet(out / "leaderboard.parquet")
+            pd.DataFrame(rows).to_parquet(written.claim("leaderboard.parquet"))
         except ImportError:
-            (out / "leaderboard.parquet").unlink(missing_ok=True)  # never leave a stale copy beside the CSV
+            if (out / "leaderboard.parquet").exists():  # never leave a stale copy beside the CSV
+                written.remove("leaderboard.parquet")
         subset = "".join(f" --{what} {','.join(chosen)}" for what, chosen, every in
                          (("tasks", tasks, TASKS), ("methods", methods, METHODS)) if tuple(chosen) != tuple(every))
         subset += (f" --models {','.join(models)}" if models else "") + (f" --examples {examples}" if examples else "")
         subset += f" --seeds {','.join(map(str, seeds))}" if seeds is not None else ""
         how = (f"`python -m kvlab leaderboard --grid {grid}{subset} --out {out}`" if isinstance(grid, str)
                else f"`kvlab.experiments.leaderboard.run_leaderboard({grid!r})`")
-        (out / "leaderboard.md").write_text(f"Made by {how} (kvlab {__import__('kvlab').__version__}); cells in "
+        written.claim("leaderboard.md").write_text(f"Made by {how} (kvlab {__import__('kvlab').__version__}); cells in "
                                             f"`cells/`, every number in `leaderboard.csv`.\n\n{markdown(rows)}\n")
         import matplotlib.pyplot as plt
 
-        plt.close(pareto_plot(rows, out / "pareto.png"))
+        plt.close(pareto_plot(rows, written.claim("pareto.png")))
     return report, rows
 
 
@@ -932,7 +962,7 @@ def main(argv: list[str] | None = None) -> int:
                                        device=args.device, examples=args.examples, seeds=seeds,
                                        models=args.models.split(",") if args.models else None)
     except (ValueError, OSError) as exc:
-        print(f"kvlab leaderboard: {exc}", file=sys.stderr)
+        print(str(exc) if str(exc).startswith("kvlab leaderboard:") else f"kvlab leaderboard: {exc}", file=sys.stderr)
         return 2
     print(report.summary())
     if not rows:

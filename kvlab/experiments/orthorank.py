@@ -47,7 +47,7 @@ from typing import Any
 
 import torch
 
-from kvlab.core import check_float, check_int
+from kvlab.core import check_float, check_int, check_token_ids
 from kvlab.eval import zeroshot
 from kvlab.eval.stats import paired_bootstrap
 from kvlab.orthorank.api import after_sink, sink_profile
@@ -266,16 +266,24 @@ def document_windows(tokenizer, documents: dict[str, str], seq_len: int, n: int 
         raise ValueError("bos=True but the tokenizer has no BOS token: use bos=False")
     body = seq_len - 1 if bos else seq_len
     rows, names = [], []
+    seen: dict[tuple, str] = {}
     for name, text in documents.items():
         ids = tokenizer(text, add_special_tokens=False).input_ids
         if len(ids) < body:
             continue
+        window = tuple(ids[:body])
+        if window in seen:  # the same text twice is one sample, not two: an interval would be too narrow
+            continue
+        seen[window] = name
         rows.append(([tokenizer.bos_token_id] if bos else []) + list(ids[:body]))
         names.append(name)
         if n is not None and len(rows) == n:
             break
     if len(rows) < 2:
-        raise ValueError(f"only {len(rows)} of {len(documents)} documents have {body} tokens: use a shorter seq_len")
+        repeated = len(documents) - len(rows)
+        raise ValueError(f"only {len(rows)} of {len(documents)} documents have {body} tokens and differ from every "
+                         f"other document's first {body} tokens ({repeated} short or repeated): use a shorter seq_len "
+                         "or more distinct documents")
     return torch.tensor(rows), names
 
 
@@ -287,6 +295,7 @@ def window_nll(model: torch.nn.Module, windows: torch.Tensor, plan: Plan | None 
     if not isinstance(windows, torch.Tensor) or windows.dim() != 2 or windows.shape[1] < 2:
         raise ValueError(f"windows must be token ids of shape (n, seq_len >= 2), got "
                          f"{getattr(windows, 'shape', type(windows).__name__)}")
+    windows = check_token_ids("windows", windows, model.get_input_embeddings().num_embeddings)
     device = next(model.parameters()).device
     out: list[float] = []
     with use_plan(model, plan):
@@ -430,6 +439,12 @@ def layerwise_plans(layers: list[int], token_ratio: float = 0.33) -> tuple[dict[
     (the opposite criterion); ``({name: plan}, [(orthogonal, least orthogonal) per layer])``."""
     if not layers:
         raise ValueError("layers must name at least one layer to route (Fig. 4: the layers after the sink)")
+    for layer in layers:
+        check_int("layers[i]", layer, 0)
+    repeated = sorted({x for x in layers if list(layers).count(x) > 1})
+    if repeated:
+        raise ValueError(f"layers must be distinct (each gives one pair of Fig. 4), got {list(layers)} with "
+                         f"{repeated} repeated: name each layer once")
     plans, pairs = {}, []
     for layer in layers:
         a, b = f"Fig4 L{layer} orthogonal", f"Fig4 L{layer} least orthogonal"
@@ -444,17 +459,30 @@ def pooled_records(examples: list[dict], methods: list[str], name: str) -> list[
     a method ``name``: one paired comparison over windows for a claim about many layers at once."""
     if not methods:
         raise ValueError("methods must name at least one method to pool")
-    by_example: dict[str, list[float]] = {}
-    metric, config = None, None
+    if len(set(methods)) != len(methods):
+        raise ValueError(f"methods must be distinct, got {list(methods)}: a method named twice would count twice")
+    by_example: dict = {}
+    metrics = sorted({str(r["metric"]) for r in examples if r["method"] in methods})
+    if len(metrics) > 1:
+        raise ValueError(f"the records of {list(methods)} hold several metrics {metrics}: a mean over different "
+                         "metrics means nothing; pass the records of one metric")
+    config = {}
+    duplicates = []
     for r in examples:
         if r["method"] in methods:
-            by_example.setdefault(r["example"], []).append(r["value"])
-            metric, config = r["metric"], r.get("config", {})
-    short = [k for k, v in by_example.items() if len(v) != len(methods)]
+            values = by_example.setdefault(r["example"], {})
+            if r["method"] in values:
+                duplicates.append((r["example"], r["method"]))
+            values[r["method"]] = r["value"]
+            config = r.get("config", {})
+    if duplicates:
+        raise ValueError(f"{len(duplicates)} duplicate records (the same example and method twice), e.g. "
+                         f"{duplicates[:3]}: keep one record per example and method")
+    short = {k: sorted(set(methods) - set(v)) for k, v in by_example.items() if set(v) != set(methods)}
     if not by_example or short:
-        raise ValueError(f"every example needs a value for each of the {len(methods)} methods; missing for "
-                         f"{short[:3] or 'all'}")
-    return [{"example": k, "method": name, "metric": metric, "value": sum(v) / len(v),
+        raise ValueError(f"every example needs a value for each of the {len(methods)} methods {list(methods)}; "
+                         f"missing: {list(short.items())[:3] or 'all'}")
+    return [{"example": k, "method": name, "metric": metrics[0], "value": sum(v.values()) / len(v),
              "config": dict(config, pooled=list(methods))} for k, v in by_example.items()]
 
 

@@ -191,19 +191,58 @@ def check_target(target: str) -> None:
 
 
 def check_notebook_params(target: str, tasks: list[Task]) -> None:
-    """Every parameter a task passes to notebook ``target`` is declared in its ``parameters`` cell: papermill injects
-    an undeclared name as a new variable that no cell reads, so the notebook would run with its default."""
+    """Every parameter a task passes to notebook ``target`` is declared in its ``parameters`` cell (papermill injects
+    an undeclared name as a new variable that no cell reads, so the notebook would run with its default), of the
+    declared type (element types of lists included), finite and in range: :func:`kvlab.core.checks.
+    check_notebook_parameters`, before any cluster starts."""
     import papermill
+
+    from kvlab.core.checks import check_notebook_parameters
 
     declared = set(papermill.inspect_notebook(target))
     unknown = sorted({k for t in tasks for k in t.params} - declared)
     if unknown:
-        raise ValueError(f"{target} declares no parameter {unknown} in its parameters cell (it declares "
+        import difflib
+
+        hints = [f"{k} (did you mean {near[0]!r}?)" if (near := difflib.get_close_matches(k, declared, n=1)) else k
+                 for k in unknown]
+        raise ValueError(f"{target} declares no parameter {', '.join(hints)} in its parameters cell (it declares "
                          f"{sorted(declared) or 'none'}): the notebook would run with its defaults; fix the names in "
                          "the grid / fixed, or declare them in the notebook's cell tagged 'parameters'")
+    for t in tasks:
+        try:
+            check_notebook_parameters(target, t.params, f"task {t.name}")
+        except TypeError as exc:
+            raise ValueError(str(exc)) from None
 
 
-def _keep_other_results(tasks: list[Task], out: Path) -> None:
+def _sweep_record(path: Path) -> bool:
+    """A result record a sweep wrote (before its folder kept a manifest), or an executed notebook of one."""
+    if path.suffix == ".ipynb":
+        return path.with_suffix(".json").is_file() and _sweep_record(path.with_suffix(".json"))
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(record, dict) and {"key", "target", "params", "result"} <= set(record)
+
+
+def open_results(tasks: list[Task], out) -> "OutputFolder":
+    """The result folder of ``tasks`` under the output rule (:mod:`kvlab.outputs`): new, or holding only what a
+    sweep wrote (a file of the user's at ``OUT/<name>.json``, or anything else there, stops the sweep before it
+    starts, naming the file); every result file the tasks will write is recorded in its manifest first."""
+    from kvlab.outputs import OutputFolder
+
+    folder = OutputFolder(out, "kvlab sweep", recognise=_sweep_record)
+    folder.claim(".*.json.tmp*")  # the atomic writes' temporary files
+    folder.claim(*[f"{t.name}.json" for t in tasks])
+    notebooks = [f"{t.name}.ipynb" for t in tasks if t.target.endswith(".ipynb")]
+    if notebooks:
+        folder.claim(*notebooks)
+    return folder
+
+
+def _keep_other_results(tasks: list[Task], out: Path, folder=None) -> None:
     """A result file in ``out`` under a task's name but from other parameters or another target (a changed
     ``fixed:`` value, a name pattern that leaves the changed parameter out) is kept, never replaced: it moves to
     ``<name>.<its key>.json``; a result kept that way for this task's parameters moves back and counts as done. A
@@ -219,6 +258,8 @@ def _keep_other_results(tasks: list[Task], out: Path) -> None:
                 plain_json(t.params, "params"), sort_keys=True, default=str)):
             continue
         aside = out / f"{t.name}.{old.get('key') or hashlib.sha256(path.read_bytes()).hexdigest()[:16]}.json"
+        if folder is not None:
+            folder.claim(aside.name)
         os.replace(path, aside)
         print(f"sweep: {path.name} holds other parameters ({json.dumps(old.get('params'), default=str)}); kept as "
               f"{aside.name}", file=sys.stderr)
@@ -348,8 +389,7 @@ def run_sweep(tasks: list[Task], out, *, scheduler: str | None = None, workers: 
         if target.endswith(".ipynb"):
             check_notebook_params(target, [t for t in tasks if t.target == target])
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    _keep_other_results(tasks, out)
+    _keep_other_results(tasks, out, open_results(tasks, out))
     report = SweepReport(skipped=[t.name for t in tasks if task_finished(t, out)])
     todo = sorted((t for t in tasks if t.name not in report.skipped), key=lambda t: -t.cost)
     if not todo:
@@ -430,6 +470,10 @@ def grid_tasks(target: str, grid: dict, *, fixed: dict | None = None, name: str 
     for key, values in grid.items():
         if not isinstance(values, list) or not values:
             raise ValueError(f"grid entry {key!r} must be a non-empty list, e.g. {key}: [{values!r}] (got {values!r})")
+    both = sorted(set(fixed or {}) & set(grid))
+    if both:
+        raise ValueError(f"{both} given both in fixed and in grid: the grid's values would silently replace the fixed "
+                         "one; keep each parameter in one of them")
     keys = list(grid)
     tasks = []
     for combo in itertools.product(*(grid[k] for k in keys)):
@@ -459,7 +503,15 @@ def load_grid(path) -> tuple[list[Task], Path]:
     import yaml
 
     path = Path(path)
-    spec = yaml.safe_load(path.read_text()) or {}
+    if not path.is_file():
+        raise ValueError(f"grid file {path} does not exist")
+    try:
+        spec = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        raise ValueError(f"{path} is not valid YAML{where}: {getattr(exc, 'problem', None) or exc}; see the grid "
+                         "format in `python -m kvlab sweep --help`") from None
     if not isinstance(spec, dict):
         raise ValueError(f"{path}: a grid file is a YAML mapping (target:, grid:, ...), got {type(spec).__name__}")
     unknown = set(spec) - {"target", "out", "name", "fixed", "grid", "device"}
@@ -467,6 +519,8 @@ def load_grid(path) -> tuple[list[Task], Path]:
         raise ValueError(f"{path}: a grid file has 'target' (required), 'out', 'name', 'fixed', 'grid', 'device'"
                          + (f"; unknown keys {sorted(unknown)}" if unknown else ""))
     target = spec["target"]
+    if not isinstance(target, str):
+        raise ValueError(f"{path}: target must be 'package.module:function' or a .ipynb path, got {target!r}")
     if target.endswith(".ipynb"):
         target = str((path.parent / target).resolve())
     out = path.parent / spec.get("out", path.stem + "-results")
@@ -521,7 +575,7 @@ def main(argv: list[str] | None = None) -> int:
         report = run_sweep(tasks, out, scheduler=args.scheduler, workers=args.workers, gpu_workers=args.gpu_workers,
                            workers_per_gpu=args.workers_per_gpu, retries=args.retries, python_path=[os.getcwd()])
     except (ValueError, OSError) as exc:  # a bad grid, target, name or scheduler: one sentence, no traceback
-        print(f"kvlab sweep: {exc}", file=sys.stderr)
+        print(str(exc) if str(exc).startswith("kvlab sweep:") else f"kvlab sweep: {exc}", file=sys.stderr)
         return 2
     print(report.summary())
     return 1 if report.failed else 0

@@ -116,7 +116,7 @@ def sink_profile(model: torch.nn.Module, input_ids: torch.Tensor, *, attention: 
     first token's norm jumps), the cosine of every token to the sink per layer (Fig. 2), the sink's and the
     other tokens' self-similarity across layers (Fig. 3) and, with ``attention``, the attention mass on the
     first token per layer (eager attention of batch row 0: keep ``seq`` to a few hundred tokens)."""
-    ids = check_token_ids("input_ids", input_ids)
+    ids = check_token_ids("input_ids", input_ids, model.get_input_embeddings().num_embeddings)
     ids = ids[None] if ids.dim() == 1 else ids
     if ids.shape[1] < 2:
         raise ValueError(f"input_ids must hold at least 2 tokens (a sink and another), got {ids.shape[1]}")

@@ -39,7 +39,15 @@ decode                        App. A, sparse (``decode="app_a"``)         dense 
 boundaries                    per layer, from its own keys                once per forward, shared by all layers
                                                                           (``share_boundaries=True``)
 always-kept keys              ``initial`` + the query's chunk             128 initial + 128 recent (``local``)
+initial keys in the budget    forced; ranked keys fill the rest           written over the 128 lowest-position
+                              (``initial_rule="kvlab"``)                  entries of the list (``"authors"``)
+boundary threshold            calibrated at training                      predictor logit > 1.1 (p > 0.7503)
 ============================  ==========================================  ==========================================
+
+The two columns are :meth:`DHSAProtocol.kvlab` and :meth:`DHSAProtocol.authors` (with the chunking settings of
+:func:`authors_pattern`). Under the text's protocol every layer chunks its own keys; kvlab's SmolLM2 predictor is
+trained on the first layer's keys and places few boundaries in the other layers, so there the chunks are the
+``max_len`` cuts, i.e. fixed blocks (``pattern.chunk_stats`` counts them per layer).
 
 The default is the text's: it is what the paper describes, and it makes every query and every
 generated token go through the selection, so the mechanism is what is measured. The authors' numbers
@@ -49,8 +57,8 @@ everything). ``share_selection=True`` also shares the kept set (computed in the 
 the forward) with every later layer.
 
 Readings (authors' legacy code and the issue that re-ran it): "instruction" tokens dense at prefill,
-decode dense ("TODO: add support for decoding stage"), one set of boundaries for all layers, 128 initial
-and 128 recent keys forced. Ours: the shared boundaries come from the keys of the first DHSA layer of the
+decode dense ("TODO: add support for decoding stage"), one set of boundaries for all layers, 128 recent keys
+forced and keys 0-127 written over the 128 lowest-position entries of the ranked list. Ours: the shared boundaries come from the keys of the first DHSA layer of the
 forward; the recent keys are the ``local`` keys before the query's chunk (a query keeps between
 ``local`` and ``local`` + its chunk length recent keys: what a chunk-granular kernel can list).
 """

@@ -468,6 +468,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--encoder", choices=("separate", "joint"), default="separate")
     ap.add_argument("--rule", choices=("code", "notes"), default="code", help="reading of Eq. 5-7")
     ap.add_argument("--hard-labels", action="store_true", help="binarise the soft labels (the authors' script)")
+    ap.add_argument("--pos-weight", type=float, default=1.3,
+                    help="focal loss weight of the boundary class (the authors' 1.3); a larger one lifts the "
+                         "probabilities at boundaries, so that a fixed threshold (the authors' logit > 1.1, p > 0.75) "
+                         "keeps them")
     ap.add_argument("--unrotate", action="store_true",
                     help="feed the predictor the keys with RoPE undone (no absolute position: a text gets the same "
                          "boundaries wherever it sits); default: the rotated keys, as the authors")
@@ -537,6 +541,7 @@ def main(argv: list[str] | None = None) -> int:
           f"({train_labels.nbytes() / 1e6:.2f} MB stored)", flush=True)
     res = train_predictor(model, train_labels, epochs=args.epochs, lr=args.lr, heads=args.heads, hidden=args.hidden,
                           encoder=args.encoder, hard_labels=args.hard_labels, seed=args.seed,
+                          pos_weight=args.pos_weight,
                           log_every=max(1, len(train_ids) // 4), max_seconds=args.max_train_seconds,
                           rope_theta=rope_theta)
     t1 = time.perf_counter()

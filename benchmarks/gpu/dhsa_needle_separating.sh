@@ -8,7 +8,8 @@
 # 1. pilot: dense and block-sparse (authors' protocol) at depths 0.2 .. 0.8 of 8,192-token prompts, PILOT_TRIALS
 #    haystacks (default 6); benchmarks/dhsa_needle_separating.py keeps the depths whose needle lies past the keys
 #    every query keeps (token >= 1,152), where dense is below the ceiling (<= 0.95) and >= 0.15 above block-sparse
-#    at both budgets. DEPTHS=0.3,0.5 skips the pilot.
+#    at both budgets. DEPTHS=0.3,0.5 skips the pilot; LENGTH=4096 runs 4K-token prompts instead (if 8K leaves
+#    dense below the ceiling nowhere above the sparse methods, the pilot says so and the topic stops).
 # 2. grid: dense, DHSA and block-sparse (authors' protocol: 128-query blocks, 128 initial + 128 recent keys, heads
 #    shared, dense question and decode; DHSA's chunks uncut at p > sigmoid(1.1); block-sparse: fixed 128-token key
 #    chunks, one change) at the chosen depths, TRIALS haystacks each (default 72: about 288 prompts over four
@@ -33,7 +34,7 @@ if [ "${SMOKE:-0}" = 1 ]; then
   PILOT_DEPTHS=0.3,0.6; PILOT_TRIALS=1; TRIALS=${TRIALS:-2}; CAP=60; SEL=(--min-token 0 --gap -1 --ceiling 1)
   BUDGETS=96,128
 else
-  COMMON=(--lengths 8192 --budgets 512,1024 --max-new-tokens 16)
+  COMMON=(--lengths "${LENGTH:-8192}" --budgets 512,1024 --max-new-tokens 16)
   PILOT_DEPTHS=0.2,0.3,0.4,0.5,0.6,0.7,0.8; PILOT_TRIALS=${PILOT_TRIALS:-6}; TRIALS=${TRIALS:-72}
   CAP=${NEEDLE_SECONDS:-2400}; SEL=(); BUDGETS=512,1024
 fi

@@ -254,10 +254,14 @@ class DHSAProtocol:
 
     @classmethod
     def authors(cls, **changes) -> "DHSAProtocol":
-        """The authors' code, setting by setting (see :func:`authors_pattern`)."""
+        """The authors' code, setting by setting (see :func:`authors_pattern`). With ``query_block=None`` (queries
+        chunked like the keys) the two rules of their fixed query blocks do not apply: kvlab's are used."""
         base = dict(initial=128, local=128, share_heads=True, dense_tail="question", decode="dense",
                     share_boundaries=True, query_block=128, initial_rule="authors", ties="topk")
-        return cls(**(base | changes))
+        merged = base | changes
+        if merged["query_block"] is None:
+            merged |= {k: changes.get(k, v) for k, v in (("initial_rule", "kvlab"), ("ties", "position"))}
+        return cls(**merged)
 
 
 @dataclass(frozen=True)

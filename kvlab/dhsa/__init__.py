@@ -17,15 +17,16 @@ benchmarks are ``python -m kvlab bench dhsa``.
 """
 from . import boundary_predictor, experiments, reference, theory, training
 from .api import BACKENDS, Selection, dhsa_attention, dhsa_decode, dhsa_selection, predict_boundaries, resolve_chunks
-from .pattern import (CHUNKINGS, DECODES, DHSAPattern, authors_pattern, block_sparse_pattern, dhsa_layers,
-                      sliding_window_pattern)
+from .pattern import (AUTHORS_THRESHOLD, CHUNKINGS, DECODES, DHSAChunking, DHSAPattern, DHSAProtocol,
+                      authors_pattern, block_sparse_pattern, dhsa_layers, sliding_window_pattern)
 from .policy import DHSADecode, decode_attention, decode_memory
 from .reference import chunk_representation, dhsa_mask, fixed_boundaries, local_starts
 from .boundary_predictor import BoundaryPredictor, attention_recall, best_recall, nms_boundaries, oracle_boundaries
 
 __all__ = [
     "BACKENDS", "Selection", "dhsa_attention", "dhsa_decode", "dhsa_selection", "resolve_chunks",
-    "CHUNKINGS", "DECODES", "DHSAPattern", "authors_pattern", "block_sparse_pattern", "dhsa_layers",
+    "CHUNKINGS", "DECODES", "DHSAPattern", "DHSAProtocol", "DHSAChunking", "AUTHORS_THRESHOLD",
+    "authors_pattern", "block_sparse_pattern", "dhsa_layers",
     "sliding_window_pattern",
     "DHSADecode", "decode_attention", "decode_memory",
     "BoundaryPredictor", "attention_recall", "best_recall", "chunk_representation", "dhsa_mask",

@@ -1,4 +1,5 @@
-"""The drivers behind the committed full-size results: quality_runs.py, quality_report.py, run_plain.py."""
+"""The drivers behind the committed full-size results: quality_runs.py, quality_report.py, run_plain.py,
+dhsa_needle_separating.py."""
 
 from __future__ import annotations
 
@@ -98,3 +99,33 @@ def test_pareto_table_counts_and_front(report):
     assert "| 10.00 | 12.00 |" in row  # best and median random
     assert "13.00 (2/3, dominated)" in row  # 10 and 12 are better, and no larger
     assert "9.00 (0/3, on the front)" in row  # nothing at most 60 entries is better
+
+
+def _needle_records(values: dict) -> list[dict]:
+    """``{(method, depth): [recall per trial]}`` -> needle records of 8K prompts (answer NLL = 1 - recall)."""
+    out = []
+    for (method, depth), vals in values.items():
+        for t, v in enumerate(vals):
+            ex = f"niah/m/L8192/d{depth:.2f}/t{t}"
+            out += [{"example": ex, "method": method, "metric": "needle_recall", "value": v},
+                    {"example": ex, "method": method, "metric": "answer_nll", "value": 1 - v}]
+    return out
+
+
+def test_needle_grid_keeps_only_depths_that_separate_and_judges_the_control():
+    sep = import_script("benchmarks/dhsa_needle_separating.py")
+    bs = ("block-sparse authors 512", "block-sparse authors 1024")
+    recs = _needle_records({("dense", 0.1): [1.0] * 4, (bs[0], 0.1): [0.0] * 4, (bs[1], 0.1): [0.0] * 4,  # prefix
+                            ("dense", 0.4): [1.0, 1.0, 0.0, 1.0], (bs[0], 0.4): [0.0] * 4, (bs[1], 0.4): [0.25] * 4,
+                            ("dense", 0.9): [1.0] * 4, (bs[0], 0.9): [1.0] * 4, (bs[1], 0.9): [1.0] * 4})  # ceiling
+    assert sep.pick_depths(recs, [512, 1024], gap=0.15, ceiling=0.95, min_token=1152) == [0.4]
+    n = 40
+    grid = _needle_records({("dense", 0.4): [1.0] * n, (bs[0], 0.4): [0.0, 1.0] * (n // 2),
+                            (bs[1], 0.4): [1.0] * n, ("DHSA authors 512", 0.4): [0.0, 1.0] * (n // 2),
+                            ("DHSA authors 1024", 0.4): [1.0] * (n - 1) + [0.0]})
+    s = sep.summary(grid, [512, 1024])
+    assert s["control"]["diff"] == pytest.approx(0.5) and s["control_detects"]
+    assert s["verdicts"][512].startswith("inconclusive") and "narrow enough" in s["verdicts"][512]
+    row = next(r for r in s["rows"]
+               if r["budget"] == 1024 and r["metric"] == "needle_recall" and r["a"].startswith("DHSA"))
+    assert row["differ_on"] == 1 and row["diff"] == pytest.approx(-1 / n)

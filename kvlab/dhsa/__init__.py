@@ -19,12 +19,16 @@ from kvlab.core.lazy import attach
 
 __getattr__, __dir__, __all__ = attach(
     __name__,
-    submodules=['api', 'boundary_predictor', 'chunking', 'flex', 'pattern', 'policy', 'reference', 'theory', 'training', 'triton'],
+    submodules=["api", "boundary_predictor", "chunking", "flex", "pattern", "policy", "reference", "theory",
+                "training", "triton"],
     names={
-        "api": ['BACKENDS', 'Selection', 'dhsa_attention', 'dhsa_decode', 'dhsa_selection', 'predict_boundaries', 'resolve_chunks'],
-        "pattern": ['CHUNKINGS', 'DECODES', 'DHSAPattern', 'authors_pattern', 'block_sparse_pattern', 'dhsa_layers', 'sliding_window_pattern'],
-        "policy": ['DHSADecode', 'decode_attention', 'decode_memory'],
-        "reference": ['chunk_representation', 'dhsa_mask', 'fixed_boundaries', 'local_starts'],
-        "boundary_predictor": ['BoundaryPredictor', 'attention_recall', 'best_recall', 'nms_boundaries', 'oracle_boundaries'],
+        "api": ["BACKENDS", "Selection", "dhsa_attention", "dhsa_decode", "dhsa_selection", "predict_boundaries",
+                "resolve_chunks"],
+        "pattern": ["AUTHORS_THRESHOLD", "CHUNKINGS", "DECODES", "DHSAChunking", "DHSAPattern", "DHSAProtocol",
+                    "authors_pattern", "block_sparse_pattern", "dhsa_layers", "sliding_window_pattern"],
+        "policy": ["DHSADecode", "decode_attention", "decode_memory"],
+        "reference": ["chunk_representation", "dhsa_mask", "fixed_boundaries", "local_starts"],
+        "boundary_predictor": ["BoundaryPredictor", "attention_recall", "best_recall", "nms_boundaries",
+                               "oracle_boundaries"],
     },
 )

@@ -28,7 +28,7 @@ from .reference import split_long_chunks
 __all__ = [
     # labels, boundary selection, predictor, loss (App. B)
     "label_ratios", "label_valid", "soft_labels", "select_boundaries", "nms_boundaries", "oracle_boundaries",
-    "key_features", "BoundaryPredictor", "focal_bce_loss", "predict_boundaries", "on_device_of",
+    "key_features", "unrotate_keys", "BoundaryPredictor", "focal_bce_loss", "predict_boundaries", "on_device_of",
     # what a mask keeps of dense attention
     "attention_recall", "best_recall",
 ]
@@ -269,6 +269,27 @@ def key_features(k: torch.Tensor) -> torch.Tensor:
     return k.transpose(1, 2).reshape(b, n, h * d)
 
 
+def unrotate_keys(k: torch.Tensor, rope_theta: float, positions: torch.Tensor | None = None) -> torch.Tensor:
+    """Undo the rotary embedding of ``(batch, kv_heads, seq, dim)`` keys: the keys before RoPE.
+
+    RoPE (``rotate_half`` layout, Llama/Qwen/Gemma) rotates the pair ``(i, i + dim/2)`` of the key at position
+    ``m`` by ``m * theta^(-2i/dim)``; the inverse rotation (the same angle, negated) gives back the layer's
+    projected key, which carries no absolute position. ``positions``: ``(seq,)`` or ``(batch, seq)``; default
+    ``0 .. seq-1`` (a prefill from scratch). Computed in float32 (angles up to ``8192`` radians need it)."""
+    b, h, n, d = k.shape
+    if positions is None:
+        positions = torch.arange(n, device=k.device)
+    pos = positions.to(k.device, torch.float32)
+    inv_freq = 1.0 / (rope_theta ** (torch.arange(0, d, 2, device=k.device, dtype=torch.float32) / d))
+    ang = pos[..., None] * inv_freq  # (..., seq, dim/2)
+    ang = torch.cat([ang, ang], -1)
+    while ang.dim() < 4:
+        ang = ang.unsqueeze(-3)  # broadcast over heads (and batch)
+    kf = k.float()
+    half = torch.cat([-kf[..., d // 2:], kf[..., : d // 2]], -1)  # rotate_half
+    return (kf * ang.cos() - half * ang.sin()).to(k.dtype)
+
+
 class BoundaryPredictor(nn.Module):
     """``P(position t ends a chunk)`` from the keys around ``t`` (Sec. 2.2, Eq. 1-3; App. B).
 
@@ -296,10 +317,14 @@ class BoundaryPredictor(nn.Module):
         input_norm: LayerNorm (no affine) on the keys first. Ours: keys of different layers differ
             in scale by orders of magnitude and one predictor serves all of them; the authors feed
             raw keys.
+        rope_theta: None (the authors' input: the keys as attention sees them, RoPE applied), or the model's
+            RoPE base: :meth:`features` undoes the rotation first (:func:`unrotate_keys`), so the predictor sees
+            no absolute position and a text gets the same boundaries wherever it sits in the input (ours: a
+            predictor on rotated keys trained on 1,024-token windows places boundaries by position past them).
     """
 
     def __init__(self, channels: int, window: int = 4, heads: int = 8, hidden: int = 256,
-                 encoder: str = "separate", input_norm: bool = True):
+                 encoder: str = "separate", input_norm: bool = True, rope_theta: float | None = None):
         super().__init__()
         for name, val in (("channels", channels), ("window", window), ("heads", heads), ("hidden", hidden)):
             if isinstance(val, bool) or not isinstance(val, int) or val < 1:
@@ -309,7 +334,10 @@ class BoundaryPredictor(nn.Module):
         if encoder not in ("separate", "joint"):
             raise ValueError(f"encoder must be 'separate' or 'joint', got {encoder!r}")
         self.channels, self.window, self.heads, self.hidden = channels, window, heads, hidden
+        if rope_theta is not None and (isinstance(rope_theta, bool) or not rope_theta > 0):
+            raise ValueError(f"rope_theta must be None or the model's RoPE base (> 0), got {rope_theta!r}")
         self.encoder, self.input_norm = encoder, input_norm
+        self.rope_theta = None if rope_theta is None else float(rope_theta)
         self.norm_in = nn.LayerNorm(channels, elementwise_affine=False) if input_norm else nn.Identity()
         self.qkv = nn.Linear(channels, 3 * channels)
         self.proj = nn.Linear(channels, channels)
@@ -317,8 +345,19 @@ class BoundaryPredictor(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(4 * channels + 1, hidden), nn.ReLU(), nn.Linear(hidden, 1))
 
     def config(self) -> dict:
-        return dict(channels=self.channels, window=self.window, heads=self.heads, hidden=self.hidden,
-                    encoder=self.encoder, input_norm=self.input_norm)
+        cfg = dict(channels=self.channels, window=self.window, heads=self.heads, hidden=self.hidden,
+                   encoder=self.encoder, input_norm=self.input_norm)
+        if self.rope_theta is not None:  # files without it load as before
+            cfg["rope_theta"] = self.rope_theta
+        return cfg
+
+    def features(self, k: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """The predictor's input from ``(batch, kv_heads, seq, dim)`` RoPE-rotated keys: :func:`key_features`,
+        after :func:`unrotate_keys` when the predictor was trained on keys without position (``rope_theta``).
+        ``positions``: the keys' positions (default ``0 .. seq-1``)."""
+        if self.rope_theta is not None:
+            k = unrotate_keys(k, self.rope_theta, positions)
+        return key_features(k)
 
     def _pooled_attention(self, q, k, v, first: int, size: int) -> torch.Tensor:
         """Self-attention inside the window of ``size`` tokens starting ``first`` tokens after each
@@ -446,7 +485,7 @@ def predict_boundaries(predictor: BoundaryPredictor, k: torch.Tensor, *, max_chu
     if not isinstance(module, BoundaryPredictor):
         raise TypeError(f"predictor must be a BoundaryPredictor (or torch.compile of one), got "
                         f"{type(predictor).__name__}")
-    x = key_features(k)
+    x = module.features(k)
     p = torch.sigmoid(on_device_of(predictor, x)(x).float())  # the predictor on the keys' device
     n = x.shape[1]
     valid = label_valid(n, module.window, x.device)

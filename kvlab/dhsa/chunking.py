@@ -60,7 +60,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .boundary_predictor import BoundaryPredictor, key_features, label_valid
+from .boundary_predictor import BoundaryPredictor, label_valid
 
 __all__ = ["predictor_logits", "GraphedLogits", "window_pool", "fusion_features", "nms_status", "nms_boundaries_fast",
            "predict_boundaries_fast", "MAX_NMS_WINDOW"]
@@ -582,7 +582,7 @@ def predict_boundaries_fast(predictor, k: torch.Tensor, *, max_chunks: int, thre
     if not isinstance(m, BoundaryPredictor):
         raise TypeError(f"predictor must be a BoundaryPredictor (or torch.compile of one), got "
                         f"{type(predictor).__name__}")
-    x = key_features(k)
+    x = m.features(k)
     p = torch.sigmoid(predictor_logits(m, x).float())
     valid = label_valid(x.shape[1], m.window, x.device)
     return nms_boundaries_fast(p, max_chunks=max_chunks, threshold=threshold, nms_window=nms_window, valid=valid,

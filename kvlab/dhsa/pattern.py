@@ -39,7 +39,15 @@ decode                        App. A, sparse (``decode="app_a"``)         dense 
 boundaries                    per layer, from its own keys                once per forward, shared by all layers
                                                                           (``share_boundaries=True``)
 always-kept keys              ``initial`` + the query's chunk             128 initial + 128 recent (``local``)
+initial keys in the budget    forced; ranked keys fill the rest           written over the 128 lowest-position
+                              (``initial_rule="kvlab"``)                  entries of the list (``"authors"``)
+boundary threshold            calibrated at training                      predictor logit > 1.1 (p > 0.7503)
 ============================  ==========================================  ==========================================
+
+The two columns are :meth:`DHSAProtocol.kvlab` and :meth:`DHSAProtocol.authors` (with the chunking settings of
+:func:`authors_pattern`). Under the text's protocol every layer chunks its own keys; kvlab's SmolLM2 predictor is
+trained on the first layer's keys and places few boundaries in the other layers, so there the chunks are the
+``max_len`` cuts, i.e. fixed blocks (``pattern.chunk_stats`` counts them per layer).
 
 The default is the text's: it is what the paper describes, and it makes every query and every
 generated token go through the selection, so the mechanism is what is measured. The authors' numbers
@@ -49,8 +57,8 @@ everything). ``share_selection=True`` also shares the kept set (computed in the 
 the forward) with every later layer.
 
 Readings (authors' legacy code and the issue that re-ran it): "instruction" tokens dense at prefill,
-decode dense ("TODO: add support for decoding stage"), one set of boundaries for all layers, 128 initial
-and 128 recent keys forced. Ours: the shared boundaries come from the keys of the first DHSA layer of the
+decode dense ("TODO: add support for decoding stage"), one set of boundaries for all layers, 128 recent keys
+forced and keys 0-127 written over the 128 lowest-position entries of the ranked list. Ours: the shared boundaries come from the keys of the first DHSA layer of the
 forward; the recent keys are the ``local`` keys before the query's chunk (a query keeps between
 ``local`` and ``local`` + its chunk length recent keys: what a chunk-granular kernel can list).
 """
@@ -60,6 +68,7 @@ import math
 import time
 from collections import defaultdict
 from contextlib import contextmanager
+from dataclasses import dataclass, fields, replace
 
 import torch
 
@@ -68,11 +77,12 @@ from kvlab.core import AttentionCall, AttentionPattern, MaskPattern, attend, cau
 from .api import check_flag, dhsa_attention, dhsa_selection, predict_boundaries
 from .policy import decode_attention, decode_attention_sdpa
 from .api import BACKENDS
+from .reference import INITIAL_RULES, TIE_ORDERS
 from .reference import (_per_batch, block_query_mask, chunk_index, chunk_similarity, dhsa_mask, fixed_boundaries,
                         local_starts, split_long_chunks)
 from .boundary_predictor import BoundaryPredictor, attention_recall, oracle_boundaries
 
-__all__ = ["DHSAPattern", "authors_pattern", "block_sparse_pattern", "sliding_window_pattern", "dhsa_layers",
+__all__ = ["DHSAPattern", "DHSAProtocol", "DHSAChunking", "AUTHORS_THRESHOLD", "authors_pattern", "block_sparse_pattern", "sliding_window_pattern", "dhsa_layers",
            "ranked_chunk_mask", "CHUNKINGS", "DECODES", "PATTERN_BACKENDS"]
 
 CHUNKINGS = ("fixed", "oracle", "predictor", "predictor+fixed")
@@ -189,6 +199,197 @@ def _pos_int(name, value, minimum=1):
     return value
 
 
+AUTHORS_THRESHOLD = 1.0 / (1.0 + math.exp(-1.1))  # the authors' code: predictor logit > 1.1, i.e. p > 0.7503
+
+
+@dataclass(frozen=True)
+class DHSAProtocol:
+    """Which queries are sparse and which keys every query keeps (the selection around the chunks).
+
+    Two named configurations: :meth:`kvlab` (the text, App. A: kvlab's default) and :meth:`authors` (the authors'
+    ``legacy/`` code). Fields as :class:`DHSAPattern`'s arguments of the same names; ``initial_rule`` and ``ties``
+    as :func:`kvlab.dhsa.reference.block_query_mask` (fixed query blocks only)."""
+
+    initial: int = 4
+    local: int = 0
+    keep_diagonal: bool = True
+    aggregation: str = "eq4"
+    share_heads: bool = False
+    dense_tail: int | str = 0
+    decode: str = "app_a"
+    share_boundaries: bool = False
+    share_selection: bool = False
+    causal_query: bool = False
+    query_block: int | None = None
+    initial_rule: str = "kvlab"
+    ties: str = "position"
+
+    def __post_init__(self):
+        _pos_int("initial", self.initial, 0)
+        _pos_int("local", self.local, 0)
+        if self.dense_tail != "question":
+            _pos_int("dense_tail", self.dense_tail, 0)
+        if self.decode not in DECODES:
+            raise ValueError(f"decode must be one of {DECODES} ('app_a': App. A sparse decode, 'dense': the authors' "
+                             f"code), got {self.decode!r}")
+        for flag in ("keep_diagonal", "share_heads", "share_boundaries", "share_selection", "causal_query"):
+            check_flag(flag, getattr(self, flag))
+        if self.initial_rule not in INITIAL_RULES or self.ties not in TIE_ORDERS:
+            raise ValueError(f"initial_rule must be one of {INITIAL_RULES} and ties one of {TIE_ORDERS}, got "
+                             f"{self.initial_rule!r}, {self.ties!r}")
+        if self.query_block is not None:
+            _pos_int("query_block", self.query_block)
+            if self.decode != "dense" or self.causal_query or not self.keep_diagonal:
+                raise ValueError(f"query_block={self.query_block} (fixed query blocks, the authors' selection) needs "
+                                 "backend='sdpa', decode='dense', causal_query=False and keep_diagonal=True, got "
+                                 f"decode={self.decode!r}, causal_query={self.causal_query}, "
+                                 f"keep_diagonal={self.keep_diagonal}: set those, or query_block=None")
+        elif (self.initial_rule, self.ties) != ("kvlab", "position"):
+            raise ValueError("initial_rule='authors' and ties='topk' are rules of fixed query blocks: set query_block")
+
+    @classmethod
+    def kvlab(cls, **changes) -> "DHSAProtocol":
+        """The text (App. A), kvlab's default: every query and generated token sparse, boundaries per layer."""
+        return cls(**changes)
+
+    @classmethod
+    def authors(cls, **changes) -> "DHSAProtocol":
+        """The authors' code, setting by setting (see :func:`authors_pattern`). With ``query_block=None`` (queries
+        chunked like the keys) the two rules of their fixed query blocks do not apply: kvlab's are used."""
+        base = dict(initial=128, local=128, share_heads=True, dense_tail="question", decode="dense",
+                    share_boundaries=True, query_block=128, initial_rule="authors", ties="topk")
+        merged = base | changes
+        if merged["query_block"] is None:
+            merged |= {k: changes.get(k, v) for k, v in (("initial_rule", "kvlab"), ("ties", "position"))}
+        return cls(**merged)
+
+
+@dataclass(frozen=True)
+class DHSAChunking:
+    """How the keys are cut into chunks: ``chunking`` (``"fixed" | "oracle" | "predictor" | "predictor+fixed"``)
+    and its settings, as :class:`DHSAPattern`'s arguments of the same names."""
+
+    chunking: str = "fixed"
+    chunk_size: int = 64
+    predictor: BoundaryPredictor | None = None
+    max_chunks: int | None = None
+    threshold: float | None = None
+    nms_window: int = 8
+    window: int = 4
+    max_len: int | None = None
+    newlines: bool = False
+
+    def __post_init__(self):
+        if self.chunking not in CHUNKINGS:
+            raise ValueError(f"chunking must be one of {CHUNKINGS}, got {self.chunking!r}")
+        _pos_int("chunk_size", self.chunk_size)
+        _pos_int("nms_window", self.nms_window, 0)
+        _pos_int("window", self.window)
+        if self.max_chunks is not None:
+            _pos_int("max_chunks", self.max_chunks)
+        if self.max_len is not None:
+            _pos_int("max_len", self.max_len, 0)
+        check_flag("newlines", self.newlines)
+        _check_threshold(self.threshold, self.chunking)
+        dynamic = self.chunking != "fixed"
+        if not dynamic and self.newlines:
+            raise ValueError("newlines=True adds boundaries to a dynamic chunking ('oracle', 'predictor', "
+                             "'predictor+fixed'); chunking='fixed' is the block-sparse baseline")
+        if self.chunking.startswith("predictor") and not isinstance(getattr(self.predictor, "_orig_mod",
+                                                                            self.predictor), BoundaryPredictor):
+            raise ValueError(f"chunking={self.chunking!r} needs predictor=BoundaryPredictor(...) (train one with "
+                             "kvlab.dhsa.training, or load one with kvlab.dhsa.training.load_predictor / "
+                             "shipped_predictor)")
+
+
+def _check_threshold(threshold, chunking: str) -> None:
+    if threshold is None:
+        return
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not math.isfinite(threshold):
+        raise ValueError(f"threshold must be a finite number (a ratio for the oracle, a probability in [0, 1) "
+                         f"for the predictor) or None for the default, got {threshold!r}")
+    if chunking.startswith("predictor") and not 0 <= threshold < 1:
+        raise ValueError(f"threshold={threshold!r} is a probability for chunking={chunking!r}: it must be in "
+                         "[0, 1) (p > threshold ends a chunk; >= 1 keeps none)")
+
+
+_PROTOCOL_FIELDS = {f.name for f in fields(DHSAProtocol)}
+_CHUNKING_FIELDS = {f.name for f in fields(DHSAChunking)}
+
+
+def _split_options(protocol: DHSAProtocol, chunker: DHSAChunking, options: dict):
+    """The keyword options of :class:`DHSAPattern` applied to its two configurations."""
+    unknown = set(options) - _PROTOCOL_FIELDS - _CHUNKING_FIELDS
+    if unknown:
+        raise TypeError(f"DHSAPattern got unknown options {sorted(unknown)}; the protocol's are "
+                        f"{sorted(_PROTOCOL_FIELDS)}, the chunking's {sorted(_CHUNKING_FIELDS)}")
+    protocol = replace(protocol, **{k: v for k, v in options.items() if k in _PROTOCOL_FIELDS})
+    chunker = replace(chunker, **{k: v for k, v in options.items() if k in _CHUNKING_FIELDS})
+    return protocol, chunker
+
+
+def _check_backend(protocol: DHSAProtocol, backend: str) -> None:
+    if backend == "sdpa" and (protocol.causal_query or not protocol.keep_diagonal):
+        raise ValueError("backend='sdpa' builds the kept set from the chunk ranking (one list per query chunk), "
+                         "which needs keep_diagonal=True and causal_query=False; use backend='torch' for "
+                         "causal_query=True (perplexity) or keep_diagonal=False")
+    if protocol.query_block is not None and backend != "sdpa":
+        raise ValueError(f"query_block={protocol.query_block} (fixed query blocks, the authors' selection) needs "
+                         f"backend='sdpa', decode='dense', causal_query=False and keep_diagonal=True, got "
+                         f"backend={backend!r}: set those, or query_block=None")
+
+
+def _resolve_chunker(chunker: DHSAChunking, protocol: DHSAProtocol, budget: int | None) -> DHSAChunking:
+    """The chunker with its budget-dependent defaults filled in (``max_len``, ``threshold``), checked against the
+    budget: every query keeps ``initial + local`` keys and, without query blocks, its own chunk."""
+    p = protocol
+    forced = p.initial + p.local if p.keep_diagonal else 0
+    if budget is not None and p.query_block is not None and p.initial + p.local > budget:
+        raise ValueError(f"budget={budget} must be >= initial ({p.initial}) + local ({p.local}), the keys every "
+                         "query block keeps; raise budget or lower initial / local")
+    room = None if budget is None else budget - forced
+    max_len = chunker.max_len
+    if max_len is None:
+        twice = 2 * chunker.chunk_size
+        max_len = twice if room is None or p.query_block else max(1, min(twice, room))
+    if max_len == 0 and p.query_block is None:
+        raise ValueError("max_len must be >= 1 without query_block (a query keeps its own chunk, so chunks need a "
+                         "cut); max_len=0 (no cut, the authors' code) goes with query_block")
+    if p.keep_diagonal and room is not None and p.query_block is None:
+        longest = chunker.chunk_size if chunker.chunking == "fixed" else max_len
+        if longest > room:
+            what = "chunk_size" if chunker.chunking == "fixed" else "max_len"
+            raise ValueError(f"budget={budget} must be >= initial ({p.initial}) + local ({p.local}) + the longest "
+                             f"chunk ({what}={longest}): every query keeps its own chunk; raise budget or lower "
+                             f"{what}")
+    return replace(chunker, max_len=max_len, threshold=_default_threshold(chunker))
+
+
+def _default_threshold(chunker: DHSAChunking) -> float:
+    """The given threshold, else the oracle's ratio 1.1, a predictor's calibrated threshold, or p > 0.5."""
+    if chunker.threshold is not None:
+        return chunker.threshold
+    calibrated = getattr(getattr(chunker.predictor, "_orig_mod", chunker.predictor), "calibrated_threshold", None)
+    return 1.1 if chunker.chunking == "oracle" else (calibrated if calibrated is not None else 0.5)
+
+
+class _Option:
+    """A :class:`DHSAPattern` attribute that is a field of one of its configurations: reading it reads the field,
+    setting it replaces the configuration (checked again)."""
+
+    def __init__(self, group: str):
+        self.group = group
+
+    def __set_name__(self, owner, name):
+        self.name = name
+
+    def __get__(self, obj, owner=None):
+        return self if obj is None else getattr(getattr(obj, self.group), self.name)
+
+    def __set__(self, obj, value):
+        setattr(obj, self.group, replace(getattr(obj, self.group), **{self.name: value}))
+
+
 class DHSAPattern(AttentionPattern):
     """DHSA prefill attention in the layers it is installed in.
 
@@ -235,6 +436,11 @@ class DHSAPattern(AttentionPattern):
             before the block's end, :func:`kvlab.dhsa.reference.block_query_mask`); needs ``backend="sdpa"``
             and ``decode="dense"``.
 
+        protocol, chunker: the two configurations the options above fill (:class:`DHSAProtocol`: which queries
+            are sparse and which keys are always kept, named :meth:`DHSAProtocol.kvlab` and
+            :meth:`DHSAProtocol.authors`; :class:`DHSAChunking`: the chunking and its settings); an option given
+            by name replaces that field. Every option is also an attribute (reading and setting the field).
+
     After each prefill, ``pattern.stats()`` gives, for the layer the boundaries were taken from, the number
     of chunks, how many of them come from cutting chunks longer than ``max_len`` (``cut_chunks``; the rest
     are the chunking's own), and, over the DHSA layers, the mean number of keys a query keeps and of those
@@ -242,98 +448,54 @@ class DHSAPattern(AttentionPattern):
     a record needs (initial, local, budget, predictor, share_heads, ...).
     """
 
-    def __init__(self, budget: int | None, *, chunking: str = "fixed", chunk_size: int = 64,
-                 predictor: BoundaryPredictor | None = None, max_chunks: int | None = None,
-                 threshold: float | None = None, nms_window: int = 8, window: int = 4, max_len: int | None = None,
-                 initial: int = 4, keep_diagonal: bool = True, aggregation: str = "eq4", share_heads: bool = False,
-                 backend: str = "auto", record: bool = False, name: str | None = None, local: int = 0,
-                 dense_tail: int = 0, decode: str = "app_a", share_boundaries: bool = False,
-                 share_selection: bool = False, causal_query: bool = False, profile: bool = False,
-                 newlines: bool = False, query_block: int | None = None):
+    def __init__(self, budget: int | None, *, protocol: "DHSAProtocol | None" = None,
+                 chunker: "DHSAChunking | None" = None, backend: str = "auto", record: bool = False,
+                 name: str | None = None, profile: bool = False, **options):
         if budget is not None:
             _pos_int("budget", budget)
-        _pos_int("local", local, 0)
-        if dense_tail != "question":
-            _pos_int("dense_tail", dense_tail, 0)
-        if decode not in DECODES:
-            raise ValueError(f"decode must be one of {DECODES} ('app_a': App. A sparse decode, 'dense': the authors' "
-                             f"code), got {decode!r}")
-        for flag, val in (("keep_diagonal", keep_diagonal), ("share_heads", share_heads), ("record", record),
-                          ("share_boundaries", share_boundaries), ("share_selection", share_selection),
-                          ("causal_query", causal_query), ("profile", profile), ("newlines", newlines)):
+        for flag, val in (("record", record), ("profile", profile)):
             check_flag(flag, val)
-        if threshold is not None and (isinstance(threshold, bool) or not isinstance(threshold, (int, float))
-                                      or not math.isfinite(threshold)):
-            raise ValueError(f"threshold must be a finite number (a ratio for the oracle, a probability in [0, 1) "
-                             f"for the predictor) or None for the default, got {threshold!r}")
-        if chunking.startswith("predictor") and threshold is not None and not 0 <= threshold < 1:
-            raise ValueError(f"threshold={threshold!r} is a probability for chunking={chunking!r}: it must be in "
-                             "[0, 1) (p > threshold ends a chunk; >= 1 keeps none)")
-        if chunking not in CHUNKINGS:
-            raise ValueError(f"chunking must be one of {CHUNKINGS}, got {chunking!r}")
         if backend not in PATTERN_BACKENDS:
             raise ValueError(f"backend must be one of {PATTERN_BACKENDS}, got {backend!r}")
-        if backend == "sdpa" and (causal_query or not keep_diagonal):
-            raise ValueError("backend='sdpa' builds the kept set from the chunk ranking (one list per query chunk), "
-                             "which needs keep_diagonal=True and causal_query=False; use backend='torch' for "
-                             "causal_query=True (perplexity) or keep_diagonal=False")
-        _pos_int("chunk_size", chunk_size)
-        _pos_int("initial", initial, 0)
-        _pos_int("nms_window", nms_window, 0)
-        _pos_int("window", window)
-        if max_chunks is not None:
-            _pos_int("max_chunks", max_chunks)
-        if chunking.startswith("predictor") and not isinstance(getattr(predictor, "_orig_mod", predictor),
-                                                               BoundaryPredictor):
-            raise ValueError(f"chunking={chunking!r} needs predictor=BoundaryPredictor(...) (train one with "
-                             "kvlab.dhsa.training, or load one with kvlab.dhsa.training.load_predictor / "
-                             "shipped_predictor)")
-        if query_block is not None:
-            _pos_int("query_block", query_block)
-            if backend != "sdpa" or decode != "dense" or causal_query or not keep_diagonal:
-                raise ValueError(f"query_block={query_block} (fixed query blocks, the authors' selection) needs "
-                                 "backend='sdpa', decode='dense', causal_query=False and keep_diagonal=True, got "
-                                 f"backend={backend!r}, decode={decode!r}, causal_query={causal_query}, "
-                                 f"keep_diagonal={keep_diagonal}: set those, or query_block=None")
-            if budget is not None and initial + local > budget:
-                raise ValueError(f"budget={budget} must be >= initial ({initial}) + local ({local}), the keys every "
-                                 "query block keeps; raise budget or lower initial / local")
-        room = None if budget is None else budget - (initial + local if keep_diagonal else 0)
-        if max_len is None:
-            max_len = 2 * chunk_size if room is None or query_block else max(1, min(2 * chunk_size, room))
-        _pos_int("max_len", max_len, 0 if query_block else 1)
-        if keep_diagonal and room is not None and query_block is None:
-            longest = chunk_size if chunking == "fixed" else max_len
-            if longest > room:
-                what = "chunk_size" if chunking == "fixed" else "max_len"
-                raise ValueError(f"budget={budget} must be >= initial ({initial}) + local ({local}) + the longest "
-                                 f"chunk ({what}={longest}): every query keeps its own chunk; raise budget or lower "
-                                 f"{what}")
-        self.budget, self.chunking, self.chunk_size, self.predictor = budget, chunking, chunk_size, predictor
-        self.max_chunks, self.nms_window, self.window, self.max_len = max_chunks, nms_window, window, max_len
-        if threshold is None:  # the oracle's ratio 1.1; a predictor's calibrated threshold, else p > 0.5
-            calibrated = getattr(getattr(predictor, "_orig_mod", predictor), "calibrated_threshold", None)
-            threshold = 1.1 if chunking == "oracle" else (calibrated if calibrated is not None else 0.5)
-        self.threshold = threshold
-        self.initial, self.keep_diagonal, self.aggregation = initial, keep_diagonal, aggregation
-        self.share_heads, self.backend, self.record = share_heads, backend, record
-        self.local, self.dense_tail, self.decode = local, dense_tail, decode
+        protocol, chunker = _split_options(protocol or DHSAProtocol(), chunker or DHSAChunking(), options)
+        _check_backend(protocol, backend)
+        self.budget, self.backend, self.record = budget, backend, record
+        self.protocol = protocol
+        self.chunker = _resolve_chunker(chunker, protocol, budget)
         self.question_tokens: int | None = None  # set per prompt when dense_tail == "question"
-        if newlines and chunking == "fixed":
-            raise ValueError("newlines=True adds boundaries to a dynamic chunking ('oracle', 'predictor', "
-                             "'predictor+fixed'); chunking='fixed' is the block-sparse baseline")
-        self.newlines = newlines
-        self.query_block = query_block
+        self.newline_ends = None  # set per prompt when newlines: offsets just after each newline token
         self.chunk_stats: dict[int, dict] = {}  # layer -> chunks / cut_chunks of the last prefill
         self.key_stats: dict[int, dict] = {}  # layer -> kept_keys / ranked_keys of the last prefill
-        self.newline_ends = None  # set per prompt when newlines: offsets just after each newline token
-        self.share_boundaries, self.share_selection, self.causal_query = share_boundaries, share_selection, causal_query
-        self.name = name or f"DHSA({chunking}, budget={budget})"
+        self.name = name or f"DHSA({self.chunking}, budget={budget})"
         self.boundaries: dict[int, list[torch.Tensor]] = {}
         self.recall: dict[int, float] = {}
         self.chunk_calls = 0  # how many times boundaries were computed (once per forward when shared)
         self._timer = _PhaseTimer() if profile else None
         self._shared: dict = {}  # per forward: "n", "layer" (last seen), "bds", "selection"
+
+    # every option reads (and sets) its field of the protocol or the chunker
+    initial = _Option("protocol")
+    local = _Option("protocol")
+    keep_diagonal = _Option("protocol")
+    aggregation = _Option("protocol")
+    share_heads = _Option("protocol")
+    dense_tail = _Option("protocol")
+    decode = _Option("protocol")
+    share_boundaries = _Option("protocol")
+    share_selection = _Option("protocol")
+    causal_query = _Option("protocol")
+    query_block = _Option("protocol")
+    initial_rule = _Option("protocol")
+    ties = _Option("protocol")
+    chunking = _Option("chunker")
+    chunk_size = _Option("chunker")
+    predictor = _Option("chunker")
+    max_chunks = _Option("chunker")
+    threshold = _Option("chunker")
+    nms_window = _Option("chunker")
+    window = _Option("chunker")
+    max_len = _Option("chunker")
+    newlines = _Option("chunker")
 
     def __repr__(self) -> str:
         return self.name
@@ -424,7 +586,8 @@ class DHSAPattern(AttentionPattern):
         if self.query_block is not None:
             return block_query_mask(query, key, bds, kw["budget"], query_block=self.query_block,
                                     initial=kw["initial"], local=kw["local"], aggregation=kw["aggregation"],
-                                    share_heads=kw["share_heads"], dense_tail=self._tail())
+                                    share_heads=kw["share_heads"], dense_tail=self._tail(),
+                                    initial_rule=self.initial_rule, ties=self.ties)
         return ranked_chunk_mask(query, key, bds, kw["budget"], dense_tail=self._tail(), initial=kw["initial"],
                                  local=kw["local"], aggregation=kw["aggregation"], share_heads=kw["share_heads"])
 
@@ -466,7 +629,8 @@ class DHSAPattern(AttentionPattern):
                 "threshold": self.threshold, "aggregation": self.aggregation, "dense_tail": self.dense_tail,
                 "decode": self.decode, "share_boundaries": self.share_boundaries,
                 "share_selection": self.share_selection, "keep_diagonal": self.keep_diagonal,
-                "causal_query": self.causal_query, "newlines": self.newlines}
+                "causal_query": self.causal_query, "newlines": self.newlines, "initial_rule": self.initial_rule,
+                "ties": self.ties, "max_chunks": self.max_chunks}
 
     def stats(self) -> dict:
         """What the last prefill did: chunks and max_len cuts at the layer the boundaries came from (the first
@@ -555,28 +719,60 @@ def _nothing():
     yield
 
 
-def authors_pattern(budget: int | None, *, chunking: str = "predictor", dense_tail: int | str = "question",
-                    initial: int = 128, local: int = 128, query_block: int = 128, share_heads: bool = True,
-                    share_selection: bool = False, backend: str = "sdpa", **kw) -> DHSAPattern:
-    """DHSA as the authors' code runs it (``legacy/utils/helper.py::dhsa_sdpa`` and its needle script), setting
-    by setting (``tests/test_dhsa_protocol.py`` diffs it against a table of their code):
+def authors_pattern(budget: int | None, *, chunking: str = "predictor", backend: str = "sdpa",
+                    **options) -> DHSAPattern:
+    """DHSA as the authors' code runs it: :meth:`DHSAProtocol.authors` and their chunking settings.
 
-    * queries in fixed blocks of ``query_block`` = 128 (``--block_size 128``), one selection per block;
-    * one selection for all heads (``share_heads``: queries and keys averaged over heads first);
-    * ``initial`` = 128 first keys (``global_tokens``) and ``local`` = 128 recent keys (``local_tokens``: the
-      last keys before the block's end, i.e. the query's own block), both inside ``budget``
-      (``--budget_prefill``, 1024 in the needle script);
-    * Eq. 4 representations (``avgpool_norm``), key chunks predicted once per forward from the first layer's
-      keys and shared (``--dhsa_share_boundaries``), NMS window 8, the selection recomputed in every layer
-      (no ``--dhsa_share_sparsity_masks``);
-    * the question ("instruction") tail dense at prefill, decode dense.
+    The comparison is with the authors' ``legacy/`` folder (github.com/xiongsiheng/DHSA; the repository's top
+    level now holds a different method without a boundary predictor). Setting by setting
+    (``tests/test_dhsa_protocol.py`` keeps this table and diffs :meth:`DHSAPattern.settings` against it):
+
+    Each line: setting = here (the default) | the authors' ``legacy/`` code | kvlab's protocol (:class:`DHSAPattern`).
+
+    * ``query_block`` = 128 | ``--block_size 128`` (needle script) | None: queries chunked like the keys
+    * ``share_heads`` = True | ``_obtain_dhsa_mask``: ``query_states.mean(dim=1)``, ``key_states.mean(dim=1)`` |
+      False: one list per head
+    * ``initial`` = 128 | ``dhsa_sdpa(global_tokens=128)`` | 4
+    * ``local`` = 128 | ``dhsa_sdpa(local_tokens=128)``: ``recent_idx = allowed_i[-recent_tokens:]`` | 0 (the
+      query's own chunk)
+    * ``initial_rule`` = ``"authors"`` | ``dhsa_sdpa``: ``torch.cat([global_idx, topk_indices[..., global_tokens:]])``
+      on the list sorted by position | ``"kvlab"``: the ranked keys fill what initial + local leave
+    * ``ties`` = ``"topk"`` | ``_obtain_dhsa_mask``: ``torch.topk(scores_copy, k=k_select)`` on token-level scores |
+      ``"position"``: the earlier key first
+    * ``budget`` = ``N_b`` | ``--budget_prefill 1024`` (needle script) | ``N_b``
+    * ``aggregation`` = ``"eq4"`` | ``--dhsa_chunk_repre_pooling avgpool_norm``: mean * sqrt(length) | ``"eq4"``
+    * ``chunking`` = ``"predictor"`` | ``--dhsa_ckpt_path`` (their Gemma2 predictor; ours is for SmolLM2) |
+      ``"fixed"``
+    * ``threshold`` = :data:`AUTHORS_THRESHOLD` (p > 0.7503) | ``predict_boundaries(theta=1.1)`` on the logit
+      (``boundary_ratio_theta = 1.1``) | the threshold calibrated at training
+    * ``max_chunks`` = ``8 * ceil(n / 128)`` | ``(n // block_size) * chunk_beta``, ``chunk_beta = 8`` |
+      ``8 * ceil(n / chunk_size)``
+    * ``nms_window`` = 8 | ``--dhsa_nms_window_size 8`` | 8
+    * ``max_len`` = 0, no cut | no cut | ``min(2 chunk_size, budget - initial - local)``
+    * ``share_boundaries`` = True | ``--dhsa_share_boundaries``: the first layer's keys, shared | False
+    * ``share_selection`` = False | no ``--dhsa_share_sparsity_masks`` | False
+    * ``dense_tail`` = ``"question"`` | ``instruction_tokens``: those queries attend densely | 0
+    * ``decode`` = ``"dense"`` | "TODO: add support for decoding stage" | ``"app_a"`` (App. A)
+
+    Differences left, named: the authors' ``_select_boundary_candidates`` forces a boundary where the instruction
+    starts and ignores candidates after it (here the question's keys are chunked like the rest); their
+    ``predict_boundaries`` blocks only the first ``w - 1`` and last ``w`` positions (here
+    :func:`~kvlab.dhsa.boundary_predictor.label_valid`: ``2w - 1`` and ``2w``); their predictor reads the rotated
+    keys of Gemma2 and was trained on their data (the shipped SmolLM2 predictor: see
+    :func:`kvlab.dhsa.training.shipped_predictor`); their ``dhsa_sdpa`` attends to a key listed twice (a ranked key
+    among the first 128 that the overwrite lists again) with twice its weight, a boolean mask once.
 
     ``chunking="fixed"`` (with ``chunk_size``) is the block-sparse control under the same protocol: one change,
-    the chunking. Other arguments as :class:`DHSAPattern`; ``name`` defaults to ``"DHSA authors(...)"``."""
-    kw.setdefault("name", f"DHSA authors({chunking}, budget={budget})")
-    return DHSAPattern(budget, chunking=chunking, dense_tail=dense_tail, initial=initial, local=local, decode="dense",
-                       share_boundaries=True, share_selection=share_selection, query_block=query_block,
-                       share_heads=share_heads, backend=backend, **kw)
+    the chunking. ``options``: :class:`DHSAProtocol` or :class:`DHSAChunking` fields that differ (e.g.
+    ``initial_rule="kvlab"``, ``ties="position"``: kvlab's selection rule under the authors' protocol);
+    ``name`` defaults to ``"DHSA authors(...)"``."""
+    options.setdefault("name", f"DHSA authors({chunking}, budget={budget})")
+    proto = DHSAProtocol.authors(**{k: options.pop(k) for k in list(options) if k in _PROTOCOL_FIELDS})
+    options.setdefault("chunk_size", proto.query_block)
+    options.setdefault("max_len", 0)
+    if chunking.startswith("predictor"):
+        options.setdefault("threshold", AUTHORS_THRESHOLD)
+    return DHSAPattern(budget, protocol=proto, chunking=chunking, backend=backend, **options)
 
 
 def block_sparse_pattern(budget: int | None, block: int = 64, *, initial: int = 4, backend: str = "auto",

@@ -53,6 +53,7 @@ __all__ = [
     "decode_boundaries",
     # Eq. 4, similarity, upsampling, selection, attention
     "AGGREGATIONS", "chunk_representation", "chunk_similarity", "upsample", "dhsa_mask", "block_query_mask",
+    "INITIAL_RULES", "TIE_ORDERS",
     "dhsa_attention_reference", "dhsa_decode_reference", "kept_per_row", "max_forced", "local_starts",
     # chunk form of the kept set (what the kernels consume)
     "ChunkPlan", "chunk_plan", "plan_mask",
@@ -376,9 +377,52 @@ def dhsa_mask(q: torch.Tensor, k: torch.Tensor, boundaries, budget: int | None, 
     return torch.cat(out, dim=0)
 
 
+INITIAL_RULES = ("kvlab", "authors")
+TIE_ORDERS = ("position", "topk")
+
+
+def _authors_block_keep(tok: torch.Tensor, upper: torch.Tensor, budget: int, initial: int, local: int,
+                        initial_rule: str, ties: str) -> torch.Tensor:
+    """``(H, nqb, n)`` kept keys of each query block, block by block, by the named rules (see
+    :func:`block_query_mask`). ``tok``: token-level scores ``(H, nqb, n)``; ``upper``: ``(nqb,)`` keys a block
+    may see (``j < upper``)."""
+    heads, nqb, n = tok.shape
+    dev = tok.device
+    pos = torch.arange(n, device=dev)
+    keep = torch.zeros(heads, nqb, n, dtype=torch.bool, device=dev)
+    for i in range(nqb):
+        u = int(upper[i])
+        if initial_rule == "authors":  # the recent keys are forced; the initial ones come by overwriting below
+            recent = min(local, budget, u)
+            forced = (pos >= u - recent) & (pos < u)
+        else:
+            forced = (pos < u) & ((pos < initial) | (pos >= u - local))
+        cand = (pos < u) & ~forced
+        room = max(0, budget - int(forced.sum()))
+        k_sel = min(room, int(cand.sum()))
+        row = tok[:, i].masked_fill(~cand[None], float("-inf"))
+        if ties == "topk":  # torch.topk's order among equal scores (a chunk's tokens share one), as the code
+            chosen = torch.topk(row, k_sel, dim=-1).indices
+        else:  # equal scores: the earlier position first
+            chosen = torch.sort(row, dim=-1, descending=True, stable=True).indices[:, :k_sel]
+        if initial_rule == "authors":
+            # the code's list: chosen + recent (+ padding with the last key), sorted ascending; its lowest
+            # `initial` entries are then overwritten by keys 0 .. initial-1 (capped at the block's last key)
+            pad = torch.full((heads, room - k_sel), n - 1, dtype=torch.long, device=dev)
+            lst = torch.cat([chosen, pad, pos[forced][None].expand(heads, -1)], -1).sort(-1).values
+            g = min(initial, lst.shape[-1])
+            lst[:, :g] = torch.clamp(torch.arange(g, device=dev), max=max(u - 1, 0))[None]
+            keep[:, i].scatter_(-1, lst, True)
+        else:
+            keep[:, i] = forced[None]
+            keep[:, i].scatter_(-1, chosen, True)
+    return keep & (pos[None, None, :] < upper[None, :, None])
+
+
 def block_query_mask(q: torch.Tensor, k: torch.Tensor, boundaries, budget: int | None, *, query_block: int,
                      initial: int = 0, local: int = 0, aggregation: str = "eq4", share_heads: bool = False,
-                     score_dtype: torch.dtype = torch.float32, dense_tail: int = 0) -> torch.Tensor:
+                     score_dtype: torch.dtype = torch.float32, dense_tail: int = 0, initial_rule: str = "kvlab",
+                     ties: str = "position") -> torch.Tensor:
     """The kept set with *fixed query blocks* and dynamic key chunks: the selection of the authors' code.
 
     The text (Sec. 2.1) chunks queries and keys alike (:func:`dhsa_mask`); the authors' code chunks the keys
@@ -404,12 +448,24 @@ def block_query_mask(q: torch.Tensor, k: torch.Tensor, boundaries, budget: int |
     Returns:
         ``(batch, heads | 1, seq, seq)`` bool, True = kept.
 
-    Differences from the code, named: the code overwrites the 128 lowest positions of its sorted top-k list with
-    the global keys (so a block keeps at most ``budget`` distinct keys); here the ranked keys fill exactly what the
-    forced ones leave. Ties (a chunk's tokens share a score) go to the earlier position (the code: ``torch.topk``'s
-    order). A query block's vector averages all its queries, later ones included (as in the code): for
-    teacher-forced perplexity this is a leak (:func:`dhsa_mask` with ``causal_query``).
+    Two rules, named (the authors' code is their ``legacy/utils/helper.py``):
+
+    * ``initial_rule``: ``"kvlab"`` (above: the initial and recent keys are forced and the ranked keys fill exactly
+      what they leave) or ``"authors"`` (``dhsa_sdpa``: the ``local`` recent keys are forced, ``budget - local``
+      keys are ranked among all other visible keys, initial ones included, the list is sorted by position and
+      its lowest ``initial`` entries are overwritten with keys ``0 .. initial-1``; a block then keeps at most
+      ``budget`` distinct keys, fewer when ranked keys fall among the first ``initial``, and the ranked keys
+      with the lowest positions are the ones lost);
+    * ``ties`` (a chunk's tokens share one score): ``"position"`` (the earlier position first) or ``"topk"``
+      (``torch.topk``'s order on the token-level scores, as ``_obtain_dhsa_mask``; it depends on the device).
+
+    A query block's vector averages all its queries, later ones included (as in the code): for teacher-forced
+    perplexity this is a leak (:func:`dhsa_mask` with ``causal_query``).
     """
+    if initial_rule not in INITIAL_RULES:
+        raise ValueError(f"initial_rule must be one of {INITIAL_RULES}, got {initial_rule!r}")
+    if ties not in TIE_ORDERS:
+        raise ValueError(f"ties must be one of {TIE_ORDERS}, got {ties!r}")
     if isinstance(query_block, bool) or not isinstance(query_block, int) or query_block < 1:
         raise ValueError(f"query_block must be an int >= 1 (query block length in tokens), got {query_block!r}")
     bsz, _, n, _ = q.shape
@@ -422,7 +478,6 @@ def block_query_mask(q: torch.Tensor, k: torch.Tensor, boundaries, budget: int |
     tail = min(dense_tail, n)
     sparse = n - tail
     qb_bd = fixed_boundaries(max(sparse, 1), query_block, device=dev)  # query blocks over the sparse rows
-    nqb = qb_bd.numel() - 1
     upper = torch.clamp(qb_bd[:-1] + query_block, max=n)  # (nqb,) u_i (a short last block still reaches on)
     allowed = pos[None, :] < upper[:, None]  # (nqb, n)
     forced = allowed & ((pos[None, :] < initial) | (pos[None, :] >= (upper - local)[:, None]))
@@ -440,13 +495,16 @@ def block_query_mask(q: torch.Tensor, k: torch.Tensor, boundaries, budget: int |
             kc = chunk_representation(kk, bd, aggregation)
             kc = kc.repeat_interleave(qc.shape[1] // kc.shape[1], dim=1)
             tok = (qc @ kc.transpose(-1, -2))[0][..., chunk_index(bd, n).to(dev)]  # (H, nqb, n)
-            cand = allowed & ~forced
-            order = torch.sort(tok.masked_fill(~cand[None], float("-inf")), dim=-1, descending=True,
-                               stable=True).indices
-            rank = torch.empty_like(order)
-            rank.scatter_(-1, order, torch.arange(n, device=dev).expand_as(order))
-            room = (budget - forced.sum(-1)).clamp(min=0)  # (nqb,)
-            keep = forced[None] | (cand[None] & (rank < room[None, :, None]))
+            if initial_rule == "authors" or ties == "topk":
+                keep = _authors_block_keep(tok, upper, budget, initial, local, initial_rule, ties)
+            else:
+                cand = allowed & ~forced
+                order = torch.sort(tok.masked_fill(~cand[None], float("-inf")), dim=-1, descending=True,
+                                   stable=True).indices
+                rank = torch.empty_like(order)
+                rank.scatter_(-1, order, torch.arange(n, device=dev).expand_as(order))
+                room = (budget - forced.sum(-1)).clamp(min=0)  # (nqb,)
+                keep = forced[None] | (cand[None] & (rank < room[None, :, None]))
         qidx = chunk_index(qb_bd, max(sparse, 1)).to(dev)[:sparse]  # block of each sparse row
         m = torch.empty(keep.shape[0], n, n, dtype=torch.bool, device=dev)
         m[:, :sparse] = keep[:, qidx] & causal[None, :sparse]

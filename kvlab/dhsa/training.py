@@ -17,9 +17,12 @@ Command line (documented with ``--help``)::
         --epochs 2 --out predictor.pt
 
 runs on a CPU in a few minutes and writes the predictor (about 1.4 MB for SmolLM2-135M) with its
-configuration, training command and metrics; :func:`load_predictor` reads it back. kvlab ships one trained
-predictor for SmolLM2-135M (``--hidden 128``, 0.99 MB: ``kvlab/dhsa/data/smollm2-135m.pt``, its command,
-parameters, metrics and sha256 in ``smollm2-135m.json``); :func:`shipped_predictor` loads and checks it.
+configuration, training command and metrics; :func:`load_predictor` reads it back. kvlab ships trained
+predictors for SmolLM2-135M in ``kvlab/dhsa/data/`` (each with its command, parameters, metrics and sha256 in a
+JSON sidecar); :func:`shipped_predictor` picks one and checks it. The one the experiments use,
+``smollm2-135m-l0-unrotated.pt``, reads layer 0's keys with RoPE undone (``--unrotate``): its input carries no
+absolute position, so a text gets the same chunks wherever it sits in a long input (the files on rotated keys,
+trained on 1,024-token windows, place their boundaries by position past 1,024 tokens).
 
 Readings (App. B; values from the authors' ``legacy/boundary_predictor/train.py`` unless said):
 window ``w = 4``, 8 heads, hidden 256; soft label ``sigmoid(2 (ln r - ln 2))``; focal ``gamma = 2``,
@@ -191,7 +194,7 @@ def calibrate_threshold(model, predictor: BoundaryPredictor, labels: LabelSet, *
     for i in range(len(labels.ids)):
         keys = _sample_keys(model, labels, i)
         for layer in labels.layers:
-            x = key_features(keys[layer]).float()
+            x = predictor.features(keys[layer]).float()
             n = x.shape[1]
             valid = label_valid(n, predictor.window, x.device)[None]
             y = _targets(labels.ratios[i][layer].to(x.device), alpha, beta, False)[None]
@@ -222,12 +225,15 @@ def train_predictor(model, labels: LabelSet, *, predictor: BoundaryPredictor | N
                     lr: float = 1e-3, heads: int = 8, hidden: int = 256, encoder: str = "separate",
                     alpha: float = 2.0, beta: float = -2.0 * math.log(2.0), gamma: float = 2.0,
                     pos_weight: float = 1.3, hard_labels: bool = False, seed: int = 0,
-                    log_every: int = 0, max_seconds: float | None = None) -> TrainResult:
+                    log_every: int = 0, max_seconds: float | None = None,
+                    rope_theta: float | None = None) -> TrainResult:
     """Train one predictor for all ``labels.layers`` (App. B), one optimiser step per sample.
 
     Each step: one forward pass of the frozen model records the keys of every layer; the focal loss
     (Eq. 9) of each layer against the soft labels (Eq. 8) is averaged over layers and positions
-    (:func:`kvlab.dhsa.boundary_predictor.label_valid`). Keys are recomputed at every step: only labels are stored
+    (:func:`kvlab.dhsa.boundary_predictor.label_valid`). ``rope_theta``: a new predictor sees the keys with their
+    rotary embedding undone (``BoundaryPredictor(rope_theta=...)``: no absolute position in its input). Keys are
+    recomputed at every step: only labels are stored
     (unless ``labels.keys`` holds them). ``max_seconds``: stop after the step that passes this wall-clock budget
     (``result.config["stopped_early"]`` says so; for runs under a hard time limit).
     """
@@ -238,7 +244,8 @@ def train_predictor(model, labels: LabelSet, *, predictor: BoundaryPredictor | N
     probe = record_keys(model, labels.ids[0][:16], labels.layers[:1])
     channels = key_features(next(iter(probe.values()))).shape[-1]
     if predictor is None:
-        predictor = BoundaryPredictor(channels, window=labels.window, heads=heads, hidden=hidden, encoder=encoder)
+        predictor = BoundaryPredictor(channels, window=labels.window, heads=heads, hidden=hidden, encoder=encoder,
+                                      rope_theta=rope_theta)
     elif predictor.channels != channels:
         raise ValueError(f"predictor has {predictor.channels} channels, the model's keys {channels}")
     predictor = predictor.to(dev).train()
@@ -259,7 +266,7 @@ def train_predictor(model, labels: LabelSet, *, predictor: BoundaryPredictor | N
             keys = _sample_keys(model, labels, i)
             # every layer of the sample in one predictor call (a batch of layers): the mean over layers and
             # valid positions equals the mean over layers of each layer's mean (same length, same valid mask)
-            x = torch.cat([key_features(keys[layer]).float() for layer in labels.layers])  # (layers, n, C)
+            x = torch.cat([predictor.features(keys[layer]).float() for layer in labels.layers])  # (layers, n, C)
             n = x.shape[1]
             y = torch.stack([_targets(labels.ratios[i][layer], alpha, beta, hard_labels)
                              for layer in labels.layers]).to(dev)
@@ -294,7 +301,7 @@ def evaluate_predictor(model, predictor: BoundaryPredictor, labels: LabelSet, *,
     for i, ids in enumerate(labels.ids):
         keys = _sample_keys(model, labels, i)
         for layer in labels.layers:
-            x = key_features(keys[layer]).float()
+            x = predictor.features(keys[layer]).float()
             n = x.shape[1]
             valid = label_valid(n, predictor.window, dev)
             r = labels.ratios[i][layer].to(dev)
@@ -347,7 +354,9 @@ def shipped_predictor(model_name: str = "smollm2-135m", device=None, *, layer: i
     Several files may be shipped; the one used is the better one *for the layer the boundaries are taken from*
     (``layer``: DHSA's experiments predict from the first layer's keys and share the boundaries, as the
     authors' code does): a predictor trained on that layer's labels first, one trained on that layer alone
-    before one trained on many, then the higher held-out F1. A predictor trained on all layers places almost
+    before one trained on many, one that reads the keys without their rotary embedding (``rope_theta`` in its
+    configuration: its boundaries follow the text, not the position) before one on rotated keys, then the
+    higher held-out F1. A predictor trained on all layers places almost
     no boundary at layer 0 (its keys differ from the other layers'). ``file`` picks one by name instead."""
     cands = sorted(SHIPPED.glob(f"{model_name}*.json"))
     if file is not None:
@@ -363,7 +372,8 @@ def shipped_predictor(model_name: str = "smollm2-135m", device=None, *, layer: i
     def rank(item):
         info = item[0]
         layers = info.get("layers") or []
-        return (layer in layers, layers == [layer], (info.get("validation") or {}).get("f1", 0.0))
+        position_free = (info.get("predictor") or {}).get("rope_theta") is not None
+        return (layer in layers, layers == [layer], position_free, (info.get("validation") or {}).get("f1", 0.0))
 
     info, sidecar = max(infos, key=rank)
     pt = sidecar.with_suffix(".pt")
@@ -458,6 +468,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--encoder", choices=("separate", "joint"), default="separate")
     ap.add_argument("--rule", choices=("code", "notes"), default="code", help="reading of Eq. 5-7")
     ap.add_argument("--hard-labels", action="store_true", help="binarise the soft labels (the authors' script)")
+    ap.add_argument("--pos-weight", type=float, default=1.3,
+                    help="focal loss weight of the boundary class (the authors' 1.3); a larger one lifts the "
+                         "probabilities at boundaries, so that a fixed threshold (the authors' logit > 1.1, p > 0.75) "
+                         "keeps them")
+    ap.add_argument("--unrotate", action="store_true",
+                    help="feed the predictor the keys with RoPE undone (no absolute position: a text gets the same "
+                         "boundaries wherever it sits); default: the rotated keys, as the authors")
     ap.add_argument("--layers", default="global", help="'global' (no sliding window), 'all', or e.g. 0,5,11")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: leave as is)")
@@ -500,7 +517,19 @@ def main(argv: list[str] | None = None) -> int:
         layers = list(range(n_layers))
     else:
         layers = [int(x) for x in args.layers.split(",")]
-    print(f"[{time.perf_counter() - t_start:.0f} s] model loaded", flush=True)
+    keep = max(layers) + 1
+    if keep < n_layers:  # labels and keys of the first layers need only those layers: run no others
+        model.model.layers = model.model.layers[:keep]
+        model.config.num_hidden_layers = keep
+        if getattr(model.config, "layer_types", None):
+            model.config.layer_types = model.config.layer_types[:keep]
+    rope_theta = None
+    if args.unrotate:
+        rope = getattr(model.config, "rope_parameters", None) or {}
+        rope_theta = rope.get("rope_theta", getattr(model.config, "rope_theta", None))
+        if rope.get("rope_type", "default") != "default" or rope_theta is None:
+            ap.error(f"--unrotate undoes plain RoPE; {args.model} has rope parameters {rope!r}")
+    print(f"[{time.perf_counter() - t_start:.0f} s] model loaded (running {keep} of {n_layers} layers)", flush=True)
     train_ids, val_ids = _windows(tok, train_spec, val_spec, args.seq_len)
     print(f"[{time.perf_counter() - t_start:.0f} s] {len(train_ids)} + {len(val_ids)} windows tokenized", flush=True)
     t0 = time.perf_counter()
@@ -512,7 +541,9 @@ def main(argv: list[str] | None = None) -> int:
           f"({train_labels.nbytes() / 1e6:.2f} MB stored)", flush=True)
     res = train_predictor(model, train_labels, epochs=args.epochs, lr=args.lr, heads=args.heads, hidden=args.hidden,
                           encoder=args.encoder, hard_labels=args.hard_labels, seed=args.seed,
-                          log_every=max(1, len(train_ids) // 4), max_seconds=args.max_train_seconds)
+                          pos_weight=args.pos_weight,
+                          log_every=max(1, len(train_ids) // 4), max_seconds=args.max_train_seconds,
+                          rope_theta=rope_theta)
     t1 = time.perf_counter()
     metrics = evaluate_predictor(model, res.predictor, val_labels)
     t_val = time.perf_counter() - t1

@@ -34,6 +34,7 @@ from kvlab.eval.qa import QA_TASKS, QAItem, qa_f1, qa_items
 from kvlab.kernels.benchmarking import synchronize
 
 __all__ = ["QKRecorder", "record_qk", "pattern_perplexity", "position_nll", "boundary_leak",
+           "fired_boundary_leak",
            "needle_under_patterns",
            "question_tail_tokens", "newline_ends", "needle_records",
            "boundary_records", "table2_rows", "table2_accuracy", "table2_markdown", "needle_methods", "records_grid", "needle_table", "write_examples",
@@ -105,6 +106,27 @@ def boundary_leak(model, ids: torch.Tensor, pattern, layers, position: int, *, s
     other[0, position] = (int(ids[0, position]) + 1) % model.config.vocab_size
     moved = (position_nll(model, other, pattern, layers) - position_nll(model, ids, pattern, layers))
     return float(moved[skip:max(skip, position - 1)].abs().max()) if position - 1 > skip else 0.0
+
+
+@torch.no_grad()
+def fired_boundary_leak(model, ids: torch.Tensor, pattern, layers, *, skip: int = 0, count: int = 4,
+                        ahead: int = 2) -> dict:
+    """:func:`boundary_leak` where the predictor fires: the token ``ahead`` positions after each of up to ``count``
+    predicted boundaries past ``skip`` (the boundary at ``t`` reads the keys up to ``t + w``, so that token can move
+    it and with it the chunks of the positions before it). One prefill finds the boundaries at the layer they are
+    taken from (``pattern.boundaries``), spread over the scored stretch.
+
+    Returns ``{"positions": the changed tokens, "leaks": the leak at each (nats), "max": the largest}``."""
+    n = ids.shape[1]
+    position_nll(model, ids, pattern, layers)  # one prefill: the pattern records its boundaries
+    first = min(pattern.boundaries)
+    ends = [int(e) for e in pattern.boundaries[first][0][1:-1] if skip + 2 <= int(e) + ahead - 1 < n]
+    if not ends:
+        return {"positions": [], "leaks": [], "max": 0.0}
+    pick = [ends[round(i * (len(ends) - 1) / max(count - 1, 1))] for i in range(min(count, len(ends)))]
+    positions = sorted({e - 1 + ahead for e in pick})  # chunk end e - 1, the changed token `ahead` after it
+    leaks = [boundary_leak(model, ids, pattern, layers, p, skip=skip) for p in positions]
+    return {"positions": positions, "leaks": leaks, "max": max(leaks)}
 
 
 @torch.no_grad()
@@ -180,7 +202,7 @@ def _rotated_haystack(text: str, trial: int, trials: int) -> str:
 def needle_records(model, tokenizer, methods: dict, layers, lengths, depths, *, trials: int = 1,
                    max_new_tokens: int = 32, model_name: str = "", haystack: str | None = None,
                    progress: bool = False, sink=None, max_seconds: float | None = None,
-                   show: int = 5, first_trial: int = 0) -> list[dict]:
+                   show: int = 5, first_trial: int = 0, last_trial: int | None = None) -> list[dict]:
     """Needle-in-a-haystack (Fig. 2/6), one record per (prompt, method) for the claims ledger.
 
     Prompts: :func:`kvlab.datasets.niah_prompt` for every length x depth x trial; trial ``t`` starts the Paul
@@ -198,8 +220,9 @@ def needle_records(model, tokenizer, methods: dict, layers, lengths, depths, *, 
     Prompts run trial by trial (every length x depth of trial 0, then of trial 1, ...), so a run stopped by
     ``max_seconds`` (no new prompt starts after it) has the same number of haystacks in every cell, give or
     take one; ``first_trial`` resumes such a run (trials ``first_trial .. trials - 1``, the same haystacks as in
-    the full run). With ``progress``, the raw answers of the first ``show`` trials of each cell are printed (look
-    at them before trusting a score).
+    the full run) and ``last_trial`` ends one before ``trials`` (a shard of the grid, its haystacks unchanged).
+    With ``progress``, the raw answers of the first ``show`` trials of each cell are printed (look at them before
+    trusting a score).
     """
     from kvlab import datasets
     from kvlab.baselines import Full
@@ -210,7 +233,8 @@ def needle_records(model, tokenizer, methods: dict, layers, lengths, depths, *, 
     text = haystack if haystack is not None else datasets.load_text("paul-graham")
     records = []
     check_int("first_trial", first_trial, 0)
-    cells = [(n, d, t) for t in range(first_trial, trials) for n in lengths for d in depths]
+    end = trials if last_trial is None else min(last_trial, trials)  # a shard: trials first_trial .. end - 1
+    cells = [(n, d, t) for t in range(first_trial, end) for n in lengths for d in depths]
     t_start = time.perf_counter()
     for i, (n, depth, trial) in enumerate(cells):
         if max_seconds is not None and time.perf_counter() - t_start > max_seconds:
@@ -718,6 +742,8 @@ def main(argv=None) -> int:
     ap.add_argument("--depths", default="0.0,0.25,0.5,0.75,1.0")
     ap.add_argument("--trials", type=int, default=20, help="haystacks per (length, depth) cell")
     ap.add_argument("--first-trial", type=int, default=0, help="resume a stopped grid at this trial")
+    ap.add_argument("--last-trial", type=int, default=None,
+                    help="stop before this trial (a shard of the grid; the haystacks stay those of --trials)")
     ap.add_argument("--budgets", default="128")
     ap.add_argument("--chunk-size", type=int, default=32, help="fixed chunk length; dynamic chunks are cut at twice it")
     ap.add_argument("--initial", type=int, default=4, help="the text's protocol (app_a): initial keys")
@@ -815,7 +841,7 @@ def main(argv=None) -> int:
         return 0
     needle_records(model, tok, methods, dhsa_layers(model), lengths, depths, trials=args.trials,
                    max_new_tokens=args.max_new_tokens, model_name=args.model, progress=True, sink=sink,
-                   max_seconds=args.max_seconds, first_trial=args.first_trial)
+                   max_seconds=args.max_seconds, first_trial=args.first_trial, last_trial=args.last_trial)
     recs = read_examples(out)
     print(f"{len(recs)} records in {time.perf_counter() - t0:.0f} s -> {out}")
     for name in methods:

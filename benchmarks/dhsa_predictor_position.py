@@ -1,0 +1,214 @@
+"""Do DHSA's predicted chunks follow the text or the position? Three checks on held-out text, per predictor file.
+
+On text no predictor was trained on (the ``botchan`` corpus), at 1K, 4K and 8K tokens, for each predictor file:
+
+* **(a) position invariance**: the same 1,024 tokens alone (offset 0) and as positions 3,072-4,095 of a 4,096-token
+  input; the share of the boundaries of one run with a boundary of the other within 2 tokens (both directions,
+  interior positions; the target is >= 0.80);
+* **(b) agreement with layer 0's own labels**: precision (share of predicted boundaries within 2 tokens of a
+  label) and recall (share of labels within 2 tokens of a prediction), beside random placement of the same number
+  of boundaries; the labels are App. B's hard labels of layer 0 on the same input (soft label >= 0.5, i.e. ratio
+  >= 2, after NMS with window 8: what the predictor is trained to find);
+* **(c) sentence ends**: the share of predicted boundaries within 1 token of a sentence end (a token holding
+  ``.``, ``!`` or ``?``, or a blank line), beside random placement and beside the labels themselves.
+
+Also: interior boundaries per 1K region of the 4K inputs (a position-driven predictor places more further on).
+Boundaries as the experiments take them under the authors' protocol: layer 0's keys, NMS window 8, at most
+``8 * ceil(n / 128)`` chunks, no cut; threshold ``p > sigmoid(1.1)`` (the authors' logit > 1.1) and each file's
+own calibrated threshold. Intervals: 95 % bootstrap over inputs (``kvlab.eval.stats.paired_bootstrap``).
+
+    python benchmarks/dhsa_predictor_position.py --out benchmarks/results/dhsa_predictor_position   # CPU, ~10 min
+    python benchmarks/dhsa_predictor_position.py --out /tmp/x --smoke                                # ~1 min
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere without installing kvlab
+
+import torch  # noqa: E402
+
+from kvlab.datasets import load_text  # noqa: E402
+from kvlab.dhsa.boundary_predictor import label_ratios, label_valid, nms_boundaries, predict_boundaries  # noqa: E402
+from kvlab.dhsa.boundary_predictor import soft_labels  # noqa: E402
+from kvlab.experiments.dhsa import record_qk  # noqa: E402
+from kvlab.dhsa.pattern import AUTHORS_THRESHOLD  # noqa: E402
+from kvlab.dhsa.training import SHIPPED, load_predictor  # noqa: E402
+from kvlab.eval.stats import paired_bootstrap  # noqa: E402
+
+TOL = 2  # tokens: two boundaries "agree" within this distance
+
+
+def first_layer_model(name: str):
+    """The model with only its first layer: layer 0's keys and attention need no other."""
+    from kvlab.models import load_model
+
+    model, tok = load_model(name, dtype=torch.float32, device="cpu")
+    model.model.layers = model.model.layers[:1]
+    model.config.num_hidden_layers = 1
+    if getattr(model.config, "layer_types", None):
+        model.config.layer_types = model.config.layer_types[:1]
+    return model, tok
+
+
+@torch.no_grad()
+def layer0(model, ids: torch.Tensor):
+    """Layer 0's keys ``(1, kv_heads, n, dim)`` and its hard-label boundaries (interior chunk ends ``t``)."""
+    rec = record_qk(model, ids[None], [0])
+    q, k = rec.q[0], rec.k[0]
+    n = k.shape[2]
+    g = q.shape[1] // k.shape[1]
+    causal = torch.ones(n, n, dtype=torch.bool).tril()
+    attn = torch.zeros(n, n)
+    for h in range(q.shape[1]):  # head by head: an 8K map per head, not nine at once
+        s = (q[0, h] @ k[0, h // g].T) * rec.scaling[0]
+        attn += torch.softmax(s.masked_fill(~causal, float("-inf")), -1)
+    attn /= q.shape[1]
+    y = soft_labels(label_ratios(attn, 4)).float()
+    valid = label_valid(n, 4)
+    bd = nms_boundaries(y[None], max_chunks=n, threshold=0.4999, nms_window=8, valid=valid[None])[0]
+    return k, set((bd[1:-1] - 1).tolist())
+
+
+def predicted(pred, k, threshold: float) -> set[int]:
+    n = k.shape[2]
+    bd = predict_boundaries(pred, k, max_chunks=8 * math.ceil(n / 128), threshold=threshold, nms_window=8)[0]
+    return set((bd[1:-1] - 1).tolist())
+
+
+def near(a: set[int], b: set[int], tol: int) -> float:
+    """Share of ``a`` with an element of ``b`` within ``tol`` (nan for an empty ``a``)."""
+    if not a:
+        return float("nan")
+    return sum(any(abs(x - y) <= tol for y in b) for x in a) / len(a)
+
+
+def random_sets(count: int, n: int, draws: int, seed: int) -> list[set[int]]:
+    rng = random.Random(seed)
+    pool = [t for t in range(7, n - 8)]  # label_valid's positions
+    return [set(rng.sample(pool, min(count, len(pool)))) for _ in range(draws)]
+
+
+def sentence_ends(tok, ids: torch.Tensor) -> set[int]:
+    """Tokens that end a sentence (hold ``.``, ``!`` or ``?``) or a paragraph (a blank line); a single newline is
+    left out: the held-out text is wrapped at about 70 characters, mid-sentence."""
+    return {i for i, t in enumerate(ids.tolist()) if any(c in tok.decode([t]) for c in ".!?") or
+            "\n\n" in tok.decode([t])}
+
+
+def mean_ci(values: list[float]) -> dict:
+    vals = [v for v in values if not math.isnan(v)]
+    if not vals:
+        return {"mean": float("nan"), "low": float("nan"), "high": float("nan"), "n": 0}
+    iv = paired_bootstrap(vals)
+    return {"mean": round(iv.estimate, 4), "low": round(iv.low, 4), "high": round(iv.high, 4), "n": len(vals)}
+
+
+def windows(tok, text: str, plan: dict[int, int]) -> dict[int, list[torch.Tensor]]:
+    """Non-overlapping token windows of each length, one after another through the text."""
+    ids = tok(text, return_tensors="pt", add_special_tokens=False).input_ids[0]
+    out, at = {}, 0
+    for n, count in plan.items():
+        out[n] = []
+        for _ in range(count):
+            if at + n > ids.numel():
+                raise ValueError(f"the held-out text has {ids.numel()} tokens, too few for the plan {plan}")
+            out[n].append(ids[at:at + n].clone())
+            at += n
+    return out
+
+
+def evaluate(model, tok, preds: dict, wins: dict[int, list[torch.Tensor]], draws: int) -> dict:
+    rows = {name: {"b": {}, "c": {}, "a": [], "per_1k": []} for name in preds}
+    labels_c, random_c = {}, {}
+    for n, group in wins.items():
+        per = {name: {"precision": [], "recall": [], "rand_precision": [], "rand_recall": [], "sentence": [],
+                      "rand_sentence": [], "count": []} for name in preds}
+        lab_sent, lab_count = [], []
+        for i, ids in enumerate(group):
+            t0 = time.perf_counter()
+            k, labels = layer0(model, ids)
+            ends = sentence_ends(tok, ids)
+            lab_sent.append(near(labels, ends, 1))
+            lab_count.append(len(labels) * 1000 / n)
+            for name, (pred, thr) in preds.items():
+                got = predicted(pred, k, thr)
+                r = per[name]
+                r["count"].append(len(got) * 1000 / n)
+                r["precision"].append(near(got, labels, TOL))
+                r["recall"].append(near(labels, got, TOL))
+                r["sentence"].append(near(got, ends, 1))
+                rs = random_sets(len(got), n, draws, seed=1000 * n + i)
+                r["rand_precision"].append(sum(near(s, labels, TOL) for s in rs) / draws)
+                r["rand_recall"].append(sum(near(labels, s, TOL) for s in rs) / draws)
+                r["rand_sentence"].append(sum(near(s, ends, 1) for s in rs) / draws)
+                if n == 4096:  # (a): the last 1,024 tokens alone against their boundaries inside the 4K input
+                    k_alone, _ = layer0(model, ids[3072:])
+                    alone = {t for t in predicted(pred, k_alone, thr) if 8 <= t < 1016}
+                    inside = {t - 3072 for t in got if 3072 + 8 <= t < 4096 - 8}
+                    rows[name]["a"].append({"alone": len(alone), "inside": len(inside),
+                                            "alone_in_inside": near(alone, inside, TOL),
+                                            "inside_in_alone": near(inside, alone, TOL)})
+                    rows[name]["per_1k"].append([sum(1 for t in got if 1024 * j <= t < 1024 * (j + 1))
+                                                 for j in range(4)])
+            print(f"  n={n} input {i}: {time.perf_counter() - t0:.0f} s", flush=True)
+        for name in preds:
+            rows[name]["b"][n] = {key: mean_ci(v) for key, v in per[name].items()}
+        labels_c[n] = {"sentence": mean_ci(lab_sent), "per_1k_tokens": mean_ci(lab_count)}
+        random_c[n] = None
+    for name in preds:
+        a = rows[name]["a"]
+        if a:
+            both = [(x["alone_in_inside"] + x["inside_in_alone"]) / 2 for x in a]
+            rows[name]["a_summary"] = {"agree_mean_of_both_directions": mean_ci(both),
+                                       "alone_in_inside": mean_ci([x["alone_in_inside"] for x in a]),
+                                       "inside_in_alone": mean_ci([x["inside_in_alone"] for x in a])}
+    return {"predictors": rows, "labels": labels_c}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--corpus", default="botchan", help="held-out text (no predictor was trained on it)")
+    ap.add_argument("--files", default="smollm2-135m-l0.pt,smollm2-135m-l0-unrotated.pt",
+                    help="predictor files (in kvlab/dhsa/data/ or paths)")
+    ap.add_argument("--draws", type=int, default=20, help="random placements per input")
+    ap.add_argument("--smoke", action="store_true", help="one input of 1K and of 4K")
+    args = ap.parse_args(argv)
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    t_start = time.perf_counter()
+    model, tok = first_layer_model(args.model)
+    plan = {1024: 1, 4096: 1} if args.smoke else {1024: 8, 4096: 6, 8192: 2}
+    wins = windows(tok, load_text(args.corpus), plan)
+    preds = {}
+    for f in args.files.split(","):
+        path = Path(f) if Path(f).exists() else SHIPPED / f
+        pred, meta = load_predictor(path)
+        cal = pred.calibrated_threshold if pred.calibrated_threshold is not None else 0.5
+        preds[f"{path.name} p>{AUTHORS_THRESHOLD:.2f}"] = (pred, AUTHORS_THRESHOLD)
+        if abs(cal - AUTHORS_THRESHOLD) > 0.01:
+            preds[f"{path.name} p>{cal:.2f} (calibrated)"] = (pred, cal)
+    result = evaluate(model, tok, preds, wins, args.draws)
+    result["meta"] = {"command": "python benchmarks/dhsa_predictor_position.py " + " ".join(sys.argv[1:] if argv is None
+                                                                                            else argv),
+                      "corpus": args.corpus, "plan": {str(k): v for k, v in plan.items()}, "tolerance": TOL,
+                      "draws": args.draws, "threads": 1, "seconds": round(time.perf_counter() - t_start),
+                      "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "position.json").write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps({name: r.get("a_summary") for name, r in result["predictors"].items()}, indent=1))
+    print(f"wrote {out / 'position.json'} in {time.perf_counter() - t_start:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

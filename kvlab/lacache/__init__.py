@@ -11,9 +11,9 @@ from kvlab.core.lazy import attach
 
 __getattr__, __dir__, __all__ = attach(
     __name__,
-    submodules=['api', 'coverage', 'policy', 'reference'],
+    submodules=["api", "coverage", "policy", "reference"],
     names={
-        "api": ['LAYOUTS', 'compaction_snapshots', 'ladder_geometry', 'ladder_pattern'],
-        "policy": ['LaCache'],
+        "api": ["LAYOUTS", "compaction_snapshots", "ladder_geometry", "ladder_pattern"],
+        "policy": ["LaCache"],
     },
 )

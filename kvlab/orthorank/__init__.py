@@ -11,8 +11,11 @@ from kvlab.core.lazy import attach
 
 __getattr__, __dir__, __all__ = attach(
     __name__,
-    submodules=['api', 'layers', 'reference', 'router', 'triton'],
+    submodules=["api", "layers", "reference", "router", "triton"],
     names={
-        "api": ['orthorank', 'skip_layers', 'OrthoRankRouter', 'SkipLayer', 'CRITERIA', 'DECODE_MODES', 'KV_MODES', 'SinkProfile', 'sink_profile', 'Plan', 'LayerSearch', 'use_plan', 'search_layers', 'taylor_importance', 'text_windows', 'perplexity', 'layers_for_sparsity', 'nominal_sparsity', 'flop_sparsity', 'after_sink'],
+        "api": ["orthorank", "skip_layers", "OrthoRankRouter", "SkipLayer", "CRITERIA", "DECODE_MODES", "KV_MODES",
+                "SinkProfile", "sink_profile", "Plan", "LayerSearch", "use_plan", "search_layers",
+                "taylor_importance", "text_windows", "perplexity", "layers_for_sparsity", "nominal_sparsity",
+                "flop_sparsity", "after_sink"],
     },
 )

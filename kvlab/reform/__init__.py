@@ -14,9 +14,9 @@ from kvlab.core.lazy import attach
 
 __getattr__, __dir__, __all__ = attach(
     __name__,
-    submodules=['api', 'heads', 'reference', 'triton'],
+    submodules=["api", "heads", "reference", "triton"],
     names={
-        "api": ['reform_generate', 'reform_answer_nll', 'reform_gather', 'load_heads', 'parse_heads', 'ReformOutput'],
-        "reference": ['Head'],
+        "api": ["reform_generate", "reform_answer_nll", "reform_gather", "load_heads", "parse_heads", "ReformOutput"],
+        "reference": ["Head"],
     },
 )

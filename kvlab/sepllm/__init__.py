@@ -12,13 +12,16 @@ from kvlab.core.lazy import attach
 
 __getattr__, __dir__, __all__ = attach(
     __name__,
-    submodules=['api', 'flex', 'pattern', 'policy', 'reference', 'separators', 'streaming', 'theory', 'training', 'triton'],
+    submodules=["api", "flex", "pattern", "policy", "reference", "separators", "streaming", "theory", "training",
+                "triton"],
     names={
-        "api": ['BACKENDS', 'sep_attention'],
-        "pattern": ['FixLLMPattern', 'HeadwisePattern', 'SepLLMPattern', 'StreamingPattern', 'kv_ratio', 'match_neighbors', 'pattern_nll'],
-        "policy": ['FixLLM', 'SepLLM', 'SepLLMStreaming'],
-        "reference": ['kept_fraction', 'sepllm_mask'],
-        "separators": ['SEPARATOR_SETS', 'SEPARATORS', 'SeparatorSet', 'describe_separators', 'is_separator', 'separator_ids'],
-        "streaming": ['FourBlockCache', 'StreamTrace', 'eq3_limit', 'eq4_limit', 'simulate'],
+        "api": ["BACKENDS", "sep_attention"],
+        "pattern": ["FixLLMPattern", "HeadwisePattern", "SepLLMPattern", "StreamingPattern", "kv_ratio",
+                    "match_neighbors", "pattern_nll"],
+        "policy": ["FixLLM", "SepLLM", "SepLLMStreaming"],
+        "reference": ["kept_fraction", "sepllm_mask"],
+        "separators": ["SEPARATOR_SETS", "SEPARATORS", "SeparatorSet", "describe_separators", "is_separator",
+                       "separator_ids"],
+        "streaming": ["FourBlockCache", "StreamTrace", "eq3_limit", "eq4_limit", "simulate"],
     },
 )

@@ -27,7 +27,7 @@ from kvlab.baselines import Full
 from kvlab.core import KVCache, Policy, kv_ratio, use_pattern
 
 __all__ = ["GSM8KResult", "UNTIL", "LM_EVAL_UNTIL", "cot_prompt", "reference_solution", "extract_answers",
-           "cut_at_stop", "stop_token_ids", "finish_generation", "gsm8k_generate",
+           "cut_at_stop", "stop_token_ids", "finish_generation", "gsm8k_generate", "gsm8k_generate_static",
            "gsm8k_answer_nll", "load_gsm8k"]
 
 #: lm-evaluation-harness gsm8k-cot (task version 3.0, the ``gsm8k-cot-prompt`` asset): ``generation_kwargs.until``.
@@ -140,8 +140,9 @@ class GSM8KResult:
     generations: list[str] = field(default_factory=list)
     answer_nll: list[float] = field(default_factory=list)
     stops: list[str] = field(default_factory=list)
+    raw: list[str] = field(default_factory=list)  # every generated token decoded, before the cut at the stop
 
-    def record(self, problem: dict, text: str, stop: str, kv: float) -> None:
+    def record(self, problem: dict, text: str, stop: str, kv: float, raw: str = "") -> None:
         """Score one generation against ``problem``'s answer (both lm-eval filters) and keep it."""
         flexible, strict = extract_answers(text)
         want = _target(problem["answer"])
@@ -150,6 +151,7 @@ class GSM8KResult:
         self.strict.append(strict == want)
         self.kv_ratio.append(kv)
         self.stops.append(stop)
+        self.raw.append(raw)
 
     @property
     def flexible_accuracy(self) -> float:
@@ -197,12 +199,42 @@ def gsm8k_generate(model, tokenizer, problems: list[dict], exemplars: list[dict]
         for _ in range(max_new_tokens):
             token = logits.argmax(dim=-1, keepdim=True)
             tokens.append(int(token))
-            if tokens[-1] in stop_ids or _tail_stops(tokenizer, tokens, until):
-                break
+            if tokens[-1] in stop_ids or len(tokens) == max_new_tokens or _tail_stops(tokenizer, tokens, until):
+                break  # the last token is never fed
             logits = model(input_ids=token, past_key_values=cache, use_cache=True).logits[:, -1]
             ratios.append(sum(cache.held()) / (len(cache.held()) * cache.seen))
         text, stop = finish_generation(tokenizer, tokens, stop_ids, until)
-        out.record(problem, text, stop, sum(ratios) / len(ratios) if ratios else 1.0)
+        out.record(problem, text, stop, sum(ratios) / len(ratios) if ratios else 1.0,
+                   tokenizer.decode(tokens, skip_special_tokens=False))
+    return out
+
+
+@torch.no_grad()
+def gsm8k_generate_static(model, tokenizer, problems: list[dict], exemplars: list[dict], policy: Policy | None = None,
+                          *, max_new_tokens: int = 256, batch: int = 256, name: str = "", progress: bool = True,
+                          until: tuple[str, ...] = UNTIL, compile: bool = False) -> GSM8KResult:
+    """:func:`gsm8k_generate` for many problems at once: the static decode engine
+    (:func:`kvlab.eval.fast.generate_static`), ``batch`` problems a pass, each prompt streamed through ``policy``.
+
+    The same prompts (the exemplars' ids, then the question's), greedy tokens, stop rule, cut and scoring as
+    :func:`gsm8k_generate` with ``pattern`` the policy's own prefill pattern (SepLLM, StreamingLLM with
+    ``positions="original"``, Full: tested equal); a policy the static engine cannot run raises."""
+    from kvlab.eval.fast import generate_static
+
+    policy = policy if policy is not None else Full()
+    out = GSM8KResult(name or repr(policy))
+    prefix = tokenizer(cot_prompt("", exemplars).rsplit("Q: ", 1)[0]).input_ids
+    prompts = [list(prefix) + list(tokenizer(_question(p), add_special_tokens=False).input_ids) for p in problems]
+    stop_ids = stop_token_ids(tokenizer, until)
+
+    def stopped(tokens: list[int]) -> bool:
+        return cut_at_stop(tokenizer.decode(tokens, skip_special_tokens=False), until)[1] is not None
+
+    runs = generate_static(model, prompts, policy, max_new_tokens=max_new_tokens, stop_ids=stop_ids, stopped=stopped,
+                           batch=batch, compile=compile, progress=progress)
+    for problem, run in zip(problems, runs):
+        text, stop = finish_generation(tokenizer, run["tokens"], stop_ids, until)
+        out.record(problem, text, stop, run["r_kv"], tokenizer.decode(run["tokens"], skip_special_tokens=False))
     return out
 
 

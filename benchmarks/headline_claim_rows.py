@@ -97,6 +97,8 @@ def rows_for(folder: str) -> list[dict]:
         add(f"sepllm-{tag}-mmlu-{short}", f"Table 1 (MMLU 5-shot, {short.replace('-', ' ')}, {model})",
             f"A = SepLLM (n=256) vs B = {b}, accuracy", "mmlu_correct", sep, b,
             f"SepLLM {PAPER_MMLU['SepLLM']} vs {paper_b} {PAPER_MMLU[paper_b]}",
+            (f"A matches B (Table 1: {PAPER_MMLU['SepLLM']} vs {PAPER_MMLU[paper_b]}, read by the paper as "
+             "comparable)") if b == "Vanilla" else
             f"{PAPER_MMLU['SepLLM']} vs {PAPER_MMLU[paper_b]} (higher is better; Table 1, MMLU overall)",
             f"{size}; 20 questions per subject")
     add(f"sepllm-{tag}-mmlu-chance", f"Table 1 (MMLU 5-shot, above chance, {model})", "A = Vanilla accuracy vs "

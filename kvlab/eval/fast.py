@@ -247,7 +247,8 @@ def generate_static(model, prompts: list[list[int]], policy: Policy, *, max_new_
     feeding); one decoder (one CUDA graph) serves every pass, the last pass padded with copies of its first prompt.
 
     A stream stops at its first token in ``stop_ids`` (kept as its last token) or when ``stopped(tokens)`` (host
-    callback, asked every ``check_every`` steps for streams still running: e.g. "the text holds a stop string")
+    callback on the stream's last ``check_every + 8`` tokens, asked every ``check_every`` steps for streams still
+    running: e.g. "the text holds a stop string" of at most 8 tokens)
     says so; the pass ends when every stream has stopped or ``max_new_tokens`` were generated.
 
     Returns, in the order of ``prompts``: ``[{"tokens": generated ids (up to the first stop id), "r_kv": mean over
@@ -297,8 +298,9 @@ def generate_static(model, prompts: list[list[int]], policy: Policy, *, max_new_
                 for b in range(batch):
                     if not finished[b]:
                         tokens = [x for x in host_gen[b].tolist() if x >= 0]
-                        finished[b] = (bool(host_done[b]) or len(tokens) == max_new_tokens
-                                       or (stopped is not None and bool(tokens) and stopped(tokens)))
+                        # a stop string that ended since the last check lies in the last check_every + 8 tokens
+                        finished[b] = (bool(host_done[b]) or len(tokens) == max_new_tokens or (
+                            stopped is not None and bool(tokens) and stopped(tokens[-(check_every + 8):])))
                 if all(finished):
                     break
         trace = decoder.trace().float().mean(dim=2)  # (steps taken, B): entries held after each step

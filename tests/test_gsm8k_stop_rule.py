@@ -19,32 +19,48 @@ from kvlab.sepllm.pattern import SepLLMPattern, StreamingPattern
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-# Run-on generations of the shapes an instruct model produces after the 8-shot CoT prompt: the answer, then an
-# end-of-turn token and a new turn, a "Human:" turn, the next exemplar, or blank lines and more text. Before the
-# stop rule, flexible-extract read the last number of the run-on text.
-RUN_ON = [
-    # (raw generation, gold, the stop that must end it)
-    (" Janet's ducks lay 16 eggs per day. She eats 3 for breakfast and bakes 4 into muffins, so she uses "
-     "3 + 4 = 7 eggs. She sells 16 - 7 = 9 eggs at $2 each, so she makes 9 * 2 = 18 dollars. The answer is 18."
-     "<|im_end|>\n<|im_start|>user\nQ: A robe takes 2 bolts", "18", "<|im_end|>"),
+# Qwen2.5-Coder-0.5B-Instruct's own greedy generations after the 8-shot CoT prompt (the first GSM8K test problems,
+# benchmarks/results/headline/model_choice), every generated token decoded: the answer, then the end of its turn or
+# the next exemplar. (answer both filters read once cut, stop)
+REAL = [
+    (' Janet started with 16 eggs per day. She ate 3 for breakfast every morning and bakes muffins for '
+     "her friends every day with four. She sells the remainder at the farmers' market daily for $2 per "
+     'fresh duck egg. So she sells 16 - 3 - 4 = 11 fresh duck eggs. 11 * 2 = 22. The answer is '
+     '22.<|im_end|>',
+     '22', '<|im_end|>'),
+    (' A robe takes 2 bolts of blue fiber and half that much white fiber. So it takes 2 + 0.5 = 2.5 '
+     'bolts. The answer is 2.5.\n\nQ:',
+     '2.5', 'Q:'),
+    (' Carla started with 200 GB. Normally she can download 2 GB/minute, but 40% of the way through the '
+     'download, Windows forces a restart to install updates, which takes 20 minutes. Then Carla has to '
+     'restart the download from the beginning. So the load is 200 / 2 = 100 GB. The answer is 100 '
+     'GB.<|im_end|>',
+     '100', '<|im_end|>'),
+]
+# Run-ons of the shapes the 1.5B model and other chat models produce: a "Human:" turn after the answer, blank lines
+# and more text. Uncut, flexible-extract reads the run-on text. (raw, gold, stop)
+SHAPES = [
     (" It takes 2 bolts of blue fiber and 2 / 2 = 1 bolt of white fiber. So in total it takes 2 + 1 = 3 bolts. "
      "The answer is 3.\n\nHuman: Can you explain how you got 4 bolts of fiber in total?\n\nAssistant: Sure, "
      "2 + 2 = 4", "3", "Human:"),
-    (" Josh bought the house for 80,000 and put in 50,000 of repairs, 80,000 + 50,000 = 130,000. The value "
-     "rose by 150%, 80,000 * 2.5 = 200,000. So he made 200,000 - 130,000 = 70,000. The answer is 70000.\n\nQ: James "
-     "decides to run 3 sprints 3 times a week.", "70000", "Q:"),
     (" He runs 3 * 3 = 9 sprints. 9 * 60 = 540 meters. The answer is 540.\n\n\n\n\n\nThe answer is 9.", "540",
      "\n\n\n"),
 ]
 
 
-@pytest.mark.parametrize("raw,gold,stop", RUN_ON, ids=[s.strip() or "blank lines" for _, _, s in RUN_ON])
+@pytest.mark.parametrize("raw,answer,stop", REAL, ids=[r[2] for r in REAL])
+def test_real_generations_are_cut_at_the_end_of_the_turn(raw, answer, stop):
+    text, found = cut_at_stop(raw)
+    assert found == stop and stop not in text and text == raw[:raw.index(stop)]
+    assert extract_answers(text) == (answer, answer)
+
+
+@pytest.mark.parametrize("raw,gold,stop", SHAPES, ids=["Human turn", "blank lines"])
 def test_run_on_generation_is_cut_where_the_answer_ends(raw, gold, stop):
     text, found = cut_at_stop(raw)
     assert found == stop and stop not in text
     assert extract_answers(text) == (gold, gold)  # flexible and strict agree once cut
-    if raw.rstrip()[-1].isdigit() or "Assistant" in raw:
-        assert extract_answers(raw)[0] != gold  # uncut, flexible-extract reads the run-on text
+    assert extract_answers(raw)[0] != gold  # uncut, flexible-extract reads the run-on text
 
 
 def test_until_keeps_lm_eval_first_and_adds_turn_markers():

@@ -6,6 +6,10 @@
 #                                                 # and .whl/ (add the wheels the GPU image lacks: benchmarks/gpu/README.md)
 #   gemma:  bash scripts/gpu_stage.sh pack-gemma   # .cache/gpu/g3.p0..p6 (7 x 37 MB): gemma3-270m's GGUF in pieces;
 #           each call carries one piece and runs `unpack`, which joins them once all seven are there (sha256 checked)
+#   qwen:   bash scripts/gpu_stage.sh pack-qwen05   # .cache/gpu/q05.p00..p13 (14 pieces of <= 34 MiB) and
+#           bash scripts/gpu_stage.sh pack-qwen15   # .cache/gpu/q15.p00..p31 (32 pieces): Qwen2.5-Coder-0.5B / 1.5B's GGUF;
+#           the last piece travels with .cache/gpu/corpora-headline.tar.xz (GSM8K, its CoT exemplars, MMLU: 1.7 MB) and
+#           .whl/ (gguf, for the GGUF conversion); `unpack` joins the pieces once all are there (sha256 checked)
 #   there:  calls 1-3 carry .cache/gpu/gguf.part1..3 (a third each, ~31 MiB, beside the ~18 MiB tree; the third
 #           with corpora.tar.xz), call 4 corpora-long.tar.xz and .whl; each runs `bash benchmarks/gpu/run.sh ...`,
 #           which sources `scripts/gpu_stage.sh unpack` first (the machine must stay warm between the calls:
@@ -17,6 +21,36 @@
 set -eo pipefail
 GGUF=SmolLM2-135M-Instruct.Q4_1.gguf
 GEMMA_PIECES=7  # 37 MB each: one fits a call beside the ~28 MB tree (64 MiB a call)
+PIECE=34M       # a Qwen piece: 34 MiB beside the ~28 MB tree
+# model id, GGUF file, sha256 (kvlab/assets/registry.json), pieces (ceil(size / 34 MiB)), piece prefix
+QWEN05=(qwen2.5-coder-0.5b qwen2.5-coder-0.5b-instruct-awq.gguf
+        1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32 14 q05)
+QWEN15=(qwen2.5-coder-1.5b qwen2.5-coder-1.5b-instruct.gguf
+        cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046 32 q15)
+
+pack_qwen() {  # ID FILE SHA PIECES PREFIX: the GGUF in 34 MiB pieces, the headline corpora and the gguf wheel
+  local src="${KVLAB_CACHE:-$HOME/.cache/kvlab}"
+  [ -f "$src/assets/$1/$2" ] || .venv/bin/python -m kvlab fetch "$1"
+  for c in gsm8k gsm8k-cot-prompt mmlu; do [ -d "$src/assets/$c" ] || .venv/bin/python -m kvlab fetch "$c"; done
+  mkdir -p .cache/gpu .whl
+  rm -f .cache/gpu/"$5".p*
+  split -b "$PIECE" -d -a 2 "$src/assets/$1/$2" ".cache/gpu/$5.p"
+  local n; n=$(ls .cache/gpu/"$5".p* | wc -l)
+  [ "$n" = "$4" ] || { echo "gpu_stage: $1 split into $n pieces, expected $4" >&2; exit 1; }
+  tar -C "$src" -cJf .cache/gpu/corpora-headline.tar.xz assets/gsm8k assets/gsm8k-cot-prompt assets/mmlu
+  .venv/bin/pip download -q --no-deps -d .whl gguf==0.19.0
+  ls -la .cache/gpu/"$5".p* .cache/gpu/corpora-headline.tar.xz .whl
+}
+
+unpack_qwen() {  # ID FILE SHA PIECES PREFIX: move carried pieces into the cache; join them once all are there
+  local d="$KVLAB_CACHE/assets/$1"
+  if ls .cache/gpu/"$5".p* >/dev/null 2>&1; then mkdir -p "$d" && mv .cache/gpu/"$5".p* "$d/"; fi
+  if [ ! -f "$d/$2" ] && [ "$(ls "$d/$5".p* 2>/dev/null | wc -l)" = "$4" ]; then
+    cat "$d/$5".p* > "$d/.gguf.tmp" && echo "$3  $d/.gguf.tmp" | sha256sum -c --quiet &&
+      mv "$d/.gguf.tmp" "$d/$2" && rm -f "$d/$5".p*
+  fi
+  echo "$1: $(ls "$d/$5".p* 2>/dev/null | wc -l) of $4 pieces waiting; $(ls "$d/$2" 2>/dev/null || echo "not joined yet")"
+}
 case "${1:-}" in
   pack)
     src="${KVLAB_CACHE:-$HOME/.cache/kvlab}"
@@ -42,6 +76,8 @@ case "${1:-}" in
     rm -f .cache/gpu/g3.p?
     split -n "$GEMMA_PIECES" -d -a 1 "$src" .cache/gpu/g3.p
     ls -la .cache/gpu/g3.p* ;;
+  pack-qwen05) pack_qwen "${QWEN05[@]}" ;;
+  pack-qwen15) pack_qwen "${QWEN15[@]}" ;;
   unpack)
     export KVLAB_CACHE="$PWD/.cache/kvlab"
     export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -59,8 +95,9 @@ case "${1:-}" in
         mv "$g/.gguf.tmp" "$g/gemma-3-270m-q4_k_m.gguf" && rm -f "$g"/g3.p?
     fi
     ls "$g" 2>/dev/null | tr '\n' ' ' || true; echo
+    unpack_qwen "${QWEN05[@]}"; unpack_qwen "${QWEN15[@]}"
     for t in .cache/gpu/corpora*.tar.xz; do [ -f "$t" ] && tar -C "$KVLAB_CACHE" -xJf "$t"; done
     if ls .whl/*.whl >/dev/null 2>&1; then python -m pip install -q --no-deps --no-index .whl/*.whl 2>&1 | tail -1; fi
     ls -la "$a" ;;
-  *) echo "usage: bash scripts/gpu_stage.sh pack|pack-gemma|unpack" >&2; exit 2 ;;
+  *) echo "usage: bash scripts/gpu_stage.sh pack|pack-gemma|pack-qwen05|pack-qwen15|unpack" >&2; exit 2 ;;
 esac

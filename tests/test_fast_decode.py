@@ -17,7 +17,7 @@ from conftest import _tiny
 from kvlab.baselines.h2o import H2O
 from kvlab.core import KVCache, LayerView, StaticKVCache, StaticView
 from kvlab.eval import FastDecoder, streaming_perplexity, streaming_perplexity_batch
-from kvlab.policies import Full, LaCache, SepLLMStreaming, StreamingLLM
+from kvlab.policies import FixLLM, Full, LaCache, SepLLM, SepLLMStreaming, StreamingLLM
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -36,6 +36,9 @@ def _policies():
         LaCache(12, 2, 1, 2),
         LaCache.official(10, 2, 0, 2),
         LaCache(11, 4, 0, 2),  # span = layers: one rung, StreamingLLM
+        SepLLM(2, 5, separators=SEPS),
+        SepLLM(1, 4, separators=SEPS, full_layers=(0,)),
+        FixLLM(2, 5, 3),
     ]
 
 
@@ -79,7 +82,7 @@ def test_static_cache_holds_the_same_entries_every_step(policy):
     model = _tiny("llama")
     ids = _ids(40, 2)
     cache = KVCache(model, policy)
-    decoder = FastDecoder(model, policy, graph=False)
+    decoder = FastDecoder(model, policy, graph=False, max_steps=None if policy.budget else ids.shape[1])
     with torch.no_grad():
         for t in range(ids.shape[1]):
             model(input_ids=ids[:, t:t + 1], past_key_values=cache, use_cache=True)
@@ -135,7 +138,7 @@ def test_static_keep_equals_keep_on_random_views(policy):
 
 
 @pytest.mark.parametrize("policy", [StreamingLLM(2, 6), SepLLMStreaming(2, 3, 4, 12, separators=SEPS),
-                                    LaCache(12, 2, 1, 2), Full()], ids=repr)
+                                    LaCache(12, 2, 1, 2), Full(), SepLLM(2, 5, separators=SEPS)], ids=repr)
 def test_batch_of_three_equals_three_single_runs(model, policy):
     texts = [_ids(40, 10)[0], _ids(44, 11)[0], _ids(52, 12)[0]]  # ragged: cut to 40 tokens, as asked
     batch = streaming_perplexity_batch(model, None, texts, policy, None, progress=False, truncate=True)

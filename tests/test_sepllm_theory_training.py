@@ -85,7 +85,7 @@ def test_compact_vocab_keeps_separators_and_frequent_ids():
 def test_gsm8k_answer_extraction():
     flexible, strict = extract_answers(" She sold 48/2 = 24 clips. So 48 + 24 = 72. The answer is 72.")
     assert (flexible, strict) == ("72", "72")
-    assert extract_answers("The total is $1,200.00 dollars") == ("1200", None)
+    assert extract_answers("The total is $1,200.00 dollars") == ("1200.00", None)  # lm-eval's normalisation
     assert extract_answers("I think 5 or maybe 6") == ("6", None)
     assert extract_answers("no numbers") == (None, None)
     sol = reference_solution("Natalia sold 48/2 = <<48/2=24>>24 clips in May.\nIn total 48+24 = <<48+24=72>>72\n#### 72")

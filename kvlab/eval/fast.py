@@ -27,7 +27,7 @@ import torch
 from kvlab.core import Policy, StaticKVCache, model_state, static_support
 from kvlab.core.state import StepInfo
 
-__all__ = ["FastDecoder", "decode_static", "static_reason"]
+__all__ = ["FastDecoder", "decode_static", "generate_static", "static_reason"]
 
 
 def static_reason(model, policy: Policy) -> str | None:
@@ -232,3 +232,86 @@ def decode_static(model, ids: torch.Tensor, policy: Policy, *, progress: bool = 
     seconds = time.perf_counter() - start
     return dict(nll=nll.t().cpu(), trace=decoder.trace(), seconds=seconds, entry_bytes=decoder.cache.entry_bytes())
 
+
+
+@torch.no_grad()
+def generate_static(model, prompts: list[list[int]], policy: Policy, *, max_new_tokens: int, stop_ids=(),
+                    stopped=None, batch: int = 256, check_every: int = 16, graph: bool | None = None,
+                    compile: bool = False, kernel: str = "auto", progress: bool = False) -> list[dict]:
+    """Greedy generation for many prompts at once through :class:`FastDecoder`, ``batch`` streams a pass.
+
+    Every stream is its prompt fed one token a step, then its own greedy tokens: all streams move in lockstep (one
+    token each a step), a stream whose prompt is shorter starts generating earlier, so the policy sees each stream
+    exactly as it would alone (a prompt streamed through the policy is the policy's prefill pattern: SepLLM,
+    StreamingLLM and Full keep the same entries either way). Prompts go into passes sorted by length (less idle
+    feeding); one decoder (one CUDA graph) serves every pass, the last pass padded with copies of its first prompt.
+
+    A stream stops at its first token in ``stop_ids`` (kept as its last token) or when ``stopped(tokens)`` (host
+    callback on the stream's last ``check_every + 8`` tokens, asked every ``check_every`` steps for streams still
+    running: e.g. "the text holds a stop string" of at most 8 tokens)
+    says so; the pass ends when every stream has stopped or ``max_new_tokens`` were generated.
+
+    Returns, in the order of ``prompts``: ``[{"tokens": generated ids (up to the first stop id), "r_kv": mean over
+    its generated tokens of (entries held, mean over layers) / (tokens seen), "steps": the pass's steps}]``.
+    """
+    from tqdm.auto import tqdm
+
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if not prompts or any(len(p) < 1 for p in prompts):
+        raise ValueError("prompts must be a non-empty list of non-empty token id lists")
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    batch = min(batch, len(prompts))
+    longest = max(len(p) for p in prompts)
+    steps_max = longest + max_new_tokens - 1  # the last generated token is never fed
+    decoder = FastDecoder(model, policy, batch, max_steps=steps_max, record=steps_max, graph=graph, compile=compile,
+                          kernel=kernel)
+    stop_list = sorted({int(i) for i in stop_ids})
+    stop_t = torch.tensor(stop_list or [-1], device=decoder.device)
+    out: list[dict | None] = [None] * len(prompts)
+    for start in tqdm(range(0, len(order), batch), desc=f"generate {type(policy).__name__} (static)",
+                      disable=not progress):
+        rows = order[start:start + batch]
+        rows = rows + [rows[0]] * (batch - len(rows))
+        lens = torch.tensor([len(prompts[i]) for i in rows], device=decoder.device)
+        width = int(lens.max())
+        table = torch.zeros((batch, width + 1), dtype=torch.long, device=decoder.device)
+        for b, i in enumerate(rows):
+            table[b, :len(prompts[i])] = torch.tensor(prompts[i])
+        gen = torch.full((batch, max_new_tokens), -1, dtype=torch.long, device=decoder.device)
+        done = torch.zeros(batch, dtype=torch.bool, device=decoder.device)  # a stop id was generated
+        finished = [False] * batch  # host view: stop id or stop string seen
+        decoder.reset()
+        current = table[:, :1].clone()
+        steps = width + max_new_tokens - 1
+        for t in range(steps):
+            logits = decoder.step(current)
+            token = logits.argmax(dim=-1)  # (B,): stream b's token at position t + 1
+            index = t + 1 - lens  # where it goes among the generated tokens (< 0: still in the prompt)
+            writing = (index >= 0) & (index < max_new_tokens) & ~done
+            slot = index.clamp(0, max_new_tokens - 1)[:, None]
+            gen.scatter_(1, slot, torch.where(writing, token, gen.gather(1, slot)[:, 0])[:, None])
+            done |= writing & torch.isin(token, stop_t)
+            current.copy_(torch.where(index >= 0, token, table[:, min(t + 1, width)])[:, None])
+            if (t + 1) % check_every == 0 or t == steps - 1:
+                host_done, host_gen = done.cpu(), gen.cpu()
+                for b in range(batch):
+                    if not finished[b]:
+                        tokens = [x for x in host_gen[b].tolist() if x >= 0]
+                        # a stop string that ended since the last check lies in the last check_every + 8 tokens
+                        finished[b] = (bool(host_done[b]) or len(tokens) == max_new_tokens or (
+                            stopped is not None and bool(tokens) and stopped(tokens[-(check_every + 8):])))
+                if all(finished):
+                    break
+        trace = decoder.trace().float().mean(dim=2)  # (steps taken, B): entries held after each step
+        host_gen = gen.cpu()
+        for b, i in enumerate(rows[:len(order[start:start + batch])]):
+            tokens = [x for x in host_gen[b].tolist() if x >= 0]
+            first_stop = next((k for k, x in enumerate(tokens) if x in stop_list), None)
+            tokens = tokens if first_stop is None else tokens[:first_stop + 1]
+            n = len(prompts[i])
+            # the hooks engine's r.KV: after each generated token but the last is fed (step n + k, seen n + k + 1)
+            fed = range(n, min(n + len(tokens) - 1, trace.shape[0]))
+            ratios = [float(trace[s, b]) / (s + 1) for s in fed]
+            out[i] = {"tokens": tokens, "r_kv": sum(ratios) / len(ratios) if ratios else 1.0, "steps": t + 1}
+    return out

@@ -26,11 +26,26 @@ import torch
 from kvlab.baselines import Full
 from kvlab.core import KVCache, Policy, kv_ratio, use_pattern
 
-__all__ = ["GSM8KResult", "cot_prompt", "reference_solution", "extract_answers", "gsm8k_generate",
+__all__ = ["GSM8KResult", "UNTIL", "LM_EVAL_UNTIL", "cot_prompt", "reference_solution", "extract_answers",
+           "cut_at_stop", "stop_token_ids", "finish_generation", "gsm8k_generate", "gsm8k_generate_static",
            "gsm8k_answer_nll", "load_gsm8k"]
 
-_STRICT = re.compile(r"The answer is \$?(-?[0-9][0-9,]*(?:\.[0-9]+)?)")
-_NUMBER = re.compile(r"-?\$?[0-9][0-9,]*(?:\.[0-9]+)?")
+#: lm-evaluation-harness gsm8k-cot (task version 3.0, the ``gsm8k-cot-prompt`` asset): ``generation_kwargs.until``.
+LM_EVAL_UNTIL = ("Q:", "</s>", "<|im_end|>")
+#: Where an instruct model ends its turn or starts a new one, and a run of blank lines: lm-eval stops at the model's
+#: EOS token as well (its HF backend adds it to ``until``); these are the other chat families' markers, so a model
+#: that ends its answer and goes on with a "Human: ..." turn is cut where its answer ended.
+TURN_MARKERS = ("<|endoftext|>", "<|im_start|>", "<|eot_id|>", "<|end_of_text|>", "<end_of_turn>", "<|end|>",
+                "Human:", "User:", "Assistant:", "Question:", "\n\n\n")
+#: The stop strings of :func:`gsm8k_generate`: lm-eval's list first, then the turn markers.
+UNTIL = LM_EVAL_UNTIL + TURN_MARKERS
+
+# lm-eval gsm8k-cot's filters: strict-match takes the first "The answer is N."; flexible-extract the last match of
+# its number pattern (the first non-empty group of that match)
+_STRICT = re.compile(r"The answer is (\-?[0-9\.\,]+).")
+_FLEXIBLE = re.compile(r"(-?[$0-9.,]{2,})|(-?[0-9]+)")
+# lm-eval's exact_match settings for the task: these removed from prediction and reference, then compared ignoring case
+_IGNORE = (r",", r"\$", r"(?s).*#### ", r"\.$")
 
 
 def load_gsm8k(n: int | None = None, *, start: int = 0) -> tuple[list[dict], list[dict]]:
@@ -58,28 +73,59 @@ def reference_solution(answer: str) -> str:
     return f" {text} The answer is {final.strip()}."
 
 
-def _normalise(number: str | None) -> str | None:
-    if number is None:
+def _normalise(answer: str | None) -> str | None:
+    """lm-eval's exact_match normalisation: commas, ``$``, a ``#### `` prefix and one trailing period removed,
+    lower-cased. None stays None (lm-eval's ``[invalid]``, which never matches)."""
+    if answer is None:
         return None
-    s = number.replace(",", "").replace("$", "").rstrip(".")
-    try:
-        value = float(s)
-    except ValueError:
-        return None
-    return str(int(value)) if value == int(value) else str(value)
+    for pattern in _IGNORE:
+        answer = re.sub(pattern, "", answer)
+    return answer.strip().lower()
 
 
 def extract_answers(generation: str) -> tuple[str | None, str | None]:
-    """(flexible, strict) answers of a generation, normalised (``"1,000.00"`` -> ``"1000"``); None if absent.
+    """(flexible, strict) answers of a generation as lm-eval's gsm8k-cot filters read them, normalised as its
+    exact_match compares them (``"$1,200."`` -> ``"1200"``); None when the pattern does not occur.
 
-    strict: the number after the first ``The answer is``; flexible: the last number anywhere.
+    strict: the number in the first ``The answer is N.`` (a character must follow N, as in lm-eval's regex);
+    flexible: the last number-like match anywhere (``-?[$0-9.,]{2,}`` or ``-?[0-9]+``).
     """
     strict = _STRICT.search(generation)
-    numbers = _NUMBER.findall(generation)
-    return (_normalise(numbers[-1]) if numbers else None, _normalise(strict.group(1)) if strict else None)
+    flexible = _FLEXIBLE.findall(generation)
+    last = next((g for g in flexible[-1] if g), None) if flexible else None
+    return _normalise(last), _normalise(strict.group(1)) if strict else None
+
+
+def cut_at_stop(text: str, until: tuple[str, ...] = UNTIL) -> tuple[str, str | None]:
+    """``(text before the earliest stop string, that stop string)``; ``(text, None)`` when none occurs.
+
+    lm-eval cuts a generation at the first occurrence of any of its ``until`` strings; so does this."""
+    hits = [(i, s) for s in until if (i := text.find(s)) >= 0]
+    if not hits:
+        return text, None
+    i, stop = min(hits)
+    return text[:i], stop
+
+
+def stop_token_ids(tokenizer, until: tuple[str, ...] = UNTIL) -> set[int]:
+    """Token ids that end a generation: the tokenizer's EOS and every stop string that is one special token of this
+    vocabulary (``<|im_end|>``, ``<|endoftext|>`` ... for Qwen)."""
+    ids = set()
+    eos = getattr(tokenizer, "eos_token_id", None)
+    if eos is not None:
+        ids.update(eos if isinstance(eos, (list, tuple)) else [eos])
+    special = set(getattr(tokenizer, "all_special_tokens", []) or []) | set(
+        getattr(tokenizer, "added_tokens_encoder", {}) or {})
+    for s in until:
+        if s in special:
+            i = tokenizer.convert_tokens_to_ids(s)
+            if isinstance(i, int) and i >= 0 and i != getattr(tokenizer, "unk_token_id", None):
+                ids.add(i)
+    return ids
 
 
 def _target(answer: str) -> str:
+    """The reference as lm-eval's doc_to_target writes it (the text after ``####``), normalised."""
     return _normalise(answer.split("####")[-1].strip())
 
 
@@ -93,6 +139,19 @@ class GSM8KResult:
     kv_ratio: list[float] = field(default_factory=list)
     generations: list[str] = field(default_factory=list)
     answer_nll: list[float] = field(default_factory=list)
+    stops: list[str] = field(default_factory=list)
+    raw: list[str] = field(default_factory=list)  # every generated token decoded, before the cut at the stop
+
+    def record(self, problem: dict, text: str, stop: str, kv: float, raw: str = "") -> None:
+        """Score one generation against ``problem``'s answer (both lm-eval filters) and keep it."""
+        flexible, strict = extract_answers(text)
+        want = _target(problem["answer"])
+        self.generations.append(text)
+        self.flexible.append(flexible == want)
+        self.strict.append(strict == want)
+        self.kv_ratio.append(kv)
+        self.stops.append(stop)
+        self.raw.append(raw)
 
     @property
     def flexible_accuracy(self) -> float:
@@ -114,10 +173,13 @@ class GSM8KResult:
 @torch.no_grad()
 def gsm8k_generate(model, tokenizer, problems: list[dict], exemplars: list[dict], *, pattern=None,
                    policy: Policy | None = None, layers=None, max_new_tokens: int = 256, name: str = "",
-                   progress: bool = True) -> GSM8KResult:
+                   progress: bool = True, until: tuple[str, ...] = UNTIL) -> GSM8KResult:
     """The real benchmark: 8-shot CoT prompt, prefill under ``pattern``, greedy decoding through ``policy``.
 
-    Generation stops at ``max_new_tokens``, at EOS, or when the model starts the next ``Q:``.
+    Generation stops at ``max_new_tokens``, at a token of :func:`stop_token_ids` (EOS, end of turn), or when the
+    text holds one of the ``until`` strings (:data:`UNTIL`: lm-eval's ``Q:`` ... and the chat markers); the
+    generation is then cut at the earliest stop string (:func:`cut_at_stop`), as lm-eval does, and ``r.stops`` says
+    which stop ended each one (``"max_new_tokens"`` when none did).
     """
     from tqdm.auto import tqdm
 
@@ -127,6 +189,7 @@ def gsm8k_generate(model, tokenizer, problems: list[dict], exemplars: list[dict]
     device = next(model.parameters()).device
     out = GSM8KResult(name or repr(policy))
     prefix = _prefix(model, tokenizer, exemplars, pattern, policy, layers)
+    stop_ids = stop_token_ids(tokenizer, until)
     for problem in tqdm(problems, desc=f"gsm8k {out.method}", disable=not progress):
         ids = tokenizer(_question(problem), add_special_tokens=False, return_tensors="pt").input_ids.to(device)
         cache = copy.deepcopy(prefix)
@@ -135,21 +198,60 @@ def gsm8k_generate(model, tokenizer, problems: list[dict], exemplars: list[dict]
         tokens, ratios = [], []
         for _ in range(max_new_tokens):
             token = logits.argmax(dim=-1, keepdim=True)
-            if tokenizer.eos_token_id is not None and int(token) == tokenizer.eos_token_id:
-                break
             tokens.append(int(token))
-            if "Q:" in tokenizer.decode(tokens[-4:]) or "\n\n" in tokenizer.decode(tokens[-3:]):
-                break
+            if tokens[-1] in stop_ids or len(tokens) == max_new_tokens or _tail_stops(tokenizer, tokens, until):
+                break  # the last token is never fed
             logits = model(input_ids=token, past_key_values=cache, use_cache=True).logits[:, -1]
             ratios.append(sum(cache.held()) / (len(cache.held()) * cache.seen))
-        text = tokenizer.decode(tokens, skip_special_tokens=True).split("Q:")[0]
-        flexible, strict = extract_answers(text)
-        want = _target(problem["answer"])
-        out.generations.append(text)
-        out.flexible.append(flexible == want)
-        out.strict.append(strict == want)
-        out.kv_ratio.append(sum(ratios) / len(ratios) if ratios else 1.0)
+        text, stop = finish_generation(tokenizer, tokens, stop_ids, until)
+        out.record(problem, text, stop, sum(ratios) / len(ratios) if ratios else 1.0,
+                   tokenizer.decode(tokens, skip_special_tokens=False))
     return out
+
+
+@torch.no_grad()
+def gsm8k_generate_static(model, tokenizer, problems: list[dict], exemplars: list[dict], policy: Policy | None = None,
+                          *, max_new_tokens: int = 256, batch: int = 256, name: str = "", progress: bool = True,
+                          until: tuple[str, ...] = UNTIL, compile: bool = False) -> GSM8KResult:
+    """:func:`gsm8k_generate` for many problems at once: the static decode engine
+    (:func:`kvlab.eval.fast.generate_static`), ``batch`` problems a pass, each prompt streamed through ``policy``.
+
+    The same prompts (the exemplars' ids, then the question's), greedy tokens, stop rule, cut and scoring as
+    :func:`gsm8k_generate` with ``pattern`` the policy's own prefill pattern (SepLLM, StreamingLLM with
+    ``positions="original"``, Full: tested equal); a policy the static engine cannot run raises."""
+    from kvlab.eval.fast import generate_static
+
+    policy = policy if policy is not None else Full()
+    out = GSM8KResult(name or repr(policy))
+    prefix = tokenizer(cot_prompt("", exemplars).rsplit("Q: ", 1)[0]).input_ids
+    prompts = [list(prefix) + list(tokenizer(_question(p), add_special_tokens=False).input_ids) for p in problems]
+    stop_ids = stop_token_ids(tokenizer, until)
+
+    def stopped(tokens: list[int]) -> bool:
+        return cut_at_stop(tokenizer.decode(tokens, skip_special_tokens=False), until)[1] is not None
+
+    runs = generate_static(model, prompts, policy, max_new_tokens=max_new_tokens, stop_ids=stop_ids, stopped=stopped,
+                           batch=batch, compile=compile, progress=progress)
+    for problem, run in zip(problems, runs):
+        text, stop = finish_generation(tokenizer, run["tokens"], stop_ids, until)
+        out.record(problem, text, stop, run["r_kv"], tokenizer.decode(run["tokens"], skip_special_tokens=False))
+    return out
+
+
+def _tail_stops(tokenizer, tokens: list[int], until: tuple[str, ...]) -> bool:
+    """Whether the last few generated tokens spell a stop string (one spans at most a few tokens)."""
+    tail = tokenizer.decode(tokens[-8:], skip_special_tokens=False)
+    return any(s in tail for s in until)
+
+
+def finish_generation(tokenizer, tokens: list[int], stop_ids: set[int], until: tuple[str, ...] = UNTIL
+                      ) -> tuple[str, str]:
+    """``(text, stop)`` of a finished greedy generation: the decoded tokens cut at the earliest stop string, and what
+    stopped it (the stop string, ``"token <id>"`` for a stop token that spells none, or ``"max_new_tokens"``)."""
+    text, stop = cut_at_stop(tokenizer.decode(tokens, skip_special_tokens=False), until)
+    if stop is None and tokens and tokens[-1] in stop_ids:
+        text, stop = tokenizer.decode(tokens[:-1], skip_special_tokens=False), f"token {tokens[-1]}"
+    return text, stop or "max_new_tokens"
 
 
 @torch.no_grad()

@@ -17,7 +17,7 @@ import torch
 
 from kvlab.core import check_int, use_pattern
 
-__all__ = ["MMLUPrompt", "mmlu_prompts", "mmlu_accuracy"]
+__all__ = ["MMLUPrompt", "mmlu_prompts", "mmlu_accuracy", "mmlu_scores"]
 
 LETTERS = ("A", "B", "C", "D")
 
@@ -27,6 +27,8 @@ class MMLUPrompt:
     subject: str
     text: str
     gold: int  # index of the correct letter
+    shots_chars: int = 0  # text[:shots_chars]: the header and exemplars the subject's prompts share
+    index: int = -1  # the question's place among its subject's records
 
 
 def _format(record: dict, with_answer: bool) -> str:
@@ -56,8 +58,9 @@ def mmlu_prompts(subjects: int = 4, questions: int = 15, shots: int = 5, records
         items = by_subject[name]
         head = f"The following are multiple choice questions (with answers) about {name}.\n\n"
         exemplars = "".join(_format(r, True) for r in items[:shots])
-        for r in items[shots:shots + questions]:
-            out.append(MMLUPrompt(name, head + exemplars + _format(r, False), LETTERS.index(r["correct_answer"].strip())))
+        for i, r in enumerate(items[shots:shots + questions], start=shots):
+            out.append(MMLUPrompt(name, head + exemplars + _format(r, False), LETTERS.index(r["correct_answer"].strip()),
+                                  len(head + exemplars), i))
     return out
 
 
@@ -82,3 +85,45 @@ def mmlu_accuracy(model, tokenizer, prompts: list[MMLUPrompt], pattern=None) -> 
         kv.append(1.0 if pattern is None else kv_ratio(pattern, ids.cpu()))
     acc = sum(int(a == p.gold) for a, p in zip(preds, prompts)) / len(prompts)
     return acc, sum(kv) / len(kv), preds
+
+
+@torch.no_grad()
+def mmlu_scores(model, tokenizer, prompts: list[MMLUPrompt], pattern=None, layers=None) -> list[dict]:
+    """Per-question records of ``model`` under ``pattern``, the shared exemplars prefilled once per subject.
+
+    The header and exemplars (``text[:shots_chars]``, ending in a blank line) go through the model once into a
+    :class:`~kvlab.core.KVCache` under ``pattern``; each question is then one forward pass of its own tokens on a
+    copy of that cache, under the same pattern: the same attention as one pass over the whole prompt (the
+    boundary is a blank line, where the tokenizer does not merge). Returns ``[{"subject", "index", "gold", "pred",
+    "correct", "r_kv", "letter_logprobs"}]`` in the order of ``prompts``; ``r_kv`` is the pattern's kept share of the
+    causal entries of the whole prompt."""
+    import copy
+
+    from kvlab.baselines import Full
+    from kvlab.core import KVCache
+    from kvlab.sepllm.pattern import kv_ratio
+
+    if not prompts:
+        raise ValueError("prompts is empty: make some with mmlu_prompts(...)")
+    device = next(model.parameters()).device
+    letter_ids = [tokenizer(" " + x, add_special_tokens=False).input_ids[-1] for x in LETTERS]
+    out, prefix_text, prefix, prefix_ids = [], None, None, None
+    for p in prompts:
+        shared = p.text[:p.shots_chars]
+        if shared != prefix_text:
+            prefix_text = shared
+            prefix_ids = tokenizer(shared, return_tensors="pt").input_ids.to(device)
+            prefix = KVCache(model, Full())
+            with use_pattern(model, pattern, layers):
+                model(input_ids=prefix_ids, past_key_values=prefix, use_cache=True)
+        ids = tokenizer(p.text[p.shots_chars:], add_special_tokens=False, return_tensors="pt").input_ids.to(device)
+        cache = copy.deepcopy(prefix)
+        with use_pattern(model, pattern, layers):
+            logits = model(input_ids=ids, past_key_values=cache, use_cache=True).logits[0, -1].float()
+        logprobs = torch.log_softmax(logits, dim=-1)[letter_ids]
+        pred = int(torch.argmax(logprobs))
+        whole = torch.cat([prefix_ids, ids], dim=1).cpu()
+        out.append({"subject": p.subject, "index": p.index, "gold": p.gold, "pred": pred, "correct": pred == p.gold,
+                    "r_kv": 1.0 if pattern is None else kv_ratio(pattern, whole),
+                    "letter_logprobs": [round(float(x), 4) for x in logprobs]})
+    return out

@@ -9,8 +9,9 @@
   past window, local window ``w``), compression when the total would pass ``c``, separator FIFO, and
   positions within the cache (StreamingLLM's shift) by default. Reference: :mod:`kvlab.sepllm.streaming`.
 
-SepLLM and SepLLMStreaming decide from the token ids, so rows of a batch would keep different counts:
-they take batch size 1. FixLLM only looks at positions and runs batched.
+SepLLM and SepLLMStreaming decide from the token ids, so rows of a batch would keep different counts: the hooks
+engine (:class:`~kvlab.core.KVCache`) runs them at batch size 1, the static engine (:class:`~kvlab.eval.FastDecoder`,
+a count per row) batched. FixLLM only looks at positions and runs batched in both.
 """
 
 from __future__ import annotations
@@ -41,6 +42,19 @@ def _warn_no_separators(name: str, instead: str) -> None:
                   f"a sink + window cache (StreamingLLM) reported under {name}'s name. Pass separator ids "
                   f"(kvlab.sepllm.separator_ids(tokenizer)) for SepLLM, or kvlab.policies.{instead} for the window "
                   "cache", UserWarning, stacklevel=3)
+
+
+def _separator_lookup(policy, token_ids: torch.Tensor) -> torch.Tensor:
+    """``policy._sep.flags(token_ids)`` as a table lookup (``torch.isin`` is not capturable on every backend); the
+    table is made once per device and kept on the policy."""
+    table = policy.__dict__.setdefault("_lookup", {}).get(token_ids.device)
+    if table is None:
+        top = int(policy._sep.ids.max()) + 1 if len(policy._sep) else 0
+        table = torch.zeros(top + 1, dtype=torch.bool)  # the last entry: "not a separator"
+        table[policy._sep.ids] = True
+        table = policy._lookup[token_ids.device] = table.to(token_ids.device)
+    outside = (token_ids < 0) | (token_ids >= table.numel() - 1)
+    return table[torch.where(outside, table.numel() - 1, token_ids)]
 
 
 class SepLLM(Policy):
@@ -97,6 +111,23 @@ class SepLLM(Policy):
         near = (pos < self.init) | (view.seen - pos < self.neighbors)
         return indices_from_mask(near | self.far(view))
 
+    static_reason = None
+
+    def _static_far(self, view) -> torch.Tensor:
+        """``(rows, C)`` bool: the slots :meth:`far` keeps, for every layer and stream at once."""
+        return _separator_lookup(self, view.token_ids)
+
+    def static_keep(self, view) -> torch.Tensor:
+        """:meth:`keep` on the slots of every row (layer and stream) at once: initial, neighbouring or far (separator)
+        entries; the rows of ``full_layers`` keep everything. Rows of one batch may keep different counts here (the
+        static cache holds a count per row), so the static engine runs SepLLM batched."""
+        pos = view.positions
+        keep = (pos < self.init) | (view.seen - pos < self.neighbors) | self._static_far(view)
+        if self.full_layers:
+            full = torch.tensor(sorted({i % view.num_layers for i in self.full_layers}), device=pos.device)
+            keep = keep | torch.isin(view.layer, full)[:, None]
+        return keep
+
     def __repr__(self) -> str:
         full = f", full_layers={self.full_layers}" if self.full_layers else ""
         return (f"{type(self).__name__}(init={self.init}, neighbors={self.neighbors}, "
@@ -117,6 +148,9 @@ class FixLLM(SepLLM):
         self.interval = check_int("interval", interval, 1)
 
     def far(self, view: LayerView) -> torch.Tensor:
+        return view.positions % self.interval == self.interval - 1
+
+    def _static_far(self, view) -> torch.Tensor:
         return view.positions % self.interval == self.interval - 1
 
     def __repr__(self) -> str:
@@ -206,15 +240,7 @@ class SepLLMStreaming(Policy):
         return {"past_start": torch.full((rows,), self.init, dtype=torch.long, device=device)}
 
     def _separator_lookup(self, token_ids: torch.Tensor) -> torch.Tensor:
-        """:meth:`SeparatorSet.flags` as a table lookup (``torch.isin`` is not capturable on every backend)."""
-        table = self.__dict__.setdefault("_lookup", {}).get(token_ids.device)
-        if table is None:
-            top = int(self._sep.ids.max()) + 1 if len(self._sep) else 0
-            table = torch.zeros(top + 1, dtype=torch.bool)  # the last entry: "not a separator"
-            table[self._sep.ids] = True
-            table = self._lookup[token_ids.device] = table.to(token_ids.device)
-        outside = (token_ids < 0) | (token_ids >= table.numel() - 1)
-        return table[torch.where(outside, table.numel() - 1, token_ids)]
+        return _separator_lookup(self, token_ids)
 
     def static_keep(self, view) -> torch.Tensor:
         """:meth:`keep` on the slots of every row (layer and stream) at once: the blocks are masks, "the newest ``sep``

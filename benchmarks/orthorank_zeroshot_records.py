@@ -9,9 +9,9 @@ lm-eval's rule) is written as::
 
     {"example": "<task>/<i>", "method": "SLEB 20%" | "OrthoRank 20%", "metric": "acc", "value": 0 | 1}
 
-    OMP_NUM_THREADS=1 python benchmarks/orthorank_zeroshot_records.py \\
+    OMP_NUM_THREADS=1 python benchmarks/orthorank_zeroshot_records.py --device cpu \\
         --layers benchmarks/results/orthorank/notebook11_default_smollm2_cpu.json \\
-        --out benchmarks/results/orthorank/table2_per_question_cpu
+        --tasks piqa,arc-easy --questions 30 --out benchmarks/results/orthorank/table2_per_question_cpu
 """
 
 from __future__ import annotations
@@ -49,17 +49,21 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--layers", required=True, help="notebook 11's results JSON (sleb_order, orthorank_order)")
-    ap.add_argument("--sparsity", type=float, default=0.2)
+    ap.add_argument("--sparsities", default="0.2", help="comma list: SLEB and OrthoRank at each")
     ap.add_argument("--token-ratio", type=float, default=0.33)
     ap.add_argument("--tasks", default="piqa,arc-easy")
     ap.add_argument("--questions", type=int, default=30, help="questions per task")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--device", default=None, help="cpu or cuda (default: cuda when there is one)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
-    model, tok = kvlab.load_model(args.model, device="cpu")
+    model, tok = kvlab.load_model(args.model, device=args.device)
     num_layers = model.config.get_text_config().num_hidden_layers
-    chosen = plans(num_layers, json.load(open(args.layers)), args.sparsity, args.token_ratio)
+    known = json.load(open(args.layers))
+    chosen = {}
+    for sparsity in args.sparsities.split(","):
+        chosen.update(plans(num_layers, known, float(sparsity), args.token_ratio))
     recs, begin = [], time.perf_counter()
     for task in args.tasks.split(","):
         questions = zeroshot.load_task(task, args.questions)

@@ -379,7 +379,7 @@ def validate(rows: list[dict]) -> None:
                     check(r)
                 except ValueError as e:
                     problems.append(str(e))
-            if r["role"] == "claim":
+            if r["role"] in ("claim", "sensitivity"):  # a sensitivity row reads the same paper cell
                 try:
                     expected = paper_direction(r)
                 except ValueError as e:

@@ -332,13 +332,16 @@ def test_notebook_table_and_counts(rows):
     assert "Table 1 (" in one and "Table 12" not in one and "Table 15" not in one
     t = claims.table("lacache", items=["Table 5"])
     assert t.splitlines()[0].startswith("| item | claim | paper | this run |")
-    assert all("Table 5" in line for line in t.splitlines()[2:])
+    body = [line for line in t.splitlines()[2:] if line.startswith("|")]
+    assert body and all("Table 5" in line for line in body)
+    assert t.splitlines()[-1] == claims.outcomes()  # the five verdict words, explained under the table
+    assert "Table 5" in claims.table("lacache", items=["Table 5"], legend=False).splitlines()[-1]
     assert t._repr_markdown_() == str(t)
     text = claims.table("REFORM", fmt="text")
     assert text.splitlines()[0].split()[0] == "item" and "verdict" in text.splitlines()[0]
     c = claims.counts(rows)
     assert sum(sum(v.values()) for v in c.values()) == sum(claims._counted_claim(r) for r in rows)
-    with pytest.raises(ValueError, match="no claims match"):
+    with pytest.raises(ValueError, match="no live claims match"):
         claims.table("nosuchpaper")
 
 

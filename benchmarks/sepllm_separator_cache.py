@@ -12,7 +12,7 @@ perplexity a little (5K tokens: 13.11 at s=32, 13.03 at s=48, 13.01 at s=64; r.K
 with kvlab's shifted positions, and each piece's mean NLL over the tokens after the cache first fills (``--skip``)
 is written as ``{"example", "method", "metric": "window_nll", "value"}``::
 
-    OMP_NUM_THREADS=1 python benchmarks/sepllm_separator_cache.py --out benchmarks/results/sepllm/separator_cache_cpu
+    python benchmarks/sepllm_separator_cache.py --texts 30 --tokens 4096 --out DIR      # GPU: benchmarks/gpu/sepllm_separator_cache.sh
 """
 
 from __future__ import annotations
@@ -49,13 +49,14 @@ def main(argv=None) -> int:
     ap.add_argument("--skip", type=int, default=324, help="tokens not scored (the cache fills at 324)")
     ap.add_argument("--capacities", default=",".join(map(str, CAPACITIES)), help="comma list of s")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--device", default=None, help="cpu or cuda (default: cuda when there is one)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     if args.texts < 1 or args.tokens <= args.skip + 1:
         raise SystemExit(f"--texts must be >= 1 and --tokens > --skip + 1 (tokens left to score), got "
                          f"{args.texts} and {args.tokens} with --skip {args.skip}")
     torch.set_num_threads(args.threads)
-    model, tok = kvlab.load_model(args.model, device="cpu")
+    model, tok = kvlab.load_model(args.model, device=args.device)
     rows = wikitext_pieces(tok, args.texts, args.tokens)
     config = {"model": args.model, "tokens": args.tokens, "skip": args.skip,
               "command": "python benchmarks/sepllm_separator_cache.py " + " ".join(argv or sys.argv[1:])}

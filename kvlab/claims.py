@@ -827,6 +827,8 @@ def outcomes(fmt: str = "markdown") -> Table:
 
 def _n_cell(r: dict) -> str:
     n, plan = r["n"].strip(), r.get("planned_n", "").strip()
+    if not n:
+        return f"{plan} planned" if plan else ""
     if block_size(r) is not None:
         n = f"{n} blocks of {r['block'].strip()}"
     return f"{n} of {plan} planned" if plan and n.split()[0] != plan else n

@@ -203,3 +203,10 @@ def test_counts_print_strict_coverage_per_paper(rows):
     assert "coverage" in text and "decided n>=30" in text
     s = claims.summary(rows)
     assert sum(s[p]["tested"] for p in ("SepLLM", "LaCache", "DHSA", "REFORM", "OrthoRank")) == s["all"]["tested"]
+
+
+def test_the_n_column_shows_blocks_and_the_plan():
+    assert claims._n_cell(_row(n="32", block="2")) == "32 blocks of 2"
+    assert claims._n_cell(_row(n="20", planned_n="30")) == "20 of 30 planned"
+    assert claims._n_cell(_row(n="20", planned_n="20")) == "20"
+    assert claims._n_cell(_row(planned_n="30")) == "30 planned"  # a row not run yet

@@ -29,6 +29,10 @@ at ``seq / 64`` so that dynamic and fixed chunks have the same number).
     python benchmarks/dhsa_prefill_e2e.py --out OUT/dhsa_e2e                            # H200: ~2-4 min
     python benchmarks/dhsa_prefill_e2e.py --out /tmp/x --shapes tiny-global --seqs 256 --budget 64 --initial 4 \\
         --local 4 --chunk 16 --max-len 16 --repeats 1                                 # CPU smoke test (torch backend)
+
+With ``--rounds R`` (the ledger's Tables 2-3 and Figs. 8-10 rows: 20 rounds), every method is also timed once per
+round, in an order that rotates from round to round, with its peak memory (``torch.cuda.max_memory_allocated``):
+``dhsa_prefill_rounds.examples.jsonl``, one record per round, method and metric, paired by round.
 """
 from __future__ import annotations
 
@@ -117,6 +121,43 @@ def profiled(model, ids, pattern, layers, device) -> dict:
             "mean_chunk": float(bd[-1]) / max(1, int(bd.numel() - 1)), "chunk_calls": pattern.chunk_calls}
 
 
+def paired_rounds(model, ids, pred, layers, runs, args, device, prefix: str) -> list[dict]:
+    """``args.rounds`` rounds; in each, one prefill per method (the order rotates by one every round, so a change
+    of load falls on every method), timed and with its peak memory: one record per (round, method) and metric
+    (``prefill_latency_ms``, ``prefill_peak_memory_bytes``), paired across methods by round."""
+    patterns = []
+    for method, kern, sh in runs:
+        label = method if kern is None else f"{method}@{kern}{'+sh' if sh else ''}"
+        if kern is not None:
+            dhsa_api.TRITON_VARIANT = kern
+        pat = None if method == "sdpa" else make_patterns(pred, ids.shape[1], args, device, share_heads=bool(sh))[method](False)
+        patterns.append((label, kern, pat))
+    out = []
+    for r in range(args.rounds):
+        k = r % len(patterns)
+        for label, kern, pat in patterns[k:] + patterns[:k]:
+            if kern is not None:
+                dhsa_api.TRITON_VARIANT = kern
+            try:
+                cost = prefill_cost(model, ids, pat, layers, repeats=1, memory=device.type == "cuda")
+            except torch.OutOfMemoryError:
+                continue
+            ex = f"{prefix}/round{r:02d}"
+            out.append({"example": ex, "method": label, "metric": "prefill_latency_ms", "value": cost["ms"]})
+            if cost["peak_bytes"] is not None:
+                out.append({"example": ex, "method": label, "metric": "prefill_peak_memory_bytes",
+                            "value": cost["peak_bytes"]})
+        print(json.dumps({"round": r, "prefix": prefix}), flush=True)
+    return out
+
+
+def write_records(path: Path, records: list[dict]) -> None:
+    """JSON lines written whole (a temporary file renamed into place)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(json.dumps(x) + "\n" for x in records))
+    tmp.replace(path)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, help="folder for dhsa_prefill_e2e.json / .md")
@@ -137,6 +178,10 @@ def main(argv=None) -> int:
     ap.add_argument("--hidden", type=int, default=256, help="predictor MLP hidden size (paper: 256)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--no-compile", action="store_true")
+    ap.add_argument("--rounds", type=int, default=0,
+                    help="paired rounds for the ledger: each round times one prefill of every method in turn (the "
+                         "order rotating) and measures its peak memory (torch.cuda.max_memory_allocated above the "
+                         "weights); written to dhsa_prefill_rounds.examples.jsonl")
     args = ap.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     info = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "torch": torch.__version__,
@@ -144,7 +189,7 @@ def main(argv=None) -> int:
     print(json.dumps(info), flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    rows = []
+    rows, records = [], []
     t_start = time.perf_counter()
     methods = args.methods.split(",")
     for shape in args.shapes.split(","):
@@ -195,6 +240,9 @@ def main(argv=None) -> int:
                     r["x_sdpa_peak"] = r["peak_gib"] / max(base["peak_gib"], 1e-9)
             (out / "dhsa_prefill_e2e.json").write_text(json.dumps({"info": info, "args": vars(args), "rows": rows},
                                                                   indent=1))
+            if args.rounds:
+                records += paired_rounds(model, ids, pred, layers, runs, args, device, f"{shape}/{n}")
+                write_records(out / "dhsa_prefill_rounds.examples.jsonl", records)
         del model
         if device.type == "cuda":
             torch.cuda.empty_cache()

@@ -227,16 +227,15 @@ def results_page() -> str:
 
     rows = claims.load()
     counts = claims.counts(rows)
-    buckets = ["agrees", "does not agree", "inconclusive", "not run"]
+    buckets = list(claims.BUCKETS)
     # the model most rows ran on, named as the ledger names it (SmolLM2-135M-Instruct), never typed here
     model = Counter(r["model"].split(",")[0].strip() for r in rows).most_common(1)[0][0]
     out = ["# Results: where each paper's claims hold at our scale", "",
            "Generated from the claims ledger `benchmarks/claims.csv` by `kvlab.experiments.claims` (`python -m kvlab claims` "
            f"recomputes it): one row per claim of a paper that kvlab tests, mostly on {model}. A "
            "statistical row is a paired difference `A - B` over the same examples, with a 95 % paired-bootstrap "
-           "interval; it **agrees** when the interval excludes 0 on the paper's side, **does not agree** when it "
-           "excludes 0 on the other side, and is **inconclusive** otherwise (also with fewer than 20 pairs). "
-           "*exact* rows are identities checked by the named tests; *summary* rows hold only a committed mean.", "",
+           "interval. " + str(claims.outcomes()) + " *exact* rows are identities checked by the named tests; "
+           "*summary* rows hold only a committed mean.", "",
            "| paper | " + " | ".join(buckets) + " |", "|---|" + "---|" * len(buckets)]
     for paper, c in counts.items():
         out.append(f"| [{paper}](#{_slug(paper)}) | " + " | ".join(str(c.get(b, 0)) for b in buckets) + " |")

@@ -236,8 +236,8 @@ def test_results_page_is_generated_from_the_ledger(rows):
 
 
 def test_readme_counts_add_up_to_the_ledger(rows):
-    """The README's block counts each paper claim once, in the bucket its verdict names; checks, proxies and
-    superseded rows apart; items from the item column against the inventory."""
+    """The README's block counts each paper claim once, in the bucket its verdict names; checks, sensitivity rows,
+    proxies and superseded rows apart; items by the strict rule against the inventory."""
     lines = claims.readme_block(rows).splitlines()
     head = next(line for line in lines if line.startswith("| paper |"))
     names = [c.strip() for c in head.strip("|").split("|")][1:]
@@ -251,28 +251,37 @@ def test_readme_counts_add_up_to_the_ledger(rows):
         mine = [r for r in rows if paper == "all" or r["paper"] == paper]
         claim_rows = [r for r in mine if r["role"] == "claim" and not r["proxy_of"] and not r["superseded"]
                       and r["kind"] != "not testable"]
-        assert int(c["agrees"]) == sum(r["verdict"] == "agrees" for r in claim_rows), paper
-        assert int(c["does not agree"]) == sum(r["verdict"] == "does not agree" for r in claim_rows), paper
-        assert int(c["decided"]) == int(c["agrees"]) + int(c["does not agree"]), paper
+        for word in ("agrees", "does not agree", "excluded", "floor"):
+            assert int(c[word]) == sum(r["verdict"] == word for r in claim_rows), (paper, word)
         assert int(c["inconclusive"]) == sum(r["verdict"].startswith("inconclusive") for r in claim_rows), paper
         assert int(c["not run"]) == sum(r["verdict"].startswith("not run") for r in claim_rows), paper
         assert int(c["claims tested"]) == sum(r["kind"] in ("statistical", "exact", "summary")
                                               for r in claim_rows), paper
         superseded = [r for r in mine if r["superseded"]]
         proxies = [r for r in mine if r["proxy_of"] and not r["superseded"]]
-        checks = [r for r in mine if r["role"] == "check" and not r["proxy_of"] and not r["superseded"]]
+        live = [r for r in mine if not r["proxy_of"] and not r["superseded"]]
+        checks = [r for r in live if r["role"] == "check"]
+        sensitivity = [r for r in live if r["role"] == "sensitivity"]
         assert int(c["checks"]) == len(checks), paper
+        assert int(c["sensitivity"]) == len(sensitivity), paper
         assert int(c["proxies"]) == len(proxies), paper
         assert int(c["superseded"]) == len(superseded), paper
-        # every row lands in exactly one of: counted claim, check, proxy, superseded, not testable
+        # every row lands in exactly one of: counted claim, check, sensitivity, proxy, superseded, not testable
         not_testable = [r for r in mine if r["kind"] == "not testable"]
-        assert len(mine) == len(claim_rows) + len(checks) + len(proxies) + len(superseded) + len(not_testable), paper
+        assert len(mine) == (len(claim_rows) + len(checks) + len(sensitivity) + len(proxies) + len(superseded)
+                             + len(not_testable)), paper
         inventory = [i for p, items in claims.INVENTORY.items() if paper in ("all", p) for i in items]
         assert int(c["items"]) == len(inventory), paper
+        assert int(c["testable"]) == int(c["items"]) - int(c["not testable"]), paper
     for paper, items in claims.INVENTORY.items():
-        tested = {i for r in rows if r["paper"] == paper and r["kind"] in ("statistical", "exact", "summary")
-                  and not r["superseded"] for i in claims.items_of(r["item"])}
-        assert int(cells[paper]["items tested"]) == len(tested & set(items)), paper
+        strict = [r for r in rows if r["paper"] == paper and r["role"] == "claim" and not r["proxy_of"]
+                  and not r["superseded"] and r["kind"] == "statistical" and int(r["n"]) >= claims.MIN_N
+                  and len(claims.items_of(r["item"])) <= 2]
+        tested = {i for r in strict for i in claims.items_of(r["item"])} & set(items)
+        decided = {i for r in strict if int(r["n"]) >= 30 and r["verdict"] in ("agrees", "does not agree", "excluded")
+                   for i in claims.items_of(r["item"])} & set(items)
+        assert int(cells[paper]["tested"]) == len(tested), paper
+        assert int(cells[paper]["decided n>=30"]) == len(decided), paper
 
 
 @pytest.mark.parametrize("item, expected", [
@@ -323,13 +332,16 @@ def test_notebook_table_and_counts(rows):
     assert "Table 1 (" in one and "Table 12" not in one and "Table 15" not in one
     t = claims.table("lacache", items=["Table 5"])
     assert t.splitlines()[0].startswith("| item | claim | paper | this run |")
-    assert all("Table 5" in line for line in t.splitlines()[2:])
+    body = [line for line in t.splitlines()[2:] if line.startswith("|")]
+    assert body and all("Table 5" in line for line in body)
+    assert t.splitlines()[-1] == claims.outcomes()  # the five verdict words, explained under the table
+    assert "Table 5" in claims.table("lacache", items=["Table 5"], legend=False).splitlines()[-1]
     assert t._repr_markdown_() == str(t)
     text = claims.table("REFORM", fmt="text")
     assert text.splitlines()[0].split()[0] == "item" and "verdict" in text.splitlines()[0]
     c = claims.counts(rows)
     assert sum(sum(v.values()) for v in c.values()) == sum(claims._counted_claim(r) for r in rows)
-    with pytest.raises(ValueError, match="no claims match"):
+    with pytest.raises(ValueError, match="no live claims match"):
         claims.table("nosuchpaper")
 
 

@@ -30,26 +30,44 @@ Row kinds (column ``kind``):
 
 Four more columns say how a row is counted and checked (:func:`summary`, ``python -m kvlab claims --counts``):
 
-- ``role``: ``claim`` (the paper states it) or ``check`` (an implementation check of kvlab's own: mask = policy,
-  invariants, a comparison the paper does not make). Checks are counted apart from the paper's claims.
-- ``proxy_of``: the id of the score row that this row measures again with another metric (e.g. the answer NLL
-  beside the accuracy). A proxy is shown beside its score row and never counted as a claim of its own.
+- ``role``: ``claim`` (the paper states it), ``sensitivity`` (another configuration of a paper cell whose claim row
+  is the paper's stated configuration: one paper cell, one claim row) or ``check`` (an implementation check of
+  kvlab's own: mask = policy, invariants, a comparison the paper does not make). Checks and sensitivity rows are
+  counted apart from the paper's claims.
+- ``proxy_of``: the id of the score row (the paper's own quantity; a ``not run`` row where that was not measured)
+  that this row measures on another quantity (e.g. the answer NLL where the paper reports accuracy, C4 NLL where it
+  reports zero-shot accuracy). A proxy is shown beside its score row and never counted as a claim of its own.
 - ``superseded``: empty, or why the row's run no longer measures the method (the fix that came after it, or the
-  per-example rows that replace a summary). The row stays for the record with verdict ``superseded`` and counts
-  as neither tested nor decided.
+  per-example rows that replace a summary). The row stays for the record with verdict ``superseded``, counts
+  as neither tested nor decided, and is not shown in the notebooks' tables.
 - ``paper_cell``: the paper's own cell for the comparison, ``"77.18 vs 69.67 (higher is better; Table 1, ...)"``,
   or ``"A better, no number (Fig. 8: ...)"`` / ``"A matches B (...)"`` where the paper gives a figure or a sentence.
   Every statistical paper claim has one, and its ``direction`` must be the one the cell gives for the row's metric
   (:func:`paper_direction`; an NLL row of an accuracy cell flips it), so that no row encodes the paper backwards.
+
+And four that the verdict rule reads (:func:`derive_verdict`):
+
+- ``paper_effect``: the paper's own ``A - B`` in the row's units with how it was translated, ``"-0.0115
+  (ln(8.62/8.72): ..., nats per token)"``, or ``"n/a: why it cannot be"`` (a figure without numbers, another
+  quantity). Every statistical row states it; a number makes the outcome *excluded* possible.
+- ``planned_n``: the n fixed before the run. A row with more examples than planned (topped up after looking) is
+  not decided by the top-up; one that stopped short for time shows its n beside the plan.
+- ``floor``: ``"0.25 (chance: four options)"``: the score at which a method shows nothing on the task (chance, or
+  the model's own floor, with the reason); when no method's score is shown above it, the outcome is *floor*.
+- ``block``: for windows of one stream (not independent samples), the number of consecutive windows resampled
+  together; the row's n then counts blocks.
 
 Coverage: :data:`INVENTORY` lists every numbered table and figure of the five papers; the ``item`` column names
 the ones a row tests (``"Table 5 (...)"``, ``"Tables 2-3, Figs. 5-6 (...)"``, read by :func:`items_of`). An item
 beyond kvlab's reach gets a ``not testable`` row with the concrete reason; one that could be tested but has no
 row yet shows as untested in ``python -m kvlab claims --counts``.
 
-**The verdict rule** (:func:`derive_verdict`), for a statistical row: *agrees* when the 95 % interval of
-``A - B`` excludes 0 on the paper's side, *does not agree* when it excludes 0 on the other side, otherwise
-*inconclusive*. Also inconclusive: fewer than 20 pairs; 0/1 outcomes whose exact McNemar test has p >= 0.05, and
+**The verdict rule** (:func:`derive_verdict`), for a statistical row, has five outcomes: *agrees* when the 95 %
+interval of ``A - B`` excludes 0 on the paper's side, *does not agree* when it excludes 0 on the other side;
+otherwise *floor* when every method's score is indistinguishable from the row's stated floor, *excluded* when the
+interval lies inside plus/minus the paper's own effect (``paper_effect``; for 0/1 outcomes the exact upper bound of
+the discordant share must lie below it too), and *inconclusive* otherwise. Also inconclusive: fewer than 20 pairs
+(or blocks); a run topped up past its ``planned_n``; 0/1 outcomes whose exact McNemar test has p >= 0.05, and
 fractional scores in [0, 1] whose exact sign test on the discordant pairs has p >= 0.05 (the bootstrap is
 optimistic with few discordant pairs); any generation of the pairs that is ``":"`` (a known
 harness bug), or empty generations in more than a tenth of them (not for the teacher-forced metrics of
@@ -57,6 +75,11 @@ harness bug), or empty generations in more than a tenth of them (not for the tea
 row with ``filter``. A row may carry ``systematic``: a known bias bound of the measurement (a finite number
 >= 0 in the metric's units, e.g. the segmented long-stream approximation), by which the interval is widened on
 both sides before the rule is applied.
+
+**Strict coverage** (:func:`strict_row`, :func:`summary`): an item (a numbered table or figure) is *tested* only by a
+live paper-claim row (not a check, sensitivity row, summary, proxy or superseded row) with an interval and n >= 20
+whose ``item`` names at most two items (two that show one experiment; never a range over others); it is *decided on
+the paper's own quantity* when such a row agrees, does not agree or is excluded at n >= 30.
 
 Adding a row: append a line to ``benchmarks/claims.csv`` with the typed columns (``id`` unique, ``paper``,
 ``item`` naming the paper's numbered table or figure first, as ``Table 5 (...)`` or ``Fig. 8 (...)``, ``claim``,
@@ -94,16 +117,17 @@ import numpy as np
 __all__ = ["FIELDS", "KINDS", "ROLES", "PAPERS", "INVENTORY", "ledger_path", "load", "validate", "recompute",
            "derive_verdict", "update", "table", "readme_block", "results_page", "write_readme", "stale_pages",
            "counts", "summary", "counts_text", "items_of", "untested_items", "paper_direction", "lower_is_better",
-           "run_tests", "exact_columns", "main"]
+           "run_tests", "exact_columns", "main", "strict_row", "decided_strictly", "outcomes", "paper_effect",
+           "planned_n", "stated_floor", "block_size", "DECIDED"]
 
 ROOT = Path(__file__).resolve().parents[1]
 FIELDS = ["id", "paper", "item", "claim", "kind", "paper_value", "our_value", "n", "estimate", "ci_low", "ci_high",
           "p_value", "verdict", "model", "differs", "note", "results_file", "metric", "method_a", "method_b",
           "direction", "filter", "systematic", "test", "where", "command", "role", "proxy_of", "superseded",
-          "paper_cell"]
+          "paper_cell", "paper_effect", "planned_n", "floor", "block"]
 COMPUTED = ["our_value", "n", "estimate", "ci_low", "ci_high", "p_value", "verdict"]
 KINDS = ("statistical", "exact", "summary", "not run", "not testable")
-ROLES = ("claim", "check")
+ROLES = ("claim", "check", "sensitivity")
 SUPERSEDED = "superseded"
 NOT_TESTABLE = "not testable here"
 PAPERS = ("SepLLM", "LaCache", "DHSA", "REFORM", "OrthoRank", "kvpress")
@@ -113,7 +137,13 @@ RESAMPLES = 10_000
 README_BEGIN = "<!-- claims:begin -->"
 README_END = "<!-- claims:end -->"
 NO_DATA = "inconclusive (no per-example data)"
-BUCKETS = ("agrees", "does not agree", "inconclusive", "not run")
+BUCKETS = ("agrees", "does not agree", "excluded", "floor", "inconclusive", "not run")
+#: the verdicts that decide a claim: its sign, or that an effect of the paper's size is ruled out
+DECIDED = ("agrees", "does not agree", "excluded")
+#: the ledger's strict rule (:func:`strict_rows`): a claim row tests at most this many numbered items ...
+STRICT_MAX_ITEMS = 2
+#: ... and is decided on the paper's own quantity only from this many independent examples on
+DECIDED_MIN_N = 30
 OTHER_BUCKETS = (SUPERSEDED, NOT_TESTABLE)
 WRITE_COMMAND = "python -m kvlab claims --write-readme"
 
@@ -121,7 +151,8 @@ WRITE_COMMAND = "python -m kvlab claims --write-readme"
 # Every numbered table and figure of the five papers: the items a ledger row can test. Coverage per paper is the
 # share of these with a tested row (:func:`summary`). kvpress is a peer implementation, not a paper: no items.
 INVENTORY: dict[str, tuple[str, ...]] = {
-    "SepLLM": tuple(f"Table {i}" for i in range(1, 18)) + tuple(f"Fig. {i}" for i in (1, 5, 6, 7, 8, 9, 10, 11)),
+    # Fig. 7 is a diagram of the streaming cache (nothing to test); Fig. 2 is the observation the method rests on
+    "SepLLM": tuple(f"Table {i}" for i in range(1, 18)) + tuple(f"Fig. {i}" for i in (1, 2, 5, 6, 8, 9, 10, 11)),
     "LaCache": tuple(f"Table {i}" for i in range(1, 7)) + tuple(f"Fig. {i}" for i in (3, 5, 6, 7, 8, 9, 10)),
     "DHSA": tuple(f"Table {i}" for i in range(1, 4)) + tuple(f"Fig. {i}" for i in (2, 6, 7, 8, 9, 10)),
     "REFORM": tuple(f"Table {i}" for i in range(1, 8)) + tuple(f"Fig. {i}" for i in (2, 3, 4)),
@@ -275,7 +306,7 @@ _NUM = r"-?\d+(?:\.\d+)?"
 _CELL_NUMBERS = re.compile(rf"^(?P<a>{_NUM}) vs (?P<b>{_NUM}) \((?P<sense>higher|lower) is better(?:; (?P<src>.+))?\)$")
 _CELL_WORDS = re.compile(r"^(?:(?P<who>A|B) better, no number|A matches B) \((?P<src>.+)\)$")
 # metrics where a smaller value is the better one (the ledger's own metric names)
-_LOWER_IS_BETTER = re.compile(r"nll|ppl|perplexity|loss|latency|seconds|memory", re.I)
+_LOWER_IS_BETTER = re.compile(r"nll|ppl|perplexity|loss|latency|seconds|memory|flops|attention_map", re.I)
 
 
 def lower_is_better(metric: str) -> bool:
@@ -361,7 +392,7 @@ def validate(rows: list[dict]) -> None:
                     check(r)
                 except ValueError as e:
                     problems.append(str(e))
-            if r["role"] == "claim":
+            if r["role"] in ("claim", "sensitivity"):  # a sensitivity row reads the same paper cell
                 try:
                     expected = paper_direction(r)
                 except ValueError as e:
@@ -515,6 +546,70 @@ def _filter(row: dict):
                          f"{text!r}") from None
 
 
+_LEADING_NUMBER = re.compile(r"^([-+]?\d+(?:\.\d+)?(?:e[-+]?\d+)?)\s+\((.+)\)$", re.I)
+
+
+def paper_effect(row: dict) -> float | None:
+    """The paper's own effect ``A - B`` in this row's units (column ``paper_effect``: ``"-0.0115 (ln(8.62/8.72),
+    nats per token)"``: the number, then how it was translated), or None when the column gives why it cannot be
+    translated (``"n/a: Fig. 2 is a heat map, no number"``)."""
+    text = row.get("paper_effect", "").strip()
+    if not text or text.lower().startswith("n/a:"):
+        return None
+    m = _LEADING_NUMBER.match(text)
+    if not m:
+        raise ValueError(f"claim {row['id']}: column paper_effect must read 'X (how X was translated into the row's "
+                         f"units)' or 'n/a: why it cannot be', got {text!r}")
+    value = float(m.group(1))
+    if not math.isfinite(value) or value == 0:
+        raise ValueError(f"claim {row['id']}: paper_effect must be a finite non-zero A - B, got {text!r}")
+    return value
+
+
+def planned_n(row: dict) -> int | None:
+    """The n fixed before the run (column ``planned_n``), or None."""
+    text = row.get("planned_n", "").strip()
+    if not text:
+        return None
+    if not text.isdigit() or int(text) < 1:
+        raise ValueError(f"claim {row['id']}: column planned_n is a whole number >= 1, got {text!r}")
+    return int(text)
+
+
+def stated_floor(row: dict) -> float | None:
+    """The floor of the row's task (column ``floor``: ``"0.25 (chance: four options)"``), or None."""
+    text = row.get("floor", "").strip()
+    if not text:
+        return None
+    m = _LEADING_NUMBER.match(text)
+    if not m:
+        raise ValueError(f"claim {row['id']}: column floor must read 'X (why X is the floor: chance, or the "
+                         f"model's own floor on the task)', got {text!r}")
+    if lower_is_better(row["metric"]):
+        raise ValueError(f"claim {row['id']}: a floor is stated for scores where higher is better, not for "
+                         f"{row['metric']!r}")
+    return float(m.group(1))
+
+
+def block_size(row: dict) -> int | None:
+    """Consecutive examples (in example order) that form one bootstrap block (column ``block``), or None: for
+    windows of one stream, which are not independent samples."""
+    text = row.get("block", "").strip()
+    if not text:
+        return None
+    if not text.isdigit() or int(text) < 2:
+        raise ValueError(f"claim {row['id']}: column block is the number of consecutive examples per block, a "
+                         f"whole number >= 2, got {text!r}")
+    return int(text)
+
+
+def _blocks(values: np.ndarray, size: int, row_id: str) -> np.ndarray:
+    if values.size % size:
+        raise ValueError(f"claim {row_id}: {values.size} examples do not split into blocks of {size}; choose a "
+                         "block size that divides n")
+    return values.reshape(-1, size).mean(axis=1)
+
+
 #: metrics scored on the gold text, not on the generation: an empty generation does not touch them
 TEACHER_FORCED = ("answer_nll", "nll", "ppl")
 
@@ -593,31 +688,54 @@ def _paired(row: dict) -> tuple[list[str], np.ndarray, np.ndarray | float, int]:
 
 
 def derive_verdict(low: float, high: float, direction: str, n: int, *, p_binary: float | None = None,
-                   p_sign: float | None = None, suspect: int = 0, systematic: float = 0.0) -> str:
+                   p_sign: float | None = None, suspect: int = 0, systematic: float = 0.0,
+                   paper_effect: float | None = None, at_floor: bool = False, planned_n: int | None = None,
+                   discordant_bound: float | None = None) -> str:
     """The verdict rule (module docstring): the 95 % interval ``[low, high]`` of ``A - B`` widened by
-    ``systematic``, the paper's ``direction`` (``a>b`` / ``a<b``), ``n`` pairs, the exact test on the discordant
-    pairs (``p_binary``: McNemar's, for 0/1 outcomes; ``p_sign``: the sign test, for fractional scores in
-    [0, 1]), and the number of suspect generations."""
+    ``systematic``, the paper's ``direction`` (``a>b`` / ``a<b``), ``n`` pairs (or blocks), the exact test on the
+    discordant pairs (``p_binary``: McNemar's, for 0/1 outcomes; ``p_sign``: the sign test, for fractional scores
+    in [0, 1]), and the number of suspect generations.
+
+    The five outcomes, in this order: a run topped up past ``planned_n`` is *inconclusive* (it says so: the
+    examples added after looking decide nothing; a run stopped short of its plan for time is decided as it stands,
+    and the tables show its n beside the plan); an interval that excludes 0 (and an exact test that agrees) *agrees* or *does
+    not agree*; otherwise *floor* when ``at_floor`` (every method's score is indistinguishable from the row's
+    stated floor: chance, or the model's floor on the task); otherwise *excluded* when the interval lies strictly
+    inside ``+-|paper_effect|`` (the paper's effect in the row's units; for 0/1 outcomes also the exact upper
+    bound of the discordant share, ``discordant_bound``, which bounds ``|A - B|``, must lie below it);
+    otherwise *inconclusive*."""
     if direction not in ("a>b", "a<b"):
         raise ValueError(f"direction must be 'a>b' or 'a<b', got {direction!r}")
     if isinstance(systematic, bool) or not (isinstance(systematic, (int, float)) and math.isfinite(systematic)
                                             and systematic >= 0):
         raise ValueError(f"systematic must be a finite number >= 0 (a bias bound), got {systematic!r}")
+    if paper_effect is not None and not (math.isfinite(paper_effect) and paper_effect != 0):
+        raise ValueError(f"paper_effect must be a finite non-zero number (the paper's A - B), got {paper_effect!r}")
     if suspect:
         return f"inconclusive (harness bug: {suspect} answers ':' or empty)"
+    if planned_n is not None and n > planned_n:
+        return f"inconclusive (topped up from the planned n = {planned_n} to {n}; not decided by the top-up)"
     if n < MIN_N:
         return f"inconclusive (n < {MIN_N})"
     low, high = low - systematic, high + systematic
     if not (math.isfinite(low) and math.isfinite(high)):
         raise ValueError(f"the interval [{low}, {high}] is not finite; check the per-example values")
-    if low <= 0 <= high:
-        return "inconclusive"
-    if p_binary is not None and p_binary >= 0.05:
-        return f"inconclusive (McNemar p = {p_binary:.2g})"
-    if p_sign is not None and p_sign >= 0.05:
-        return f"inconclusive (sign test p = {p_sign:.2g})"
-    positive = low > 0
-    return "agrees" if positive == (direction == "a>b") else "does not agree"
+    reason = ""
+    if not low <= 0 <= high:
+        if p_binary is not None and p_binary >= 0.05:
+            reason = f" (McNemar p = {p_binary:.2g})"
+        elif p_sign is not None and p_sign >= 0.05:
+            reason = f" (sign test p = {p_sign:.2g})"
+        else:
+            positive = low > 0
+            return "agrees" if positive == (direction == "a>b") else "does not agree"
+    if at_floor:
+        return "floor"
+    if paper_effect is not None:
+        bound = abs(paper_effect)
+        if -bound < low and high < bound and (discordant_bound is None or discordant_bound < bound):
+            return "excluded"
+    return "inconclusive" + reason
 
 
 def _fmt(x: float) -> str:
@@ -644,13 +762,19 @@ def recompute(row: dict) -> dict:
     if row["kind"] != "statistical":
         raise ValueError(f"claim {row['id']}: only statistical rows are recomputed (kind {row['kind']!r})")
     examples, a, b, suspect = _paired(row)
+    size = block_size(row)
+    if size is not None:  # windows of one stream: resample runs of windows, not single windows
+        if np.isscalar(b):
+            raise ValueError(f"claim {row['id']}: blocks are for paired rows, not a comparison with a constant")
+        a, b = _blocks(a, size, row["id"]), _blocks(np.asarray(b), size, row["id"])
     binary = bool(np.all((a == 0) | (a == 1)) and (np.isscalar(b) or np.all((b == 0) | (b == 1))))
     # fractional scores (string_match_all, F1 ...) are bounded like 0/1 outcomes and, with few discordant
     # pairs, the bootstrap alone is optimistic in the same way: the sign test on the discordant pairs must agree
     bv = np.asarray(b)
     fractional = not binary and bool(np.all((a >= 0) & (a <= 1)) and np.all((bv >= 0) & (bv <= 1)))
-    n = len(examples)
+    n = len(a)
     p_bin = p_sign = None
+    discordant = None
     if np.isscalar(b):
         if binary:
             iv = proportion_interval(int(a.sum()), n, method="exact")
@@ -669,13 +793,34 @@ def recompute(row: dict) -> dict:
         p_bin = p if binary else None
         p_sign = p if fractional else None
         mb = float(b.mean())
+        if binary:  # |mean(A - B)| <= the discordant share: its exact upper bound bounds any effect
+            discordant = proportion_interval(int(np.sum(a != b)), n, method="exact").high
+    floor = stated_floor(row)
+    at_floor = floor is not None and _at_floor(a, b, floor, binary)
     verdict = derive_verdict(low, high, row["direction"], n, p_binary=p_bin, p_sign=p_sign, suspect=suspect,
-                             systematic=_systematic(row))
+                             systematic=_systematic(row), paper_effect=paper_effect(row), at_floor=at_floor,
+                             planned_n=planned_n(row), discordant_bound=discordant)
     if row.get("superseded", "").strip():
         verdict = SUPERSEDED
     return {"our_value": _our_value(row["metric"], float(a.mean()), mb, row["method_b"][1:]), "n": str(n),
             "estimate": _fmt(est), "ci_low": _fmt(low), "ci_high": _fmt(high),
             "p_value": "" if p is None else _fmt(p), "verdict": verdict}
+
+
+def _at_floor(a: np.ndarray, b, floor: float, binary: bool) -> bool:
+    """Whether no method's mean score is shown above ``floor``: the lower end of each one's 95 % interval (exact
+    for 0/1 outcomes, bootstrap otherwise) is at or below it."""
+    from kvlab.eval.stats import paired_bootstrap, proportion_interval
+
+    methods = [a] if np.isscalar(b) else [a, np.asarray(b)]
+    for v in methods:
+        if binary:
+            low = proportion_interval(int(v.sum()), len(v), method="exact").low
+        else:
+            low = paired_bootstrap(v, resamples=RESAMPLES, seed=SEED).low
+        if low > floor:
+            return False
+    return True
 
 
 def update(path: str | Path | None = None, *, run_exact: bool = True) -> list[dict]:
@@ -725,27 +870,72 @@ def _md_cell(s: str) -> str:
     return s.replace("|", "\\|").replace("\n", " ")
 
 
+#: the five outcomes in one short paragraph, printed under every ledger table (:func:`table`, :func:`outcomes`)
+OUTCOMES = (
+    ("agrees", "the 95 % interval of A - B excludes 0 on the paper's side"),
+    ("does not agree", "it excludes 0 on the other side"),
+    ("excluded", "the interval lies inside plus/minus the paper's own effect (column paper_effect, in the row's "
+                 "units): an effect of the paper's size is ruled out here"),
+    ("floor", "every method sits at chance or at the model's floor on the task (a stated floor), so the model "
+              "cannot show the effect at all"),
+    ("inconclusive", "none of these: the interval is too wide, n < 20, an exact test disagrees with the bootstrap, "
+                     "or the run was topped up past its planned n"),
+)
+
+
+def outcomes(fmt: str = "markdown") -> Table:
+    """The five verdict words explained in one short paragraph (shown under every notebook's ledger table)."""
+    if fmt not in ("markdown", "text"):
+        raise ValueError(f"fmt must be 'markdown' or 'text', got {fmt!r}")
+    mark = "**" if fmt == "markdown" else ""
+    return Table("Verdicts: " + "; ".join(f"{mark}{w}{mark}: {why}" for w, why in OUTCOMES) + ". Proxies (another "
+                 "quantity than the paper's), sensitivity rows (another configuration of the same cell) and "
+                 "implementation checks are marked and not counted as claims.")
+
+
+def _n_cell(r: dict) -> str:
+    n, plan = r["n"].strip(), r.get("planned_n", "").strip()
+    if not n:
+        return f"{plan} planned" if plan else ""
+    if block_size(r) is not None:
+        n = f"{n} blocks of {r['block'].strip()}"
+    return f"{n} of {plan} planned" if plan and n.split()[0] != plan else n
+
+
+def _role_mark(r: dict) -> str:
+    if r["proxy_of"].strip():
+        return f" (proxy of {r['proxy_of'].strip()})"
+    if r["role"] in ("check", "sensitivity"):
+        return {"check": " (implementation check)", "sensitivity": " (sensitivity row)"}[r["role"]]
+    return ""
+
+
 def table(paper: str | None = None, items: list[str] | None = None, ids: list[str] | None = None, *,
-          fmt: str = "markdown", path: str | Path | None = None) -> Table:
+          fmt: str = "markdown", path: str | Path | None = None, legend: bool = True) -> Table:
     """The ledger's rows for ``paper`` (``"lacache"``, case-insensitive), optionally only ``items`` (substrings
-    of the item column, e.g. ``["Table 5"]``) or ``ids``, as ``item | paper | this run | n | 95 % CI | verdict``.
+    of the item column, e.g. ``["Table 5"]``) or ``ids``, as ``item | claim | paper | this run | n | 95 % CI |
+    verdict``, with the five verdict words explained below (:func:`outcomes`; ``legend=False`` leaves it out).
+    Superseded rows (runs made before a fix) are not shown; proxies, sensitivity rows and checks say what they are.
 
     ``fmt="markdown"`` (shown rendered in a notebook) or ``"text"`` (aligned columns)."""
     if fmt not in ("markdown", "text"):
         raise ValueError(f"fmt must be 'markdown' or 'text', got {fmt!r}")
-    rows = _select(load(path), paper, items, ids)
+    rows = [r for r in _select(load(path), paper, items, ids) if not r["superseded"].strip()]
     if not rows:
-        raise ValueError(f"no claims match paper={paper!r}, items={items!r}, ids={ids!r}; "
+        raise ValueError(f"no live claims match paper={paper!r}, items={items!r}, ids={ids!r}; "
                          "see benchmarks/claims.csv for the papers and items")
     head = ["item", "claim", "paper", "this run", "n", "95 % CI of A - B", "verdict"]
-    body = [[r["item"], r["claim"], r["paper_value"], r["our_value"], r["n"], _ci(r), r["verdict"]] for r in rows]
+    body = [[r["item"], r["claim"], r["paper_value"], r["our_value"], _n_cell(r), _ci(r),
+             r["verdict"] + _role_mark(r)] for r in rows]
+    below = ["", str(outcomes(fmt))] if legend else []
     if fmt == "markdown":
         lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         lines += ["| " + " | ".join(_md_cell(c) for c in row) + " |" for row in body]
-        return Table("\n".join(lines))
+        return Table("\n".join(lines + below))
     widths = [min(40, max(len(h), *(len(row[i]) for row in body))) for i, h in enumerate(head)]
     fmt_row = lambda cells: "  ".join(c[:w].ljust(w) for c, w in zip(cells, widths))  # noqa: E731
-    return Table("\n".join([fmt_row(head), fmt_row(["-" * w for w in widths])] + [fmt_row(r) for r in body]))
+    return Table("\n".join([fmt_row(head), fmt_row(["-" * w for w in widths])] + [fmt_row(r) for r in body]
+                           + below))
 
 
 def readme_block(rows: list[dict] | None = None) -> str:
@@ -781,20 +971,26 @@ same rows per paper with the command behind each.
 **How a verdict is decided.** A claim is a comparison of method A with method B on the same examples (needles,
 questions, 1,024-token windows, long-stream segments). We compute the mean per-example difference A - B and its
 95 % paired bootstrap interval (`kvlab.eval.paired_bootstrap`: resample the examples with replacement, 10,000
-times, keep the middle 95 % of the mean differences). **agrees**: the interval excludes 0 on the paper's side;
-**does not agree**: it excludes 0 on the other side; **inconclusive** otherwise, and also with fewer than 20
-examples, when the exact test on the discordant pairs (McNemar's for 0/1 outcomes, the sign test for fractional
-scores) has p >= 0.05, or when the examples include a generation the harness is known to get wrong (an answer
-that is just `:`). A known systematic error of a measurement (the segmented long-stream approximation) widens the
-interval first. *exact* rows are mechanism identities: their named tests are run with pytest and the row records
-how many pass. Rows without per-example outcomes (only a mean was stored) say so and decide nothing.
-Perplexity rows compare the NLL of each window, so "ppl x vs y" are the windows' geometric means.
+times, keep the middle 95 % of the mean differences; windows of one stream are resampled in blocks of consecutive
+windows). Five outcomes: **agrees**: the interval excludes 0 on the paper's side; **does not agree**: it excludes 0
+on the other side; **floor**: every method's score is indistinguishable from a stated floor (chance, or the model's
+floor on the task), so the model cannot show the effect; **excluded**: the interval lies inside plus/minus the
+paper's own effect translated into the row's units, so an effect of the paper's size is ruled out; **inconclusive**
+otherwise, and also with fewer than 20 examples, when the exact test on the discordant pairs (McNemar's for 0/1
+outcomes, the sign test for fractional scores) has p >= 0.05, when the run was topped up past its planned n, or
+when the examples include a generation the harness is known to get wrong (an answer that is just `:`). A known
+systematic error of a measurement (the segmented long-stream approximation) widens the interval first. *exact* rows
+are mechanism identities: their named tests are run with pytest and the row records how many pass. Rows without
+per-example outcomes (only a mean was stored) say so and decide nothing. Perplexity rows compare the NLL of each
+window, so "ppl x vs y" are the windows' geometric means.
 
-**What is counted.** *Implementation checks* (kvlab's own tests and comparisons the paper does not make) are
-marked and counted apart from the paper's claims; a *proxy* row (the answer NLL beside an accuracy) follows the
-score row it re-measures and is not counted again; a *superseded* row comes from a run made before a fix and is
-kept for the record only; a *not testable here* row names the reason (a 40B model, a fine-tuning run we cannot
-afford).
+**What is counted.** An item is *tested* only by a live paper-claim row with an interval and n >= 20 that names at
+most two items; it is *decided* when such a row agrees, does not agree or is excluded at n >= 30 on the paper's own
+quantity. *Implementation checks* (kvlab's own tests and comparisons the paper does not make) and *sensitivity rows*
+(another configuration of a cell whose claim row is the paper's stated one) are marked and counted apart from the
+paper's claims; a *proxy* row (another quantity than the paper's: the answer NLL beside an accuracy) follows the
+score row it re-measures and is not counted; a *superseded* row comes from a run made before a fix and is kept for
+the record only; a *not testable here* row names the reason (a 40B model, a fine-tuning run we cannot afford).
 """
 
 
@@ -813,16 +1009,18 @@ def results_page(rows: list[dict] | None = None) -> str:
              "| paper | item | claim (A vs B) | this run | verdict | n | 95 % CI of A - B | where |",
              "|---|---|---|---|---|---|---|---|"]
     for r in _beside(rows):
-        verdict = f"**{r['verdict']}**" if r["verdict"] in ("agrees", "does not agree") else r["verdict"]
+        verdict = f"**{r['verdict']}**" if r["verdict"] in DECIDED + ("floor",) else r["verdict"]
         if r["kind"] == "exact":
             verdict += f" (exact: {r['estimate'] or 0} of {r['n'] or 0} test cases pass)"
         if r["role"] == "check":
             verdict += "; implementation check"
+        if r["role"] == "sensitivity":
+            verdict += "; sensitivity row, not counted"
         if r["proxy_of"].strip():
             verdict += f"; proxy of {r['proxy_of']}, not counted"
         if r["superseded"].strip():
             verdict += f" ({r['superseded']})"
-        cells = [r["paper"], r["item"], r["claim"], r["our_value"], verdict, r["n"], _ci(r), r["where"]]
+        cells = [r["paper"], r["item"], r["claim"], r["our_value"], verdict, _n_cell(r), _ci(r), r["where"]]
         lines.append("| " + " | ".join(_md_cell(c) for c in cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -924,31 +1122,70 @@ def _tested(r: dict) -> bool:
     return r["kind"] in TESTED_KINDS and not r["superseded"].strip()
 
 
+def strict_row(r: dict) -> bool:
+    """Whether a row tests the items its ``item`` cell names, by the ledger's strict rule: a live paper claim (role
+    ``claim``, not a check, sensitivity, proxy or superseded row), statistical (an interval from per-example
+    outcomes; not an exact test or a summary), with n >= :data:`MIN_N`, whose item cell names at most
+    :data:`STRICT_MAX_ITEMS` tables or figures (two that show the same experiment; never a range over others)."""
+    return (_counted_claim(r) and r["kind"] == "statistical" and r["n"].strip().isdigit()
+            and int(r["n"]) >= MIN_N and bool(r["ci_low"].strip()) and bool(r["ci_high"].strip())
+            and 1 <= len(items_of(r["item"])) <= STRICT_MAX_ITEMS)
+
+
+def decided_strictly(r: dict) -> bool:
+    """A strict row (:func:`strict_row`) decided on the paper's own quantity (no proxy) from n >=
+    :data:`DECIDED_MIN_N`: agrees, does not agree or excluded."""
+    return strict_row(r) and int(r["n"]) >= DECIDED_MIN_N and r["verdict"] in DECIDED
+
+
 SUMMARY_COLUMNS = (
     ("items", "numbered tables and figures of the paper"),
-    ("items tested", "items with a tested row"),
-    ("items not testable", "items with only 'not testable here' rows"),
-    ("coverage", "items tested / items"),
-    ("claims tested", "paper-claim rows that ran (statistical, exact or summary; proxies and superseded rows apart)"),
+    ("not testable", "items with only 'not testable here' rows"),
+    ("testable", "items - not testable"),
+    ("tested", "items named by a live paper-claim row with an interval and n >= 20 (strict rule)"),
+    ("coverage", "tested / testable"),
+    ("decided n>=30", "tested items with a row decided (agrees, does not agree, excluded) on the paper's own "
+                      "quantity at n >= 30"),
+    ("decided %", "decided n>=30 / tested"),
+    ("claims tested", "paper-claim rows that ran (statistical, exact or summary; checks, sensitivity rows, proxies "
+                      "and superseded rows apart)"),
     ("agrees", ""),
     ("does not agree", ""),
-    ("decided", "agrees + does not agree"),
-    ("decided %", "decided / claims tested"),
+    ("excluded", "the interval rules out an effect of the paper's size"),
+    ("floor", "every method at chance or at the model's floor"),
     ("inconclusive", ""),
     ("not run", "testable claims not run yet"),
     ("checks", "implementation checks (kvlab's own tests and comparisons the paper does not make)"),
-    ("proxies", "rows measuring a score row again with another metric, shown beside it"),
+    ("sensitivity", "another configuration of a claim row's paper cell, shown beside it"),
+    ("proxies", "rows on another quantity than the paper's (answer NLL for accuracy ...), counted apart"),
     ("superseded", "rows whose run predates a fix (kept for the record)"),
 )
+
+
+def _items(rows: list[dict], paper: str) -> dict[str, set]:
+    inventory = set(INVENTORY.get(paper, ()))
+    mine = [r for r in rows if r["paper"] == paper]
+    named, tested, decided = set(), set(), set()
+    for r in mine:
+        names = set(items_of(r["item"])) & inventory
+        named |= names
+        if strict_row(r):
+            tested |= names
+            if decided_strictly(r):
+                decided |= names
+    not_testable = {i for i in named - tested
+                    if all(r["kind"] == "not testable" for r in mine if i in items_of(r["item"]))}
+    return {"not testable": not_testable, "tested": tested, "decided": decided}
 
 
 def summary(rows: list[dict] | None = None) -> dict[str, dict[str, int | str]]:
     """Per paper (and ``"all"``), the ledger's counts, as :data:`SUMMARY_COLUMNS` names them.
 
-    Items come from :data:`INVENTORY` and the ``item`` column (:func:`items_of`): an item is *tested* when a
-    tested row (kind statistical, exact or summary, not superseded) names it, *not testable* when its only rows
-    are ``not testable`` ones. Rows are counted once: a paper claim (role ``claim``) that is not a proxy and not
-    superseded; checks, proxies and superseded rows have their own columns."""
+    Items come from :data:`INVENTORY` and the ``item`` column (:func:`items_of`): an item is *tested* only by a
+    strict row (:func:`strict_row`), *decided* when such a row is decided on the paper's own quantity at n >= 30
+    (:func:`decided_strictly`), *not testable* when its only rows are ``not testable`` ones. Rows are counted once:
+    a paper claim (role ``claim``) that is not a proxy and not superseded; checks, sensitivity rows, proxies and
+    superseded rows have their own columns."""
     rows = load() if rows is None else rows
     papers = list(PAPERS) + sorted({r["paper"] for r in rows} - set(PAPERS))
     out: dict[str, dict] = {}
@@ -957,47 +1194,37 @@ def summary(rows: list[dict] | None = None) -> dict[str, dict[str, int | str]]:
         mine = [r for r in rows if r["paper"] == paper]
         if not mine and not INVENTORY.get(paper):
             continue
-        inventory = INVENTORY.get(paper, ())
-        tested_items, named_items = set(), set()
-        for r in mine:
-            names = set(items_of(r["item"])) & set(inventory)
-            named_items |= names
-            if _tested(r):
-                tested_items |= names
-        not_testable = {i for i in named_items - tested_items
-                        if all(r["kind"] == "not testable" for r in mine if i in items_of(r["item"]))}
+        items = _items(rows, paper)
         claims_ = [r for r in mine if _counted_claim(r)]
-        tested = [r for r in claims_ if _tested(r)]
         c = Counter(_bucket(r["verdict"]) for r in claims_)
-        row = {"items": len(inventory), "items tested": len(tested_items), "items not testable": len(not_testable),
-               "claims tested": len(tested), "agrees": c["agrees"], "does not agree": c["does not agree"],
-               "decided": c["agrees"] + c["does not agree"], "inconclusive": c["inconclusive"],
-               "not run": c["not run"],
-               "checks": sum(r["role"] == "check" and not r["proxy_of"].strip() and not r["superseded"].strip()
-                             for r in mine),
+        live = [r for r in mine if not r["proxy_of"].strip() and not r["superseded"].strip()]
+        n_items = len(INVENTORY.get(paper, ()))
+        row = {"items": n_items, "not testable": len(items["not testable"]),
+               "testable": n_items - len(items["not testable"]), "tested": len(items["tested"]),
+               "decided n>=30": len(items["decided"]),
+               "claims tested": sum(_tested(r) for r in claims_),
+               **{b: c[b] for b in BUCKETS},
+               "checks": sum(r["role"] == "check" for r in live),
+               "sensitivity": sum(r["role"] == "sensitivity" for r in live),
                "proxies": sum(bool(r["proxy_of"].strip()) and not r["superseded"].strip() for r in mine),
                "superseded": sum(bool(r["superseded"].strip()) for r in mine)}
         total.update(row)
         out[paper] = row
     out["all"] = dict(total)
     for row in out.values():
-        row["coverage"] = f"{100 * row['items tested'] / row['items']:.0f} %" if row["items"] else "-"
-        row["decided %"] = (f"{100 * row['decided'] / row['claims tested']:.0f} %" if row["claims tested"]
-                            else "-")
-        row.update({k: row[k] for k, _ in SUMMARY_COLUMNS})  # column order
+        row["coverage"] = f"{100 * row['tested'] / row['testable']:.0f} %" if row["testable"] else "-"
+        row["decided %"] = f"{100 * row['decided n>=30'] / row['tested']:.0f} %" if row["tested"] else "-"
     return {p: {k: row[k] for k, _ in SUMMARY_COLUMNS} for p, row in out.items()}
 
 
 def untested_items(rows: list[dict] | None = None) -> dict[str, list[str]]:
-    """Per paper, the numbered tables and figures with no tested row and no 'not testable' row."""
+    """Per paper, the numbered tables and figures that no strict row tests (:func:`strict_row`) and that are not
+    'not testable here'."""
     rows = load() if rows is None else rows
     out = {}
     for paper, inventory in INVENTORY.items():
-        named = set()
-        for r in rows:
-            if r["paper"] == paper and (_tested(r) or r["kind"] == "not testable"):
-                named |= set(items_of(r["item"]))
-        out[paper] = [i for i in inventory if i not in named]
+        items = _items(rows, paper)
+        out[paper] = [i for i in inventory if i not in items["tested"] | items["not testable"]]
     return out
 
 
@@ -1018,7 +1245,7 @@ def counts_text(rows: list[dict] | None = None, *, fmt: str = "text") -> str:
     lines += ["  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))
               for cells in body]
     missing = untested_items(rows)
-    lines += ["", "items with no tested row and no 'not testable' row:"]
+    lines += ["", "testable items no strict row tests (a live claim row with an interval, n >= 20, naming at most two items):"]
     lines += [f"  {p}: {', '.join(m)}" for p, m in missing.items() if m]
     return "\n".join(lines)
 

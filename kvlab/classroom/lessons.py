@@ -38,7 +38,7 @@ from dataclasses import dataclass
 __all__ = ["Assignment", "LESSONS_DIR", "bundle", "grade", "lessons", "make", "main", "solution_leaks",
            "written_questions"]
 
-LESSONS_DIR = pathlib.Path(__file__).resolve().parent.parent / "lessons"
+LESSONS_DIR = pathlib.Path(__file__).resolve().parents[2] / "lessons"
 
 
 @dataclass(frozen=True)

@@ -120,7 +120,7 @@ __all__ = ["FIELDS", "KINDS", "ROLES", "PAPERS", "INVENTORY", "ledger_path", "lo
            "run_tests", "exact_columns", "main", "strict_row", "decided_strictly", "outcomes", "paper_effect",
            "planned_n", "stated_floor", "block_size", "DECIDED"]
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]  # the repository: kvlab/experiments/claims.py
 FIELDS = ["id", "paper", "item", "claim", "kind", "paper_value", "our_value", "n", "estimate", "ci_low", "ci_high",
           "p_value", "verdict", "model", "differs", "note", "results_file", "metric", "method_a", "method_b",
           "direction", "filter", "systematic", "test", "where", "command", "role", "proxy_of", "superseded",

@@ -881,7 +881,7 @@ def run_leaderboard(grid: str | dict = "tiny", out=DEFAULT_OUT, *, workers: int 
     elif run:
         report = run_sweep(cells, out / "cells", scheduler=scheduler, workers=workers, progress=progress,
                            gpu_workers=gpu_workers if scheduler is None else 0, workers_per_gpu=workers_per_gpu,
-                           python_path=[str(Path(__file__).resolve().parents[1])])
+                           python_path=[str(Path(__file__).resolve().parents[2])])
     rows = collect(out, cells)
     if rows:
         with open(written.claim("leaderboard.csv"), "w", newline="") as f:

@@ -378,7 +378,7 @@ def _scoring_of_a_run(args, h: int, hk: int, d: int, w: int) -> list[dict[str, A
     from kvlab.reform.reference import h2o_scores
     from kvlab.reform.triton import h2o_scores_triton
 
-    heads = json.loads((Path(__file__).parent / "heads" / "smollm2-135m.json").read_text())
+    heads = json.loads((Path(__file__).resolve().parents[2] / "reform" / "heads" / "smollm2-135m.json").read_text())
     layers = int(heads["early_exit_layer"])
     calls = (args.run_tokens // args.chunk_size - 1) * layers
     n = args.budget + args.chunk_size
@@ -411,7 +411,7 @@ def run_profile(args) -> int:
         require_cuda()
     dtype = getattr(torch, args.dtype)
     model = random_smollm2(device, dtype)
-    heads = load_heads(args.heads or str(Path(__file__).parent / "heads" / "smollm2-135m.json"), model)
+    heads = load_heads(args.heads or str(Path(__file__).resolve().parents[2] / "reform" / "heads" / "smollm2-135m.json"), model)
     settings = dict(chunk_size=args.chunk_size, budget=args.budget, recompute_budget=args.budget, heads=heads,
                     n_initial=args.n_initial, n_recent=args.n_recent, n_final=args.n_final, progress=False)
     gen = torch.Generator().manual_seed(0)

@@ -27,7 +27,7 @@ from pathlib import Path
 from kvlab.kernels.benchmarking import (allow_many_compiles, bench_ms, device_info, fmt_table, ints, random_qkv,
                                         require_cuda, spin, write_outputs)
 
-DATA = Path(__file__).resolve().parent / "data"  # package data: works from a wheel too
+DATA = Path(__file__).resolve().parents[2] / "sepllm" / "data"  # package data: works from a wheel too
 
 __all__ = ["main", "load_separators", "roofline", "tile_work"]
 

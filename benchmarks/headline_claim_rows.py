@@ -121,7 +121,9 @@ def main(argv: list[str] | None = None) -> int:
     rows = claims.load()
     fields = list(rows[0])
     have = {r["id"] for r in rows}
-    rows += [{k: str(r.get(k, "")) for k in fields} for r in new if r["id"] not in have]
+    # 'inconclusive' until the update below recomputes n, the interval and the verdict from the records (the ledger
+    # refuses an empty verdict)
+    rows += [{k: str(r.get(k, "")) for k in fields} | {"verdict": "inconclusive"} for r in new if r["id"] not in have]
     claims.save(rows)
     claims.update()
     print(f"added {sum(r['id'] not in have for r in new)} rows; recomputed the ledger")

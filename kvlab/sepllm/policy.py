@@ -123,9 +123,11 @@ class SepLLM(Policy):
         static cache holds a count per row), so the static engine runs SepLLM batched."""
         pos = view.positions
         keep = (pos < self.init) | (view.seen - pos < self.neighbors) | self._static_far(view)
-        if self.full_layers:
-            full = torch.tensor(sorted({i % view.num_layers for i in self.full_layers}), device=pos.device)
-            keep = keep | torch.isin(view.layer, full)[:, None]
+        if self.full_layers:  # compared one layer at a time: no host-to-device copy (legal inside a CUDA graph capture)
+            full = torch.zeros_like(view.layer, dtype=torch.bool)
+            for layer in sorted({i % view.num_layers for i in self.full_layers}):
+                full |= view.layer == layer
+            keep = keep | full[:, None]
         return keep
 
     def __repr__(self) -> str:

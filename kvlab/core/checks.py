@@ -151,27 +151,36 @@ def _matches(value: Any, declared: Any) -> bool | None:
         results = [_matches(value, a) for a in args]
         return True if any(r is True for r in results) else (None if any(r is None for r in results) else False)
     if origin is None:
-        if not isinstance(declared, type):
-            return None
-        if declared is float:
-            return isinstance(value, (int, float)) and not isinstance(value, bool)
-        if isinstance(value, bool) and declared is not bool:
-            return False
-        return isinstance(value, declared)
+        return _matches_plain(value, declared)
     if origin in (list, tuple, set, frozenset):
-        if not isinstance(value, (list, tuple)) if origin in (list, tuple) else not isinstance(value, origin):
-            return False
-        if not args:
-            return True
-        if origin is tuple and not (len(args) == 2 and args[1] is Ellipsis):
-            return len(value) == len(args) and all(_matches(v, a) is not False for v, a in zip(value, args))
-        return all(_matches(v, args[0]) is not False for v in value)
+        return _matches_sequence(value, origin, args)
     if origin is dict:
-        if not isinstance(value, dict):
-            return False
-        return not args or all(_matches(k, args[0]) is not False and _matches(v, args[1]) is not False
-                               for k, v in value.items())
+        return isinstance(value, dict) and (not args or all(
+            _matches(k, args[0]) is not False and _matches(v, args[1]) is not False for k, v in value.items()))
     return None
+
+
+def _matches_plain(value: Any, declared: Any) -> bool | None:
+    """A bare class: an int is a float, a bool is no int."""
+    if not isinstance(declared, type):
+        return None
+    if declared is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if isinstance(value, bool) and declared is not bool:
+        return False
+    return isinstance(value, declared)
+
+
+def _matches_sequence(value: Any, origin: type, args: tuple) -> bool:
+    """``list[T]``, ``tuple[T, ...]``, ``tuple[A, B]``, ``set[T]``: the container, then every element."""
+    container = (list, tuple) if origin in (list, tuple) else origin
+    if not isinstance(value, container):
+        return False
+    if not args:
+        return True
+    if origin is tuple and not (len(args) == 2 and args[1] is Ellipsis):
+        return len(value) == len(args) and all(_matches(v, a) is not False for v, a in zip(value, args))
+    return all(_matches(v, args[0]) is not False for v in value)
 
 
 def _numbers(value: Any):

@@ -445,6 +445,25 @@ def write_sidecar(pt_path, meta: dict, **extra) -> Path:
     return side
 
 
+def _chosen_layers(model, spec: str, dhsa_layers) -> list[int]:
+    """``--layers``: "global" (no sliding window), "all", or a list such as "0,5,11"."""
+    if spec == "global":
+        return dhsa_layers(model)
+    if spec == "all":
+        return list(range(model.config.num_hidden_layers))
+    return [int(x) for x in spec.split(",")]
+
+
+def _keep_first_layers(model, keep: int) -> int:
+    """Labels and keys of the first layers need only those layers: the model runs no others. Returns ``keep``."""
+    if keep < model.config.num_hidden_layers:
+        model.model.layers = model.model.layers[:keep]
+        model.config.num_hidden_layers = keep
+        if getattr(model.config, "layer_types", None):
+            model.config.layer_types = model.config.layer_types[:keep]
+    return keep
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m kvlab.dhsa.training",
@@ -511,18 +530,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(args.seed)
     model, tok = load_model(args.model, dtype=torch.float32, device=args.device)
     n_layers = model.config.num_hidden_layers
-    if args.layers == "global":
-        layers = dhsa_layers(model)
-    elif args.layers == "all":
-        layers = list(range(n_layers))
-    else:
-        layers = [int(x) for x in args.layers.split(",")]
-    keep = max(layers) + 1
-    if keep < n_layers:  # labels and keys of the first layers need only those layers: run no others
-        model.model.layers = model.model.layers[:keep]
-        model.config.num_hidden_layers = keep
-        if getattr(model.config, "layer_types", None):
-            model.config.layer_types = model.config.layer_types[:keep]
+    layers = _chosen_layers(model, args.layers, dhsa_layers)
+    keep = _keep_first_layers(model, max(layers) + 1)
     rope_theta = None
     if args.unrotate:
         rope = getattr(model.config, "rope_parameters", None) or {}

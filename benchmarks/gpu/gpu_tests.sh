@@ -9,7 +9,7 @@
 #
 # Three pytest runs, one log and one JUnit XML each (per-test outcomes and times), under
 # $KVLAB_RESULTS/benchmarks/results/gpu_tests/:
-#   static_engine  tests/test_static_triton.py, whole, and the dead-slot test of tests/test_robustness_round4.py
+#   static_engine  tests/test_static_triton.py, whole, and the dead-slot test of tests/test_bad_inputs.py
 #                  (the static engine's kernel against its float64 oracle, dead slots, tuned configs, CUDA graphs)
 #   triton         the Triton-marked tests (`-m triton`) of the kernel files (DHSA, OrthoRank, ragged decode,
 #                  REFORM, separator attention), compiled for the GPU
@@ -51,7 +51,7 @@ print("torch", torch.__version__, "triton", triton.__version__,
       "device", torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu (interpreter)")
 EOF
 
-STATIC=(tests/test_static_triton.py tests/test_robustness_round4.py::test_static_triton_opt_in_configs_ignore_dead_slots)
+STATIC=(tests/test_static_triton.py tests/test_bad_inputs.py::test_static_triton_opt_in_configs_ignore_dead_slots)
 TRITON=(tests/test_dhsa.py tests/test_dhsa_chunking.py tests/test_dhsa_kernel.py tests/test_dhsa_protocol.py
         tests/test_orthorank.py tests/test_ragged_decode.py tests/test_reform.py tests/test_sep_attention.py)
 CUDA=(tests/test_dhsa_needle_fast.py tests/test_fast_decode.py)  # the kernel files' cuda tests are Triton-marked

@@ -1,4 +1,5 @@
-"""Issue 27, "no silent wrong results, round 3": one test per case, named after it.
+"""Refusals: each case that gave a silent wrong result, an unclear error or a fault is now a clear error naming the
+input, the constraint and the fix (sweeps, the leaderboard, caches, REFORM's heads, fetching), one test per case.
 
 Silent wrong results first, then unclear errors, then faults, then the two-process thread case. DHSA's argument
 cases (``scale``, ``predict_boundaries``, ``share_heads``) are tested with DHSA.

@@ -1,4 +1,4 @@
-"""Hostile-user cases of the fifth round, one test each (each failed before its fix), by class:
+"""Hostile-user cases, one test each (each failed before its fix), by class:
 
 - data loss: kvlab deleted or overwrote a file it did not write;
 - silent wrong results: a run finished and reported something wrong;
@@ -230,7 +230,7 @@ def test_validate_refuses_a_comparison_of_a_method_with_itself():
 
 
 def test_validate_refuses_a_verdict_outside_the_vocabulary():
-    row = _row(kind="exact", verdict="Agrees", test="tests/test_robustness_round5.py::"
+    row = _row(kind="exact", verdict="Agrees", test="tests/test_output_rule_and_parameters.py::"
                                                     "test_validate_refuses_a_verdict_outside_the_vocabulary")
     with pytest.raises(ValueError, match="verdict 'Agrees' is not one of"):
         claims.validate([row])
@@ -239,7 +239,7 @@ def test_validate_refuses_a_verdict_outside_the_vocabulary():
 
 
 def test_validate_refuses_an_exact_row_whose_test_is_only_named_in_a_docstring():
-    row = _row(kind="exact", verdict="agrees", test="tests/test_robustness_round5.py::test_only_named_in_a_docstring")
+    row = _row(kind="exact", verdict="agrees", test="tests/test_output_rule_and_parameters.py::test_only_named_in_a_docstring")
     with pytest.raises(ValueError, match="defines no test function 'test_only_named_in_a_docstring'"):
         claims.validate([row])
 

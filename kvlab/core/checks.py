@@ -287,19 +287,26 @@ def _injected_names(history: Any) -> list[str]:
     import ast
 
     names: list[str] = []
-    if not isinstance(history, (list, tuple)):
-        return names
-    for source in history:
-        if not isinstance(source, str) or not source.lstrip().startswith("# Parameters"):
-            continue
-        try:
-            tree = ast.parse(source)
-        except SyntaxError:
-            continue
+    for tree in _history_trees(history, lambda source: source.lstrip().startswith("# Parameters")):
         for node in tree.body:
             if isinstance(node, ast.Assign):
                 names += [t.id for t in node.targets if isinstance(t, ast.Name) and t.id not in names]
     return names
+
+
+def _history_trees(history: Any, accept):
+    """The parsed cells of IPython's input history ``In`` whose source ``accept`` takes (cells that do not parse are
+    skipped)."""
+    import ast
+
+    if not isinstance(history, (list, tuple)):
+        return
+    for source in history:
+        if isinstance(source, str) and accept(source):
+            try:
+                yield ast.parse(source)
+            except SyntaxError:
+                continue
 
 
 def _declared_defaults(history: Any, annotations: dict) -> dict[str, Any]:
@@ -310,15 +317,7 @@ def _declared_defaults(history: Any, annotations: dict) -> dict[str, Any]:
     import ast
 
     found: dict[str, Any] = {}
-    if not isinstance(history, (list, tuple)):
-        return found
-    for source in history:
-        if not isinstance(source, str) or ":" not in source:
-            continue
-        try:
-            tree = ast.parse(source)
-        except SyntaxError:
-            continue
+    for tree in _history_trees(history, lambda source: ":" in source):
         for node in tree.body:
             if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value is not None
                     and node.target.id in annotations and node.target.id not in found):

@@ -134,7 +134,7 @@ def test_benches_write_under_build_by_default(method, monkeypatch):
         raise Parsed(self.get_default("out"))
 
     monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse_args)
-    module = importlib.import_module(f"kvlab.{method}.bench")
+    module = importlib.import_module(f"kvlab.experiments.bench.{method}")
     with pytest.raises(Parsed) as got:
         module.main(["ops"] if method != "orthorank" else ["layer"])
     assert not str(got.value.args[0]).startswith("benchmarks"), got.value.args[0]

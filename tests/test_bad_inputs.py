@@ -136,7 +136,7 @@ def test_sweep_refuses_a_notebook_parameter_the_notebook_does_not_declare(tmp_pa
     nbformat.write(nb, path)
     monkeypatch.setattr(sweep, "local_cluster", _no_cluster)
     tasks = sweep.grid_tasks(str(path), {"max_tokenz": [8, 16]})
-    with pytest.raises(ValueError, match=r"declares no parameter \['max_tokenz'\].*declares \['max_tokens'\]"):
+    with pytest.raises(ValueError, match=r"declares no parameter max_tokenz \(did you mean 'max_tokens'\?\).*declares \['max_tokens'\]"):
         sweep.run_sweep(tasks, tmp_path / "out", workers=1, progress=False)
     assert not (tmp_path / "out").exists() or not list((tmp_path / "out").iterdir())
 

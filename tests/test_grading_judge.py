@@ -119,7 +119,9 @@ def test_a_class_of_8_with_a_killer_and_a_hanger_grades_the_other_6_within_2x_an
     honest_held = sorted(v for k, v in held.items() if k != "sleeper.ipynb")
     extra = held["sleeper.ipynb"] - honest_held[len(honest_held) // 2]
     assert extra <= grading.IDLE_BUDGET + grading.IDLE_FLOOR + 1.0, held
-    assert extra / 2 <= 0.2 * sum(honest_held) * 8 / 7 / 2, held
+    # at two slots the class's wall time grows by at most half the extra slot time: under 20 % of the honest
+    # class's wall time (the criterion; the slots alone are a fraction of a second on this assignment)
+    assert extra / 2 <= 0.2 * times["honest"], (held, times)
 
 
 def test_plain_data_round_trips_and_subclasses_equal_nothing():

@@ -105,7 +105,8 @@ def _pair(run: Run, metric: str, a: str, b: str, x: list, y: list) -> None:
 
 def gsm8k_methods(run: Run, model, tokenizer, problems, exemplars, separators, args) -> dict:
     from kvlab.eval.gsm8k import gsm8k_generate, gsm8k_generate_static
-    from kvlab.policies import H2O, Full, SepLLM, StreamingLLM
+    from kvlab.policies import H2O, FixLLM, Full, SepLLM, StreamingLLM
+    from kvlab.sepllm.separators import SEPARATOR_SETS, separator_ids
 
     ids = [f"gsm8k-test-{i:04d}" for i in range(len(problems))]
     targets = [p["answer"].split("####")[-1].strip() for p in problems]
@@ -154,21 +155,37 @@ def gsm8k_methods(run: Run, model, tokenizer, problems, exemplars, separators, a
             print(f"    [{stop!r}] {text[-160:]!r}", flush=True)
         run.save()
 
+    want = set(args.methods.split(","))
     sep = f"SepLLM (n={NEIGHBORS})"
-    one("Vanilla", Full())
-    one(sep, SepLLM(INIT, NEIGHBORS, separators=separators))
+    if "vanilla" in want:
+        one("Vanilla", Full())
+    one(sep, SepLLM(INIT, NEIGHBORS, separators=separators))  # every pair is read against it
     lengths = [(n, max(len(tokenizer(x, add_special_tokens=False).input_ids), 1))
                for n, x in zip(prompt_len, results[sep].raw)]
     budget = matched_budget(results[sep].mean_kv_ratio / 100, lengths)
     matched = f"StrmLLM (n={budget - INIT + 1}, r.KV matched)"  # n counts the query, as in n=256: 255 kept
     run.meta["matched_budget"] = budget
-    one(matched, StreamingLLM(sink=INIT, window=budget - INIT, positions="original"))
-    one(f"StrmLLM (n={NEIGHBORS})", StreamingLLM(sink=INIT, window=NEIGHBORS - 1, positions="original"))
-    for other in [m for m in results if m != sep]:
+    if "matched" in want:
+        one(matched, StreamingLLM(sink=INIT, window=budget - INIT, positions="original"))
+    strm = f"StrmLLM (n={NEIGHBORS})"
+    if "strm256" in want:
+        one(strm, StreamingLLM(sink=INIT, window=NEIGHBORS - 1, positions="original"))
+    # Table 16: four common separators, then only ". ?" (the official sets of kvlab.sepllm.separators)
+    four, two = f"SepLLM . , ? ; (n={NEIGHBORS})", f"SepLLM . ? (n={NEIGHBORS})"
+    for key, name in (("4", four), ("2", two)):
+        if f"sep{key}" in want:
+            one(name, SepLLM(INIT, NEIGHBORS, separators=separator_ids(tokenizer, SEPARATOR_SETS[key])))
+    # Table 17: FixLLM, one kept entry every 4 or 5 positions instead of the separators
+    for d in (4, 5):
+        if f"fix{d}" in want:
+            one(f"FixLLM (interval={d}, n={NEIGHBORS})", FixLLM(INIT, NEIGHBORS, d))
+    pairs = [(sep, other) for other in results if other != sep]
+    pairs += [(a, b) for a, b in ((four, two), (two, strm), (four, matched)) if a in results and b in results]
+    for a, b in pairs:
         for metric in ("flexible", "strict"):
-            _pair(run, f"gsm8k_{metric}", sep, other, getattr(results[sep], metric), getattr(results[other], metric))
+            _pair(run, f"gsm8k_{metric}", a, b, getattr(results[a], metric), getattr(results[b], metric))
     run.save()
-    if args.h2o:
+    if args.h2o and "h2o" in want:
         name = f"H2O (budget={budget})"
         one(name, H2O(budget, positions="original"), static=False, subset=args.h2o)
         n = len(results[name].flexible)
@@ -240,6 +257,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--h2o-seconds", type=float, default=90.0, help="H2O stops after the problem that passes this")
     ap.add_argument("--part", choices=["gsm8k", "mmlu"], required=True, help="the GSM8K or the MMLU half of Table 1 "
                     "(two processes: they share a GPU, the hooks-engine MMLU barely loads it)")
+    ap.add_argument("--methods", default="vanilla,sepllm,matched,strm256,h2o",
+                    help="GSM8K methods beside SepLLM (always run): vanilla, matched, strm256, h2o (Tables 1, 15); "
+                         "sep4, sep2 (Table 16: four and two separators); fix4, fix5 (Table 17: FixLLM)")
+    ap.add_argument("--stem", default=None, help="results file stem (default table1_<part>)")
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--device", default="auto")
     ap.add_argument("--out", required=True)
@@ -252,9 +273,9 @@ def main(argv: list[str] | None = None) -> int:
     model, tokenizer = kvlab.load_model(args.model, device=device)
     separators = separator_ids(tokenizer)
     gpu = torch.cuda.get_device_name() if device == "cuda" else platform.processor() or platform.machine()
-    run = Run(args.out, f"table1_{args.part}", {
+    run = Run(args.out, args.stem or f"table1_{args.part}", {
         "model": args.model, "device": gpu, "dtype": str(next(model.parameters()).dtype), "init": INIT,
-        "neighbors": NEIGHBORS, "separators": len(separators), "planned": {
+        "neighbors": NEIGHBORS, "separators": len(separators), "methods": args.methods, "planned": {
             "gsm8k": args.gsm8k, "h2o": args.h2o} if args.part == "gsm8k" else {
             "mmlu": args.mmlu_subjects * args.mmlu_questions},
         "command": "python benchmarks/sepllm_headline.py " + " ".join(argv if argv is not None else sys.argv[1:])})

@@ -59,7 +59,8 @@ case "${1:-}" in
     rm -f .cache/gpu/gguf.part*
     split -n 3 -d -a 1 --numeric-suffixes=1 "$src/assets/smollm2-135m/$GGUF" .cache/gpu/gguf.part
     # the corpora fetched here (a missing one is left out and named)
-    have=(); for c in austen c4-sample paul-graham shakespeare gsm8k gsm8k-cot-prompt wikitext mmlu piqa arc-easy squad; do
+    have=(); for c in austen c4-sample paul-graham shakespeare gsm8k gsm8k-cot-prompt wikitext mmlu piqa arc-easy squad \
+        winogrande hellaswag arc-challenge; do
       if [ -d "$src/assets/$c" ]; then have+=("assets/$c"); else echo "gpu_stage: $c not fetched here, not packed"; fi
     done
     tar -C "$src" -cJf .cache/gpu/corpora.tar.xz "${have[@]}"

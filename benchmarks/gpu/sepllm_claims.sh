@@ -12,6 +12,7 @@
 # 2. Needle (Figs. 8-11): 4 lengths (1K-4K) x 16 depths = 64 cells per policy, SepLLM's streaming cache
 #    (4, 32, 224, 324) vs StreamingLLM (4 + 320), and the basic design n=64 H/T with and without separators.
 #    Planned n: the earlier 15-cell answer-NLL difference had SD ~0.1 with mean 0.03: 64 cells give SE ~0.013.
+# PARTS="needle" runs the needle half alone (default "gsm8k needle").
 # Writes $KVLAB_RESULTS/benchmarks/results/sepllm/claims/{table9,table16,table17}_gsm8k_n256.{json,examples.jsonl},
 # needle_{streaming,basic}.{json,examples.jsonl} and run.log; prints progress and per-pair statistics.
 set -uo pipefail
@@ -29,10 +30,12 @@ else
 fi
 {
   command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name --format=csv,noheader
-  echo "== gsm8k: Tables 17, 16, 9"
-  t0=$(date +%s)
-  "$PY" -m kvlab.experiments.sepllm gsm8k --neighbors 256 "${GSM[@]}" --out "$D" 2>&1 | grep --line-buffered -v "Loading weights"
-  echo "gsm8k: $(( $(date +%s) - t0 )) s"
+  if [[ " ${PARTS:-gsm8k needle} " == *" gsm8k "* ]]; then
+    echo "== gsm8k: Tables 17, 16, 9"
+    t0=$(date +%s)
+    "$PY" -m kvlab.experiments.sepllm gsm8k --neighbors 256 "${GSM[@]}" --out "$D" 2>&1 | grep --line-buffered -v "Loading weights"
+    echo "gsm8k: $(( $(date +%s) - t0 )) s"
+  fi
   echo "== needle: Figs. 8-11"
   t0=$(date +%s)
   "$PY" -m kvlab.experiments.sepllm needle "${NEEDLE[@]}" --out "$D" 2>&1 | grep --line-buffered -v "Loading weights"

@@ -1,9 +1,10 @@
-"""DHSA App. D (Figs. 7-10) on a CPU: prefill latency and memory of block-sparse vs dense attention, and decode time
-and cache memory of dense vs a decode-stage KV compression (StreamingLLM) as the context grows, with repeats paired
-by round, on SmolLM2-135M-Instruct (float32, one thread; every layer is global, so DHSA's patterns apply to all).
+"""DHSA App. D (Figs. 7-10): prefill latency and memory of block-sparse vs dense attention, and decode time and
+memory of dense vs a decode-stage KV compression (StreamingLLM) as the context grows, with repeats paired by round,
+on SmolLM2-135M-Instruct (float32; every layer is global, so DHSA's patterns apply to all).
 
-    python benchmarks/dhsa_cpu_latency.py decode --out DIR [--contexts 512,4096 --cache 128 --rounds 20 --steps 8]
-    python benchmarks/dhsa_cpu_latency.py prefill --out DIR [--length 1024 --budget 256 --blocks 64,128 --rounds 20]
+    python benchmarks/dhsa_app_d_costs.py decode --out DIR [--contexts 512,4096 --cache 128 --rounds 20 --steps 8]
+    python benchmarks/dhsa_app_d_costs.py decode --device cuda --out DIR [--contexts 1024,4096,8192 --cache 128,2048]
+    python benchmarks/dhsa_app_d_costs.py prefill --out DIR [--length 1024 --budget 256 --blocks 64,128 --rounds 20]
 
 ``decode``: every (context, method) cell gets one prefill of ``context`` WikiText tokens in one piece (its time is
 recorded once, as ``prefill_ms`` in the config), then the cells decode in turns, ``--steps`` greedy tokens each, for
@@ -11,7 +12,14 @@ recorded once, as ``prefill_ms`` in the config), then the cells decode in turns,
 every cell alike. One record per (round, cell) and metric: ``decode_latency_ms`` (mean ms per token of the round)
 and ``decode_cache_memory_bytes`` (bytes of keys and values the cache holds after the round). Methods: ``dense``
 (the full cache) and ``streamingllm{cache}`` (4 sinks, ``--cache`` entries per layer; App. D's decode-stage methods
-hold 128); example ids ``round07``, method ``dense@4096``.
+hold 128; ``--cache`` may list several sizes); example ids ``round07``, method ``dense@4096``.
+
+``decode --device cuda`` (App. D's own measurement, ``torch.cuda.max_memory_allocated``): every round, every cell in
+the rotating order starts alone on the GPU (the previous cell's cache freed), prefills its context, then decodes
+``--steps`` greedy tokens. Records per (round, cell): ``prefill_latency_ms``, ``prefill_peak_memory_bytes`` (the
+allocator's peak during the prefill, the weights included), ``decode_latency_ms`` (mean ms per token) and
+``decode_peak_memory_bytes`` (the peak during the decode steps, counted from a reset after the prefill). The times
+are taken after ``torch.cuda.synchronize``; one warm-up round is run and not recorded.
 
 ``prefill``: one prefill of ``--length`` tokens per method and round (rotating order): ``dense`` (the model's SDPA)
 and ``block-sparse{block}`` (:func:`kvlab.dhsa.pattern.block_sparse_pattern`: fixed blocks, mean pooling, TopK
@@ -33,24 +41,27 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
-def _device_line() -> str:
+def _device_line(device: str = "cpu") -> str:
     import torch
 
+    if device.startswith("cuda"):
+        return f"{torch.cuda.get_device_name()}, torch {torch.__version__}"
     return f"cpu ({platform.machine()}), torch {torch.__version__}, threads {torch.get_num_threads()}"
 
 
-def _model_and_text(tokens: int):
+def _model_and_text(tokens: int, device: str = "cpu"):
     import torch
 
-    torch.set_num_threads(1)
+    if device == "cpu":
+        torch.set_num_threads(1)
     import kvlab
     from kvlab.datasets import load_text
 
-    model, tok = kvlab.load_model("smollm2-135m", device="cpu", dtype="float32")
+    model, tok = kvlab.load_model("smollm2-135m", device=device, dtype="float32")
     ids = tok(load_text("wikitext")[: 8 * tokens], return_tensors="pt").input_ids[:, :tokens]
     if ids.shape[1] < tokens:
         raise ValueError(f"wikitext has fewer than {tokens} tokens in its first {8 * tokens} characters")
-    return model, ids
+    return model, ids.to(device)
 
 
 def rotated(items: list, round_: int) -> list:
@@ -59,15 +70,81 @@ def rotated(items: list, round_: int) -> list:
     return items[k:] + items[:k]
 
 
+def _decode_methods(cache_sizes: str | int) -> dict:
+    from kvlab.policies import Full, StreamingLLM
+
+    methods = {"dense": lambda: Full()}
+    for size in (int(x) for x in str(cache_sizes).split(",")):
+        methods[f"streamingllm{size}"] = lambda size=size: StreamingLLM(sink=4, cache_size=size)
+    return methods
+
+
+def run_decode_gpu(args) -> None:
+    """Every cell alone on the GPU each round: prefill, then ``--steps`` greedy tokens, with the allocator's peaks."""
+    import torch
+
+    from kvlab.core import KVCache
+
+    contexts = [int(x) for x in args.contexts.split(",")]
+    model, ids = _model_and_text(max(contexts), args.device)
+    methods = _decode_methods(args.cache)
+    cells = [(ctx, name) for ctx in contexts for name in methods]
+
+    def sync_ms(t0: float) -> float:
+        torch.cuda.synchronize()
+        return (time.perf_counter() - t0) * 1e3
+
+    def one(ctx: int, name: str) -> dict:
+        cache = KVCache(model, methods[name]())
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        t0 = time.perf_counter()
+        logits = model(input_ids=ids[:, :ctx], past_key_values=cache, use_cache=True, logits_to_keep=1).logits
+        prefill_ms = sync_ms(t0)
+        prefill_peak = torch.cuda.max_memory_allocated()
+        token = logits[:, -1].argmax(-1, keepdim=True)
+        del logits
+        torch.cuda.reset_peak_memory_stats()
+        t0 = time.perf_counter()
+        for _ in range(args.steps):
+            token = model(input_ids=token, past_key_values=cache, use_cache=True).logits[:, -1].argmax(-1, keepdim=True)
+        decode_ms = sync_ms(t0) / args.steps
+        out = {"prefill_latency_ms": prefill_ms, "prefill_peak_memory_bytes": float(prefill_peak),
+               "decode_latency_ms": decode_ms, "decode_peak_memory_bytes": float(torch.cuda.max_memory_allocated()),
+               "policy": repr(cache.policy), "cache_bytes": float(cache.trace.nbytes[-1])}
+        del cache, token
+        return out
+
+    with torch.no_grad():
+        for ctx, name in cells:  # warm-up, not recorded
+            one(ctx, name)
+        path = Path(args.out) / "decode.examples.jsonl"
+        with path.open("w") as f:
+            for r in range(args.rounds):
+                order = rotated(cells, r)
+                for ctx, name in order:
+                    res = one(ctx, name)
+                    config = {"context": ctx, "policy": res.pop("policy"), "steps": args.steps,
+                              "cache_bytes": res.pop("cache_bytes"), "position_in_round": order.index((ctx, name)),
+                              "device": _device_line(args.device)}
+                    for metric, value in res.items():
+                        f.write(json.dumps({"example": f"round{r:02d}", "method": f"{name}@{ctx}", "output": None,
+                                            "target": None, "config": config, "metric": metric,
+                                            "value": value}) + "\n")
+                f.flush()
+                print(f"round {r + 1}/{args.rounds} done", flush=True)
+
+
 def run_decode(args) -> None:
     import torch
 
     from kvlab.core import KVCache
-    from kvlab.policies import Full, StreamingLLM
 
+    if args.device != "cpu":
+        return run_decode_gpu(args)
     contexts = [int(x) for x in args.contexts.split(",")]
     model, ids = _model_and_text(max(contexts))
-    methods = {"dense": lambda: Full(), f"streamingllm{args.cache}": lambda: StreamingLLM(sink=4, cache_size=args.cache)}
+    methods = _decode_methods(args.cache)
     cells, state = [], {}
     with torch.no_grad():
         for ctx in contexts:
@@ -155,7 +232,8 @@ def main(argv=None) -> int:
     d = sub.add_parser("decode")
     d.add_argument("--out", required=True)
     d.add_argument("--contexts", default="512,4096")
-    d.add_argument("--cache", type=int, default=128)
+    d.add_argument("--cache", default="128", help="entries per layer of StreamingLLM, one or several (128,2048)")
+    d.add_argument("--device", default="cpu", help="cpu, or cuda for the allocator's peak memory (App. D)")
     d.add_argument("--rounds", type=int, default=20)
     d.add_argument("--steps", type=int, default=8)
     q = sub.add_parser("prefill")

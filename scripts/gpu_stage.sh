@@ -51,7 +51,28 @@ unpack_qwen() {  # ID FILE SHA PIECES PREFIX: move carried pieces into the cache
   fi
   echo "$1: $(ls "$d/$5".p* 2>/dev/null | wc -l) of $4 pieces waiting; $(ls "$d/$2" 2>/dev/null || echo "not joined yet")"
 }
+join_bundle() {  # the pieces of `pack-bundle` carried so far: once all are here, restore .cache/gpu and .whl from them
+  local b="$PWD/.cache/kvlab/bundle"
+  mkdir -p "$b"
+  if ls .cache/gpu/bundle.p* >/dev/null 2>&1; then mv .cache/gpu/bundle.p* "$b/"; fi
+  [ -f .cache/gpu/bundle.count ] && cp .cache/gpu/bundle.count "$b/count"
+  local want; want=$(cat "$b/count" 2>/dev/null || echo 0)
+  local have; have=$(ls "$b"/bundle.p* 2>/dev/null | wc -l)
+  echo "bundle: $have of $want pieces here"
+  if [ "$want" -gt 0 ] && [ "$have" = "$want" ]; then
+    cat "$b"/bundle.p* | tar -xf - && rm -f "$b"/bundle.p* && echo "bundle: joined"
+  fi
+}
+
 case "${1:-}" in
+  pack-bundle)
+    # after `pack`: everything `pack` made (the GGUF thirds, the corpora, the wheels) as one tar in pieces of
+    # BYTES (default 15 MB), for when the tracked tree leaves less than a third of the GGUF's room in a call
+    bytes=${2:-15000000}
+    rm -f .cache/gpu/bundle.p*
+    tar -cf - .cache/gpu/gguf.part? .cache/gpu/corpora*.tar.xz .whl | split -b "$bytes" -d -a 2 - .cache/gpu/bundle.p
+    ls .cache/gpu/bundle.p* | wc -l > .cache/gpu/bundle.count
+    echo "pack-bundle: $(cat .cache/gpu/bundle.count) pieces of <= $bytes bytes (carry one a call with .cache/gpu/bundle.count)" ;;
   pack)
     src="${KVLAB_CACHE:-$HOME/.cache/kvlab}"
     mkdir -p .cache/gpu .whl
@@ -82,6 +103,7 @@ case "${1:-}" in
   unpack)
     export KVLAB_CACHE="$PWD/.cache/kvlab"
     export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+    join_bundle
     a="$KVLAB_CACHE/assets/smollm2-135m"
     mkdir -p "$a"
     for p in .cache/gpu/gguf.part?; do [ -f "$p" ] && mv "$p" "$a/.${p##*.}"; done
@@ -100,5 +122,5 @@ case "${1:-}" in
     for t in .cache/gpu/corpora*.tar.xz; do [ -f "$t" ] && tar -C "$KVLAB_CACHE" -xJf "$t"; done
     if ls .whl/*.whl >/dev/null 2>&1; then python -m pip install -q --no-deps --no-index .whl/*.whl 2>&1 | tail -1; fi
     ls -la "$a" ;;
-  *) echo "usage: bash scripts/gpu_stage.sh pack|pack-gemma|pack-qwen05|pack-qwen15|unpack" >&2; exit 2 ;;
+  *) echo "usage: bash scripts/gpu_stage.sh pack|pack-bundle [BYTES]|pack-gemma|pack-qwen05|pack-qwen15|unpack" >&2; exit 2 ;;
 esac

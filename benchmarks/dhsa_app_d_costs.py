@@ -4,6 +4,7 @@ on SmolLM2-135M-Instruct (float32; every layer is global, so DHSA's patterns app
 
     python benchmarks/dhsa_app_d_costs.py decode --out DIR [--contexts 512,4096 --cache 128 --rounds 20 --steps 8]
     python benchmarks/dhsa_app_d_costs.py decode --device cuda --out DIR [--contexts 1024,4096,8192 --cache 128,2048]
+    python benchmarks/dhsa_app_d_costs.py decode --device cuda --shape gemma2-2b-global --out DIR  # random weights
     python benchmarks/dhsa_app_d_costs.py prefill --out DIR [--length 1024 --budget 256 --blocks 64,128 --rounds 20]
 
 ``decode``: every (context, method) cell gets one prefill of ``context`` WikiText tokens in one piece (its time is
@@ -14,7 +15,7 @@ and ``decode_cache_memory_bytes`` (bytes of keys and values the cache holds afte
 (the full cache) and ``streamingllm{cache}`` (4 sinks, ``--cache`` entries per layer; App. D's decode-stage methods
 hold 128; ``--cache`` may list several sizes); example ids ``round07``, method ``dense@4096``.
 
-``decode --device cuda`` (App. D's own measurement, ``torch.cuda.max_memory_allocated``): every round, every cell in
+``decode --device cuda`` or ``--shape`` (App. D's own measurement, ``torch.cuda.max_memory_allocated``): every round, every cell in
 the rotating order starts alone on the GPU (the previous cell's cache freed), prefills its context, then decodes
 ``--steps`` greedy tokens. Records per (round, cell): ``prefill_latency_ms``, ``prefill_peak_memory_bytes`` (the
 allocator's peak during the prefill, the weights included), ``decode_latency_ms`` (mean ms per token) and
@@ -79,42 +80,60 @@ def _decode_methods(cache_sizes: str | int) -> dict:
     return methods
 
 
-def run_decode_gpu(args) -> None:
-    """Every cell alone on the GPU each round: prefill, then ``--steps`` greedy tokens, with the allocator's peaks."""
+def run_decode_fresh(args) -> None:
+    """Every cell alone on the device each round: prefill, then ``--steps`` greedy tokens; on CUDA with the
+    allocator's peaks. ``--shape``: a random-weight model of that shape (:data:`kvlab.experiments.dhsa.MODEL_SHAPES`,
+    App. D's Gemma2-2b and Gemma3-1b) on random token ids instead of SmolLM2 on WikiText."""
     import torch
 
     from kvlab.core import KVCache
 
     contexts = [int(x) for x in args.contexts.split(",")]
-    model, ids = _model_and_text(max(contexts), args.device)
+    cuda = args.device.startswith("cuda")
+    if args.shape:
+        from kvlab.experiments.dhsa import random_model
+
+        model = random_model(args.shape, device=args.device)
+        gen = torch.Generator().manual_seed(0)
+        ids = torch.randint(0, model.config.vocab_size, (1, max(contexts)), generator=gen).to(args.device)
+    else:
+        model, ids = _model_and_text(max(contexts), args.device)
     methods = _decode_methods(args.cache)
     cells = [(ctx, name) for ctx in contexts for name in methods]
 
     def sync_ms(t0: float) -> float:
-        torch.cuda.synchronize()
+        if cuda:
+            torch.cuda.synchronize()
         return (time.perf_counter() - t0) * 1e3
+
+    def reset_peak() -> None:
+        if cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
 
     def one(ctx: int, name: str) -> dict:
         cache = KVCache(model, methods[name]())
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
+        reset_peak()
         t0 = time.perf_counter()
         logits = model(input_ids=ids[:, :ctx], past_key_values=cache, use_cache=True, logits_to_keep=1).logits
-        prefill_ms = sync_ms(t0)
-        prefill_peak = torch.cuda.max_memory_allocated()
+        out = {"prefill_latency_ms": sync_ms(t0)}
+        if cuda:
+            out["prefill_peak_memory_bytes"] = float(torch.cuda.max_memory_allocated())
         token = logits[:, -1].argmax(-1, keepdim=True)
         del logits
-        torch.cuda.reset_peak_memory_stats()
+        reset_peak()
         t0 = time.perf_counter()
         for _ in range(args.steps):
             token = model(input_ids=token, past_key_values=cache, use_cache=True).logits[:, -1].argmax(-1, keepdim=True)
-        decode_ms = sync_ms(t0) / args.steps
-        out = {"prefill_latency_ms": prefill_ms, "prefill_peak_memory_bytes": float(prefill_peak),
-               "decode_latency_ms": decode_ms, "decode_peak_memory_bytes": float(torch.cuda.max_memory_allocated()),
-               "policy": repr(cache.policy), "cache_bytes": float(cache.trace.nbytes[-1])}
+        out["decode_latency_ms"] = sync_ms(t0) / args.steps
+        if cuda:
+            out["decode_peak_memory_bytes"] = float(torch.cuda.max_memory_allocated())
+        out["decode_cache_memory_bytes"] = float(cache.trace.nbytes[-1])
+        policy = repr(cache.policy)
         del cache, token
-        return out
+        return out, policy
 
+    model_name = f"random {args.shape}" if args.shape else "smollm2-135m"
     with torch.no_grad():
         for ctx, name in cells:  # warm-up, not recorded
             one(ctx, name)
@@ -123,10 +142,9 @@ def run_decode_gpu(args) -> None:
             for r in range(args.rounds):
                 order = rotated(cells, r)
                 for ctx, name in order:
-                    res = one(ctx, name)
-                    config = {"context": ctx, "policy": res.pop("policy"), "steps": args.steps,
-                              "cache_bytes": res.pop("cache_bytes"), "position_in_round": order.index((ctx, name)),
-                              "device": _device_line(args.device)}
+                    res, policy = one(ctx, name)
+                    config = {"model": model_name, "context": ctx, "policy": policy, "steps": args.steps,
+                              "position_in_round": order.index((ctx, name)), "device": _device_line(args.device)}
                     for metric, value in res.items():
                         f.write(json.dumps({"example": f"round{r:02d}", "method": f"{name}@{ctx}", "output": None,
                                             "target": None, "config": config, "metric": metric,
@@ -140,8 +158,8 @@ def run_decode(args) -> None:
 
     from kvlab.core import KVCache
 
-    if args.device != "cpu":
-        return run_decode_gpu(args)
+    if args.device != "cpu" or getattr(args, "shape", None):
+        return run_decode_fresh(args)
     contexts = [int(x) for x in args.contexts.split(",")]
     model, ids = _model_and_text(max(contexts))
     methods = _decode_methods(args.cache)
@@ -234,6 +252,8 @@ def main(argv=None) -> int:
     d.add_argument("--contexts", default="512,4096")
     d.add_argument("--cache", default="128", help="entries per layer of StreamingLLM, one or several (128,2048)")
     d.add_argument("--device", default="cpu", help="cpu, or cuda for the allocator's peak memory (App. D)")
+    d.add_argument("--shape", default=None, help="a random-weight model of this shape (gemma2-2b-global, gemma3-1b: "
+                   "App. D's models; kvlab.experiments.dhsa.MODEL_SHAPES) instead of SmolLM2-135M-Instruct")
     d.add_argument("--rounds", type=int, default=20)
     d.add_argument("--steps", type=int, default=8)
     q = sub.add_parser("prefill")

@@ -18,7 +18,8 @@ hold 128; ``--cache`` may list several sizes); example ids ``round07``, method `
 ``decode --device cuda`` or ``--shape`` (App. D's own measurement, ``torch.cuda.max_memory_allocated``): every round, every cell in
 the rotating order starts alone on the GPU (the previous cell's cache freed), prefills its context, then decodes
 ``--steps`` greedy tokens. Records per (round, cell): ``prefill_latency_ms``, ``prefill_peak_memory_bytes`` (the
-allocator's peak during the prefill, the weights included), ``decode_latency_ms`` (mean ms per token) and
+allocator's peak during the prefill, the weights included; ``base_memory_bytes``, what was allocated when the cell
+began, after a garbage collection), ``decode_latency_ms`` (mean ms per token) and
 ``decode_peak_memory_bytes`` (the peak during the decode steps, counted from a reset after the prefill). The times
 are taken after ``torch.cuda.synchronize``; one warm-up round is run and not recorded.
 
@@ -32,6 +33,7 @@ and written to ``prefill_memory.json`` (it does not vary between rounds).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import platform
 import sys
@@ -112,11 +114,16 @@ def run_decode_fresh(args) -> None:
             torch.cuda.reset_peak_memory_stats()
 
     def one(ctx: int, name: str) -> dict:
+        gc.collect()  # the previous cell's cache sits in reference cycles until collected: free it first
+        out = {}
+        if cuda:
+            torch.cuda.synchronize()
+            out["base_memory_bytes"] = float(torch.cuda.memory_allocated())  # the weights, if nothing is left
         cache = KVCache(model, methods[name]())
         reset_peak()
         t0 = time.perf_counter()
         logits = model(input_ids=ids[:, :ctx], past_key_values=cache, use_cache=True, logits_to_keep=1).logits
-        out = {"prefill_latency_ms": sync_ms(t0)}
+        out["prefill_latency_ms"] = sync_ms(t0)
         if cuda:
             out["prefill_peak_memory_bytes"] = float(torch.cuda.max_memory_allocated())
         token = logits[:, -1].argmax(-1, keepdim=True)

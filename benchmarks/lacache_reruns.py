@@ -42,7 +42,14 @@ SCALES = {"full": dict(length=2048, examples=20, depths=(0.1, 0.3, 0.5, 0.7, 0.9
           "claims": dict(length=2048, examples=0, depths=(0.1, 0.3, 0.5, 0.7, 0.9), seeds=range(4, 24), sink=64,
                          ppl_tokens=32768, ppl_segments=2),
           "claims-smoke": dict(length=512, examples=0, depths=(0.5,), seeds=range(4, 5), sink=32, ppl_tokens=1100,
-                               ppl_segments=1)}
+                               ppl_segments=1),
+          # Figs. 8 (50 % budget) and 9 (25 %): the passkey grid alone, LaCache vs StreamingLLM under LaCache's
+          # retrieval protocol, 5 depths x seeds 4-23 = 100 prompts of 2,048 tokens per cell (a CPU-sized run)
+          "passkey": dict(length=2048, examples=0, depths=(0.1, 0.3, 0.5, 0.7, 0.9), seeds=range(4, 24), sink=64,
+                          passkey_policies=("official-lacache50", "official-strm50", "official-lacache25",
+                                            "official-strm25")),
+          "passkey-smoke": dict(length=512, examples=0, depths=(0.5,), seeds=range(4, 5), sink=32,
+                                passkey_policies=("official-lacache25", "official-strm25"))}
 #: Perplexity streams of the claims plan (WikiText, chunks of 16 tokens, NLL per token; the ledger pairs windows
 #: of 1,024 tokens): Table 1 at budgets 256 / 512 (official S = 16, O = 0 vs StreamingLLM with 4 sinks, as the
 #: earlier 16K run, now two streams of 32K tokens (the text's first 64K) = 64 windows: the earlier 16 windows gave a half-width of 0.007-0.011 nats,
@@ -69,6 +76,9 @@ def _policy(expr: str, **values):
 def _units(scale: dict) -> list[tuple]:
     from quality_runs import LACACHE_RULER
 
+    if "passkey_policies" in scale:  # the passkey grid alone
+        return [("passkey", depth, seed, slug) for seed in scale["seeds"] for depth in scale["depths"]
+                for slug in scale["passkey_policies"]]
     if "ppl_tokens" in scale:  # the claims plan: the long streams first (each is one unit), then the passkeys
         out = [("ppl", "wikitext", (segment, scale["ppl_tokens"]), slug) for segment in range(scale["ppl_segments"])
                for slug in PPL_POLICIES]

@@ -19,7 +19,7 @@
 # 3. summary: DHSA - block-sparse per budget (paired bootstrap), dense - block-sparse, and the control
 #    block-sparse 1024 - block-sparse 512 (+0.059 in the earlier 4K grid): the grid detects a 0.05 difference when the
 #    control's interval excludes 0.
-# Writes $KVLAB_RESULTS/benchmarks/results/dhsa/dhsa_needle_separating_8k.{pilot,shardK}.{examples.jsonl,log},
+# Writes $KVLAB_RESULTS/benchmarks/results/dhsa/dhsa_needle_separating_8k.{pilot.examples.jsonl,examples.jsonl (the shards joined),pilot.log,shardK.log},
 # .depths.txt and .summary.json.
 set -uo pipefail
 PY=${PY:-python3}
@@ -73,3 +73,5 @@ echo "grid: $(( $(date +%s) - t0 )) s"
 tail -6 "$D/$NAME.shard0.log"
 joined=$(IFS=,; echo "${files[*]}")
 "$PY" benchmarks/dhsa_needle_separating.py summary "$joined" --budgets "$BUDGETS" --out "$D/$NAME.summary.json"
+# one records file for the ledger (its rows name one file): the shards joined
+cat "${files[@]}" > "$D/$NAME.examples.jsonl" && rm -f "${files[@]}"

@@ -136,5 +136,9 @@ def test_needle_policies_compare_like_with_like():
     basic = [make() for make in needle_policies(TOK, "basic").values()]
     assert all(isinstance(p, SepLLM) for p in basic)
     assert len(basic[0].separators) > 0 and len(basic[1].separators) == 0
+    # Figs. 10-11: n = 2048, 32 initial tokens, the first and last two layers full; one change (the separators)
+    wide = [make() for make in needle_policies(TOK, "n2048").values()]
+    assert [(p.init, p.neighbors, tuple(p.full_layers)) for p in wide] == [(32, 2048, (0, 1, -2, -1))] * 2
+    assert len(wide[0].separators) > 0 and len(wide[1].separators) == 0
     with pytest.raises(ValueError, match="design"):
         needle_policies(TOK, "fancy")

@@ -9,8 +9,9 @@
 #    vs two separators vs none, and StreamingLLM widened to the nine-separator r.KV), Table 9 (SepLLM vs 6/7/8 of
 #    9 query heads sliding, the rest full, each window matched to SepLLM's mean r.KV). Planned n: the proxy's
 #    paired SD is about 0.03 nats (300-problem run at n=128), so 1,319 problems resolve differences of ~0.002.
-# 2. Needle (Figs. 8-11): 4 lengths (1K-4K) x 16 depths = 64 cells per policy, SepLLM's streaming cache
-#    (4, 32, 224, 324) vs StreamingLLM (4 + 320), and the basic design n=64 H/T with and without separators.
+# 2. Needle: Figs. 8-9's basic design (n=64 H/T with and without separators) and App. F's streaming cache
+#    (4, 32, 224, 324) vs StreamingLLM (4 + 320) at 4 lengths (1K-4K) x 16 depths = 64 cells per policy; Figs.
+#    10-11's n = 2048 (32 initial tokens, first/last two layers full, with and without separators) at 4K-8K.
 #    Planned n: the earlier 15-cell answer-NLL difference had SD ~0.1 with mean 0.03: 64 cells give SE ~0.013.
 # PARTS="needle" runs the needle half alone (default "gsm8k needle").
 # Writes $KVLAB_RESULTS/benchmarks/results/sepllm/claims/{table9,table16,table17}_gsm8k_n256.{json,examples.jsonl},
@@ -27,6 +28,7 @@ if [ "${SMOKE:-0}" = 1 ]; then
 else
   GSM=(--problems "${PROBLEMS:-1319}" --tables 17,16,9)
   NEEDLE=(--lengths 1024,2048,3072,4096 --depths "${DEPTHS:-16}" --design streaming,basic)
+  NEEDLE_WIDE=(--lengths 4096,6144,8192 --depths "${DEPTHS:-16}" --design n2048)
 fi
 {
   command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name --format=csv,noheader
@@ -40,6 +42,10 @@ fi
   t0=$(date +%s)
   "$PY" -m kvlab.experiments.sepllm needle "${NEEDLE[@]}" --out "$D" 2>&1 | grep --line-buffered -v "Loading weights"
   echo "needle: $(( $(date +%s) - t0 )) s"
+  if [ "${SMOKE:-0}" != 1 ]; then  # Figs. 10-11's n = 2048 needs contexts beyond 2,048 tokens
+    "$PY" -m kvlab.experiments.sepllm needle "${NEEDLE_WIDE[@]}" --out "$D" 2>&1 | grep --line-buffered -v "Loading weights"
+    echo "needle n2048: $(( $(date +%s) - t0 )) s"
+  fi
   echo "== a few raw needle answers"
   head -n 3 "$D"/needle_streaming.examples.jsonl | cut -c 1-400
 } 2>&1 | tee "$D/run.log"

@@ -173,9 +173,11 @@ def compare_on_gsm8k(model, tokenizer, selected: list[tuple[int, dict]], exempla
 def needle_policies(tokenizer, design: str) -> dict[str, Callable[[], Any]]:
     """``{name: factory}`` of the two policies each needle figure compares.
 
-    ``"streaming"`` (App. F, Figs. 10-11): SepLLM's four-block cache (a=4, s=32, w=224, c=324) against
-    StreamingLLM with the same capacity. ``"basic"`` (Figs. 8-9): SepLLM n=64 with the first and last layers
-    full ("H/T"), against the same without separators."""
+    ``"basic"`` (Figs. 8-9, Pythia-160M): SepLLM n=64 with the first and last layers full ("H/T"), against the
+    same without separators. ``"n2048"`` (Figs. 10-11, Llama-3-8B): SepLLM n=2048 with 32 initial tokens and the
+    first and last two layers full, against the same without separators (contexts must exceed 2,048 tokens for
+    the window to drop anything). ``"streaming"`` (App. F's text, not a figure's configuration): SepLLM's
+    four-block cache (a=4, s=32, w=224, c=324) against StreamingLLM with the same capacity."""
     from kvlab.policies import StreamingLLM
     from kvlab.sepllm.policy import SepLLM, SepLLMStreaming
 
@@ -183,15 +185,18 @@ def needle_policies(tokenizer, design: str) -> dict[str, Callable[[], Any]]:
     if design == "streaming":
         return {"SepLLM streaming (4, 32, 224, 324)": lambda: SepLLMStreaming(4, 32, 224, 324, separators=seps),
                 "StreamingLLM (4 + 320)": lambda: StreamingLLM(sink=4, cache_size=324)}
-    if design == "basic":
+    if design in ("basic", "n2048"):
+        init, n, full = (4, 64, (0, -1)) if design == "basic" else (32, 2048, (0, 1, -2, -1))
+        tag = "H/T" if design == "basic" else "first/last 2 layers full"
+
         def window_only():  # SepLLM without separators warns that it is a window cache: here that is the point
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", UserWarning)
-                return SepLLM(4, 64, separators=[], full_layers=(0, -1))
+                return SepLLM(init, n, separators=[], full_layers=full)
 
-        return {"SepLLM n=64 H/T": lambda: SepLLM(4, 64, separators=seps, full_layers=(0, -1)),
-                "StrmLLM n=64 H/T": window_only}
-    raise ValueError(f"design must be 'streaming' or 'basic', got {design!r}")
+        return {f"SepLLM n={n} {tag}": lambda: SepLLM(init, n, separators=seps, full_layers=full),
+                f"StrmLLM n={n} {tag}": window_only}
+    raise ValueError(f"design must be 'streaming', 'basic' or 'n2048', got {design!r}")
 
 
 def needle_study(model, tokenizer, policies: dict[str, Callable[[], Any]], lengths, depths, *,
@@ -257,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--neighbors", type=int, default=256, help="gsm8k: SepLLM's n (Tables 9, 16, 17: 256)")
     ap.add_argument("--problems", type=int, default=1319, help="gsm8k: the first N test problems")
     ap.add_argument("--window-heads", default="6,7,8", help="gsm8k, Table 9: H_s values (sliding heads)")
-    ap.add_argument("--design", default="streaming,basic", help="needle: streaming and/or basic")
+    ap.add_argument("--design", default="streaming,basic", help="needle: basic (Figs. 8-9), n2048 (Figs. 10-11), streaming (App. F's text)")
     ap.add_argument("--lengths", default="1024,2048,3072,4096", help="needle: context lengths in tokens")
     ap.add_argument("--depths", type=int, default=16, help="needle: depths evenly spaced in [0.05, 0.95]")
     ap.add_argument("--threads", type=int, default=0)

@@ -784,41 +784,63 @@ def _pareto(points: list[tuple[float, float]], lower_better: bool) -> list[tuple
     return front
 
 
+def _clip_outliers(ax, values: list[float], lower_better: bool, factor: float = 4.0) -> None:
+    """Clip a lower-is-better axis to the meaningful range: values above ``factor`` x the median (a collapsed
+    run's perplexity in the tens of thousands) leave the axis, and a note on the axes says how many and the largest."""
+    if not lower_better or len(values) < 3:
+        return
+    ordered = sorted(values)
+    median = ordered[len(ordered) // 2]
+    top = factor * median
+    above = [v for v in ordered if v > top]
+    if median <= 0 or not above:
+        return
+    kept = [v for v in ordered if v <= top]
+    ax.set_ylim(kept[0] - 0.05 * (top - kept[0]), top)
+    ax.text(0.98, 0.97, f"{len(above)} point{'s' if len(above) > 1 else ''} above, up to {max(above):,.0f}",
+            transform=ax.transAxes, ha="right", va="top", fontsize=7, color="dimgrey")
+
+
 def pareto_plot(rows: list[dict], path=None):
-    """Quality against cost per task: top row mean KV (cache methods, Full), bottom row kept FLOP share (DHSA,
-    OrthoRank, Full); one marker per model, the Pareto front of each model dashed. Saves to ``path`` if given."""
+    """Quality against cost, one row of axes per task: left mean KV (cache methods, Full), right kept FLOP share
+    (DHSA, OrthoRank, Full); one marker per model, the Pareto front of each model dashed, every method named in
+    the legend under its column. A lower-is-better axis whose outliers run far above the rest (a collapsed
+    perplexity) is clipped, with the outliers counted on the axes. Saves to ``path`` if given."""
     import matplotlib.pyplot as plt
 
     models = sorted({r["model"] for r in rows})
     tasks = [t for t in TASKS if any(r["task"] == t for r in rows)]
     markers = dict(zip(models, "os^Dv"))
     colors = {m: plt.cm.tab20(i % 20) for i, m in enumerate(METHODS)}
-    fig, axes = plt.subplots(2, len(tasks), figsize=(4 * len(tasks) + 3, 7), squeeze=False)
-    legends = [{}, {}]  # per row: method -> a marker handle
-    for col, task in enumerate(tasks):
+    columns = [("mean_kv", ("kv", "reference"), "mean KV (entries)"),
+               ("flop_fraction", ("flops", "reference"), "kept FLOP share")]
+    fig, axes = plt.subplots(len(tasks), 2, figsize=(10, 2.9 * len(tasks) + 1.6), squeeze=False)
+    legends = [{}, {}]  # per column: method -> a marker handle
+    for row, task in enumerate(tasks):
         metric, lower = MAIN_METRIC[task]
-        for row, (xkey, kinds, label) in enumerate([("mean_kv", ("kv", "reference"), "mean KV (entries)"),
-                                                    ("flop_fraction", ("flops", "reference"), "kept FLOP share")]):
+        for col, (xkey, kinds, label) in enumerate(columns):
             ax = axes[row][col]
+            shown = []
             for model in models:
                 pts = [r for r in rows if r["task"] == task and r["model"] == model and r["kind"] in kinds
                        and r["status"] == "ok" and r.get(xkey) is not None and r.get(metric) is not None]
                 for r in pts:
-                    ax.scatter(r[xkey], r[metric], color=colors[r["method"]], marker=markers[model], s=40,
-                               label=r["method"] if model == models[0] else None)
+                    handle = ax.scatter(r[xkey], r[metric], color=colors[r["method"]], marker=markers[model], s=40)
+                    legends[col].setdefault(r["method"], handle)  # the first point of a method, whatever model
+                    shown.append(float(r[metric]))
                 front = _pareto([(r[xkey], r[metric]) for r in pts], lower)
                 if len(front) > 1:
                     ax.plot(*zip(*front), ls="--", color="grey", lw=0.8)
+            if metric == "ppl":  # a collapsed run's perplexity would flatten every other point
+                _clip_outliers(ax, shown, lower)
             ax.set_xlabel(label)
-            ax.set_ylabel(f"{metric} ({'lower' if lower else 'higher'} is better)")
-            ax.set_title(task)
-            for handle, name in zip(*ax.get_legend_handles_labels()):
-                legends[row].setdefault(name, handle)
-    for row, entries in enumerate(legends):  # one legend per row, beside the grid: it never covers a point
-        if entries:
-            axes[row][-1].legend(entries.values(), entries.keys(), fontsize=7, frameon=False,
-                                 loc="center left", bbox_to_anchor=(1.02, 0.5))
+            ax.set_ylabel(f"{metric} ({'lower' if lower else 'higher'} is better)", fontsize=8)
+            ax.set_title(task, fontsize=9)
     fig.suptitle("kvlab leaderboard: " + ", ".join(f"{m} ({markers[m]})" for m in models))
+    for col, entries in enumerate(legends):  # one legend per column, under the grid: it never covers a point
+        if entries:
+            axes[-1][col].legend(list(entries.values()), list(entries.keys()), fontsize=7, frameon=False,
+                                 loc="upper center", ncol=3, bbox_to_anchor=(0.5, -0.3))
     fig.tight_layout()
     if path is not None:
         fig.savefig(path, dpi=110, bbox_inches="tight")

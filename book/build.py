@@ -284,34 +284,114 @@ def guide_page(page: pathlib.Path) -> str:
 
 
 #: stderr lines that libraries print on a machine's first run (loading bars, a tokenizer notice); they say nothing
-#: about the notebook, so the book leaves them out (every other line of stderr, warnings included, stays)
+#: about the notebook, so the book leaves them out. Any tqdm progress bar ("  40%|####  | 8/20") goes too: a page
+#: shows a bar frozen where the run left it.
 LIBRARY_NOISE = re.compile(r"^\s*(\[transformers\] Ignoring clean_up_tokenization_spaces|Loading weights|"
                            r"Converting and de-quantizing GGUF tensors|Writing model shards|sha256 \S+:\s+\d+%)")
+PROGRESS_BAR = re.compile(r"\d{1,3}%\|")
+#: a Python warning as ``warnings`` prints it: ``/path/file.py:12: UserWarning: message``, then (usually) the
+#: source line, indented by two spaces. The path is the machine's (a kernel's /tmp file, a venv), never the reader's.
+WARNING = re.compile(r"^(?P<path>[^\s:][^:\n]*\.py):\d+: (?P<what>\w*Warning: .*)$")
+#: a warning raised inside an installed library (its path is in a venv or the system's Python), about the
+#: library's set-up on the machine that ran the notebook ("IProgress not found"): not about the notebook
+LIBRARY_PATH = re.compile(r"(site|dist)-packages|/lib/python3")
+#: a code cell's first lines that only tell nbval how to compare it (``# NBVAL_CHECK_OUTPUT``, ``# NBVAL_SKIP``...)
+NBVAL_MARKERS = re.compile(r"\A(?:[ \t]*# ?NBVAL_[A-Z_]+[ \t]*(?:\n|\Z))+")
+#: ipywidgets: a progress bar (tqdm.auto in a kernel with widgets) or an interactive explorer
+WIDGET = "application/vnd.jupyter.widget-view+json"
+WIDGET_NOTE = ("*An interactive explorer (sliders) stands here in the notebook: open the notebook in the lab "
+               "(`bash scripts/lab.sh`) to use it.*")
+#: a row of a claims-ledger table (markdown) whose verdict is ``superseded``: a run made before a fix, kept in the
+#: ledger for the record only; :func:`kvlab.experiments.claims.table` leaves such rows out, and the build does the
+#: same for a copy executed before it did
+SUPERSEDED_ROW = re.compile(r"^\|.*\|\s*superseded[^|]*\|\s*$")
 
 
-def _quiet(nb) -> None:
-    """Drop :data:`LIBRARY_NOISE` from the stderr outputs of ``nb`` (a stderr output left empty goes too)."""
+def _stderr_for_reader(text: str) -> str:
+    """stderr as a reader should see it: :data:`LIBRARY_NOISE` left out, a warning from a library's own files left
+    out, and any other warning shown as ``UserWarning: message`` without the machine's path and source line."""
+    out, skip_source = [], False
+    for line in re.split(r"(?<=[\n\r])", text):
+        bare = line.rstrip("\r\n")
+        if skip_source and line.startswith("  "):
+            skip_source = False
+            continue
+        skip_source = False
+        if LIBRARY_NOISE.match(bare) or PROGRESS_BAR.search(bare) or line == "\r":
+            continue
+        m = WARNING.match(bare)
+        if m:
+            skip_source = True
+            if LIBRARY_PATH.search(m["path"]):
+                continue
+            line = m["what"] + line[len(bare):]
+        out.append(line)
+    return "".join(out)
+
+
+def _widget_kind(out) -> str | None:
+    """``"progress"``, ``"explorer"`` (another widget) or None, for a display output of ``out``."""
+    data = out.get("data", {})
+    if WIDGET not in data:
+        return None
+    plain = data.get("text/plain", "")
+    plain = "".join(plain) if isinstance(plain, list) else plain
+    return "progress" if PROGRESS_BAR.search(plain) or re.search(r"FloatProgress|IntProgress", plain) else "explorer"
+
+
+def _for_reader(nb) -> list[str]:
+    """What the developers' process leaves on a page, taken off it (in place): nbval's markers on the first lines
+    of code cells, library noise and machine paths in stderr (:func:`_stderr_for_reader`), progress bars,
+    interactive widgets (a note says where to use them: the lab), and superseded rows of ledger tables.
+    Returns what it changed, one phrase each, for the build's log."""
+    import nbformat
+
+    changed = []
     for cell in nb.cells:
         if cell.cell_type != "code":
             continue
+        stripped = NBVAL_MARKERS.sub("", cell.source)
+        if stripped != cell.source:
+            cell.source = stripped
+            changed.append("nbval marker")
         kept = []
         for out in cell.get("outputs", []):
-            if out.get("output_type") == "stream" and out.get("name") == "stderr":
-                lines = re.split(r"(?<=[\n\r])", out["text"])
-                out["text"] = "".join(line for line in lines if not LIBRARY_NOISE.match(line))
-                if not out["text"].strip():
+            kind = out.get("output_type")
+            if kind == "stream" and out.get("name") == "stderr":
+                text = _stderr_for_reader(out["text"])
+                if text != out["text"]:
+                    changed.append("stderr")
+                out["text"] = text
+                if not text.strip():
                     continue
+            elif kind in ("display_data", "execute_result"):
+                widget = _widget_kind(out)
+                if widget == "progress":
+                    changed.append("progress bar")
+                    continue
+                if widget == "explorer":
+                    changed.append("widget")
+                    out = nbformat.v4.new_output("display_data", data={"text/markdown": WIDGET_NOTE})
+                md = out.get("data", {}).get("text/markdown")
+                if md is not None:
+                    md = "".join(md) if isinstance(md, list) else md
+                    rows = md.split("\n")
+                    live = [r for r in rows if not SUPERSEDED_ROW.match(r)]
+                    if len(live) != len(rows):
+                        changed.append("superseded rows")
+                        out["data"]["text/markdown"] = "\n".join(live)
             kept.append(out)
         cell.outputs = kept
+    return changed
 
 
 def _with_note(path: pathlib.Path, note: str) -> str:
     """The executed notebook at ``path`` with ``note`` as a markdown cell after its title cell, as JSON text;
-    the libraries' stderr noise left out (:func:`_quiet`)."""
+    what the developers' process left on it taken off (:func:`_for_reader`)."""
     import nbformat
 
     nb = _read(path)
-    _quiet(nb)
+    _for_reader(nb)
     cell = nbformat.v4.new_markdown_cell(note)
     cell.metadata["kvlab"] = {"page_note": True}
     nb.cells.insert(1 if nb.cells and nb.cells[0].cell_type == "markdown" else 0, cell)

@@ -24,6 +24,13 @@ Steps, each failing with a list of what is wrong:
 5. **The site checked as a browser would load it**: every local link and image of every page resolves to a file
    (and a link's ``#anchor`` to an id in it), and every notebook page shows as many images as its executed copy
    holds figures.
+6. **What a reader must not see** (``book/readable.py``): markdown table or LaTeX source left as text, an empty
+   table, a figure under 600 px, a machine's path, a test marker. Printed per page, not fatal here: the browser
+   checks (``tests/browser/test_book_browser.py``) fail on them.
+
+On the way to the page, each notebook loses what the test run left on it (:func:`_for_reader`): nbval's markers,
+progress bars, library noise and machine paths in stderr, interactive widgets (a note points to the lab) and
+superseded rows of the claims ledger's tables.
 """
 
 from __future__ import annotations
@@ -329,13 +336,19 @@ def _stderr_for_reader(text: str) -> str:
     return "".join(out)
 
 
+#: a widget's text form, all that is left of it once its view is dropped (``scripts/notebooks.py`` slims the book
+#: copies so): ``interactive(children=(IntSlider(...``, ``HBox(children=(HTML(value=''), FloatProgress(...``
+WIDGET_TEXT = re.compile(r"^\s*[A-Z]?[A-Za-z]*\(children=\(")
+
+
 def _widget_kind(out) -> str | None:
-    """``"progress"``, ``"explorer"`` (another widget) or None, for a display output of ``out``."""
+    """``"progress"``, ``"explorer"`` (another widget) or None, for a display output ``out``: a widget's view, or
+    the text form of one without its view."""
     data = out.get("data", {})
-    if WIDGET not in data:
-        return None
     plain = data.get("text/plain", "")
     plain = "".join(plain) if isinstance(plain, list) else plain
+    if WIDGET not in data and not (set(data) == {"text/plain"} and WIDGET_TEXT.match(plain)):
+        return None
     return "progress" if PROGRESS_BAR.search(plain) or re.search(r"FloatProgress|IntProgress", plain) else "explorer"
 
 
@@ -390,11 +403,26 @@ def _with_note(path: pathlib.Path, note: str) -> str:
     what the developers' process left on it taken off (:func:`_for_reader`)."""
     import nbformat
 
+    from collections import Counter
+
     nb = _read(path)
-    _for_reader(nb)
+    taken = Counter(_for_reader(nb))
+    if taken:
+        print(f"book: {path.name}: off the page: " + ", ".join(f"{what} x{n}" for what, n in sorted(taken.items())))
     cell = nbformat.v4.new_markdown_cell(note)
     cell.metadata["kvlab"] = {"page_note": True}
     nb.cells.insert(1 if nb.cells and nb.cells[0].cell_type == "markdown" else 0, cell)
+    return nbformat.writes(nb)
+
+
+def _without_markers(path: pathlib.Path) -> str:
+    """The notebook at ``path`` as JSON text, nbval's markers taken off the first lines of its code cells."""
+    import nbformat
+
+    nb = _read(path)
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            cell.source = NBVAL_MARKERS.sub("", cell.source)
     return nbformat.writes(nb)
 
 
@@ -421,8 +449,8 @@ def stage(src: pathlib.Path, executed: pathlib.Path, notebooks: list[pathlib.Pat
         path, kind = (pages or {}).get(nb.name, (executed / nb.name, "ci"))
         _write(src / "notebooks" / nb.name, _with_note(path, page_note(nb, kind)))
         keep.add(src / "notebooks" / nb.name)
-    for student in students:
-        _sync(student, src / "lessons" / student.name)
+    for student in students:  # the student versions, without any test-run marker a master's cell may carry
+        _write(src / "lessons" / student.name, _without_markers(student))
         keep.add(src / "lessons" / student.name)
     # a page removed from the course leaves the book too; only files an earlier build wrote (its list of them)
     # are ever deleted, never anything else found in src
@@ -571,6 +599,12 @@ def build(executed: pathlib.Path, lessons_out: pathlib.Path, out: pathlib.Path, 
     problems = check_site(out / "html", executed, notebooks, pages)
     if problems:
         raise BookError(f"the built book in {out / 'html'} has broken pieces:", problems)
+    # 6. what a reader must not see (book/readable.py; tests/browser checks it in Chromium and fails on it)
+    import readable
+
+    found = readable.check_book(out / "html")
+    for page, what in found.items():
+        print(f"book: {page}: " + "; ".join(f"{check}: {', '.join(v)}" for check, v in what.items()), file=sys.stderr)
     index = out / "html" / "index.html"
     book = sorted(name[:2] for name, (_, kind) in pages.items() if kind == "book")
     print(f"book: {index} ({len(notebooks)} notebooks, book copies of {book or 'none'}, {len(students)} "

@@ -14,6 +14,8 @@ after MathJax ran, and on the figures as laid out); here they read the HTML file
   raster narrower than :data:`MIN_FIGURE_PX` (drawn too small to read at page width);
 - ``scratch path``: a path of the machine that ran the notebook (``/tmp/``, ``.devw``, ``root/out``, a venv's or the
   system's ``site-packages``), which means nothing to a reader;
+- ``widget text``: an interactive widget printed as its Python text (``interactive(children=(IntSlider(...``) or a
+  progress bar frozen where the run left it (``  0%|``);
 - ``nbval marker``: ``NBVAL_`` (a test-run marker) on a page for readers. The developers' guide (``guide/``), which
   explains the markers by name, is the one place they belong.
 
@@ -38,7 +40,9 @@ RAW_MATH = re.compile(r"\\\(|\\\[")
 SCRATCH = re.compile(r"/tmp/|\.devw\b|\broot/out\b|site-packages|dist-packages|\.venv/lib/python|/usr/lib/python3"
                      r"|/opt/[\w.-]+/\.venv")
 MARKER = re.compile(r"NBVAL_[A-Z]")
-CHECKS = ("raw table", "raw math", "empty table", "figure", "scratch path", "nbval marker")
+#: a widget printed as its Python text (``interactive(children=(IntSlider(...``) or a progress bar frozen mid-way
+WIDGET = re.compile(r"\b[A-Za-z]+\(children=\(|\b\d{1,3}%\|")
+CHECKS = ("raw table", "raw math", "empty table", "figure", "scratch path", "nbval marker", "widget text")
 #: pages whose subject is the developers' process (they may name markers and paths on purpose)
 DEVELOPER_PAGES = ("guide/",)
 
@@ -132,6 +136,7 @@ def check_page(page: pathlib.Path, html_root: pathlib.Path) -> dict[str, list[st
         return [" ".join(where[max(0, m.start() - 40):m.end() + 40].split()) for m in pattern.finditer(where)][:limit]
 
     found["raw table"] = excerpts(RAW_TABLE, text)
+    found["widget text"] = excerpts(WIDGET, prose)
     found["raw math"] = excerpts(RAW_MATH, prose)
     has_math = bool(RAW_MATH.search(text))
     if has_math:

@@ -358,12 +358,15 @@ def test_the_book_takes_the_test_run_off_the_page(tmp_path):
             "a line of the notebook's own\n")),
         nbformat.v4.new_output("display_data", data={"image/png": PNG, "text/plain": "<Figure>"}),
     ]
+    cells[2].outputs.append(nbformat.v4.new_output("display_data", data={  # a widget whose view was dropped
+        "text/plain": "interactive(children=(IntSlider(value=0, description='layer', max=29),))"}))
     cells[3].outputs = [nbformat.v4.new_output("execute_result", data={"text/markdown": table, "text/plain": "x"})]
     out = _reader_page(tmp_path, cells)
     assert out[0].source == "x = 1\n# NBVAL_CHECK_OUTPUT stays inside"
     assert out[1].source == "print(x)"
     kinds = [(o.output_type, sorted(o.get("data", {}))) for o in out[2].outputs]
-    assert kinds == [("display_data", ["text/markdown"]), ("stream", []), ("display_data", ["image/png", "text/plain"])]
+    assert kinds == [("display_data", ["text/markdown"]), ("stream", []), ("display_data", ["image/png", "text/plain"]),
+                     ("display_data", ["text/markdown"])]
     assert "open the notebook in the lab" in out[2].outputs[0].data["text/markdown"]
     assert out[2].outputs[1].text == "UserWarning: SepLLM(sep=0) keeps no separator\na line of the notebook's own\n"
     md = out[3].outputs[0].data["text/markdown"]
@@ -419,6 +422,9 @@ def test_the_page_checks_fail_on_what_a_reader_must_not_see(tmp_path):
                     "/opt/torch/.venv/lib/python3.12/site-packages/tqdm/auto.py", "/usr/lib/python3/dist-packages/x"):
         assert found(f"<pre>{scratch}</pre>") == {"scratch path"}, scratch
     assert found("<div class='cell_input'><pre># NBVAL_CHECK_OUTPUT\nprint(1)</pre></div>") == {"nbval marker"}
+    assert found("<div class='cell_output'><pre>interactive(children=(IntSlider(value=0, description='layer'"
+                 "</pre></div>") == {"widget text"}
+    assert found("<pre>scoring:   0%|          | 0/20 [00:00&lt;?, ?it/s]</pre>") == {"widget text"}
     guide = tmp_path / "html" / "guide" / "checks.html"
     guide.parent.mkdir(parents=True)
     guide.write_text("<html><body><article><p>mark a cell # NBVAL_CHECK_OUTPUT; /tmp/</p></article></body></html>")

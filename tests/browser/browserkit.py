@@ -24,7 +24,8 @@ import threading
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-BOOK = ROOT / "build" / "book" / "html"
+# the built book (KVLAB_BOOK_HTML to check another build, e.g. one made from an older commit)
+BOOK = pathlib.Path(os.environ.get("KVLAB_BOOK_HTML", ROOT / "build" / "book" / "html"))
 SCREENSHOTS = pathlib.Path(os.environ.get("KVLAB_SCREENSHOTS", ROOT / "build" / "screenshots"))
 INSTALL = "install Chromium and its driver from the system's packages: apt-get install chromium chromium-driver"
 

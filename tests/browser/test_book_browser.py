@@ -11,7 +11,7 @@ pytest.importorskip("selenium", reason="selenium is in kvlab's dev extras (pip i
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
-from browserkit import ROOT, image_loaded, visible_box  # noqa: E402
+from browserkit import BOOK, ROOT, image_loaded, visible_box  # noqa: E402
 from browserkit import book, book_url, browser, screenshots  # noqa: E402,F401 (fixtures)
 
 NOTEBOOK = "05_lacache_ladder"  # a notebook with figures and the widget explorer
@@ -155,9 +155,8 @@ import sys  # noqa: E402
 sys.path.insert(0, str(ROOT / "book"))
 import readable  # noqa: E402
 
-HTML = ROOT / "build" / "book" / "html"
 # every page of the built book (before it is built: the index alone, and the `book` fixture skips it)
-PAGES = [p.relative_to(HTML).as_posix() for p in readable.pages(HTML)] if HTML.is_dir() else ["index.html"]
+PAGES = [p.relative_to(BOOK).as_posix() for p in readable.pages(BOOK)] if BOOK.is_dir() else ["index.html"]
 
 #: runs in the page once MathJax (if any) has typeset: the article's shown text (code inputs apart for the math
 #: check), its tables' body rows, and each cell-output figure's natural and drawn widths
@@ -175,10 +174,12 @@ ready.then(() => {
       rows: [...t.querySelectorAll('tr')].filter(r => !r.closest('thead') && r.offsetHeight > 0).length,
       width: t.getBoundingClientRect().width, scroll: t.scrollWidth, client: t.clientWidth,
       overflow: getComputedStyle(t).overflowX}));
+  const pres = [...article.querySelectorAll('div.cell_output pre')].map(t => ({
+      scroll: t.scrollWidth, client: t.clientWidth, overflow: getComputedStyle(t).overflowX}));
   const figures = [...article.querySelectorAll('div.cell_output img')].map(i => ({
       src: i.getAttribute('src'), loaded: i.complete && i.naturalWidth > 0, natural: i.naturalWidth,
       width: i.getBoundingClientRect().width}));
-  done({text: article.innerText, prose: prose, tables: tables, figures: figures,
+  done({text: article.innerText, prose: prose, tables: tables, pres: pres, figures: figures,
         column: article.getBoundingClientRect().width});
 }).catch(e => done({error: String(e)}));
 """
@@ -210,10 +211,14 @@ def reader_problems(seen: dict, page: str) -> dict[str, list[str]]:
 
     found["raw table"] = hits(readable.RAW_TABLE, seen["text"])
     found["raw math"] = hits(readable.RAW_MATH, seen["prose"])
+    found["widget text"] = hits(readable.WIDGET, seen["prose"])
     found["empty table"] = [f"table {i + 1}: no row shown" for i, t in enumerate(seen["tables"]) if t["rows"] == 0]
     found["clipped table"] = [f"table {i + 1}: {t['scroll']} px of content in {t['client']} px, overflow "
                               f"{t['overflow']}" for i, t in enumerate(seen["tables"])
                               if t["scroll"] > t["client"] + 1 and t["overflow"] not in ("auto", "scroll")]
+    found["clipped table"] += [f"printed output {i + 1}: {t['scroll']} px of text in {t['client']} px, overflow "
+                               f"{t['overflow']}" for i, t in enumerate(seen["pres"])
+                               if t["scroll"] > t["client"] + 1 and t["overflow"] not in ("auto", "scroll")]
     figures = []
     for f in seen["figures"]:
         if not f["loaded"]:
@@ -229,8 +234,18 @@ def reader_problems(seen: dict, page: str) -> dict[str, list[str]]:
 
 @pytest.mark.parametrize("page", PAGES)
 def test_what_a_reader_sees(book_url, browser, page):
-    """On every page: tables rendered (no ``|---|`` text, every table with rows shown, a wide one scrolls),
+    """On every page: tables rendered (no ``|---|`` text, every table with rows shown, a wide table or printed
+    output scrolls instead of being cut),
     math typeset (no ``\\(`` left), every figure loaded and drawn at least 600 px wide (a figure's own pixels,
-    never blown up past them), no path of the machine that ran it, no test marker."""
+    never blown up past them), no widget or progress bar printed as text, no path of the machine that ran it, no
+    test marker."""
     problems = reader_problems(look(browser, book_url, page), page)
     assert not problems, f"{page}: {problems}"
+
+
+def test_what_a_reader_sees_in_the_html(book):
+    """The same checks over the HTML files (book/readable.py), for a machine without Chromium: no raw table or
+    math, no empty table, every figure a decodable image at least 600 px wide, no machine path, no test marker."""
+    found = readable.check_book(book)
+    assert not found, "\n".join(f"{page}: {check}: {'; '.join(what)}" for page, problems in found.items()
+                                for check, what in problems.items())

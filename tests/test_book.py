@@ -429,3 +429,17 @@ def test_the_page_checks_fail_on_what_a_reader_must_not_see(tmp_path):
     guide.parent.mkdir(parents=True)
     guide.write_text("<html><body><article><p>mark a cell # NBVAL_CHECK_OUTPUT; /tmp/</p></article></body></html>")
     assert readable.check_page(guide, tmp_path / "html") == {}
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")), ids=lambda p: p.stem[:2])
+def test_markers_move_into_tags_and_the_stamps_stay(path):
+    """``scripts/notebooks.py markers`` takes every ``# NBVAL_*`` first line off a notebook's code cells (a student
+    in the lab sees none) into tags nbval reads the same way; the checked cells stay the same cells and the code
+    stamp of the book copies does not change."""
+    nb = nbformat.read(path, as_version=4)
+    before = (nbtool.code_hash(nb), [c.id for c in nbtool._checked(nb)])
+    has = sum(c.source.lstrip().startswith("# NBVAL_") for c in nb.cells if c.cell_type == "code")
+    assert nbtool.markers_to_tags(nb) >= has
+    assert not [c.id for c in nb.cells if c.cell_type == "code" and c.source.lstrip().startswith("# NBVAL_")]
+    assert (nbtool.code_hash(nb), [c.id for c in nbtool._checked(nb)]) == before
+    assert nbtool.markers_to_tags(nb) == 0  # a second run finds nothing left

@@ -337,8 +337,41 @@ def _stderr_for_reader(text: str) -> str:
 
 
 #: a widget's text form, all that is left of it once its view is dropped (``scripts/notebooks.py`` slims the book
-#: copies so): ``interactive(children=(IntSlider(...``, ``HBox(children=(HTML(value=''), FloatProgress(...``
+#: copies so): ``interactive(children=(IntSlider(...``, ``HBox(children=(HTML(value=''), FloatProgress(...``; a
+#: tqdm bar's is its bar (``Loading weights:   0%|          | 0/272``)
 WIDGET_TEXT = re.compile(r"^\s*[A-Z]?[A-Za-z]*\(children=\(")
+
+
+#: a markdown table's rule row (``|---|:--:|``): where a cell prints a table it read as markdown (a results file's
+#: ``table``), the book shows that table rendered, not as its source text
+TABLE_RULE = re.compile(r"^\|(?:\s*:?-+:?\s*\|)+\s*$")
+
+
+def _printed_tables(out) -> list:
+    """A stdout output as outputs in which each markdown table it prints (a ``|`` header row, a rule row, then
+    ``|`` rows) becomes a markdown display, rendered as a table; the text around each table stays as printed."""
+    import nbformat
+
+    lines = out["text"].splitlines(keepends=True)
+    pieces, text, i = [], [], 0
+    while i < len(lines):
+        if (lines[i].startswith("|") and i + 1 < len(lines) and TABLE_RULE.match(lines[i + 1].rstrip("\n"))):
+            j = i + 2
+            while j < len(lines) and lines[j].startswith("|"):
+                j += 1
+            if text:
+                pieces.append(nbformat.v4.new_output("stream", name="stdout", text="".join(text)))
+                text = []
+            pieces.append(nbformat.v4.new_output("display_data", data={"text/markdown": "".join(lines[i:j])}))
+            i = j
+            continue
+        text.append(lines[i])
+        i += 1
+    if not pieces:
+        return [out]
+    if "".join(text).strip():
+        pieces.append(nbformat.v4.new_output("stream", name="stdout", text="".join(text)))
+    return pieces
 
 
 def _widget_kind(out) -> str | None:
@@ -347,7 +380,8 @@ def _widget_kind(out) -> str | None:
     data = out.get("data", {})
     plain = data.get("text/plain", "")
     plain = "".join(plain) if isinstance(plain, list) else plain
-    if WIDGET not in data and not (set(data) == {"text/plain"} and WIDGET_TEXT.match(plain)):
+    text_form = set(data) == {"text/plain"} and (WIDGET_TEXT.match(plain) or PROGRESS_BAR.search(plain))
+    if WIDGET not in data and not text_form:
         return None
     return "progress" if PROGRESS_BAR.search(plain) or re.search(r"FloatProgress|IntProgress", plain) else "explorer"
 
@@ -355,7 +389,8 @@ def _widget_kind(out) -> str | None:
 def _for_reader(nb) -> list[str]:
     """What the developers' process leaves on a page, taken off it (in place): nbval's markers on the first lines
     of code cells, library noise and machine paths in stderr (:func:`_stderr_for_reader`), progress bars,
-    interactive widgets (a note says where to use them: the lab), and superseded rows of ledger tables.
+    interactive widgets (a note says where to use them: the lab), and superseded rows of ledger tables; and a
+    markdown table a cell prints as text is shown rendered (:func:`_printed_tables`).
     Returns what it changed, one phrase each, for the build's log."""
     import nbformat
 
@@ -377,6 +412,12 @@ def _for_reader(nb) -> list[str]:
                 out["text"] = text
                 if not text.strip():
                     continue
+            elif kind == "stream" and out.get("name") == "stdout" and "|" in out["text"]:
+                pieces = _printed_tables(out)
+                if len(pieces) > 1 or pieces[0] is not out:
+                    changed.append("printed table rendered")
+                kept += pieces
+                continue
             elif kind in ("display_data", "execute_result"):
                 widget = _widget_kind(out)
                 if widget == "progress":

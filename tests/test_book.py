@@ -360,6 +360,8 @@ def test_the_book_takes_the_test_run_off_the_page(tmp_path):
     ]
     cells[2].outputs.append(nbformat.v4.new_output("display_data", data={  # a widget whose view was dropped
         "text/plain": "interactive(children=(IntSlider(value=0, description='layer', max=29),))"}))
+    cells[2].outputs.append(nbformat.v4.new_output("display_data", data={  # a tqdm bar whose view was dropped
+        "text/plain": "Loading weights:   0%|          | 0/272 [00:00<?, ?it/s]"}))
     cells[3].outputs = [nbformat.v4.new_output("execute_result", data={"text/markdown": table, "text/plain": "x"})]
     out = _reader_page(tmp_path, cells)
     assert out[0].source == "x = 1\n# NBVAL_CHECK_OUTPUT stays inside"
@@ -443,3 +445,20 @@ def test_markers_move_into_tags_and_the_stamps_stay(path):
     assert not [c.id for c in nb.cells if c.cell_type == "code" and c.source.lstrip().startswith("# NBVAL_")]
     assert (nbtool.code_hash(nb), [c.id for c in nbtool._checked(nb)]) == before
     assert nbtool.markers_to_tags(nb) == 0  # a second run finds nothing left
+
+
+def test_a_markdown_table_printed_as_text_is_shown_rendered(tmp_path):
+    """A cell that prints a results file's markdown table: the book shows the table as a table (a markdown
+    display), the lines around it as printed; printed text without a table stays one output."""
+    cell = nbformat.v4.new_code_cell("print(rec['table'])")
+    cell.outputs = [
+        nbformat.v4.new_output("stream", name="stdout", text=(
+            "NVIDIA H200 2026-11-21\n| N | method |\n|---|:--:|\n| 4096 | sdpa |\n| 8192 | flex |\n\nafter\n")),
+        nbformat.v4.new_output("stream", name="stdout", text="a | b, no table\n|x|\n"),
+    ]
+    out = _reader_page(tmp_path, [cell])[0].outputs
+    assert [(o.output_type, o.get("name")) for o in out] == [("stream", "stdout"), ("display_data", None),
+                                                              ("stream", "stdout"), ("stream", "stdout")]
+    assert out[0].text == "NVIDIA H200 2026-11-21\n"
+    assert out[1].data["text/markdown"] == "| N | method |\n|---|:--:|\n| 4096 | sdpa |\n| 8192 | flex |\n"
+    assert out[2].text == "\nafter\n" and out[3].text == "a | b, no table\n|x|\n"

@@ -26,6 +26,7 @@ import argparse
 import datetime
 import hashlib
 import json
+import os
 import pathlib
 import sys
 import time
@@ -119,10 +120,16 @@ def _canonical(cell) -> str:
     return "\n".join(extra + [cell.source]) if extra else cell.source
 
 
+#: the matplotlib settings of the runs that make the book's pages (figures drawn for the page's width)
+BOOK_MPLRC = ROOT / "book" / "matplotlibrc"
 CONFTEST = f"""# Written by scripts/notebooks.py prepare: checked cells compare their numbers with a stated tolerance.
+import os
 import sys
 sys.path.insert(0, {str(ROOT / "scripts")!r})
 from nbcheck import pytest_configure  # noqa: E402,F401
+
+# the kernels nbval starts draw their figures for the book's pages (book/matplotlibrc)
+os.environ.setdefault("MATPLOTLIBRC", {str(BOOK_MPLRC)!r})
 """
 
 
@@ -327,6 +334,7 @@ def execute_book(nb_path: pathlib.Path, out: pathlib.Path, which: str = "book",
     target = folder.claim(nb_path.name)
     partial = folder.claim(target.with_suffix(".partial.ipynb").name)
     t0 = time.monotonic()
+    os.environ.setdefault("MATPLOTLIBRC", str(BOOK_MPLRC))  # the kernel draws figures for the page's width
     papermill.execute_notebook(str(nb_path), str(partial), parameters=parameters, kernel_name="python3",
                                cwd=str(NOTEBOOKS), progress_bar=False)
     seconds = time.monotonic() - t0

@@ -57,8 +57,11 @@ def browser():
 
     options = webdriver.ChromeOptions()
     options.binary_location = found[0]
+    # Offline, as a reader without network: every host but this machine fails to resolve, so a page that needs a
+    # CDN (MathJax, a font) shows here what it shows offline.
     for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,1000",
-                "--hide-scrollbars", "--no-first-run", "--disable-extensions"):
+                "--hide-scrollbars", "--no-first-run", "--disable-extensions",
+                "--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1"):
         options.add_argument(arg)
     driver = webdriver.Chrome(service=Service(found[1]), options=options)
     driver.set_page_load_timeout(60)

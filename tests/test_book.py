@@ -390,7 +390,6 @@ def test_the_page_checks_fail_on_what_a_reader_must_not_see(tmp_path):
 
     images = tmp_path / "html" / "_images"
     images.mkdir(parents=True)
-    import base64
     import struct
     import zlib
 
@@ -402,7 +401,6 @@ def test_the_page_checks_fail_on_what_a_reader_must_not_see(tmp_path):
         (images / f"w{width}.png").write_bytes(data)
         return f"../_images/w{width}.png"
 
-    del base64
     local_mathjax = "<script src='../_static/mathjax/tex-chtml.js'></script>"
     (tmp_path / "html" / "_static" / "mathjax").mkdir(parents=True)
     (tmp_path / "html" / "_static" / "mathjax" / "tex-chtml.js").write_text("//")

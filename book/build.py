@@ -24,6 +24,13 @@ Steps, each failing with a list of what is wrong:
 5. **The site checked as a browser would load it**: every local link and image of every page resolves to a file
    (and a link's ``#anchor`` to an id in it), and every notebook page shows as many images as its executed copy
    holds figures.
+6. **What a reader must not see** (``book/readable.py``): markdown table or LaTeX source left as text, an empty
+   table, a figure under 600 px, a machine's path, a test marker. Printed per page, not fatal here: the browser
+   checks (``tests/browser/test_book_browser.py``) fail on them.
+
+On the way to the page, each notebook loses what the test run left on it (:func:`_for_reader`): nbval's markers,
+progress bars, library noise and machine paths in stderr, interactive widgets (a note points to the lab) and
+superseded rows of the claims ledger's tables.
 """
 
 from __future__ import annotations
@@ -284,37 +291,179 @@ def guide_page(page: pathlib.Path) -> str:
 
 
 #: stderr lines that libraries print on a machine's first run (loading bars, a tokenizer notice); they say nothing
-#: about the notebook, so the book leaves them out (every other line of stderr, warnings included, stays)
+#: about the notebook, so the book leaves them out. Any tqdm progress bar ("  40%|####  | 8/20") goes too: a page
+#: shows a bar frozen where the run left it.
 LIBRARY_NOISE = re.compile(r"^\s*(\[transformers\] Ignoring clean_up_tokenization_spaces|Loading weights|"
                            r"Converting and de-quantizing GGUF tensors|Writing model shards|sha256 \S+:\s+\d+%)")
+PROGRESS_BAR = re.compile(r"\d{1,3}%\|")
+#: a Python warning as ``warnings`` prints it: ``/path/file.py:12: UserWarning: message``, then (usually) the
+#: source line, indented by two spaces. The path is the machine's (a kernel's /tmp file, a venv), never the reader's.
+WARNING = re.compile(r"^(?P<path>[^\s:][^:\n]*\.py):\d+: (?P<what>\w*Warning: .*)$")
+#: a warning raised inside an installed library (its path is in a venv or the system's Python), about the
+#: library's set-up on the machine that ran the notebook ("IProgress not found"): not about the notebook
+LIBRARY_PATH = re.compile(r"(site|dist)-packages|/lib/python3")
+#: a code cell's first lines that only tell nbval how to compare it (``# NBVAL_CHECK_OUTPUT``, ``# NBVAL_SKIP``...)
+NBVAL_MARKERS = re.compile(r"\A(?:[ \t]*# ?NBVAL_[A-Z_]+[ \t]*(?:\n|\Z))+")
+#: ipywidgets: a progress bar (tqdm.auto in a kernel with widgets) or an interactive explorer
+WIDGET = "application/vnd.jupyter.widget-view+json"
+WIDGET_NOTE = ("*An interactive explorer (sliders) stands here in the notebook: open the notebook in the lab "
+               "(`bash scripts/lab.sh`) to use it.*")
+#: a row of a claims-ledger table (markdown) whose verdict is ``superseded``: a run made before a fix, kept in the
+#: ledger for the record only; :func:`kvlab.experiments.claims.table` leaves such rows out, and the build does the
+#: same for a copy executed before it did
+SUPERSEDED_ROW = re.compile(r"^\|.*\|\s*superseded[^|]*\|\s*$")
 
 
-def _quiet(nb) -> None:
-    """Drop :data:`LIBRARY_NOISE` from the stderr outputs of ``nb`` (a stderr output left empty goes too)."""
+def _stderr_for_reader(text: str) -> str:
+    """stderr as a reader should see it: :data:`LIBRARY_NOISE` left out, a warning from a library's own files left
+    out, and any other warning shown as ``UserWarning: message`` without the machine's path and source line."""
+    out, skip_source = [], False
+    for line in re.split(r"(?<=[\n\r])", text):
+        bare = line.rstrip("\r\n")
+        if skip_source and line.startswith("  "):
+            skip_source = False
+            continue
+        skip_source = False
+        if LIBRARY_NOISE.match(bare) or PROGRESS_BAR.search(bare) or line == "\r":
+            continue
+        m = WARNING.match(bare)
+        if m:
+            skip_source = True
+            if LIBRARY_PATH.search(m["path"]):
+                continue
+            line = m["what"] + line[len(bare):]
+        out.append(line)
+    return "".join(out)
+
+
+#: a widget's text form, all that is left of it once its view is dropped (``scripts/notebooks.py`` slims the book
+#: copies so): ``interactive(children=(IntSlider(...``, ``HBox(children=(HTML(value=''), FloatProgress(...``; a
+#: tqdm bar's is its bar (``Loading weights:   0%|          | 0/272``)
+WIDGET_TEXT = re.compile(r"^\s*[A-Z]?[A-Za-z]*\(children=\(")
+
+
+#: a markdown table's rule row (``|---|:--:|``): where a cell prints a table it read as markdown (a results file's
+#: ``table``), the book shows that table rendered, not as its source text
+TABLE_RULE = re.compile(r"^\|(?:\s*:?-+:?\s*\|)+\s*$")
+
+
+def _printed_tables(out) -> list:
+    """A stdout output as outputs in which each markdown table it prints (a ``|`` header row, a rule row, then
+    ``|`` rows) becomes a markdown display, rendered as a table; the text around each table stays as printed."""
+    import nbformat
+
+    lines = out["text"].splitlines(keepends=True)
+    pieces, text, i = [], [], 0
+    while i < len(lines):
+        if (lines[i].startswith("|") and i + 1 < len(lines) and TABLE_RULE.match(lines[i + 1].rstrip("\n"))):
+            j = i + 2
+            while j < len(lines) and lines[j].startswith("|"):
+                j += 1
+            if text:
+                pieces.append(nbformat.v4.new_output("stream", name="stdout", text="".join(text)))
+                text = []
+            pieces.append(nbformat.v4.new_output("display_data", data={"text/markdown": "".join(lines[i:j])}))
+            i = j
+            continue
+        text.append(lines[i])
+        i += 1
+    if not pieces:
+        return [out]
+    if "".join(text).strip():
+        pieces.append(nbformat.v4.new_output("stream", name="stdout", text="".join(text)))
+    return pieces
+
+
+def _widget_kind(out) -> str | None:
+    """``"progress"``, ``"explorer"`` (another widget) or None, for a display output ``out``: a widget's view, or
+    the text form of one without its view."""
+    data = out.get("data", {})
+    plain = data.get("text/plain", "")
+    plain = "".join(plain) if isinstance(plain, list) else plain
+    text_form = set(data) == {"text/plain"} and (WIDGET_TEXT.match(plain) or PROGRESS_BAR.search(plain))
+    if WIDGET not in data and not text_form:
+        return None
+    return "progress" if PROGRESS_BAR.search(plain) or re.search(r"FloatProgress|IntProgress", plain) else "explorer"
+
+
+def _for_reader(nb) -> list[str]:
+    """What the developers' process leaves on a page, taken off it (in place): nbval's markers on the first lines
+    of code cells, library noise and machine paths in stderr (:func:`_stderr_for_reader`), progress bars,
+    interactive widgets (a note says where to use them: the lab), and superseded rows of ledger tables; and a
+    markdown table a cell prints as text is shown rendered (:func:`_printed_tables`).
+    Returns what it changed, one phrase each, for the build's log."""
+    import nbformat
+
+    changed = []
     for cell in nb.cells:
         if cell.cell_type != "code":
             continue
+        stripped = NBVAL_MARKERS.sub("", cell.source)
+        if stripped != cell.source:
+            cell.source = stripped
+            changed.append("nbval marker")
         kept = []
         for out in cell.get("outputs", []):
-            if out.get("output_type") == "stream" and out.get("name") == "stderr":
-                lines = re.split(r"(?<=[\n\r])", out["text"])
-                out["text"] = "".join(line for line in lines if not LIBRARY_NOISE.match(line))
-                if not out["text"].strip():
+            kind = out.get("output_type")
+            if kind == "stream" and out.get("name") == "stderr":
+                text = _stderr_for_reader(out["text"])
+                if text != out["text"]:
+                    changed.append("stderr")
+                out["text"] = text
+                if not text.strip():
                     continue
+            elif kind == "stream" and out.get("name") == "stdout" and "|" in out["text"]:
+                pieces = _printed_tables(out)
+                if len(pieces) > 1 or pieces[0] is not out:
+                    changed.append("printed table rendered")
+                kept += pieces
+                continue
+            elif kind in ("display_data", "execute_result"):
+                widget = _widget_kind(out)
+                if widget == "progress":
+                    changed.append("progress bar")
+                    continue
+                if widget == "explorer":
+                    changed.append("widget")
+                    out = nbformat.v4.new_output("display_data", data={"text/markdown": WIDGET_NOTE})
+                md = out.get("data", {}).get("text/markdown")
+                if md is not None:
+                    md = "".join(md) if isinstance(md, list) else md
+                    rows = md.split("\n")
+                    live = [r for r in rows if not SUPERSEDED_ROW.match(r)]
+                    if len(live) != len(rows):
+                        changed.append("superseded rows")
+                        out["data"]["text/markdown"] = "\n".join(live)
             kept.append(out)
         cell.outputs = kept
+    return changed
 
 
 def _with_note(path: pathlib.Path, note: str) -> str:
     """The executed notebook at ``path`` with ``note`` as a markdown cell after its title cell, as JSON text;
-    the libraries' stderr noise left out (:func:`_quiet`)."""
+    what the developers' process left on it taken off (:func:`_for_reader`)."""
     import nbformat
 
+    from collections import Counter
+
     nb = _read(path)
-    _quiet(nb)
+    taken = Counter(_for_reader(nb))
+    if taken:
+        print(f"book: {path.name}: off the page: " + ", ".join(f"{what} x{n}" for what, n in sorted(taken.items())))
     cell = nbformat.v4.new_markdown_cell(note)
     cell.metadata["kvlab"] = {"page_note": True}
     nb.cells.insert(1 if nb.cells and nb.cells[0].cell_type == "markdown" else 0, cell)
+    return nbformat.writes(nb)
+
+
+def _without_markers(path: pathlib.Path) -> str:
+    """The notebook at ``path`` as JSON text, nbval's markers taken off the first lines of its code cells."""
+    import nbformat
+
+    nb = _read(path)
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            cell.source = NBVAL_MARKERS.sub("", cell.source)
     return nbformat.writes(nb)
 
 
@@ -341,8 +490,8 @@ def stage(src: pathlib.Path, executed: pathlib.Path, notebooks: list[pathlib.Pat
         path, kind = (pages or {}).get(nb.name, (executed / nb.name, "ci"))
         _write(src / "notebooks" / nb.name, _with_note(path, page_note(nb, kind)))
         keep.add(src / "notebooks" / nb.name)
-    for student in students:
-        _sync(student, src / "lessons" / student.name)
+    for student in students:  # the student versions, without any test-run marker a master's cell may carry
+        _write(src / "lessons" / student.name, _without_markers(student))
         keep.add(src / "lessons" / student.name)
     # a page removed from the course leaves the book too; only files an earlier build wrote (its list of them)
     # are ever deleted, never anything else found in src
@@ -491,6 +640,12 @@ def build(executed: pathlib.Path, lessons_out: pathlib.Path, out: pathlib.Path, 
     problems = check_site(out / "html", executed, notebooks, pages)
     if problems:
         raise BookError(f"the built book in {out / 'html'} has broken pieces:", problems)
+    # 6. what a reader must not see (book/readable.py; tests/browser checks it in Chromium and fails on it)
+    import readable
+
+    found = readable.check_book(out / "html")
+    for page, what in found.items():
+        print(f"book: {page}: " + "; ".join(f"{check}: {', '.join(v)}" for check, v in what.items()), file=sys.stderr)
     index = out / "html" / "index.html"
     book = sorted(name[:2] for name, (_, kind) in pages.items() if kind == "book")
     print(f"book: {index} ({len(notebooks)} notebooks, book copies of {book or 'none'}, {len(students)} "

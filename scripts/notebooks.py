@@ -4,6 +4,7 @@
     python scripts/notebooks.py record notebooks/01_attention_sinks.ipynb
     python scripts/notebooks.py book 01 --out book/executed     # the book's executed copy (a GPU host: minutes)
     python scripts/notebooks.py stale                            # which book copies no longer match their source
+    python scripts/notebooks.py markers [01 ...]                 # move nbval's first-line markers into cell tags
 
 Notebooks are committed without outputs. ``prepare`` copies each ``notebooks/NN_name.ipynb`` to ``--out``
 with the small parameters of ``notebooks/params/NN_name.ci.yaml`` injected (papermill, no execution) and, for
@@ -25,6 +26,7 @@ import argparse
 import datetime
 import hashlib
 import json
+import os
 import pathlib
 import sys
 import time
@@ -68,14 +70,66 @@ def read_set(path: pathlib.Path, missing_ok: bool = False) -> dict:
     return data
 
 
+#: nbval's comment markers and the cell tags nbval reads the same way: a marker can live in a cell's metadata (where a
+#: reader of the notebook never sees it) instead of its first line (``markers --to-tags``)
+MARKER_TAGS = {"# NBVAL_CHECK_OUTPUT": "nbval-check-output", "# NBVAL_IGNORE_OUTPUT": "nbval-ignore-output",
+               "# NBVAL_SKIP": "nbval-skip"}
+
+
+def checked(cell) -> bool:
+    """A code cell whose output nbval compares: marked ``# NBVAL_CHECK_OUTPUT`` on its first line or tagged
+    ``nbval-check-output``."""
+    return cell.cell_type == "code" and (cell.source.lstrip().startswith(MARK)
+                                         or MARKER_TAGS[MARK] in cell.metadata.get("tags", []))
+
+
 def _checked(nb) -> list:
-    return [c for c in nb.cells if c.cell_type == "code" and c.source.lstrip().startswith(MARK)]
+    return [c for c in nb.cells if checked(c)]
 
 
+def leading_markers(source: str) -> tuple[list[str], str]:
+    """The nbval markers on the first lines of a cell's source, and the source without them."""
+    lines = source.split("\n")
+    found = []
+    while lines and lines[0].strip() in MARKER_TAGS:
+        found.append(lines.pop(0).strip())
+    return found, "\n".join(lines)
+
+
+def markers_to_tags(nb) -> int:
+    """Move every code cell's leading nbval markers into its tags (in place); how many moved."""
+    moved = 0
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        found, rest = leading_markers(cell.source)
+        if found:
+            tags = cell.metadata.setdefault("tags", [])
+            tags += [MARKER_TAGS[m] for m in found if MARKER_TAGS[m] not in tags]
+            cell.source = rest
+            moved += len(found)
+    return moved
+
+
+def _canonical(cell) -> str:
+    """A code cell's source with its marker tags written back as first lines: the form the stamps hash, so moving
+    the markers into tags leaves every book copy current."""
+    written, _ = leading_markers(cell.source)
+    marker = {tag: m for m, tag in MARKER_TAGS.items()}
+    extra = [marker[t] for t in cell.metadata.get("tags", []) if t in marker and marker[t] not in written]
+    return "\n".join(extra + [cell.source]) if extra else cell.source
+
+
+#: the matplotlib settings of the runs that make the book's pages (figures drawn for the page's width)
+BOOK_MPLRC = ROOT / "book" / "matplotlibrc"
 CONFTEST = f"""# Written by scripts/notebooks.py prepare: checked cells compare their numbers with a stated tolerance.
+import os
 import sys
 sys.path.insert(0, {str(ROOT / "scripts")!r})
 from nbcheck import pytest_configure  # noqa: E402,F401
+
+# the kernels nbval starts draw their figures for the book's pages (book/matplotlibrc)
+os.environ.setdefault("MATPLOTLIBRC", {str(BOOK_MPLRC)!r})
 """
 
 
@@ -205,8 +259,9 @@ def book_parameters(nb: pathlib.Path) -> dict:
 
 
 def code_hash(nb) -> str:
-    """sha256 of the code cells' sources in order, the parameters cell and papermill's injected cell left out."""
-    sources = [c.source for c in nb.cells
+    """sha256 of the code cells' sources in order, the parameters cell and papermill's injected cell left out; a
+    marker kept as a tag counts as the same marker on the cell's first line (:func:`_canonical`)."""
+    sources = [_canonical(c) for c in nb.cells
                if c.cell_type == "code" and not SKIPPED_TAGS & set(c.metadata.get("tags", []))]
     return hashlib.sha256(json.dumps(sources).encode()).hexdigest()
 
@@ -279,6 +334,7 @@ def execute_book(nb_path: pathlib.Path, out: pathlib.Path, which: str = "book",
     target = folder.claim(nb_path.name)
     partial = folder.claim(target.with_suffix(".partial.ipynb").name)
     t0 = time.monotonic()
+    os.environ.setdefault("MATPLOTLIBRC", str(BOOK_MPLRC))  # the kernel draws figures for the page's width
     papermill.execute_notebook(str(nb_path), str(partial), parameters=parameters, kernel_name="python3",
                                cwd=str(NOTEBOOKS), progress_bar=False)
     seconds = time.monotonic() - t0
@@ -336,6 +392,9 @@ def main() -> None:
     b.add_argument("-p", "--parameter", nargs=2, action="append", default=[], metavar=("NAME", "YAML"),
                    help="override where the notebook declares it, e.g. -p device cuda -p num_threads 2")
     b.add_argument("names", nargs="+", help="notebooks: paths or prefixes such as 01")
+    m = sub.add_parser("markers", help="move nbval's first-line markers into cell tags (nbval reads both), so "
+                       "that a reader of the notebook in the lab never sees them; the book copies stay current")
+    m.add_argument("names", nargs="*", help="default: every numbered notebook")
     s = sub.add_parser("stale", help="list the book copies that no longer match their notebook or book set")
     s.add_argument("--copies", type=pathlib.Path, default=BOOK_COPIES)
     s.add_argument("names", nargs="*", help="default: every notebook that has a book set")
@@ -356,6 +415,13 @@ def main() -> None:
                 execute_book(nb, args.out.resolve(), args.set, overrides)
         except (ValueError, TypeError, FileNotFoundError) as err:
             sys.exit(str(err))
+    elif args.command == "markers":
+        for path in _selected(args.names):
+            nb = nbformat.read(path, as_version=4)
+            moved = markers_to_tags(nb)
+            if moved:
+                nbformat.write(nb, path)
+            print(f"{path.name}: {moved} markers moved into cell tags")
     elif args.command == "stale":
         names = args.names or [str(p) for p in sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
                                if book_set_path(p).exists()]

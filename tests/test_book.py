@@ -303,7 +303,8 @@ def test_a_stale_book_copy_leaves_the_ci_page_and_the_page_says_so(tmp_path, boo
 
 
 def test_the_book_leaves_out_library_noise_but_keeps_warnings(tmp_path):
-    """Loading bars and transformers' tokenizer notice say nothing about the notebook; a warning does."""
+    """Loading bars and transformers' tokenizer notice say nothing about the notebook; a warning does (without
+    the machine's path of the file that raised it)."""
     nb = nbformat.v4.new_notebook()
     cell = nbformat.v4.new_code_cell("x = 1")
     cell.outputs = [
@@ -319,5 +320,143 @@ def test_the_book_leaves_out_library_noise_but_keeps_warnings(tmp_path):
     nbformat.write(nb, path)
     outs = nbformat.reads(book._with_note(path, "note"), as_version=4).cells[1].outputs
     assert [o["name"] for o in outs] == ["stderr", "stdout"]
-    assert outs[0]["text"] == "/tmp/x.py:3: UserWarning: SepLLM without separators\n"
+    assert outs[0]["text"] == "UserWarning: SepLLM without separators\n"
     assert outs[1]["text"] == "Loading weights is printed by the notebook\n"
+
+
+def _reader_page(tmp_path, cells) -> list:
+    nb = nbformat.v4.new_notebook()
+    nb.cells = cells
+    path = tmp_path / "n.ipynb"
+    nbformat.write(nb, path)
+    return nbformat.reads(book._with_note(path, "note"), as_version=4).cells[1:]
+
+
+def test_the_book_takes_the_test_run_off_the_page(tmp_path):
+    """nbval's markers, progress bars, a library's warning about its own set-up and the machine's paths in a
+    warning leave the page; a widget leaves a note; a superseded ledger row goes; everything else stays."""
+    widget = "application/vnd.jupyter.widget-view+json"
+    table = ("| item | claim | verdict |\n|---|---|---|\n| Table 1 | a | superseded |\n| Table 1 | b | agrees |\n"
+             "| Table 2 | c | superseded (run before a fix) |\n\nVerdicts: **agrees**: ...")
+    cells = [
+        nbformat.v4.new_code_cell("# NBVAL_IGNORE_OUTPUT\n# NBVAL_SKIP\nx = 1\n# NBVAL_CHECK_OUTPUT stays inside"),
+        nbformat.v4.new_code_cell("  # NBVAL_CHECK_OUTPUT\nprint(x)"),
+        nbformat.v4.new_code_cell("run()"),
+        nbformat.v4.new_code_cell("claims.table('x')"),
+    ]
+    cells[2].outputs = [
+        nbformat.v4.new_output("display_data", data={widget: {"model_id": "a"},
+                                                     "text/plain": "  0%|          | 0/20 [00:00<?, ?it/s]"}),
+        nbformat.v4.new_output("display_data", data={widget: {"model_id": "b"},
+                                                     "text/plain": "interactive(children=(IntSlider(value=4),))"}),
+        nbformat.v4.new_output("stream", name="stderr", text=(
+            "/opt/torch/.venv/lib/python3.12/site-packages/tqdm/auto.py:21: TqdmWarning: IProgress not found.\n"
+            "  from .autonotebook import tqdm as notebook_tqdm\n"
+            "\rscoring:  40%|####      | 8/20 [00:01<00:02]\n"
+            "/tmp/ipykernel_4983/682856442.py:22: UserWarning: SepLLM(sep=0) keeps no separator\n"
+            "  SepLLMStreaming(a, s, w, c, sep=0)\n"
+            "a line of the notebook's own\n")),
+        nbformat.v4.new_output("display_data", data={"image/png": PNG, "text/plain": "<Figure>"}),
+    ]
+    cells[2].outputs.append(nbformat.v4.new_output("display_data", data={  # a widget whose view was dropped
+        "text/plain": "interactive(children=(IntSlider(value=0, description='layer', max=29),))"}))
+    cells[2].outputs.append(nbformat.v4.new_output("display_data", data={  # a tqdm bar whose view was dropped
+        "text/plain": "Loading weights:   0%|          | 0/272 [00:00<?, ?it/s]"}))
+    cells[3].outputs = [nbformat.v4.new_output("execute_result", data={"text/markdown": table, "text/plain": "x"})]
+    out = _reader_page(tmp_path, cells)
+    assert out[0].source == "x = 1\n# NBVAL_CHECK_OUTPUT stays inside"
+    assert out[1].source == "print(x)"
+    kinds = [(o.output_type, sorted(o.get("data", {}))) for o in out[2].outputs]
+    assert kinds == [("display_data", ["text/markdown"]), ("stream", []), ("display_data", ["image/png", "text/plain"]),
+                     ("display_data", ["text/markdown"])]
+    assert "open the notebook in the lab" in out[2].outputs[0].data["text/markdown"]
+    assert out[2].outputs[1].text == "UserWarning: SepLLM(sep=0) keeps no separator\na line of the notebook's own\n"
+    md = out[3].outputs[0].data["text/markdown"]
+    assert "superseded" not in md and "| Table 1 | b | agrees |" in md and md.endswith("**agrees**: ...")
+
+
+def test_the_page_checks_fail_on_what_a_reader_must_not_see(tmp_path):
+    """book/readable.py: each check finds its problem on a page that has it, and nothing on a clean page."""
+    import readable
+
+    def page(body: str, head: str = "") -> pathlib.Path:
+        path = tmp_path / "html" / "notebooks" / "p.html"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"<html><head>{head}</head><body><article class='bd-article'>{body}</article></body></html>")
+        return path
+
+    def found(body: str, head: str = "") -> set[str]:
+        return set(readable.check_page(page(body, head), tmp_path / "html"))
+
+    images = tmp_path / "html" / "_images"
+    images.mkdir(parents=True)
+    import struct
+    import zlib
+
+    def png(width: int) -> str:
+        raw = b"".join(b"\0" + b"\0" * width for _ in range(2))
+        chunk = lambda t, d: struct.pack(">I", len(d)) + t + d + struct.pack(">I", zlib.crc32(t + d))  # noqa: E731
+        data = (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, 2, 8, 0, 0, 0, 0))
+                + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b""))
+        (images / f"w{width}.png").write_bytes(data)
+        return f"../_images/w{width}.png"
+
+    local_mathjax = "<script src='../_static/mathjax/tex-chtml.js'></script>"
+    (tmp_path / "html" / "_static" / "mathjax").mkdir(parents=True)
+    (tmp_path / "html" / "_static" / "mathjax" / "tex-chtml.js").write_text("//")
+    clean = (f"<p>a table:</p><table><thead><tr><th>a</th></tr></thead><tbody><tr><td>1</td></tr></tbody></table>"
+             f"<span class='math'>\\(x^2\\)</span><div class='cell_input'><pre>re.compile(r'\\(')</pre></div>"
+             f"<div class='cell_output'><img src='{png(640)}'></div><p>build/leaderboard</p>")
+    assert found(clean, local_mathjax) == set()
+    assert found("<p>| a | b |\n|—|—|\n| 1 | 2 |</p>") == {"raw table"}
+    assert found("<pre>| a |\n|---|</pre>") == {"raw table"}
+    assert found("<p>idf: \\(\\mathrm{idf}\\)</p>", local_mathjax) == {"raw math"}
+    assert found("<span class='math'>\\(x\\)</span>",
+                 "<script src='https://cdn.example.org/mathjax/tex-chtml.js'></script>") == {"raw math"}
+    assert found("<span class='math'>\\(x\\)</span>",
+                 "<script src='../_static/mathjax/tex-svg.js'></script>") == {"raw math"}
+    assert found("<table><thead><tr><th>a</th></tr></thead><tbody></tbody></table>") == {"empty table"}
+    assert found(f"<div class='cell_output'><img src='{png(545)}'></div>") == {"figure"}
+    assert found("<div class='cell_output'><img src='../_images/none.png'></div>") == {"figure"}
+    for scratch in ("/tmp/ipykernel_1/2.py:3", "--tasks .devw/c/x.json", "--out /root/out/t.json",
+                    "/opt/torch/.venv/lib/python3.12/site-packages/tqdm/auto.py", "/usr/lib/python3/dist-packages/x"):
+        assert found(f"<pre>{scratch}</pre>") == {"scratch path"}, scratch
+    assert found("<div class='cell_input'><pre># NBVAL_CHECK_OUTPUT\nprint(1)</pre></div>") == {"nbval marker"}
+    assert found("<div class='cell_output'><pre>interactive(children=(IntSlider(value=0, description='layer'"
+                 "</pre></div>") == {"widget text"}
+    assert found("<pre>scoring:   0%|          | 0/20 [00:00&lt;?, ?it/s]</pre>") == {"widget text"}
+    guide = tmp_path / "html" / "guide" / "checks.html"
+    guide.parent.mkdir(parents=True)
+    guide.write_text("<html><body><article><p>mark a cell # NBVAL_CHECK_OUTPUT; /tmp/</p></article></body></html>")
+    assert readable.check_page(guide, tmp_path / "html") == {}
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")), ids=lambda p: p.stem[:2])
+def test_markers_move_into_tags_and_the_stamps_stay(path):
+    """``scripts/notebooks.py markers`` takes every ``# NBVAL_*`` first line off a notebook's code cells (a student
+    in the lab sees none) into tags nbval reads the same way; the checked cells stay the same cells and the code
+    stamp of the book copies does not change."""
+    nb = nbformat.read(path, as_version=4)
+    before = (nbtool.code_hash(nb), [c.id for c in nbtool._checked(nb)])
+    has = sum(c.source.lstrip().startswith("# NBVAL_") for c in nb.cells if c.cell_type == "code")
+    assert nbtool.markers_to_tags(nb) >= has
+    assert not [c.id for c in nb.cells if c.cell_type == "code" and c.source.lstrip().startswith("# NBVAL_")]
+    assert (nbtool.code_hash(nb), [c.id for c in nbtool._checked(nb)]) == before
+    assert nbtool.markers_to_tags(nb) == 0  # a second run finds nothing left
+
+
+def test_a_markdown_table_printed_as_text_is_shown_rendered(tmp_path):
+    """A cell that prints a results file's markdown table: the book shows the table as a table (a markdown
+    display), the lines around it as printed; printed text without a table stays one output."""
+    cell = nbformat.v4.new_code_cell("print(rec['table'])")
+    cell.outputs = [
+        nbformat.v4.new_output("stream", name="stdout", text=(
+            "NVIDIA H200 2026-11-21\n| N | method |\n|---|:--:|\n| 4096 | sdpa |\n| 8192 | flex |\n\nafter\n")),
+        nbformat.v4.new_output("stream", name="stdout", text="a | b, no table\n|x|\n"),
+    ]
+    out = _reader_page(tmp_path, [cell])[0].outputs
+    assert [(o.output_type, o.get("name")) for o in out] == [("stream", "stdout"), ("display_data", None),
+                                                              ("stream", "stdout"), ("stream", "stdout")]
+    assert out[0].text == "NVIDIA H200 2026-11-21\n"
+    assert out[1].data["text/markdown"] == "| N | method |\n|---|:--:|\n| 4096 | sdpa |\n| 8192 | flex |\n"
+    assert out[2].text == "\nafter\n" and out[3].text == "a | b, no table\n|x|\n"

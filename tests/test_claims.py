@@ -339,6 +339,11 @@ def test_notebook_table_and_counts(rows):
     assert t._repr_markdown_() == str(t)
     text = claims.table("REFORM", fmt="text")
     assert text.splitlines()[0].split()[0] == "item" and "verdict" in text.splitlines()[0]
+    # a long cell wraps onto more lines in its column, never cut: every word of every claim is printed
+    words = set(text.split())
+    live = [r for r in claims.load() if r["paper"] == "REFORM" and not r["superseded"].strip()]
+    assert any(len(r["claim"]) > 40 for r in live)
+    assert all(set(r["claim"].split()) <= words for r in live if all(len(w) <= 40 for w in r["claim"].split()))
     c = claims.counts(rows)
     assert sum(sum(v.values()) for v in c.values()) == sum(claims._counted_claim(r) for r in rows)
     with pytest.raises(ValueError, match="no live claims match"):

@@ -932,10 +932,21 @@ def table(paper: str | None = None, items: list[str] | None = None, ids: list[st
         lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         lines += ["| " + " | ".join(_md_cell(c) for c in row) + " |" for row in body]
         return Table("\n".join(lines + below))
+    # a column is at most 40 characters wide; a longer cell wraps onto more lines (never cut), rows apart
     widths = [min(40, max(len(h), *(len(row[i]) for row in body))) for i, h in enumerate(head)]
-    fmt_row = lambda cells: "  ".join(c[:w].ljust(w) for c, w in zip(cells, widths))  # noqa: E731
-    return Table("\n".join([fmt_row(head), fmt_row(["-" * w for w in widths])] + [fmt_row(r) for r in body]
-                           + below))
+    lines = [_text_row(head, widths), _text_row(["-" * w for w in widths], widths)]
+    for i, row in enumerate(body):
+        lines += ([""] if i else []) + [_text_row(row, widths)]
+    return Table("\n".join(lines + below))
+
+
+def _text_row(cells: list[str], widths: list[int]) -> str:
+    """One row of an aligned text table: each cell wrapped to its column's width, side by side."""
+    import textwrap
+
+    wrapped = [textwrap.wrap(c, w) or [""] for c, w in zip(cells, widths)]
+    return "\n".join("  ".join((col[k] if k < len(col) else "").ljust(w) for col, w in zip(wrapped, widths)).rstrip()
+                     for k in range(max(len(col) for col in wrapped)))
 
 
 def readme_block(rows: list[dict] | None = None) -> str:

@@ -24,7 +24,8 @@ import threading
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-BOOK = ROOT / "build" / "book" / "html"
+# the built book (KVLAB_BOOK_HTML to check another build, e.g. one made from an older commit)
+BOOK = pathlib.Path(os.environ.get("KVLAB_BOOK_HTML", ROOT / "build" / "book" / "html"))
 SCREENSHOTS = pathlib.Path(os.environ.get("KVLAB_SCREENSHOTS", ROOT / "build" / "screenshots"))
 INSTALL = "install Chromium and its driver from the system's packages: apt-get install chromium chromium-driver"
 
@@ -56,8 +57,11 @@ def browser():
 
     options = webdriver.ChromeOptions()
     options.binary_location = found[0]
+    # Offline, as a reader without network: every host but this machine fails to resolve, so a page that needs a
+    # CDN (MathJax, a font) shows here what it shows offline.
     for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,1000",
-                "--hide-scrollbars", "--no-first-run", "--disable-extensions"):
+                "--hide-scrollbars", "--no-first-run", "--disable-extensions",
+                "--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1"):
         options.add_argument(arg)
     driver = webdriver.Chrome(service=Service(found[1]), options=options)
     driver.set_page_load_timeout(60)

@@ -11,7 +11,7 @@ pytest.importorskip("selenium", reason="selenium is in kvlab's dev extras (pip i
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
-from browserkit import ROOT, image_loaded, visible_box  # noqa: E402
+from browserkit import BOOK, ROOT, image_loaded, visible_box  # noqa: E402
 from browserkit import book, book_url, browser, screenshots  # noqa: E402,F401 (fixtures)
 
 NOTEBOOK = "05_lacache_ladder"  # a notebook with figures and the widget explorer
@@ -145,3 +145,107 @@ def test_full_size_pages(book_url, browser, screenshots, stem):
         assert box["width"] > 100 and box["height"] > 50, f"{stem}: figure drawn too small: {box}"
     browser.execute_script("arguments[0].scrollIntoView({block: 'center'});", figures[0])
     browser.save_screenshot(str(screenshots / f"book_full_{stem}.png"))
+
+
+# --- what a reader must never see, on every page, as the browser shows it ---------------------------------------
+# The same checks over the HTML files (no browser): book/readable.py, run by tests/test_book_pages.py.
+
+import sys  # noqa: E402
+
+sys.path.insert(0, str(ROOT / "book"))
+import readable  # noqa: E402
+
+# every page of the built book (before it is built: the index alone, and the `book` fixture skips it)
+PAGES = [p.relative_to(BOOK).as_posix() for p in readable.pages(BOOK)] if BOOK.is_dir() else ["index.html"]
+
+#: runs in the page once MathJax (if any) has typeset: the article's shown text (code inputs apart for the math
+#: check), its tables' body rows, and each cell-output figure's natural and drawn widths
+LOOK = """
+const done = arguments[arguments.length - 1];
+const ready = (window.MathJax && MathJax.startup && MathJax.startup.promise) ? MathJax.startup.promise
+                                                                             : Promise.resolve();
+ready.then(() => {
+  const article = document.querySelector('article.bd-article') || document.body;
+  const clone = article.cloneNode(true);
+  clone.querySelectorAll('.cell_input, mjx-container, mjx-assistive-mml').forEach(e => e.remove());
+  document.body.appendChild(clone); clone.style.position = 'absolute'; clone.style.left = '-99999px';
+  const prose = clone.innerText; clone.remove();
+  const tables = [...article.querySelectorAll('table')].map(t => ({
+      rows: [...t.querySelectorAll('tr')].filter(r => !r.closest('thead') && r.offsetHeight > 0).length,
+      width: t.getBoundingClientRect().width, scroll: t.scrollWidth, client: t.clientWidth,
+      overflow: getComputedStyle(t).overflowX}));
+  const pres = [...article.querySelectorAll('div.cell_output pre')].map(t => ({
+      scroll: t.scrollWidth, client: t.clientWidth, overflow: getComputedStyle(t).overflowX}));
+  const figures = [...article.querySelectorAll('div.cell_output img')].map(i => ({
+      src: i.getAttribute('src'), loaded: i.complete && i.naturalWidth > 0, natural: i.naturalWidth,
+      width: i.getBoundingClientRect().width}));
+  done({text: article.innerText, prose: prose, tables: tables, pres: pres, figures: figures,
+        column: article.getBoundingClientRect().width});
+}).catch(e => done({error: String(e)}));
+"""
+
+
+def look(browser, book_url, page):
+    browser.get(f"{book_url}/{page}")
+    WebDriverWait(browser, 30).until(lambda d: d.execute_script("return document.readyState") == "complete")
+    seen = browser.execute_async_script(LOOK)
+    assert "error" not in seen, seen
+    # images below the fold load lazily: scroll each into view and read it again
+    if any(not f["loaded"] for f in seen["figures"]):
+        for img in browser.find_elements(By.CSS_SELECTOR, "article div.cell_output img"):
+            browser.execute_script("arguments[0].scrollIntoView({block: 'center'});", img)
+            try:
+                WebDriverWait(browser, 10).until(lambda d: image_loaded(d, img))
+            except Exception:  # noqa: BLE001 (reported below as not loaded)
+                pass
+        seen = browser.execute_async_script(LOOK)
+    return seen
+
+
+def reader_problems(seen: dict, page: str) -> dict[str, list[str]]:
+    """The checks of book/readable.py on what the browser shows (:data:`LOOK`)."""
+    found = {}
+
+    def hits(pattern, text):
+        return [" ".join(text[max(0, m.start() - 40):m.end() + 40].split()) for m in pattern.finditer(text)][:3]
+
+    found["raw table"] = hits(readable.RAW_TABLE, seen["text"])
+    found["raw math"] = hits(readable.RAW_MATH, seen["prose"])
+    found["widget text"] = hits(readable.WIDGET, seen["prose"])
+    found["empty table"] = [f"table {i + 1}: no row shown" for i, t in enumerate(seen["tables"]) if t["rows"] == 0]
+    found["clipped table"] = [f"table {i + 1}: {t['scroll']} px of content in {t['client']} px, overflow "
+                              f"{t['overflow']}" for i, t in enumerate(seen["tables"])
+                              if t["scroll"] > t["client"] + 1 and t["overflow"] not in ("auto", "scroll")]
+    found["clipped table"] += [f"printed output {i + 1}: {t['scroll']} px of text in {t['client']} px, overflow "
+                               f"{t['overflow']}" for i, t in enumerate(seen["pres"])
+                               if t["scroll"] > t["client"] + 1 and t["overflow"] not in ("auto", "scroll")]
+    figures = []
+    for f in seen["figures"]:
+        if not f["loaded"]:
+            figures.append(f"{f['src']}: not loaded")
+        elif f["natural"] < readable.MIN_FIGURE_PX or f["width"] < readable.MIN_FIGURE_PX - 1:
+            figures.append(f"{f['src']}: drawn {f['width']:.0f} px wide (natural {f['natural']} px)")
+    found["figure"] = figures
+    if not page.startswith(readable.DEVELOPER_PAGES):
+        found["scratch path"] = hits(readable.SCRATCH, seen["text"])
+        found["nbval marker"] = hits(readable.MARKER, seen["text"])
+    return {k: v for k, v in found.items() if v}
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_what_a_reader_sees(book_url, browser, page):
+    """On every page: tables rendered (no ``|---|`` text, every table with rows shown, a wide table or printed
+    output scrolls instead of being cut),
+    math typeset (no ``\\(`` left), every figure loaded and drawn at least 600 px wide (a figure's own pixels,
+    never blown up past them), no widget or progress bar printed as text, no path of the machine that ran it, no
+    test marker."""
+    problems = reader_problems(look(browser, book_url, page), page)
+    assert not problems, f"{page}: {problems}"
+
+
+def test_what_a_reader_sees_in_the_html(book):
+    """The same checks over the HTML files (book/readable.py), for a machine without Chromium: no raw table or
+    math, no empty table, every figure a decodable image at least 600 px wide, no machine path, no test marker."""
+    found = readable.check_book(book)
+    assert not found, "\n".join(f"{page}: {check}: {'; '.join(what)}" for page, problems in found.items()
+                                for check, what in problems.items())

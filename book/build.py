@@ -93,9 +93,13 @@ def page_note(nb_path: pathlib.Path, kind: str) -> str:
         return (f"*This page shows the notebook executed with its book parameter set, `params/{stem}.book.yaml`: "
                 "the figures and tables at the size the text describes.*")
     has_book = (nb_path.parent / "params" / f"{stem}.book.yaml").is_file()
-    larger = f"`params/{stem}.book.yaml`" if has_book else "its defaults"
+    if has_book:  # a book set without a current copy: say which copy this is and why
+        return (f"*This page shows the notebook executed with its small test parameters, `params/{stem}.ci.yaml`: "
+                f"its full-size copy (`params/{stem}.book.yaml`) was made before the notebook's current code and "
+                "waits to be executed again on a GPU (`benchmarks/gpu/book_notebooks.sh`; `book/executed/WAITING.md` "
+                "says what changed), so its figures and numbers here are the small run's.*")
     return (f"*This page shows the notebook executed with its small test parameters, `params/{stem}.ci.yaml`, "
-            f"so its figures are small: run it with {larger} to see the full-size picture.*")
+            f"so its figures are small: run it with its defaults to see the full-size picture.*")
 
 
 PLACEHOLDER = re.compile(r"\{\{ *(claims: *(?P<paper>[A-Za-z]+)|notes) *\}\}")

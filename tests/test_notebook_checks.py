@@ -88,7 +88,7 @@ def test_checked_cells_hold_with_one_thread(tmp_path):
                                kernel_name="python3", cwd=str(ROOT / "notebooks"), progress_bar=False)
     assert os.environ.get("TRITON_INTERPRET") == env_before
     nb = nbformat.read(out, as_version=4)
-    cells = [c for c in nb.cells if c.cell_type == "code" and c.source.lstrip().startswith(nbscript.MARK)]
+    cells = [c for c in nb.cells if nbscript.checked(c)]
     assert len(cells) == len(recorded)
     for i, (cell, expected) in enumerate(zip(cells, recorded)):
         found = "".join(o.get("text", "") for o in cell.outputs if o.output_type == "stream")

@@ -143,12 +143,12 @@ def test_widgets_have_a_static_picture(path):
 
 
 @pytest.mark.parametrize("path", sorted(ROOT.glob("notebooks/*.ipynb")), ids=lambda p: p.stem)
-def test_test_markers_open_their_cell(path):
-    """``# NBVAL_CHECK_OUTPUT`` / ``# NBVAL_IGNORE_OUTPUT`` are the first line of a cell: the book's build strips
-    them there, so a reader never sees them."""
-    late = [f"cell {i}" for i, (kind, src) in enumerate(_notebook_cells(path))
-            if kind == "code" and "NBVAL_" in "\n".join(src.splitlines()[1:])]
-    assert not late, f"{path.name}: an NBVAL marker below the first line of {late}"
+def test_test_markers_live_in_cell_tags(path):
+    """nbval's markers (``nbval-check-output``, ``nbval-ignore-output``, ``nbval-skip``) are cell tags, where a
+    reader of the notebook in the lab never sees them, not ``# NBVAL_*`` lines of the code
+    (``python scripts/notebooks.py markers`` moves them)."""
+    shown = [f"cell {i}" for i, (kind, src) in enumerate(_notebook_cells(path)) if kind == "code" and "NBVAL_" in src]
+    assert not shown, f"{path.name}: an NBVAL marker in the code of {shown}: run `python scripts/notebooks.py markers`"
 
 
 def test_leaderboard_legends_stay_off_the_points():

@@ -83,6 +83,19 @@ def test_paper_page(book_url, browser, screenshots):
     browser.save_screenshot(str(screenshots / f"book_paper_{PAPER}_claims.png"))
 
 
+@pytest.mark.parametrize("paper", ["sepllm", "lacache", "dhsa", "reform", "orthorank"])
+def test_every_paper_page_opens_with_its_title_and_claims_table(book_url, browser, screenshots, paper):
+    """Each paper's page: its title on screen and its claims table drawn with rows; a screenshot of the top of
+    the page and one of the table, the ones the book's results keep (benchmarks/results/book_screenshots)."""
+    h1 = _open(browser, f"{book_url}/papers/{paper}.html")
+    visible_box(browser, h1)
+    browser.execute_script("window.scrollTo(0, 0);")
+    browser.save_screenshot(str(screenshots / f"book_paper_{paper}_top.png"))
+    header = _check_table(browser, browser.find_element(By.CSS_SELECTOR, "article table"), min_rows=1)
+    assert "verdict" in header
+    browser.save_screenshot(str(screenshots / f"book_paper_{paper}_table.png"))
+
+
 def test_results_page(book_url, browser, screenshots):
     from kvlab.experiments import claims
 

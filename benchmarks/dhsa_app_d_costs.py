@@ -88,7 +88,7 @@ def run_decode_fresh(args) -> None:
     App. D's Gemma2-2b and Gemma3-1b) on random token ids instead of SmolLM2 on WikiText."""
     import torch
 
-    from kvlab.core import KVCache
+    from kvlab.experiments.dhsa import decode_cost
 
     contexts = [int(x) for x in args.contexts.split(",")]
     cuda = args.device.startswith("cuda")
@@ -103,42 +103,18 @@ def run_decode_fresh(args) -> None:
     methods = _decode_methods(args.cache)
     cells = [(ctx, name) for ctx in contexts for name in methods]
 
-    def sync_ms(t0: float) -> float:
-        if cuda:
-            torch.cuda.synchronize()
-        return (time.perf_counter() - t0) * 1e3
-
-    def reset_peak() -> None:
-        if cuda:
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-
-    def one(ctx: int, name: str) -> dict:
+    def one(ctx: int, name: str) -> tuple[dict, str]:
         gc.collect()  # the previous cell's cache sits in reference cycles until collected: free it first
-        out = {}
-        if cuda:
-            torch.cuda.synchronize()
-            out["base_memory_bytes"] = float(torch.cuda.memory_allocated())  # the weights, if nothing is left
-        cache = KVCache(model, methods[name]())
-        reset_peak()
-        t0 = time.perf_counter()
-        logits = model(input_ids=ids[:, :ctx], past_key_values=cache, use_cache=True, logits_to_keep=1).logits
-        out["prefill_latency_ms"] = sync_ms(t0)
-        if cuda:
-            out["prefill_peak_memory_bytes"] = float(torch.cuda.max_memory_allocated())
-        token = logits[:, -1].argmax(-1, keepdim=True)
-        del logits
-        reset_peak()
-        t0 = time.perf_counter()
-        for _ in range(args.steps):
-            token = model(input_ids=token, past_key_values=cache, use_cache=True).logits[:, -1].argmax(-1, keepdim=True)
-        out["decode_latency_ms"] = sync_ms(t0) / args.steps
-        if cuda:
-            out["decode_peak_memory_bytes"] = float(torch.cuda.max_memory_allocated())
-        out["decode_cache_memory_bytes"] = float(cache.trace.nbytes[-1])
-        policy = repr(cache.policy)
-        del cache, token
-        return out, policy
+        policy = methods[name]()
+        out = {"base_memory_bytes": float(torch.cuda.memory_allocated())} if cuda else {}  # the weights, if alone
+        c = decode_cost(model, ids[:, :ctx], policy, steps=args.steps)
+        out["prefill_latency_ms"] = c["prefill_ms"]
+        out["decode_latency_ms"] = sum(c["step_ms"]) / len(c["step_ms"])
+        out["decode_cache_memory_bytes"] = float(c["cache_bytes"][-1])
+        if cuda:  # the allocator's peaks with everything allocated, as App. D reports them
+            out["prefill_peak_memory_bytes"] = float(c["prefill_peak_bytes"])
+            out["decode_peak_memory_bytes"] = float(c["decode_base_bytes"] + max(c["peak_bytes"]))
+        return out, repr(policy)
 
     model_name = f"random {args.shape}" if args.shape else "smollm2-135m"
     with torch.no_grad():

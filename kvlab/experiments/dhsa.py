@@ -560,7 +560,9 @@ def decode_cost(model, ids: torch.Tensor, policy, pattern=None, layers=None, *, 
     ``pattern`` in ``layers``: the attention of prefill and decode (a DHSA pattern applies App. A's
     decode rule to each new token). Returns ``{"prefill_ms", "step_ms": [...], "cache_bytes": [...],
     "peak_bytes": [...] | None}`` per generated token: wall time, bytes the cache holds after the step, and
-    (CUDA) the most bytes allocated during the step above what was allocated before decoding.
+    (CUDA) the most bytes allocated during the step above what was allocated before decoding; on CUDA also
+    ``"prefill_peak_bytes"`` (the allocator's peak during the prefill, everything allocated included) and
+    ``"decode_base_bytes"`` (what was allocated when decoding began: the weights and the filled cache).
     """
     from kvlab.core import KVCache
 
@@ -572,11 +574,15 @@ def decode_cost(model, ids: torch.Tensor, policy, pattern=None, layers=None, *, 
     with use_pattern(model, pattern, layers) if pattern is not None else nullcontext():
         cache = KVCache(model, policy)
         synchronize(device)
+        if cuda:
+            torch.cuda.reset_peak_memory_stats(device)
         t0 = time.perf_counter()
         logits = model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1).logits
         synchronize(device)
         out["prefill_ms"] = (time.perf_counter() - t0) * 1e3
         base = torch.cuda.memory_allocated(device) if cuda else 0
+        if cuda:
+            out["prefill_peak_bytes"], out["decode_base_bytes"] = torch.cuda.max_memory_allocated(device), base
         for _ in range(steps):
             token = logits[:, -1].argmax(-1, keepdim=True)
             if cuda:

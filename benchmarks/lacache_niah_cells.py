@@ -1,6 +1,6 @@
-"""LaCache Figs. 8-9: the word needle under LaCache's retrieval protocol at one more length, the same jobs as
-``benchmarks/quality_runs.py``'s ``lacache-niah-officialprotocol-*`` (full prefill, compact once, 64 sinks,
-S = round(30 x budget share), O = 0) at 50 % and 25 % budgets, with records in the fidelity examples' format
+"""LaCache Figs. 8-9: the word needle under LaCache's retrieval protocol at one more length, the jobs of
+``benchmarks/quality_runs.py``'s ``lacache_protocol_jobs`` (full prefill, compact once, 64 sinks,
+S = round(30 x budget share), O = 0; 50 % and 25 % budgets) run by its worker function, with records in the fidelity examples' format
 (``niah-<length>-d<depth>``, methods named as there), so that a ledger row can pool them with the grid's cells.
 
     OMP_NUM_THREADS=1 python benchmarks/lacache_niah_cells.py --length 1536 --out FILE.examples.jsonl
@@ -24,7 +24,6 @@ def main(argv=None) -> int:
 
     import kvlab
     import quality_runs
-    from kvlab.eval import needle_in_haystack
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--length", type=int, default=1536)
@@ -33,26 +32,23 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
-    quality_runs._STATE.update(seps=[], seps_broad=[])  # LaCache and StreamingLLM expressions name no separators
     depths = [float(d) for d in args.depths.split(",")]
     model, tok = kvlab.load_model("smollm2-135m", device=args.device, dtype="float32")
+    # quality_runs' worker state: LaCache and StreamingLLM expressions name no separators
+    quality_runs._STATE.update(model=model, tokenizer=tok, seps=[], seps_broad=[])
     with open(args.out, "w") as out:
-        for frac in (0.5, 0.25):
-            b, pct, span = int(frac * args.length), int(100 * frac), round(30 * frac)
-            name = "lacache-niah-officialprotocol-{}" + str(pct)
-            for name, expr in ((name.format("lacache"), f"LaCache.official({b}, {span}, 0, sink=64)"),
-                               (name.format("strm"), f"StreamingLLM(sink=64, cache_size={b})")):
-                t0 = time.perf_counter()
-                r = needle_in_haystack(model, tok, quality_runs._policy(expr), lengths=[args.length], depths=depths,
-                                       chunk_size=1 << 20, progress=False)
-                for j, d in enumerate(depths):
-                    common = {"example": f"niah-{args.length}-d{d}", "method": name, "output": r.answers[0][j],
-                              "config": {"policy": expr, "length": args.length,
-                                         "device": f"{args.device}, torch {torch.__version__}"}}
-                    out.write(json.dumps({**common, "metric": "correct", "value": float(r.accuracy[0][j])}) + "\n")
-                    out.write(json.dumps({**common, "metric": "answer_nll", "value": float(r.answer_nll[0][j])}) + "\n")
-                out.flush()
-                print(name, [float(x) for x in r.accuracy[0]], f"{time.perf_counter() - t0:.0f} s", flush=True)
+        for job in quality_runs.lacache_protocol_jobs("niah", args.length, depths):
+            t0 = time.perf_counter()
+            r = quality_runs._run_retrieval("niah", job.args)
+            name = job.name.removesuffix(f"-{args.length}")  # the grid's method name, its length in the example
+            for j, d in enumerate(depths):
+                common = {"example": f"niah-{args.length}-d{d}", "method": name, "output": r["answers"][0][j],
+                          "config": {"policy": job.args["policy"], "length": args.length,
+                                     "device": f"{args.device}, torch {torch.__version__}"}}
+                out.write(json.dumps({**common, "metric": "correct", "value": float(r["accuracy"][j])}) + "\n")
+                out.write(json.dumps({**common, "metric": "answer_nll", "value": float(r["answer_nll"][j])}) + "\n")
+            out.flush()
+            print(name, r["accuracy"], f"{time.perf_counter() - t0:.0f} s", flush=True)
     return 0
 
 

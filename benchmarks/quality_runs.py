@@ -47,6 +47,22 @@ class Job:
     cost: float = 1.0  # rough single-thread minutes, for longest-first ordering
 
 
+def lacache_protocol_jobs(task: str, length: int, depths: list[float]) -> list[Job]:
+    """LaCache's retrieval protocol (Figs. 8-9): full-attention prefill, compact once, 64 sinks, S ~ L x budget,
+    O = 0, LaCache and StreamingLLM at 50 % and 25 % of ``length``; ``task`` "niah" or "passkey"."""
+    grid = dict(length=length, depths=depths)
+    out = []
+    for frac in (0.5, 0.25):
+        b, pct, span = int(frac * length), int(100 * frac), round(30 * frac)
+        out.append(Job(f"lacache-{task}-officialprotocol-lacache{pct}-{length}", task,
+                       dict(policy=f"LaCache.official({b}, {span}, 0, sink=64)", chunk=1 << 20, **grid),
+                       cost=length / 4000))
+        out.append(Job(f"lacache-{task}-officialprotocol-strm{pct}-{length}", task,
+                       dict(policy=f"StreamingLLM(sink=64, cache_size={b})", chunk=1 << 20, **grid),
+                       cost=length / 4000))
+    return out
+
+
 def jobs(scale: str = "full") -> list[Job]:
     """The job list. Policies are Python expressions over ``kvlab.policies`` (``seps``: SmolLM2's separator ids)."""
     smoke = scale == "smoke"
@@ -157,16 +173,7 @@ def fidelity_jobs(out, ppl, smoke) -> None:
     depths = [0.5] if smoke else [0.1, 0.3, 0.5, 0.7, 0.9]
     for task in ("niah", "passkey"):
         for length in lengths:
-            grid = dict(length=length, depths=depths)
-            # LaCache's retrieval protocol: full-attention prefill, compact once, 64 sinks, S ~ L x budget, O = 0
-            for frac in (0.5, 0.25):
-                b, pct, span = int(frac * length), int(100 * frac), round(30 * frac)
-                out.append(Job(f"lacache-{task}-officialprotocol-lacache{pct}-{length}", task,
-                               dict(policy=f"LaCache.official({b}, {span}, 0, sink=64)", chunk=1 << 20, **grid),
-                               cost=length / 4000))
-                out.append(Job(f"lacache-{task}-officialprotocol-strm{pct}-{length}", task,
-                               dict(policy=f"StreamingLLM(sink=64, cache_size={b})", chunk=1 << 20, **grid),
-                               cost=length / 4000))
+            out += lacache_protocol_jobs(task, length, depths)
     # SepLLM needle with the paper's basic (non-streaming) design, scaled to our context (Figs. 9-11)
     for length in lengths:
         grid = dict(length=length, depths=depths)

@@ -1,4 +1,4 @@
-"""Issue 23: LaCache's RULER long-task jobs (Table 5 analogue, Table 6's overlap rows) and the passkey grid again,
+"""LaCache's RULER long-task jobs (Table 5 analogue, Table 6's overlap rows) and the passkey grid again,
 with the fixed answer loop (kvlab.eval.retrieval.greedy_answer: RULER's token counts, no stop at a newline), at
 >= 20 prompts per cell, on SmolLM2-135M (float32).
 
@@ -218,7 +218,7 @@ def _summarise(out: Path) -> None:
                    for m, c in by_m.items()} for t, by_m in cells.items()}
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     methods = [*RULER_POLICIES, *(m for m in PASSKEY_POLICIES if m not in RULER_POLICIES)]
-    lines = ["# LaCache re-run (issue 23): mean score % / mean answer NLL (n prompts); intervals: the claims ledger, "
+    lines = ["# LaCache re-run: mean score % / mean answer NLL (n prompts); intervals: the claims ledger, "
              "from lacache.examples.jsonl", "", "| task | " + " | ".join(methods) + " |", "|---" * (len(methods) + 1) + "|"]
     ppl_cells = {t: by_m for t, by_m in cells.items() if t.startswith("ppl-")}
     ppl_lines = ["", "Perplexity streams: mean window NLL -> perplexity (windows)", ""] if ppl_cells else []

@@ -27,6 +27,8 @@ every method, so a stopped run keeps what finished.
 
     python benchmarks/sepllm_headline.py --part gsm8k --model qwen2.5-coder-0.5b --gsm8k 1319 --h2o 128 --out DIR
     python benchmarks/sepllm_headline.py --part mmlu --model qwen2.5-coder-0.5b --mmlu-questions 20 --out DIR
+    python benchmarks/sepllm_headline.py --part mmlu --model qwen2.5-coder-1.5b --methods vanilla,hw8 \\
+        --mmlu-subjects 15 --mmlu-questions 10 --stem table9_mmlu --out DIR     # Table 9 (CPU: about 40 min)
 """
 
 from __future__ import annotations
@@ -205,26 +207,42 @@ def _exemplar_text(exemplars) -> str:
 def mmlu_methods(run: Run, model, tokenizer, separators, args) -> None:
     from kvlab.experiments.sepllm_gsm8k import matched_window
     from kvlab.experiments.sepllm_mmlu import mmlu_prompts, mmlu_scores
-    from kvlab.sepllm.pattern import SepLLMPattern, StreamingPattern, kv_ratio
+    from kvlab.experiments.sepllm import headwise_methods
+    from kvlab.sepllm.pattern import FixLLMPattern, SepLLMPattern, StreamingPattern, kv_ratio
 
+    neighbors = args.neighbors
     prompts = mmlu_prompts(subjects=args.mmlu_subjects, questions=args.mmlu_questions, shots=5)
-    sep = f"SepLLM (n={NEIGHBORS})"
-    sep_pattern = SepLLMPattern(separators, INIT, NEIGHBORS)
+    sep = f"SepLLM (n={neighbors})"
+    sep_pattern = SepLLMPattern(separators, INIT, neighbors)
     # the window whose mean kept share over the prompts (every 4th, for speed) reaches SepLLM's: r.KV matched on MMLU
     # itself (the paper reused GSM8K's n=380, which kept more on MMLU: 52.5 % vs SepLLM's 44.6 %)
     sequences = [tokenizer(p.text, return_tensors="pt").input_ids for p in prompts[::4]]
     target = sum(kv_ratio(sep_pattern, x) for x in sequences) / len(sequences)
-    window = matched_window(lambda k: StreamingPattern(INIT, k), target, sequences)
-    run.meta["mmlu_matched_neighbors"] = window
-    methods = {"Vanilla": None, sep: sep_pattern,
-               f"StrmLLM (n={window}, r.KV matched)": StreamingPattern(INIT, window),
-               f"StrmLLM (n={NEIGHBORS})": StreamingPattern(INIT, NEIGHBORS)}
+    want = set(args.methods.split(","))
+    methods = {"Vanilla": None} if "vanilla" in want else {}
+    methods[sep] = sep_pattern
+    if "matched" in want:
+        window = matched_window(lambda k: StreamingPattern(INIT, k), target, sequences)
+        run.meta["mmlu_matched_neighbors"] = window
+        methods[f"StrmLLM (n={window}, r.KV matched)"] = StreamingPattern(INIT, window)
+    if "strm256" in want:
+        methods[f"StrmLLM (n={neighbors})"] = StreamingPattern(INIT, neighbors)
+    # Table 9: H_s of the model's query heads slide a window matched to SepLLM's r.KV, the rest see everything
+    window_heads = [int(m[2:]) for m in sorted(want) if m.startswith("hw") and m[2:].isdigit()]
+    if window_heads:
+        heads = model.config.num_attention_heads
+        found, _ = headwise_methods(tokenizer, sequences, heads, window_heads, init=INIT, neighbors=neighbors)
+        run.meta["mmlu_headwise_skipped"] = found.pop("skipped", [])
+        methods |= {name: pattern for name, pattern in found.items() if name != sep}
+    # Table 17's MMLU half: FixLLM, one kept key every 4 or 5 positions instead of the separators
+    methods |= {f"FixLLM (interval={d}, n={neighbors})": FixLLMPattern(INIT, neighbors, d)
+                for d in (4, 5) if f"fix{d}" in want}
     hits = {}
     for name, pattern in methods.items():
         t0 = time.perf_counter()
         rows = mmlu_scores(model, tokenizer, prompts, pattern)
         ids = [f"mmlu-{r['subject']}-{r['index']:04d}" for r in rows]
-        config = {"init": INIT, "neighbors": NEIGHBORS, "pattern": repr(pattern), "shots": 5}
+        config = {"init": INIT, "neighbors": neighbors, "pattern": repr(pattern), "shots": 5}
         run.add(ids, name, "mmlu_correct", [r["correct"] for r in rows], config, pred=[r["pred"] for r in rows],
                 gold=[r["gold"] for r in rows])
         run.add(ids, name, "r_kv", [r["r_kv"] for r in rows], config)
@@ -258,13 +276,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--part", choices=["gsm8k", "mmlu"], required=True, help="the GSM8K or the MMLU half of Table 1 "
                     "(two processes: they share a GPU, the hooks-engine MMLU barely loads it)")
     ap.add_argument("--methods", default="vanilla,sepllm,matched,strm256,h2o",
-                    help="GSM8K methods beside SepLLM (always run): vanilla, matched, strm256, h2o (Tables 1, 15); "
-                         "sep4, sep2 (Table 16: four and two separators); fix4, fix5 (Table 17: FixLLM)")
+                    help="methods beside SepLLM (always run): vanilla, matched, strm256, h2o (Tables 1, 15; h2o GSM8K "
+                         "only); sep4, sep2 (Table 16, GSM8K: four and two separators); fix4, fix5 (Table 17: "
+                         "FixLLM); hwK (Table 9, MMLU only: K query heads slide a window matched to SepLLM's r.KV, "
+                         "e.g. hw8 for 8 of Qwen2.5-1.5B's 12, the paper's H_s = 20 of 32 rounded up)")
+    ap.add_argument("--neighbors", type=int, default=NEIGHBORS, help="MMLU only: SepLLM's n (the paper: 256; 96 "
+                    "reaches the paper's Table 9 r.KV of about 45 %% on these prompts with Qwen's tokenizer)")
     ap.add_argument("--stem", default=None, help="results file stem (default table1_<part>)")
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--device", default="auto")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
+    if args.part == "gsm8k" and args.neighbors != NEIGHBORS:
+        ap.error(f"--neighbors applies to --part mmlu; GSM8K runs the paper's n = {NEIGHBORS}")
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -275,7 +299,8 @@ def main(argv: list[str] | None = None) -> int:
     gpu = torch.cuda.get_device_name() if device == "cuda" else platform.processor() or platform.machine()
     run = Run(args.out, args.stem or f"table1_{args.part}", {
         "model": args.model, "device": gpu, "dtype": str(next(model.parameters()).dtype), "init": INIT,
-        "neighbors": NEIGHBORS, "separators": len(separators), "methods": args.methods, "planned": {
+        "neighbors": args.neighbors if args.part == "mmlu" else NEIGHBORS, "separators": len(separators),
+        "methods": args.methods, "planned": {
             "gsm8k": args.gsm8k, "h2o": args.h2o} if args.part == "gsm8k" else {
             "mmlu": args.mmlu_subjects * args.mmlu_questions},
         "command": "python benchmarks/sepllm_headline.py " + " ".join(argv if argv is not None else sys.argv[1:])})

@@ -209,7 +209,8 @@ def summarise(p: dict, chosen: dict, path: Path) -> dict:
 def _device_line() -> str:
     import torch
 
-    return f"cpu ({platform.processor() or platform.machine()}), torch {torch.__version__}, threads {torch.get_num_threads()}"
+    cpu = platform.processor() or platform.machine()
+    return f"cpu ({cpu}), torch {torch.__version__}, threads {torch.get_num_threads()}"
 
 
 def _model_and_ids(p: dict):

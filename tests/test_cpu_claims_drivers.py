@@ -1,5 +1,6 @@
-"""The CPU drivers behind LaCache's Fig. 7 / Fig. 10 / Table 1 windows and DHSA's App. D timings: the records pair
-with the GPU sweep by method name only if the expressions are the sweep's own, and every round times every cell."""
+"""The CPU drivers behind LaCache's Fig. 3 / Fig. 7 / Fig. 10 / Table 1 windows and DHSA's App. D timings: the records
+pair with the GPU sweep by method name only if the expressions are the sweep's own, every round times every cell, and
+Fig. 3's best random pattern is chosen on other windows than the ones it is scored on."""
 
 from __future__ import annotations
 
@@ -48,3 +49,48 @@ def test_decode_records_pair_by_round_and_the_compressed_cache_stays_small(dhsa_
         assert got == cells
     mem = {x["method"]: x["value"] for x in recs if x["metric"] == "decode_cache_memory_bytes" and x["example"] == "round02"}
     assert mem["streamingllm16@96"] == mem["streamingllm16@48"] < mem["dense@48"] < mem["dense@96"]
+
+
+def test_pareto_claim_selects_on_some_windows_and_scores_the_choice_on_others(tiny_llama, tmp_path, capsys):
+    import torch
+
+    from kvlab.lacache.coverage import pattern_perplexity
+
+    pareto = import_script("benchmarks/lacache_pareto_claim.py")
+    ids = torch.randint(0, 96, (1, 6 * 56), generator=torch.Generator().manual_seed(1))
+    argv = ["--out", str(tmp_path), "--context", "48", "--continuation", "8", "--sizes", "12,24", "--claim-size",
+            "12", "--per-family", "2", "--selection", "2", "--heldout", "3", "--span", "2", "--overlap", "1"]
+    loads = []
+    args = pareto.parser().parse_args(argv)
+    summary = pareto.run(args, load=lambda p: loads.append(p) or (tiny_llama, ids))
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    assert loads == [plan]  # the plan on disk is what the model run was given
+    sel = [w["example"] for w in plan["selection_windows"]]
+    held = [w["example"] for w in plan["heldout_windows"]]
+    assert plan["planned_n"] == 3 and not set(sel) & set(held)
+    spans = sorted(tuple(w["tokens"]) for w in plan["selection_windows"] + plan["heldout_windows"])
+    assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))  # disjoint windows of context + continuation
+    recs = [json.loads(x) for x in (tmp_path / "pareto.examples.jsonl").read_text().splitlines()]
+    assert sorted((r["example"], r["method"]) for r in recs) == sorted(
+        (e, m) for e in held for s in (12, 24) for m in pareto.method_names(s).values())
+    chosen = json.loads((tmp_path / "selection.json").read_text())["sizes"]
+    cands = pareto.candidates(4, plan)
+    for size in (12, 24):
+        scores = chosen[str(size)]["scores"]
+        randoms = [r for r in scores if r["pattern"].startswith("random")]
+        assert len(randoms) == 6 and {r["entries"] for r in randoms} == {float(size)}
+        best = min(randoms, key=lambda r: r["selection_nll"])  # chosen on the selection windows only
+        assert chosen[str(size)]["best_random"] == best["pattern"]
+        pattern = cands[size]["random"][chosen[str(size)]["best_random_index"]][1]
+        w = plan["heldout_windows"][1]
+        lo, hi = w["tokens"]
+        expect = float(pattern_perplexity(tiny_llama, ids[:, lo:hi], 48, [pattern]).log()[0])
+        got = next(r["value"] for r in recs if r["example"] == w["example"] and r["method"] == f"best-random-{size}")
+        assert got == pytest.approx(expect, rel=1e-6)
+        d = summary["sizes"][str(size)]["ladder_minus_best_random"]
+        assert d["n"] == 3 and d["ci_low"] <= d["estimate"] <= d["ci_high"]
+    stamp = (tmp_path / "pareto.examples.jsonl").read_text()
+    pareto.run(args, load=lambda p: (tiny_llama, ids))  # resumed: nothing is scored twice
+    assert (tmp_path / "pareto.examples.jsonl").read_text() == stamp
+    with pytest.raises(ValueError, match="another plan"):
+        pareto.run(pareto.parser().parse_args(argv[:-2] + ["--overlap", "0"]), load=lambda p: (tiny_llama, ids))

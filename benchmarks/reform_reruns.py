@@ -10,8 +10,14 @@ committed file (built from the ``click`` package here, which the GPU machine doe
 (example, row) unit over worker processes (one model copy each, one thread each; on a GPU they share it), and
 writes ``DIR/reform.examples.jsonl`` (one record per example, method and metric, raw output included),
 ``DIR/summary.json`` / ``summary.md`` (means per cell, no verdicts) and ``DIR/raw_outputs.md`` (the first five
-generations per method and cell). Units already in ``DIR/parts/*.jsonl`` are skipped, so a run cut by ``--limit``
-(seconds) goes on where it stopped when called again.
+generations per method and cell). Units already in ``DIR/parts/*.jsonl`` or in ``DIR/reform.examples.jsonl`` (the
+merged records of an earlier run, whose parts are gone) are skipped and kept, so a run cut by ``--limit`` (seconds)
+goes on where it stopped when called again. ``--kinds``, ``--rows`` and ``--seeds`` keep only those units of the plan
+(e.g. one table's paired methods on a fixed number of further examples, on a slower device; seeds run in the order
+named)::
+
+    python benchmarks/reform_reruns.py run --out DIR --scale claims --workers 1 --kinds repo \
+        --rows truncation,reform --seeds 12-47 --repo-file benchmarks/inputs/reform_repo_8192_distinct.json.gz
 
 Settings (the paper's beside ours): input 8,192 tokens (paper: 64k-1M, 0.5-8x a 128k window; here 1x SmolLM2's 8k
 window); eviction budget and chunk 2,048 (paper: 32k, 1/4 of the window: the same ratio); REFORM's recompute budget
@@ -95,8 +101,10 @@ def _build_task(tok, kind: str, seed: int, length: int, repo: dict):
     from kvlab.experiments.reform import build_tasks
     from kvlab.eval.tasks import LongTask, kv_task
 
-    if kind == "repo":
-        return LongTask.from_dict(repo[str(seed)])
+    if kind == "repo":  # the example's id is its number in the file, not the seed within its package (the ids of
+        task = LongTask.from_dict(repo[str(seed)])  # four packages' seeds 0.. would collide)
+        task.info = {**task.info, "package_seed": task.info.get("seed"), "seed": seed}
+        return task
     if kind == "kv":  # Table 1's key-value retrieval; scored on the whole value (RULER's string_match_all)
         task = kv_task(tok, length, n_pairs=12, seed=seed)
         task.info["answers"] = [task.answer.strip()]
@@ -130,9 +138,9 @@ def _worker(rank: int, units: list, args_d: dict) -> None:
     tasks = {}
     with out.open("a") as f:
         for kind, seed, row, length in units:
-            if time.time() > deadline:
-                break
             key = (kind, seed, length)
+            if key not in tasks and time.time() > deadline:
+                break  # the limit stops before a new example, never between the rows of one (they stay paired)
             if key not in tasks:
                 tasks = {key: _build_task(tok, kind, seed, length, repo)}  # one example in memory
             task = tasks[key]
@@ -158,25 +166,30 @@ def _worker(rank: int, units: list, args_d: dict) -> None:
             f.flush()
 
 
-def _done(out: Path) -> set[str]:
-    done = set()
-    for p in (out / "parts").glob("*.jsonl"):
-        for line in p.read_text().splitlines():
-            try:
-                done.add(json.loads(line)["unit"])
-            except (json.JSONDecodeError, KeyError):
-                pass  # a line cut by the time limit
-    return done
-
-
-def _summarise(out: Path) -> None:
+def _records(out: Path) -> list[dict]:
+    """The records of ``out``: those of an earlier merged ``reform.examples.jsonl`` first (their ``unit``,
+    ``example|method``, rebuilt), then those of ``parts/`` (lines cut by the time limit skipped)."""
     records = []
+    merged = out / "reform.examples.jsonl"
+    if merged.is_file():
+        for line in merged.read_text().splitlines():
+            r = json.loads(line)
+            records.append({**r, "unit": f"{r['example']}|{r['method']}"})
     for p in sorted((out / "parts").glob("*.jsonl")):
         for line in p.read_text().splitlines():
             try:
                 records.append(json.loads(line))
             except json.JSONDecodeError:
-                pass
+                pass  # a line cut by the time limit
+    return records
+
+
+def _done(out: Path) -> set[str]:
+    return {r["unit"] for r in _records(out) if "unit" in r}
+
+
+def _summarise(out: Path) -> None:
+    records = _records(out)
     seen, unique = set(), []
     for r in records:
         key = (r["unit"], r["metric"])
@@ -236,8 +249,11 @@ def run(args) -> int:
         repo_file = None
     done = _done(out)
     plan = args.scale if args.scale in PLANS else None
-    all_units = _units(scale, repo_file is not None, plan)
+    all_units = [u for u in _units(scale, repo_file is not None, plan) if _selected(u, args)]
     units = [u for u in all_units if f"{_kind_name(u[0])}/{u[3]}/{u[1]}|{u[2]}" not in done]
+    if args.seeds:  # in the order named: a run cut by --limit keeps the first
+        order = _seeds(args.seeds)
+        units.sort(key=lambda u: order.index(u[1]))
     print(f"{len(units)} units to run ({len(done)} done before), {args.workers} workers, "
           f"{'cuda: ' + torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu'}", flush=True)
     begin = time.time()
@@ -252,10 +268,27 @@ def run(args) -> int:
         p.start()
     for p in procs:
         p.join()
-    left = len(all_units) - len(_done(out))
+    done = _done(out)
+    left = sum(f"{_kind_name(u[0])}/{u[3]}/{u[1]}|{u[2]}" not in done for u in all_units)
     print(f"{time.time() - begin:.0f} s; {left} units left" + (" (run again to finish)" if left else ""), flush=True)
     _summarise(out)
     return 1 if any(p.exitcode for p in procs) else 0
+
+
+def _seeds(text: str) -> list[int]:
+    """``"12-47"`` or ``"3,5,8-9"`` -> the seeds named, in that order."""
+    out = []
+    for part in text.split(","):
+        lo, _, hi = part.strip().partition("-")
+        out += [s for s in range(int(lo), int(hi or lo) + 1) if s not in out]
+    return out
+
+
+def _selected(unit: tuple[str, int, str, int], args) -> bool:
+    """Whether ``unit`` (kind, seed, row, length) is among ``--kinds`` / ``--rows`` / ``--seeds`` (unset: all)."""
+    kind, seed, row, _ = unit
+    return ((not args.kinds or kind in args.kinds.split(",")) and (not args.rows or row in args.rows.split(","))
+            and (not args.seeds or seed in _seeds(args.seeds)))
 
 
 def _kind_name(kind: str) -> str:
@@ -288,21 +321,51 @@ def tasks(args) -> int:
     return 0
 
 
+def repo_ids(args) -> int:
+    """Name the code-completion records of ``--out`` by their number in ``--repo-file`` (found by the target line,
+    distinct in the file). Runs before the ids were the file's numbers named them ``repo/LENGTH/<seed within the
+    package>``: four packages' examples shared ids, and the merge kept one record per id and method, whichever
+    example it came from. Prints every change; re-summarises."""
+    with gzip.open(args.repo_file, "rt") as f:
+        data = json.load(f)
+    number = {t["answer"].strip(): int(k) for k, t in data["tasks"].items()}
+    path = Path(args.out) / "reform.examples.jsonl"
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    changed = 0
+    for r in records:
+        if r["task"] != "repo":
+            continue
+        if r["target"].strip() not in number:
+            raise ValueError(f"{r['example']} / {r['method']}: target {r['target']!r} is not in {args.repo_file}")
+        example = f"repo/{data['length']}/{number[r['target'].strip()]}"
+        if example != r["example"]:
+            if r["metric"] == "score":
+                print(f"{r['example']} -> {example} ({r['method']}, {r['config']['device']})")
+            r["example"], changed = example, changed + 1
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    print(f"{changed} records renamed")
+    _summarise(Path(args.out))
+    return 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("what", choices=["tasks", "run", "summary"])
+    p.add_argument("what", choices=["tasks", "run", "summary", "repo-ids"])
     p.add_argument("--out", required=True, help="run: the results folder; tasks: the inputs file")
     p.add_argument("--scale", choices=sorted(SCALES), default="full")
     p.add_argument("--workers", type=int, default=12, help="worker processes (one model copy each)")
     p.add_argument("--limit", type=float, default=480, help="seconds; units not started by then wait for a rerun")
     p.add_argument("--repo-file", default=str(REPO_FILE))
+    p.add_argument("--kinds", default="", help="run: only these kinds of the plan (comma-separated: repo,kv,...)")
+    p.add_argument("--rows", default="", help="run: only these rows (comma-separated: truncation,reform,...)")
+    p.add_argument("--seeds", default="", help="run: only these seeds ('12-47', '3,5,8-9')")
     p.add_argument("--packages", default="click,jinja2,requests,urllib3", help="tasks: packages of the code set")
     p.add_argument("--examples", type=int, default=12, help="tasks: distinct targets per package")
     args = p.parse_args(argv)
     if args.what == "summary":
         _summarise(Path(args.out))
         return 0
-    return {"tasks": tasks, "run": run}[args.what](args)
+    return {"tasks": tasks, "run": run, "repo-ids": repo_ids}[args.what](args)
 
 
 if __name__ == "__main__":

@@ -74,3 +74,85 @@ def test_kv_task_is_scored_on_the_whole_value(reruns, tok):
     assert task_score(f" {value}.", task) == 1.0
     half = value[:16] + "0" * (len(value) - 16)  # the old rule's 16 characters, the rest wrong
     assert half != value and task_score(half, task) == 0.0
+
+
+def test_repo_examples_are_named_by_their_number_in_the_file(reruns):
+    """The file numbers its prompts 0..47 over four packages whose own seeds restart at 0: the example id must be
+    the file's number, or the packages' examples would share ids (and pair with each other in the ledger)."""
+    import gzip
+    import json
+
+    from kvlab.experiments.reform import example_id
+
+    repo = json.load(gzip.open(ROOT / "benchmarks" / "inputs" / "reform_repo_8192_distinct.json.gz", "rt"))["tasks"]
+    tasks = [reruns._build_task(None, "repo", s, 8192, repo) for s in range(len(repo))]
+    assert len({t.info["package"] for t in tasks}) == 4 and tasks[12].info["package_seed"] == 0
+    assert [example_id(t, 8192) for t in tasks] == [f"repo/8192/{s}" for s in range(len(repo))]
+
+
+def test_run_resumes_from_the_merged_records_and_keeps_them(reruns, tmp_path):
+    import json
+    from types import SimpleNamespace
+
+    def rec(example, method, metric, value, device):
+        return {"example": example, "method": method, "output": "x", "target": "y", "task": "repo",
+                "context_tokens": 1, "seconds": 1.0, "config": {"table": "4", "device": device}, "metric": metric,
+                "value": value}
+
+    old = [rec("repo/8192/0", m, k, 0.5, "cuda") for m in ("reform", "truncation") for k in ("answer_nll", "score")]
+    (tmp_path / "reform.examples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in old))
+    (tmp_path / "parts").mkdir()
+    new = [{**rec("repo/8192/12", "reform", "score", 0.25, "cpu"), "unit": "repo/8192/12|reform"},
+           {**rec("repo/8192/0", "reform", "score", 0.0, "cpu"), "unit": "repo/8192/0|reform"}]  # a repeat
+    (tmp_path / "parts" / "worker0.jsonl").write_text("".join(json.dumps(r) + "\n" for r in new) + '{"cut')
+    assert reruns._done(tmp_path) == {"repo/8192/0|reform", "repo/8192/0|truncation", "repo/8192/12|reform"}
+    reruns._summarise(tmp_path)
+    merged = [json.loads(x) for x in (tmp_path / "reform.examples.jsonl").read_text().splitlines()]
+    assert len(merged) == 5 and all("unit" not in r for r in merged)
+    first = [r for r in merged if r["example"] == "repo/8192/0" and r["method"] == "reform" and r["metric"] == "score"]
+    assert [r["config"]["device"] for r in first] == ["cuda"]  # the earlier record stays; the repeat is dropped
+    args = SimpleNamespace(kinds="repo", rows="truncation,reform", seeds="12-13,47")
+    assert reruns._seeds("47,12-13,12") == [47, 12, 13]
+    assert reruns._selected(("repo", 12, "reform", 8192), args)
+    assert not reruns._selected(("repo", 12, "infinipot", 8192), args)
+    assert not reruns._selected(("repo", 11, "reform", 8192), args)
+    assert not reruns._selected(("kv", 12, "reform", 16384), args)
+
+
+def test_committed_code_records_are_named_by_their_target(reruns):
+    """Every code-completion record of the claims run carries the id of the prompt whose target line it scores."""
+    import gzip
+    import json
+
+    data = json.load(gzip.open(ROOT / "benchmarks" / "inputs" / "reform_repo_8192_distinct.json.gz", "rt"))
+    number = {t["answer"].strip(): k for k, t in data["tasks"].items()}
+    path = ROOT / "benchmarks" / "results" / "reform" / "claims" / "reform.examples.jsonl"
+    records = [json.loads(x) for x in path.read_text().splitlines()]
+    repo = [r for r in records if r["task"] == "repo"]
+    assert repo and all(r["example"] == f"repo/8192/{number[r['target'].strip()]}" for r in repo)
+
+
+def test_repo_ids_renames_by_target_and_refuses_an_unknown_one(reruns, tmp_path):
+    import gzip
+    import json
+    from types import SimpleNamespace
+
+    repo_file = tmp_path / "repo.json.gz"
+    with gzip.open(repo_file, "wt") as f:
+        json.dump({"length": 64, "tasks": {"0": {"answer": " a()"}, "1": {"answer": "b()\n"}}}, f)
+    out = tmp_path / "run"
+    out.mkdir()
+
+    def write(*targets):
+        (out / "reform.examples.jsonl").write_text("".join(json.dumps(
+            {"example": "repo/64/0", "method": m, "output": "", "target": t, "task": "repo", "context_tokens": 1,
+             "seconds": 1.0, "config": {"table": "4", "device": "cpu"}, "metric": "score", "value": 0.0}) + "\n"
+            for m, t in zip(("reform", "truncation"), targets)))
+
+    write("b()", " a()")
+    reruns.repo_ids(SimpleNamespace(out=str(out), repo_file=str(repo_file)))
+    got = {r["method"]: r["example"] for r in map(json.loads, (out / "reform.examples.jsonl").read_text().splitlines())}
+    assert got == {"reform": "repo/64/1", "truncation": "repo/64/0"}
+    write("c()", "a()")
+    with pytest.raises(ValueError, match="not in"):
+        reruns.repo_ids(SimpleNamespace(out=str(out), repo_file=str(repo_file)))

@@ -7,6 +7,7 @@ import sys
 USAGE = """usage: python -m kvlab COMMAND [ARGS]
 
 commands:
+  run NAME [OPTIONS]  one experiment by name (`run --list`: every experiment, what it needs, how long it takes)
   fetch [ID ...]   download models and corpora into the cache (no ID: the default set; --list, --all)
   bench METHOD WHAT  GPU benchmarks of a method (see `python -m kvlab bench --help`)
   sweep GRID.yaml  run a grid of calls or notebooks on a Dask cluster (see `python -m kvlab sweep --help`)
@@ -28,6 +29,10 @@ def main(argv: list[str] | None = None) -> int:
         from kvlab.models import verify_converted
 
         return fetch_main(rest, verify_model=verify_converted) or 0
+    if command == "run":
+        from kvlab.experiments.registry import main as run_main
+
+        return run_main(rest) or 0
     if command == "bench":
         from kvlab.experiments.bench import main as bench_main
 

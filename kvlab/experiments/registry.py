@@ -1,0 +1,253 @@
+"""Every experiment kvlab runs, by name: ``python -m kvlab run NAME [OPTIONS]`` and the ledger's reruns.
+
+An experiment is a module of :mod:`kvlab.experiments` with two functions:
+
+    def parser() -> argparse.ArgumentParser      # made with experiment_parser(): --out, --device, --smoke included
+    def run(args) -> list[Path]                  # the files it wrote (records first), every one inside args.out
+
+``run`` checks every option before it loads a model or writes a file (:func:`check_all` runs the parser's checks;
+a module may add ``check(args)``, called before ``run``), writes only through the one output rule
+(:class:`kvlab.outputs.OutputFolder` on ``args.out``) and writes its per-example records with
+:mod:`kvlab.experiments.records`. ``--smoke`` runs the same code at tiny size on a CPU in seconds; it is how each
+experiment is tested (``tests/test_experiments.py``) before a GPU is spent on it.
+
+The claims ledger names each row's experiment and its configuration as data (columns ``experiment`` and ``config``,
+a JSON object of the experiment's options): ``python -m kvlab claims --rerun ROW`` turns the configuration into
+options (:func:`config_argv`) and runs it. This table says what each experiment needs; ``python -m kvlab run --list``
+prints it.
+"""
+from __future__ import annotations
+
+import argparse
+import difflib
+import importlib
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["Experiment", "EXPERIMENTS", "get", "experiment_parser", "names_list", "seed_range", "positive_int",
+           "config_argv", "run", "main", "list_text", "ParameterError"]
+
+
+class ParameterError(ValueError):
+    """An option of an experiment is wrong; the message names the option, the constraint and the fix."""
+
+
+@dataclass(frozen=True)
+class Experiment:
+    name: str      # what `python -m kvlab run` and the ledger's `experiment` column call it
+    module: str    # the module holding parser() and run(args)
+    paper: str     # the paper it measures (or "all" / "package")
+    needs: str     # "cpu", "gpu" or "cpu or gpu" at full size (--smoke always runs on a CPU)
+    model: str     # the model (asset name) it loads at full size, or "none"
+    minutes: str   # how long the full-size run takes, on the device it was measured on
+    summary: str   # one line: what it measures
+
+
+# The registry. A new experiment is one line here and one module; tests/test_experiments.py smoke-runs each.
+EXPERIMENTS: dict[str, Experiment] = {}
+
+
+def _add(*exps: Experiment) -> None:
+    for e in exps:
+        if e.name in EXPERIMENTS:
+            raise ValueError(f"experiment {e.name!r} registered twice")
+        EXPERIMENTS[e.name] = e
+
+
+# ---- package-wide experiments (the ledger's tests, notebooks) --------------------------------------------------
+# (entries: Experiment(name, module, paper, needs, model, minutes, summary))
+_add()
+
+# ---- SepLLM and the headline / quality runs ---------------------------------------------------------------------
+_add()
+
+# ---- DHSA and OrthoRank -----------------------------------------------------------------------------------------
+_add()
+
+# ---- LaCache, REFORM and the leaderboard -------------------------------------------------------------------------
+_add()
+
+
+def get(name: str) -> Experiment:
+    """The experiment called ``name``; an unknown name is refused with the nearest one."""
+    if name in EXPERIMENTS:
+        return EXPERIMENTS[name]
+    near = difflib.get_close_matches(name, list(EXPERIMENTS), n=1, cutoff=0.5)
+    raise ParameterError(f"no experiment {name!r}" + (f" (did you mean {near[0]!r}?)" if near else "")
+                         + "; `python -m kvlab run --list` lists them")
+
+
+def load(exp: Experiment):
+    return importlib.import_module(exp.module)
+
+
+# --------------------------------------------------------------------------------------------- option types
+class _StrictParser(argparse.ArgumentParser):
+    """argparse without prefix matching (``--meth`` is not ``--methods``) whose errors raise ParameterError
+    when the caller asks (a rerun reports them as the ledger's fault) and exit 2 otherwise."""
+
+    raise_errors = False
+
+    def error(self, message):
+        if self.raise_errors:
+            raise ParameterError(f"{self.prog}: {message}")
+        super().error(message)
+
+
+def experiment_parser(name: str, description: str, *, out_default: str | None = None) -> argparse.ArgumentParser:
+    """The parser every experiment starts from: ``--out`` (default ``build/runs/NAME``), ``--device`` and
+    ``--smoke``."""
+    p = _StrictParser(prog=f"python -m kvlab run {name}", description=description, allow_abbrev=False,
+                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default=out_default or f"build/runs/{name}",
+                   help="output folder (new, or one an earlier run of this experiment wrote; default %(default)s)")
+    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (cuda when there is one)")
+    p.add_argument("--smoke", action="store_true", help="the same code at tiny size on the CPU, in seconds")
+    return p
+
+
+def names_list(choices, *, what: str = "name"):
+    """An argparse ``type`` for a comma-separated list whose every item must be one of ``choices``: a misspelt
+    name is refused with the nearest one, never dropped."""
+    choices = list(choices)
+
+    def parse(text: str) -> list[str]:
+        items = [t.strip() for t in str(text).split(",") if t.strip()]
+        if not items:
+            raise argparse.ArgumentTypeError(f"empty list; give one or more of {choices}")
+        bad = [t for t in items if t not in choices]
+        if bad:
+            hints = []
+            for t in bad:
+                near = difflib.get_close_matches(t, choices, n=1, cutoff=0.5)
+                hints.append(f"{t!r}" + (f" (did you mean {near[0]!r}?)" if near else ""))
+            raise argparse.ArgumentTypeError(f"unknown {what} {', '.join(hints)}; the {what}s are {choices}")
+        return items
+
+    parse.__name__ = f"{what} list"
+    return parse
+
+
+def seed_range(text: str) -> list[int]:
+    """``3``, ``0-9``, ``1,4,7`` or ``0-3,8``: the seeds, in the order named; a reversed or empty range is refused."""
+    seeds: list[int] = []
+    for part in str(text).split(","):
+        part = part.strip()
+        if not part:
+            continue
+        try:
+            if "-" in part:
+                lo, hi = (int(x) for x in part.split("-", 1))
+                if hi < lo:
+                    raise argparse.ArgumentTypeError(f"range {part!r} runs backwards; write {hi}-{lo}")
+                seeds.extend(range(lo, hi + 1))
+            else:
+                seeds.append(int(part))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{part!r} is not a seed or a range such as 0-9") from None
+    if not seeds:
+        raise argparse.ArgumentTypeError(f"{text!r} names no seed; give e.g. 0-9")
+    if any(s < 0 for s in seeds):
+        raise argparse.ArgumentTypeError("seeds are >= 0")
+    return seeds
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be >= 1")
+    return value
+
+
+# --------------------------------------------------------------------------------------------- running
+def config_argv(config: dict) -> list[str]:
+    """A ledger row's configuration as options: ``{"methods": ["a", "b"], "n": 100, "heldout": true}`` is
+    ``--methods a,b --n 100 --heldout``; a key ``_`` holds positional arguments (a sub-command)."""
+    if not isinstance(config, dict):
+        raise ParameterError(f"a configuration is a JSON object of options, got {type(config).__name__}")
+    argv = [str(a) for a in config.get("_", [])]
+    for key, value in config.items():
+        if key == "_":
+            continue
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            argv.append(flag)
+        elif value is False or value is None:
+            continue
+        elif isinstance(value, (list, tuple)):
+            argv += [flag, ",".join(str(v) for v in value)]
+        else:
+            argv += [flag, str(value)]
+    return argv
+
+
+def check_all(name: str, argv: list[str], *, raise_errors: bool = False):
+    """Parse and check ``argv`` for experiment ``name`` (no model is loaded, nothing is written): the namespace."""
+    exp = get(name)
+    mod = load(exp)
+    parser = mod.parser()
+    parser.raise_errors = raise_errors
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.device = "cpu"
+    if hasattr(mod, "check"):
+        try:
+            mod.check(args)
+        except ParameterError as e:
+            if raise_errors:
+                raise
+            parser.error(str(e))
+    return mod, args
+
+
+def run(name: str, argv: list[str], *, raise_errors: bool = False) -> list[Path]:
+    """Run experiment ``name`` with options ``argv``: the files it wrote."""
+    mod, args = check_all(name, argv, raise_errors=raise_errors)
+    written = mod.run(args)
+    return [Path(p) for p in (written or [])]
+
+
+def list_text() -> str:
+    rows = [("experiment", "paper", "needs", "model", "minutes", "what it measures")]
+    rows += [(e.name, e.paper, e.needs, e.model, e.minutes, e.summary) for e in EXPERIMENTS.values()]
+    widths = [max(len(r[i]) for r in rows) for i in range(5)]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r[:5], widths)) + "  " + r[5] for r in rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print("usage: python -m kvlab run NAME [OPTIONS]   (python -m kvlab run NAME --help: its options)\n"
+              "       python -m kvlab run --list           what each experiment needs\n")
+        if not argv:
+            print(list_text())
+        return 0
+    if argv[0] == "--list":
+        print(list_text())
+        return 0
+    try:
+        written = run(argv[0], argv[1:])
+    except ParameterError as e:
+        print(f"kvlab run: {e}", file=sys.stderr)
+        return 2
+    for path in written:
+        print(f"wrote {path}")
+    return 0
+
+
+def describe(config_text: str) -> dict:
+    """A ledger ``config`` cell as a dict (empty cell: no options)."""
+    if not config_text.strip():
+        return {}
+    try:
+        config = json.loads(config_text)
+    except json.JSONDecodeError as e:
+        raise ParameterError(f"config {config_text!r} is not JSON ({e.msg})") from None
+    if not isinstance(config, dict):
+        raise ParameterError(f"config {config_text!r} must be a JSON object of options")
+    return config

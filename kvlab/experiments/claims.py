@@ -124,7 +124,8 @@ ROOT = Path(__file__).resolve().parents[2]  # the repository: kvlab/experiments/
 FIELDS = ["id", "paper", "item", "claim", "kind", "paper_value", "our_value", "n", "estimate", "ci_low", "ci_high",
           "p_value", "verdict", "model", "differs", "note", "results_file", "metric", "method_a", "method_b",
           "direction", "filter", "systematic", "test", "where", "command", "role", "proxy_of", "superseded",
-          "paper_cell", "paper_effect", "planned_n", "floor", "block"]
+          "paper_cell", "paper_effect", "planned_n", "floor", "block", "experiment", "config"]
+RERUN_FIELDS = ("experiment", "config")  # the row's experiment and its options as JSON (kvlab.experiments.rerun)
 COMPUTED = ["our_value", "n", "estimate", "ci_low", "ci_high", "p_value", "verdict"]
 KINDS = ("statistical", "exact", "summary", "not run", "not testable")
 ROLES = ("claim", "check", "sensitivity")
@@ -189,7 +190,8 @@ def load(path: str | Path | None = None) -> list[dict]:
         raise FileNotFoundError(f"claims ledger not found at {path}; run from a kvlab checkout (benchmarks/claims.csv)")
     with path.open(newline="", encoding="utf-8") as f:
         reader = csv.DictReader(f)
-        if reader.fieldnames != FIELDS:
+        older = [f for f in FIELDS if f not in RERUN_FIELDS]  # a ledger written before the rerun columns
+        if reader.fieldnames != FIELDS and reader.fieldnames != older:
             raise ValueError(f"{path}: columns must be exactly {FIELDS}, got {reader.fieldnames}")
         rows = []
         for r in reader:
@@ -202,7 +204,7 @@ def load(path: str | Path | None = None) -> list[dict]:
             if short:
                 raise ValueError(f"{where}: missing fields {short}; every row has the header's {len(FIELDS)} "
                                  "fields (leave a field empty, do not drop it)")
-            rows.append(dict(r))
+            rows.append({**dict.fromkeys(RERUN_FIELDS, ""), **r})
         return rows
 
 
@@ -1264,7 +1266,8 @@ def counts_text(rows: list[dict] | None = None, *, fmt: str = "text") -> str:
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    p = argparse.ArgumentParser(prog="python -m kvlab claims", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m kvlab claims", description=__doc__.split("\n\n")[0],
+                                allow_abbrev=False)
     p.add_argument("--counts", action="store_true",
                    help="per paper: items covered, claims tested and decided, checks, proxies, superseded rows")
     p.add_argument("--update", action="store_true",
@@ -1276,7 +1279,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--skip-exact", action="store_true",
                    help="with --update or --check: do not run the exact rows' tests (keep what is recorded)")
     p.add_argument("--table", metavar="PAPER", help="print one paper's rows (as a notebook would)")
+    p.add_argument("--rerun", metavar="ROW", help="rerun one row's experiment from its ledger configuration and "
+                   "print the committed and rerun n, estimate, interval and verdict (kvlab.experiments.rerun)")
+    p.add_argument("--out", help="with --rerun: the output folder (default build/reruns/ROW)")
+    p.add_argument("--device", help="with --rerun: cpu, cuda, cuda:N (default: the experiment's auto)")
+    p.add_argument("--smoke", action="store_true", help="with --rerun: the same code at tiny size on the CPU")
+    p.add_argument("--list-experiments", action="store_true",
+                   help="every experiment: CPU/GPU, model, minutes, and the ledger rows it reruns")
     args = p.parse_args(argv)
+    if args.rerun is None and (args.out or args.device or args.smoke):
+        p.error("--out, --device and --smoke go with --rerun ROW")
+    if args.list_experiments or args.rerun:
+        return _rerun_main(args)
     if args.table is not None and args.table.lower() not in {x.lower() for x in PAPERS}:
         import difflib
 
@@ -1314,6 +1328,21 @@ def main(argv: list[str] | None = None) -> int:
     if args.counts:
         print(counts_text(rows))
     return status
+
+
+def _rerun_main(args) -> int:
+    from kvlab.experiments import rerun
+
+    if args.list_experiments:
+        print(rerun.list_experiments_text())
+        return 0
+    try:
+        report = rerun.rerun(args.rerun, out=args.out, device=args.device, smoke=args.smoke)
+    except (rerun.RerunError, ValueError) as e:
+        print(f"kvlab claims --rerun: {e}", file=sys.stderr)
+        return 2
+    print(rerun.rerun_text(report))
+    return 0
 
 
 if __name__ == "__main__":

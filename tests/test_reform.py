@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from kvlab.reform import api, heads as H, reference as R
-from kvlab.experiments import reform_compare as compare
+from kvlab.experiments.reform import compare as compare
 from kvlab.reform.reference import Head
 from kvlab.testing import assert_close_to_oracle
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from kvlab.eval import tasks as T
-from kvlab.experiments.reform_compare import task_score
+from kvlab.eval.tasks import task_score
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -82,7 +82,7 @@ def test_repo_examples_are_named_by_their_number_in_the_file(reruns):
     import gzip
     import json
 
-    from kvlab.experiments.reform import example_id
+    from kvlab.experiments.reform.tables import example_id
 
     repo = json.load(gzip.open(ROOT / "benchmarks" / "inputs" / "reform_repo_8192_distinct.json.gz", "rt"))["tasks"]
     tasks = [reruns._build_task(None, "repo", s, 8192, repo) for s in range(len(repo))]

@@ -9,9 +9,9 @@ import re
 import pytest
 import torch
 
-from kvlab.experiments import reform_compare as compare
+from kvlab.experiments.reform import compare as compare
 from kvlab.eval import tasks as T
-from kvlab.eval.tasks import LongTask
+from kvlab.eval.tasks import LongTask, task_score
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -130,7 +130,7 @@ def test_repo_task_puts_the_definition_in_and_the_using_file_last(tok):
     last_file = task.context.rindex("# file: ")
     assert task.context[last_file:].startswith(f"# file: {info['file']}")
     assert task.context.index(f"# file: {info['definition']}") < last_file
-    assert compare.task_score(task.answer + "\n", task) == 1.0
+    assert task_score(task.answer + "\n", task) == 1.0
 
 
 # --------------------------------------------------------------------------- baselines and scoring
@@ -138,10 +138,10 @@ def test_repo_task_puts_the_definition_in_and_the_using_file_last(tok):
 
 def test_task_score_rules():
     multi = LongTask("ruler-multivalue", "c", "q", "p", " 1, 2", [], {"answers": ["1234567", "7654321"]})
-    assert compare.task_score("1234567 and 7654321", multi) == 1.0
-    assert compare.task_score("only 1234567", multi) == 0.5
+    assert task_score("1234567 and 7654321", multi) == 1.0
+    assert task_score("only 1234567", multi) == 0.5
     single = LongTask("kv", "c", "q", "p", " 649dda6e-b49c-43dc-acbc-408cc5521660", [])
-    assert compare.task_score(" 649dda6e-b49c-43dc", single) == 1.0
+    assert task_score(" 649dda6e-b49c-43dc", single) == 1.0
 
 
 def test_infinipot_keep_splits_the_room_between_cap_and_nuc():
@@ -191,7 +191,7 @@ def test_new_methods_run_on_a_tiny_model(tiny_llama):
 
 
 def test_experiment_helpers(tiny_llama):
-    from kvlab.experiments import reform as E
+    from kvlab.experiments.reform import tables as E
 
     summary = {"single": {"reform": {"accuracy": 100.0}, "h2o": {"accuracy": 0.0}},
                "vt": {"reform": {"accuracy": 50.0}, "h2o": {"accuracy": 10.0}}}

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from kvlab.eval import retrieval
-from kvlab.experiments import reform_compare as compare
+from kvlab.experiments.reform import compare as compare
 from kvlab.eval import tasks as T
-from kvlab.eval.tasks import LongTask
+from kvlab.eval.tasks import LongTask, task_score
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -167,9 +167,9 @@ def test_repo_prompt_ends_at_the_start_of_the_target_line():
     assert task.prompt.endswith("\n")  # the line before the target is complete
     assert not task.answer.startswith("\n") and task.info["name"] + "(" in task.answer
     # a model that writes the target line (then goes on) scores 1; a comment after it does not count
-    assert compare.task_score(task.answer + "\n    more_code()\n", task) == 1.0
-    assert compare.task_score("\n" + task.answer.strip() + "  \n", task) == 1.0
-    assert compare.task_score("  # a comment\n" + task.answer, task) < 1.0
+    assert task_score(task.answer + "\n    more_code()\n", task) == 1.0
+    assert task_score("\n" + task.answer.strip() + "  \n", task) == 1.0
+    assert task_score("  # a comment\n" + task.answer, task) < 1.0
 
 
 def test_repoeval_prediction_and_similarity():

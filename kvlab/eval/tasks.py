@@ -42,7 +42,7 @@ from kvlab.core.checks import check_int
 
 __all__ = ["LongTask", "kv_task", "multihop_task", "filler_text", "gold_token_mask", "RULER_NEEDLES", "RULER_KINDS",
            "needle_task", "variable_tracking_task", "ruler_task", "babi_story", "babilong_task", "babilong_score",
-           "edit_similarity",
+           "edit_similarity", "task_score",
            "repo_prediction", "api_uses", "repo_task", "repo_targets"]
 
 
@@ -366,6 +366,25 @@ def babilong_task(tokenizer, n_tokens: int, *, task: str = "qa1", seed: int = 0,
     context, gold = _scatter(head, sentences, [(f, i in evidence) for i, f in enumerate(facts)], rng, shuffle=False)
     return LongTask(f"babilong-{task}", context, query, prefix, answer, gold,
                     {"answers": [answer.strip()], "facts": facts, "evidence": evidence, "seed": seed})
+
+
+
+def task_score(text: str, task: LongTask) -> float:
+    """Score in [0, 1] of a generated ``text`` for ``task``, by the rule of the task's benchmark: RepoEval's edit
+    similarity (code: the first non-empty generated lines, as many as the reference has, against the reference),
+    BABILong's rule (the answer is the only place named: :func:`babilong_score`), the fraction of
+    ``info["answers"]`` found (RULER's ``string_match_all``), else whether the reference answer's first 16
+    characters (all of a short answer; two groups of a UUID) occur in the text, case aside."""
+    from kvlab.eval.retrieval import string_match_all
+
+    if task.kind == "repo":
+        return edit_similarity(repo_prediction(text, task.answer), task.answer)
+    if task.kind.startswith("babilong"):
+        return babilong_score(text, task.answer)
+    answers = task.info.get("answers") if task.info else None
+    if answers:
+        return string_match_all(text, answers)
+    return float(task.answer.strip()[:16].lower() in text.lower())
 
 
 # --------------------------------------------------------------------------- repository-level code completion

@@ -415,7 +415,7 @@ def run_cell(method: str, task: str, level: int, kv_budget: int, flop_budget: fl
         out.update(runner.perplexity(ids, tokens))
         return out
     # question tasks: every example a LongTask (context + query + answer prefix, reference answer)
-    from kvlab.experiments.reform_compare import task_score
+    from kvlab.eval.tasks import task_score
 
     why = runner.unavailable()
     if why:
@@ -510,7 +510,7 @@ class _ReformRunner(_PolicyRunner):
         return None
 
     def answer(self, item):
-        from kvlab.experiments.reform_compare import run_method
+        from kvlab.experiments.reform.compare import run_method
         from kvlab.reform.api import settings_for_budget
 
         c = self.ctx

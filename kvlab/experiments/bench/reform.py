@@ -141,7 +141,7 @@ def _single_needle(tok, filler: str, n: int, samples: int) -> list:
 
 def run_compare(args) -> int:
     from kvlab.reform.api import load_heads
-    from kvlab.experiments.reform_compare import METHODS, as_dicts, run_method, summarise
+    from kvlab.experiments.reform.compare import METHODS, as_dicts, run_method, summarise
 
     model, tok = _load(args)
     tasks = _read_tasks(args.tasks)
@@ -198,7 +198,7 @@ def _peak(model) -> float:
 @torch.no_grad()
 def _efficiency_one(method, model, tok, task, args, heads) -> dict[str, Any]:
     from kvlab.core import KVCache
-    from kvlab.experiments import reform_compare as C
+    from kvlab.experiments.reform import compare as C
     from kvlab.eval.retrieval import greedy_answer
     from kvlab.reform.api import reform_gather
 

@@ -56,7 +56,7 @@ from kvlab.reform.reference import (CompressedCache, decoder_of, query_states, r
                                    forward_chunk, h2o_scores)
 
 __all__ = ["METHODS", "MethodResult", "run_method", "compare", "summarise", "truncation_ids", "rag_ids", "bm25_ids",
-           "task_score", "infinipot_keep", "CATALYST_PROMPT", "KeepInitialRecent", "baseline_policy"]
+           "infinipot_keep", "CATALYST_PROMPT", "KeepInitialRecent", "baseline_policy"]
 
 METHODS = ("reform", "truncation", "streamingllm", "h2o", "tova", "compress_only", "infinipot", "rag", "rag_bm25",
            "reform_no_gather")
@@ -78,29 +78,6 @@ class MethodResult:
 
 
 # --------------------------------------------------------------------------- answering from ids / caches
-
-
-def task_score(text: str, task) -> float:
-    """Score in [0, 1] of a generated ``text`` for ``task``: RepoEval's edit similarity (code: the first
-    non-empty generated lines, as many as the reference has, against the reference), BABILong's rule (the
-    answer is the only place named: :func:`kvlab.eval.tasks.babilong_score`), the fraction of
-    ``info["answers"]`` found (RULER's ``string_match_all``), or :func:`_is_correct`."""
-    from kvlab.eval.tasks import babilong_score, edit_similarity, repo_prediction
-
-    if task.kind == "repo":
-        return edit_similarity(repo_prediction(text, task.answer), task.answer)
-    if task.kind.startswith("babilong"):
-        return babilong_score(text, task.answer)
-    answers = task.info.get("answers") if task.info else None
-    if answers:
-        return string_match_all(text, answers)
-    return float(_is_correct(text, task.answer))
-
-
-def _is_correct(text: str, answer: str) -> bool:
-    """The reference answer's first 16 characters (all of a short answer; two groups of a UUID, which takes
-    more tokens than a short generation holds) occur in the generated text, case aside."""
-    return answer.strip()[:16].lower() in text.lower()
 
 
 @torch.no_grad()

@@ -78,7 +78,7 @@ PLANS = {
 
 def _units(scale: dict, with_repo: bool, plan: str | None = None) -> list[tuple[str, int, str, int]]:
     """``(kind, seed, row, length)``: every example of every kind with the rows that table runs on it."""
-    from kvlab.experiments.reform import TABLE1_KINDS, TABLE5_KINDS
+    from kvlab.experiments.reform.tables import TABLE1_KINDS, TABLE5_KINDS
 
     if plan is not None:
         out = []
@@ -98,7 +98,7 @@ def _units(scale: dict, with_repo: bool, plan: str | None = None) -> list[tuple[
 
 
 def _build_task(tok, kind: str, seed: int, length: int, repo: dict):
-    from kvlab.experiments.reform import build_tasks
+    from kvlab.experiments.reform.tables import build_tasks
     from kvlab.eval.tasks import LongTask, kv_task
 
     if kind == "repo":  # the example's id is its number in the file, not the seed within its package (the ids of
@@ -118,7 +118,7 @@ def _worker(rank: int, units: list, args_d: dict) -> None:
     torch.set_num_threads(1)
     import kvlab
     from kvlab.reform.api import heads_file, load_heads
-    from kvlab.experiments.reform import ablations, example_id, example_records, run_table
+    from kvlab.experiments.reform.tables import ablations, example_id, example_records, run_table
 
     scale = SCALES[args_d["scale"]]
     device = "cuda" if torch.cuda.is_available() else "cpu"

@@ -133,7 +133,7 @@ def _worker(rank: int, units: list, args_d: dict) -> None:
     torch.set_num_threads(1)
     import kvlab
     from kvlab.eval.retrieval import ask, passkey
-    from kvlab.experiments.reform_compare import task_score
+    from kvlab.eval.tasks import task_score
     from kvlab.eval.tasks import ruler_task
     from quality_runs import LACACHE_RULER, lacache_policies
 

@@ -1,7 +1,7 @@
 """REFORM's experiment tables at our scale: Table 1 (RULER + BABILong), Table 4 (RepoEval stand-in), Table 5
 (vs RAG), Table 6a (ablations) and Table 6b (efficiency, read from the GPU run), each beside the paper's.
 
-``python -m kvlab.experiments.reform WHAT``::
+``python -m kvlab.experiments.reform.tables WHAT``::
 
     tasks   build every input of a run here (needs the corpora) into a gzipped JSON that travels to the GPU
     run     every method on every task of that file, the ablations, the summaries: a JSON report
@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from kvlab.eval.retrieval import RULER_TOKENS
-from kvlab.experiments.reform_compare import METHODS, as_dicts, run_method, summarise
+from kvlab.experiments.reform.compare import METHODS, as_dicts, run_method, summarise
 from kvlab.eval.tasks import RULER_KINDS, LongTask, babilong_task, repo_task, ruler_task
 
 __all__ = ["PAPER", "TABLE1_KINDS", "TABLE1_METHODS", "TABLE5_KINDS", "build_tasks", "ablations", "run_table",
@@ -138,7 +138,7 @@ def ablations(model, heads_data: dict | None = None, seed: int = 0) -> dict[str,
 def run_table(model, tokenizer, tasks: dict[str, list[LongTask]], rows: dict[str, tuple[str, dict[str, Any]]],
               *, progress: bool = False, length: int | str = "", **settings) -> dict[str, Any]:
     """Every row (``name -> (method, overrides)``) on every task: ``{"summary": {kind: {row: {...}}},
-    "results": [...]}``; ``settings`` go to :func:`kvlab.experiments.reform_compare.run_method`. ``max_new_tokens`` left
+    "results": [...]}``; ``settings`` go to :func:`kvlab.experiments.reform.compare.run_method`. ``max_new_tokens`` left
     out (or None): :func:`answer_tokens` of each task. Each result carries :func:`example_id` (``length``
     names the input length in it)."""
     from kvlab.reform.api import load_heads
@@ -228,7 +228,7 @@ def _cmd_run(args) -> int:
     settings = dict(budget=args.budget, chunk_size=args.chunk_size, n_initial=args.n_initial, n_recent=args.n_recent,
                     n_final=args.n_final, max_new_tokens=args.max_new_tokens, heads=heads and str(heads))
     device = torch.cuda.get_device_name() if next(model.parameters()).is_cuda else "cpu"
-    report: dict[str, Any] = {"command": "python -m kvlab.experiments.reform " + " ".join(args.argv),
+    report: dict[str, Any] = {"command": "python -m kvlab.experiments.reform.tables " + " ".join(args.argv),
                               "device": device, "settings": settings, "sets": {}}
     begin = time.perf_counter()
     ablate = ablations(model, heads_data)
@@ -255,7 +255,7 @@ def _cmd_run(args) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    p = argparse.ArgumentParser(prog="python -m kvlab.experiments.reform", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m kvlab.experiments.reform.tables", description=__doc__.split("\n\n")[0])
     p.add_argument("what", choices=["tasks", "run"])
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--device", default=None)

@@ -184,10 +184,10 @@ def run_mnr(args) -> int:
 
 
 def _run_rows(args, tasks, methods, max_new_tokens, extra) -> int:
-    """Every method on every task through :func:`kvlab.experiments.reform.run_table` (the harness of the other
+    """Every method on every task through :func:`kvlab.experiments.reform.tables.run_table` (the harness of the other
     REFORM tables), records appended to ``OUT/<what>.examples.jsonl`` with the extra metrics of ``extra``."""
     from kvlab.reform.api import heads_file, load_heads
-    from kvlab.experiments.reform import example_records, run_table
+    from kvlab.experiments.reform.tables import example_records, run_table
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

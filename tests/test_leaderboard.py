@@ -182,3 +182,36 @@ def test_a_kvpress_na_cell_from_the_peer_environment_is_kept(tmp_path):
                                wall_seconds=1.0, result=result))
     rows = lb.collect(tmp_path, cells)
     assert len(rows) == len(cells) and all("compresses once" in r["status"] for r in rows)
+
+
+def test_one_list_of_cache_methods_holds_every_method_the_cells_hold_to_a_kv_budget():
+    import ast
+    import inspect
+
+    tree = ast.parse(inspect.getsource(lb))
+    defined = [t.id for node in ast.walk(tree) if isinstance(node, ast.Assign) for t in node.targets
+               if isinstance(t, ast.Name) and t.id == "CACHE_METHODS"]
+    assert defined == ["CACHE_METHODS"]  # one definition
+    assert "REFORM" in lb.CACHE_METHODS and all(f"kvpress:{p}" in lb.CACHE_METHODS for p in lb.PRESSES)
+    assert lb.METHODS == ("Full",) + lb.CACHE_METHODS + lb.FLOP_METHODS
+    ctx = lb._CellContext(None, None, "smollm2-135m", 64, 0.5, 16, 4)
+    for method in lb.CACHE_METHODS:  # what the cells run: none of them is a FLOP runner
+        assert not isinstance(lb._runner(method, ctx), lb._FlopRunner), method
+    assert set(lb.cache_policies()) == set(lb.MATCHED_POLICIES) < set(lb.CACHE_METHODS)
+    with pytest.raises(ValueError, match="its own rule"):
+        lb.match_cache("REFORM", 64, None, 16, 30, None)
+
+
+def test_a_users_leaderboard_md_is_left_untouched_and_the_command_names_the_fix(tmp_path, capsys):
+    out = tmp_path / "mine"
+    out.mkdir()
+    mine = out / "leaderboard.md"
+    mine.write_text("my own leaderboard notes\n")
+    with pytest.raises(lb.OutputRefused if hasattr(lb, "OutputRefused") else ValueError,
+                       match="leaderboard.md was not written by kvlab"):
+        lb.run_leaderboard("tiny", out, tasks=["ppl"], methods=["Full"], run=False, progress=False)
+    assert lb.main(["--tasks", "ppl", "--methods", "Full", "--report-only", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "leaderboard.md was not written by kvlab" in err and "give another output folder" in err
+    assert mine.read_text() == "my own leaderboard notes\n"
+    assert sorted(p.name for p in out.iterdir()) == ["leaderboard.md"]

@@ -60,12 +60,15 @@ from typing import Any
 
 import torch
 
-__all__ = ["METHODS", "CACHE_METHODS", "FLOP_METHODS", "PRESSES", "TASKS", "GRIDS", "KV_TOLERANCE", "held_trace",
+__all__ = ["METHODS", "CACHE_METHODS", "MATCHED_POLICIES", "FLOP_METHODS", "PRESSES", "TASKS", "GRIDS", "KV_TOLERANCE", "held_trace",
            "match_cache", "match_dhsa", "match_orthorank", "check_budgets", "model_checksum", "sized_grid",
            "cell_tasks", "run_cell", "collect", "markdown", "pareto_plot", "run_leaderboard", "main"]
 
 PRESSES = ("SnapKVPress", "KnormPress", "ExpectedAttentionPress")
-CACHE_METHODS = ("StreamingLLM", "H2O", "TOVA", "SepLLM", "LaCache", "REFORM") + tuple(f"kvpress:{p}" for p in PRESSES)
+#: the methods held to a mean KV budget: the policies (their cap matched by :func:`match_cache`), REFORM (its budget
+#: split by its own rule) and the kvpress presses (``n_kept`` = the budget); every one runs in the cells
+MATCHED_POLICIES = ("StreamingLLM", "H2O", "TOVA", "SepLLM", "LaCache")
+CACHE_METHODS = MATCHED_POLICIES + ("REFORM",) + tuple(f"kvpress:{p}" for p in PRESSES)
 FLOP_METHODS = ("DHSA", "OrthoRank")
 METHODS = ("Full",) + CACHE_METHODS + FLOP_METHODS
 TASKS = ("ppl", "passkey", "kv_retrieval", "qa")
@@ -156,7 +159,8 @@ def cache_policies() -> dict:
     """The policy class of each cache method; each splits a cap into its parts by its own ``for_budget`` rule."""
     from kvlab.policies import H2O, TOVA, LaCache, SepLLMStreaming, StreamingLLM
 
-    return {"StreamingLLM": StreamingLLM, "H2O": H2O, "TOVA": TOVA, "SepLLM": SepLLMStreaming, "LaCache": LaCache}
+    family = {"StreamingLLM": StreamingLLM, "H2O": H2O, "TOVA": TOVA, "SepLLM": SepLLMStreaming, "LaCache": LaCache}
+    return {m: family[m] for m in MATCHED_POLICIES}
 
 
 def _cache_family(method: str, tokenizer):
@@ -168,19 +172,16 @@ def _cache_family(method: str, tokenizer):
     return lambda c: policy.for_budget(c, tokenizer=tokenizer)
 
 
-#: the methods whose cache size :func:`match_cache` matches to a mean KV budget
-CACHE_METHODS = ("StreamingLLM", "H2O", "TOVA", "SepLLM", "LaCache")
-
-
 def match_cache(method: str, budget: int, ids: torch.Tensor, chunk: int, num_layers: int, tokenizer):
     """``(cap, policy, mean_kv)``: the cap of ``method`` whose mean KV over streaming ``ids`` in chunks of
     ``chunk`` is closest to ``budget`` (bisection: the mean grows with the cap). Raises ValueError when the
     closest misses by more than :data:`KV_TOLERANCE`."""
     from kvlab.core.checks import check_float, check_int
 
-    if method not in CACHE_METHODS:
-        raise ValueError(f"match_cache matches the cache methods {list(CACHE_METHODS)}, got {method!r}"
-                         + (": Full keeps every entry, it has no cap to match" if method == "Full" else ""))
+    if method not in MATCHED_POLICIES:
+        why = (": Full keeps every entry, it has no cap to match" if method == "Full" else
+               ": it is held to the budget by its own rule, not by a cap" if method in CACHE_METHODS else "")
+        raise ValueError(f"match_cache matches the cap of the policies {list(MATCHED_POLICIES)}, got {method!r}{why}")
     budget = check_float("budget (mean KV entries)", budget, 0.0, low_open=True)
     chunk = check_int("chunk", chunk, 1)
     make = _cache_family(method, tokenizer)
@@ -628,24 +629,32 @@ def sized_grid(grid: str | dict = "tiny", *, models=None, examples: int | None =
         raise ValueError(f"a grid dict needs every key of the named grids {list(GRIDS['tiny'])}; missing {missing} "
                          f"(start from dict(kvlab.experiments.leaderboard.GRIDS['tiny']) and change what differs)")
     if models is not None:
-        models = list(models)
-        unknown = [m for m in models if m not in spec["models"]]
-        if not models or unknown:
-            raise ValueError(f"models must be a non-empty subset of this grid's models {spec['models']}, got "
-                             f"{models!r}: name models of the grid, or choose another --grid")
-        spec["models"] = models
+        spec["models"] = _grid_models(models, spec["models"])
     if examples is not None:
         if isinstance(examples, bool) or not isinstance(examples, int) or examples < 1:
             raise ValueError(f"examples must be an int >= 1 (texts per length and depth), got {examples!r}")
         spec["examples"] = examples
     if seeds is not None:
-        seeds = list(seeds)
-        if not seeds or any(isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in seeds) \
-                or len(set(seeds)) != len(seeds):
-            raise ValueError(f"seeds must be a non-empty list of distinct ints >= 0 (one replicate each), got "
-                             f"{seeds!r}: e.g. seeds=[0, 1, 2] or --seeds 0,1,2")
-        spec["seeds"] = seeds
+        spec["seeds"] = _grid_seeds(seeds)
     return spec
+
+
+def _grid_models(models, known) -> list:
+    models = list(models)
+    unknown = [m for m in models if m not in known]
+    if not models or unknown:
+        raise ValueError(f"models must be a non-empty subset of this grid's models {known}, got "
+                         f"{models!r}: name models of the grid, or choose another --grid")
+    return models
+
+
+def _grid_seeds(seeds) -> list[int]:
+    seeds = list(seeds)
+    if not seeds or any(isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in seeds) \
+            or len(set(seeds)) != len(seeds):
+        raise ValueError(f"seeds must be a non-empty list of distinct ints >= 0 (one replicate each), got "
+                         f"{seeds!r}: e.g. seeds=[0, 1, 2] or --seeds 0,1,2")
+    return seeds
 
 
 def cell_tasks(grid: str | dict = "tiny", *, methods=METHODS, tasks=TASKS):
@@ -689,48 +698,55 @@ def collect(out, cells=None) -> list[dict]:
     """The rows of the tidy table from the cell records under ``out/cells``; with ``cells`` (the grid's
     :class:`kvlab.experiments.sweep.Task` s) only theirs, made by this kvlab and these model files. A kvpress cell run where
     kvpress imports (``.venv-peers``) replaces the same cell marked n/a where it does not."""
-    from kvlab.experiments.sweep import task_key
-
     paths = sorted(Path(out, "cells").glob("*.json"))
     if cells is not None:  # only this grid's cell files and their twins (NAME-no-kvpress, NAME-...); not others'
         bases = {t.name.removesuffix("-no-kvpress") for t in cells}
         paths = [p for p in paths if p.stem in bases or any(p.stem.startswith(b + "-") for b in bases)]
-    records = []
-    for path in paths:
-        try:
-            rec = json.loads(path.read_text())
-            rec["params"]["method"], rec["result"]["status"], rec["key"]  # noqa: B018 - the fields rows need
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise ValueError(f"leaderboard cell file {path} is damaged or not a cell record ({type(exc).__name__}: "
-                             f"{exc}); delete it and run the leaderboard again (without --report-only) to "
-                             "recompute that cell") from None
-        records.append(rec)
+    records = [_cell_record(path) for path in paths]
     if cells is not None:
-        wanted = {task_key(t) for t in cells}
-        peers = {_without_kvpress(t.params) for t in cells if t.params["method"].startswith("kvpress:")}
-        from kvlab import __version__
+        records = _grid_records(records, cells)
+    return [_row(rec) for rec in records]
 
-        # cells made where kvpress imports (their params name its version), ok or n/a (no streaming loss)
-        peer_made = [rec for rec in records if rec["params"]["method"].startswith("kvpress:")
-                     and rec["params"].get("kvpress") not in (None, NO_KVPRESS)
-                     and rec["result"].get("kvlab") == __version__
-                     and _without_kvpress(rec["params"]) in peers]
-        ran = {_without_kvpress(rec["params"]) for rec in peer_made}
-        records = [rec for rec in records if rec["key"] in wanted and not any(rec is q for q in peer_made)
-                   and _without_kvpress(rec["params"]) not in ran] + peer_made
-    rows = []
-    for rec in records:
-        p, r = rec["params"], rec["result"]
-        kind = "reference" if p["method"] == "Full" else "flops" if p["method"] in FLOP_METHODS else "kv"
-        rows.append(dict(model=p["model"], model_sha256=p["model_sha256"], seed=p["seed"], task=p["task"],
-                         method=p["method"], kind=kind, level=p["level"],
-                         kv_budget=p["kv_budget"] if kind == "kv" else None,
-                         flop_budget=p["flop_budget"] if kind == "flops" else None,
-                         mean_kv=r.get("mean_kv"), flop_fraction=r.get("flop_fraction"), ppl=r.get("ppl"),
-                         accuracy=r.get("accuracy"), answer_nll=r.get("answer_nll"), status=r["status"],
-                         method_params=json.dumps(r.get("method_params", {}), sort_keys=True),
-                         kvlab=r.get("kvlab"), key=rec["key"], seconds=round(rec["wall_seconds"], 2)))
-    return rows
+
+def _cell_record(path: Path) -> dict:
+    try:
+        rec = json.loads(path.read_text())
+        rec["params"]["method"], rec["result"]["status"], rec["key"]  # noqa: B018 - the fields rows need
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"leaderboard cell file {path} is damaged or not a cell record ({type(exc).__name__}: "
+                         f"{exc}); delete it and run the leaderboard again (without --report-only) to "
+                         "recompute that cell") from None
+    return rec
+
+
+def _grid_records(records: list[dict], cells) -> list[dict]:
+    """The records of the grid's cells; a kvpress cell made where kvpress imports (its params name its version,
+    ok or n/a) replaces its twin made where it does not."""
+    from kvlab import __version__
+    from kvlab.experiments.sweep import task_key
+
+    wanted = {task_key(t) for t in cells}
+    peers = {_without_kvpress(t.params) for t in cells if t.params["method"].startswith("kvpress:")}
+    peer_made = [rec for rec in records if rec["params"]["method"].startswith("kvpress:")
+                 and rec["params"].get("kvpress") not in (None, NO_KVPRESS)
+                 and rec["result"].get("kvlab") == __version__
+                 and _without_kvpress(rec["params"]) in peers]
+    ran = {_without_kvpress(rec["params"]) for rec in peer_made}
+    return [rec for rec in records if rec["key"] in wanted and not any(rec is q for q in peer_made)
+            and _without_kvpress(rec["params"]) not in ran] + peer_made
+
+
+def _row(rec: dict) -> dict:
+    p, r = rec["params"], rec["result"]
+    kind = "reference" if p["method"] == "Full" else "flops" if p["method"] in FLOP_METHODS else "kv"
+    return dict(model=p["model"], model_sha256=p["model_sha256"], seed=p["seed"], task=p["task"],
+                method=p["method"], kind=kind, level=p["level"],
+                kv_budget=p["kv_budget"] if kind == "kv" else None,
+                flop_budget=p["flop_budget"] if kind == "flops" else None,
+                mean_kv=r.get("mean_kv"), flop_fraction=r.get("flop_fraction"), ppl=r.get("ppl"),
+                accuracy=r.get("accuracy"), answer_nll=r.get("answer_nll"), status=r["status"],
+                method_params=json.dumps(r.get("method_params", {}), sort_keys=True),
+                kvlab=r.get("kvlab"), key=rec["key"], seconds=round(rec["wall_seconds"], 2))
 
 
 def _fmt(x, digits=2):
@@ -742,36 +758,44 @@ def markdown(rows: list[dict]) -> str:
     lines = []
     tasks = [t for t in TASKS if any(r["task"] == t for r in rows)]  # the tasks this run has
     for model in sorted({r["model"] for r in rows}):
-        heads = " | ".join(f"{t}{'' if MAIN_METRIC[t][0] == t else ' ' + MAIN_METRIC[t][0]} "
-                           f"{'↓' if MAIN_METRIC[t][1] else '↑'}" for t in tasks)
-        lines += [f"**{model}**", "", f"| method | level | cost | {heads} |",
-                  "|---|---|---|" + "---|" * len(tasks)]
-        mine = [r for r in rows if r["model"] == model]
-        for method in METHODS:
-            for level in sorted({r["level"] for r in mine if r["method"] == method}):
-                cells = {r["task"]: r for r in mine if r["method"] == method and r["level"] == level}
-                ok = [r for r in cells.values() if r["status"] == "ok"]
-                cost = ""
-                if ok and ok[0]["kind"] != "flops":
-                    kvs = [r["mean_kv"] for r in ok if r["mean_kv"] is not None]
-                    cost = f"KV {min(kvs):.0f}-{max(kvs):.0f}" if kvs else ""
-                elif ok:
-                    cost = f"FLOPs {min(r['flop_fraction'] for r in ok):.2f}-{max(r['flop_fraction'] for r in ok):.2f}"
-                vals = []
-                for t in tasks:
-                    r = cells.get(t)
-                    if r is None:
-                        vals.append("")
-                    elif r["status"] != "ok":
-                        vals.append("n/a")
-                    else:
-                        vals.append(_fmt(r[MAIN_METRIC[t][0]], 3 if MAIN_METRIC[t][0] == "answer_nll" else 2))
-                lines.append(f"| {method} | {'-' if method == 'Full' else level} | {cost} | " + " | ".join(vals) + " |")
-        lines.append("")
+        lines += _model_table(model, [r for r in rows if r["model"] == model], tasks) + [""]
     reasons = sorted({(r["method"], r["task"], r["status"][5:]) for r in rows if r["status"] != "ok"})
     if reasons:
         lines.append("n/a: " + "; ".join(f"{m} on {t}: {why}" for m, t, why in reasons))
     return "\n".join(lines)
+
+
+def _model_table(model: str, mine: list[dict], tasks: list[str]) -> list[str]:
+    heads = " | ".join(f"{t}{'' if MAIN_METRIC[t][0] == t else ' ' + MAIN_METRIC[t][0]} "
+                       f"{'↓' if MAIN_METRIC[t][1] else '↑'}" for t in tasks)
+    lines = [f"**{model}**", "", f"| method | level | cost | {heads} |", "|---|---|---|" + "---|" * len(tasks)]
+    for method in METHODS:
+        for level in sorted({r["level"] for r in mine if r["method"] == method}):
+            cells = {r["task"]: r for r in mine if r["method"] == method and r["level"] == level}
+            vals = [_cell_text(cells.get(t), t) for t in tasks]
+            lines.append(f"| {method} | {'-' if method == 'Full' else level} | {_cost_text(cells)} | "
+                         + " | ".join(vals) + " |")
+    return lines
+
+
+def _cost_text(cells: dict) -> str:
+    """The cost column of one method and level: the range of mean KV (or kept FLOP share) of its ok cells."""
+    ok = [r for r in cells.values() if r["status"] == "ok"]
+    if not ok:
+        return ""
+    if ok[0]["kind"] == "flops":
+        return f"FLOPs {min(r['flop_fraction'] for r in ok):.2f}-{max(r['flop_fraction'] for r in ok):.2f}"
+    kvs = [r["mean_kv"] for r in ok if r["mean_kv"] is not None]
+    return f"KV {min(kvs):.0f}-{max(kvs):.0f}" if kvs else ""
+
+
+def _cell_text(row: dict | None, task: str) -> str:
+    if row is None:
+        return ""
+    if row["status"] != "ok":
+        return "n/a"
+    metric = MAIN_METRIC[task][0]
+    return _fmt(row[metric], 3 if metric == "answer_nll" else 2)
 
 
 def _pareto(points: list[tuple[float, float]], lower_better: bool) -> list[tuple[float, float]]:
@@ -810,33 +834,15 @@ def pareto_plot(rows: list[dict], path=None):
 
     models = sorted({r["model"] for r in rows})
     tasks = [t for t in TASKS if any(r["task"] == t for r in rows)]
-    markers = dict(zip(models, "os^Dv"))
-    colors = {m: plt.cm.tab20(i % 20) for i, m in enumerate(METHODS)}
+    style = {"markers": dict(zip(models, "os^Dv")), "colors": {m: plt.cm.tab20(i % 20) for i, m in enumerate(METHODS)}}
     columns = [("mean_kv", ("kv", "reference"), "mean KV (entries)"),
                ("flop_fraction", ("flops", "reference"), "kept FLOP share")]
     fig, axes = plt.subplots(len(tasks), 2, figsize=(10, 2.9 * len(tasks) + 1.6), squeeze=False)
     legends = [{}, {}]  # per column: method -> a marker handle
     for row, task in enumerate(tasks):
-        metric, lower = MAIN_METRIC[task]
-        for col, (xkey, kinds, label) in enumerate(columns):
-            ax = axes[row][col]
-            shown = []
-            for model in models:
-                pts = [r for r in rows if r["task"] == task and r["model"] == model and r["kind"] in kinds
-                       and r["status"] == "ok" and r.get(xkey) is not None and r.get(metric) is not None]
-                for r in pts:
-                    handle = ax.scatter(r[xkey], r[metric], color=colors[r["method"]], marker=markers[model], s=40)
-                    legends[col].setdefault(r["method"], handle)  # the first point of a method, whatever model
-                    shown.append(float(r[metric]))
-                front = _pareto([(r[xkey], r[metric]) for r in pts], lower)
-                if len(front) > 1:
-                    ax.plot(*zip(*front), ls="--", color="grey", lw=0.8)
-            if metric == "ppl":  # a collapsed run's perplexity would flatten every other point
-                _clip_outliers(ax, shown, lower)
-            ax.set_xlabel(label)
-            ax.set_ylabel(f"{metric} ({'lower' if lower else 'higher'} is better)", fontsize=8)
-            ax.set_title(task, fontsize=9)
-    fig.suptitle("kvlab leaderboard: " + ", ".join(f"{m} ({markers[m]})" for m in models))
+        for col, column in enumerate(columns):
+            _pareto_axes(axes[row][col], rows, task, models, column, style, legends[col])
+    fig.suptitle("kvlab leaderboard: " + ", ".join(f"{m} ({style['markers'][m]})" for m in models))
     for col, entries in enumerate(legends):  # one legend per column, under the grid: it never covers a point
         if entries:
             axes[-1][col].legend(list(entries.values()), list(entries.keys()), fontsize=7, frameon=False,
@@ -845,6 +851,29 @@ def pareto_plot(rows: list[dict], path=None):
     if path is not None:
         fig.savefig(path, dpi=110, bbox_inches="tight")
     return fig
+
+
+def _pareto_axes(ax, rows: list[dict], task: str, models: list, column: tuple, style: dict, legend: dict) -> None:
+    """One task's points of one cost column (every model), each model's Pareto front dashed."""
+    metric, lower = MAIN_METRIC[task]
+    xkey, kinds, label = column
+    shown = []
+    for model in models:
+        pts = [r for r in rows if r["task"] == task and r["model"] == model and r["kind"] in kinds
+               and r["status"] == "ok" and r.get(xkey) is not None and r.get(metric) is not None]
+        for r in pts:
+            handle = ax.scatter(r[xkey], r[metric], color=style["colors"][r["method"]],
+                                marker=style["markers"][model], s=40)
+            legend.setdefault(r["method"], handle)  # the first point of a method, whatever model
+            shown.append(float(r[metric]))
+        front = _pareto([(r[xkey], r[metric]) for r in pts], lower)
+        if len(front) > 1:
+            ax.plot(*zip(*front), ls="--", color="grey", lw=0.8)
+    if metric == "ppl":  # a collapsed run's perplexity would flatten every other point
+        _clip_outliers(ax, shown, lower)
+    ax.set_xlabel(label)
+    ax.set_ylabel(f"{metric} ({'lower' if lower else 'higher'} is better)", fontsize=8)
+    ax.set_title(task, fontsize=9)
 
 
 #: what a run writes beside ``cells/``
@@ -868,9 +897,7 @@ def run_leaderboard(grid: str | dict = "tiny", out=DEFAULT_OUT, *, workers: int 
     with local GPU workers, else ``"cpu"``). ``models`` runs a subset of the grid's models, ``examples`` sets the
     number of texts per length and depth of the question tasks (more work per cell, other cells' keys), ``seeds``
     the replicates (more cells: :func:`sized_grid`)."""
-    import csv
-
-    from kvlab.experiments.sweep import SweepReport, open_results, run_sweep
+    from kvlab.experiments.sweep import SweepReport
     from kvlab.outputs import OutputFolder
 
     out = Path(out)
@@ -887,49 +914,69 @@ def run_leaderboard(grid: str | dict = "tiny", out=DEFAULT_OUT, *, workers: int 
     device = device or ("gpu" if gpu_workers and scheduler is None else "cpu")
     for cell in cells:
         cell.device = device
-    # the output rule (kvlab.outputs): out holds only what the leaderboard wrote; cells/ is the sweep's, checked by it
-    written = OutputFolder(out, "kvlab leaderboard", others=("cells",),
-                           recognise=lambda p: p.relative_to(out).as_posix() in TABLE_FILES)
-    report = SweepReport()
-    if run and importlib.util.find_spec("distributed") is None:  # .venv-peers: kvpress, no Dask
-        from kvlab.experiments.sweep import call_task, task_finished
-
-        open_results(cells, out / "cells")
-        for t in cells:
-            if task_finished(t, out / "cells"):
-                report.skipped.append(t.name)
-            else:
-                report.done.append(call_task(t, str(out / "cells"), []))
-    elif run:
-        report = run_sweep(cells, out / "cells", scheduler=scheduler, workers=workers, progress=progress,
-                           gpu_workers=gpu_workers if scheduler is None else 0, workers_per_gpu=workers_per_gpu,
-                           python_path=[str(Path(__file__).resolve().parents[2])])
+    # the output rule (kvlab.outputs): out holds only what the leaderboard wrote (its manifest says which; a file
+    # named leaderboard.md that it did not write is the user's); cells/ is the sweep's, checked by it
+    written = OutputFolder(out, "python -m kvlab leaderboard", others=("cells",))
+    report = _run_cells(cells, out, scheduler=scheduler, workers=workers, progress=progress,
+                        gpu_workers=gpu_workers, workers_per_gpu=workers_per_gpu) if run else SweepReport()
     rows = collect(out, cells)
     if rows:
-        with open(written.claim("leaderboard.csv"), "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(rows[0]))
-            w.writeheader()
-            w.writerows(rows)
-        try:
-            import pandas as pd
-            import pyarrow  # noqa: F401
-
-            pd.DataFrame(rows).to_parquet(written.claim("leaderboard.parquet"))
-        except ImportError:
-            if (out / "leaderboard.parquet").exists():  # never leave a stale copy beside the CSV
-                written.remove("leaderboard.parquet")
-        subset = "".join(f" --{what} {','.join(chosen)}" for what, chosen, every in
-                         (("tasks", tasks, TASKS), ("methods", methods, METHODS)) if tuple(chosen) != tuple(every))
-        subset += (f" --models {','.join(models)}" if models else "") + (f" --examples {examples}" if examples else "")
-        subset += f" --seeds {','.join(map(str, seeds))}" if seeds is not None else ""
-        how = (f"`python -m kvlab leaderboard --grid {grid}{subset} --out {out}`" if isinstance(grid, str)
-               else f"`kvlab.experiments.leaderboard.run_leaderboard({grid!r})`")
-        written.claim("leaderboard.md").write_text(f"Made by {how} (kvlab {__import__('kvlab').__version__}); cells in "
-                                            f"`cells/`, every number in `leaderboard.csv`.\n\n{markdown(rows)}\n")
-        import matplotlib.pyplot as plt
-
-        plt.close(pareto_plot(rows, written.claim("pareto.png")))
+        _write_tables(written, rows, _how(grid, out, tasks, methods, models, examples, seeds))
     return report, rows
+
+
+def _run_cells(cells, out: Path, *, scheduler, workers, progress, gpu_workers, workers_per_gpu):
+    """Run the grid's unfinished cells into ``out/cells``: on a Dask cluster, or one after the other where Dask is
+    missing (``.venv-peers``: kvpress, no Dask)."""
+    from kvlab.experiments.sweep import SweepReport, call_task, open_results, run_sweep, task_finished
+
+    if importlib.util.find_spec("distributed") is not None:
+        return run_sweep(cells, out / "cells", scheduler=scheduler, workers=workers, progress=progress,
+                         gpu_workers=gpu_workers if scheduler is None else 0, workers_per_gpu=workers_per_gpu,
+                         python_path=[str(Path(__file__).resolve().parents[2])])
+    report = SweepReport()
+    open_results(cells, out / "cells")
+    for t in cells:
+        if task_finished(t, out / "cells"):
+            report.skipped.append(t.name)
+        else:
+            report.done.append(call_task(t, str(out / "cells"), []))
+    return report
+
+
+def _how(grid, out, tasks, methods, models, examples, seeds) -> str:
+    """The command that makes this table, for its first line."""
+    if not isinstance(grid, str):
+        return f"`kvlab.experiments.leaderboard.run_leaderboard({grid!r})`"
+    subset = "".join(f" --{what} {','.join(chosen)}" for what, chosen, every in
+                     (("tasks", tasks, TASKS), ("methods", methods, METHODS)) if tuple(chosen) != tuple(every))
+    subset += (f" --models {','.join(models)}" if models else "") + (f" --examples {examples}" if examples else "")
+    subset += f" --seeds {','.join(map(str, seeds))}" if seeds is not None else ""
+    return f"`python -m kvlab leaderboard --grid {grid}{subset} --out {out}`"
+
+
+def _write_tables(written, rows: list[dict], how: str) -> None:
+    """``leaderboard.csv`` (and ``.parquet`` where pyarrow is installed), ``leaderboard.md`` and ``pareto.png``,
+    each claimed in the folder's manifest first."""
+    import csv
+
+    with open(written.claim("leaderboard.csv"), "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    try:
+        import pandas as pd
+        import pyarrow  # noqa: F401
+
+        pd.DataFrame(rows).to_parquet(written.claim("leaderboard.parquet"))
+    except ImportError:
+        if written.owns("leaderboard.parquet") and (written.root / "leaderboard.parquet").exists():
+            written.remove("leaderboard.parquet")  # never leave a stale copy beside the CSV
+    written.claim("leaderboard.md").write_text(f"Made by {how} (kvlab {__import__('kvlab').__version__}); cells in "
+                                               f"`cells/`, every number in `leaderboard.csv`.\n\n{markdown(rows)}\n")
+    import matplotlib.pyplot as plt
+
+    plt.close(pareto_plot(rows, written.claim("pareto.png")))
 
 
 def main(argv: list[str] | None = None) -> int:

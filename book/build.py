@@ -6,8 +6,8 @@ per paper and a results page from the claims ledger, as one HTML site (``bash sc
 
 Steps, each failing with a list of what is wrong:
 
-1. **Executed notebooks.** ``scripts/test.sh`` runs the notebooks once, through nbval, and the nbcheck plugin
-   saves each as executed (``KVLAB_EXECUTED_DIR=build/executed``). Every ``notebooks/NN_name.ipynb`` needs its copy
+1. **Executed notebooks.** ``scripts/test.sh`` runs the notebooks once, through nbval, and the plugin of
+   :mod:`kvlab.notebooks.tolerant_checks` saves each as executed (``KVLAB_EXECUTED_DIR=build/executed``). Every ``notebooks/NN_name.ipynb`` needs its copy
    there: saved by nbval, every code cell passed (or skipped on purpose), no error output, the same cells as the
    notebook in git (else the copy is stale), and at least one figure where the notebook draws one.
 2. **Student versions** of the assignments: ``python -m kvlab lessons make --out build/lessons`` when missing or
@@ -15,7 +15,7 @@ Steps, each failing with a list of what is wrong:
    The pages of notebooks 01, 03, 05, 06, 07, 10, 12 and 15 show instead their **book copies**, ``book/executed/``:
    executed at the book parameter set (``notebooks/params/NN_name.book.yaml``, large enough for the phenomenon)
    by ``benchmarks/gpu/book_notebooks.sh`` and stamped with a hash of the notebook's code cells and of the set. A
-   missing or stale copy (``python scripts/notebooks.py stale``) leaves the CI-executed page, and the page says so.
+   missing or stale copy (``python -m kvlab notebooks stale``) leaves the CI-executed page, and the page says so.
 3. **Sources** staged in ``OUT/src``: ``book/`` (index, paper pages, with the claims tables and any paper notes of
    ``docs/papers/`` filled in), the notebooks, the lessons, the guide pages of ``docs/guide/`` (links to files
    outside the book left as text), and ``results.md`` generated from the ledger (:mod:`kvlab.experiments.claims`).
@@ -44,7 +44,6 @@ import shutil
 import subprocess
 import sys
 import time
-import importlib.util
 import urllib.parse
 import warnings
 
@@ -55,17 +54,16 @@ LESSONS = ROOT / "lessons"
 # A cell that draws: matplotlib calls or kvlab.viz helpers (all of which plot with matplotlib).
 DRAWS = re.compile(r"\bplt\.|\bviz\.[a-z_]+\(|\.plot\(|\.imshow\(")
 RUN_NOTEBOOKS = ("run the notebooks through nbval, saving what they print: `bash scripts/test.sh` does, or "
-                 "`python scripts/notebooks.py prepare --out build/notebooks && env -u MPLBACKEND "
+                 "`python -m kvlab notebooks prepare --out build/notebooks && env -u MPLBACKEND "
                  "KVLAB_EXECUTED_DIR=build/executed python -m pytest build/notebooks --nbval-lax --nbval-current-env`")
 BOOK_COPIES = BOOK / "executed"
 
 
 def _nbtool():
-    """scripts/notebooks.py (the book copies' stamps and staleness check), loaded under its own name."""
-    spec = importlib.util.spec_from_file_location("kvlab_notebooks_tool", ROOT / "scripts" / "notebooks.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """:mod:`kvlab.notebooks.copies` (the book copies' stamps and staleness check)."""
+    from kvlab.notebooks import copies
+
+    return copies
 
 
 def choose_pages(executed: pathlib.Path, notebooks: list[pathlib.Path],
@@ -263,13 +261,16 @@ def _slug(title: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", title.lower()).strip("-")
 
 
-def _paper_notes(name: str, src: pathlib.Path) -> str:
-    """Links to kvlab's own notes on the paper (``docs/papers/*name*.md``), copied into the book under the page."""
+def _paper_notes(name: str, src: pathlib.Path, claim=None) -> str:
+    """Links to kvlab's own notes on the paper (``docs/papers/*name*.md``), copied into the book under the page
+    (each copy first ``claim``-ed under the output rule)."""
     folder = ROOT / "docs" / "papers"
     notes = sorted(folder.glob(f"*{name}*.md")) if folder.is_dir() else []
     if not notes:
         return ""
     for note in notes:
+        if claim is not None:
+            claim(src / "papers" / "notes" / note.name)
         _sync(note, src / "papers" / "notes" / note.name)
     links = "\n".join(f"- [](notes/{note.stem}.md)" for note in notes)
     toc = "\n".join(f"notes/{note.stem}" for note in notes)
@@ -340,7 +341,7 @@ def _stderr_for_reader(text: str) -> str:
     return "".join(out)
 
 
-#: a widget's text form, all that is left of it once its view is dropped (``scripts/notebooks.py`` slims the book
+#: a widget's text form, all that is left of it once its view is dropped (``python -m kvlab notebooks book`` slims the book
 #: copies so): ``interactive(children=(IntSlider(...``, ``HBox(children=(HTML(value=''), FloatProgress(...``; a
 #: tqdm bar's is its bar (``Loading weights:   0%|          | 0/272``)
 WIDGET_TEXT = re.compile(r"^\s*[A-Z]?[A-Za-z]*\(children=\(")
@@ -472,34 +473,41 @@ def _without_markers(path: pathlib.Path) -> str:
 
 
 def stage(src: pathlib.Path, executed: pathlib.Path, notebooks: list[pathlib.Path],
-          students: list[pathlib.Path], pages: dict[str, tuple[pathlib.Path, str]] | None = None) -> None:
+          students: list[pathlib.Path], pages: dict[str, tuple[pathlib.Path, str]] | None = None,
+          claim=None) -> None:
     """Write the book's sources into ``src`` (only what changed, so Sphinx rebuilds only those pages); each
-    notebook page from ``pages`` (:func:`choose_pages`; default: the nbval copies in ``executed``)."""
+    notebook page from ``pages`` (:func:`choose_pages`; default: the nbval copies in ``executed``). ``claim``
+    (the output folder's :meth:`~kvlab.outputs.OutputFolder.claim`) records each file before it is written."""
+    claim = claim or (lambda path: path)
     keep = set()
-    _write(src / "index.md", (BOOK / "index.md").read_text(encoding="utf-8"))
-    keep.add(src / "index.md")
+
+    def put(dst: pathlib.Path, text: str) -> None:
+        claim(dst)
+        _write(dst, text)
+        keep.add(dst)
+
+    put(src / "index.md", (BOOK / "index.md").read_text(encoding="utf-8"))
     for page in sorted((BOOK / "papers").glob("*.md")):
         def fill(m: re.Match) -> str:
-            return claims_section(m["paper"], commands=False) if m["paper"] else _paper_notes(page.stem, src)
+            if m["paper"]:
+                return claims_section(m["paper"], commands=False)
+            return _paper_notes(page.stem, src, claim)
 
-        _write(src / "papers" / page.name, PLACEHOLDER.sub(fill, page.read_text(encoding="utf-8")))
-        keep.add(src / "papers" / page.name)
-    keep |= set((src / "papers" / "notes").glob("*.md"))
-    _write(src / "results.md", results_page())
-    keep.add(src / "results.md")
+        put(src / "papers" / page.name, PLACEHOLDER.sub(fill, page.read_text(encoding="utf-8")))
+    notes = ROOT / "docs" / "papers"
+    keep |= {src / "papers" / "notes" / n.name for n in (sorted(notes.glob("*.md")) if notes.is_dir() else [])
+             if (src / "papers" / "notes" / n.name).is_file()}
+    put(src / "results.md", results_page())
     for page in sorted((ROOT / "docs" / "guide").glob("*.md")):
-        _write(src / "guide" / page.name, guide_page(page))
-        keep.add(src / "guide" / page.name)
+        put(src / "guide" / page.name, guide_page(page))
     for nb in notebooks:
         path, kind = (pages or {}).get(nb.name, (executed / nb.name, "ci"))
-        _write(src / "notebooks" / nb.name, _with_note(path, page_note(nb, kind)))
-        keep.add(src / "notebooks" / nb.name)
+        put(src / "notebooks" / nb.name, _with_note(path, page_note(nb, kind)))
     for student in students:  # the student versions, without any test-run marker a master's cell may carry
-        _write(src / "lessons" / student.name, _without_markers(student))
-        keep.add(src / "lessons" / student.name)
+        put(src / "lessons" / student.name, _without_markers(student))
     # a page removed from the course leaves the book too; only files an earlier build wrote (its list of them)
     # are ever deleted, never anything else found in src
-    written = src / ".kvlab-book-files"
+    written = claim(src / BOOK_FILES)
     before = written.read_text(encoding="utf-8").splitlines() if written.is_file() else []
     for rel in before:
         old = src / rel
@@ -613,33 +621,55 @@ def _parse(page: pathlib.Path) -> _Page:
 
 # --- main -------------------------------------------------------------------------------------------------------
 
+BOOK_FILES = ".kvlab-book-files"  # in OUT/src: the pages a build staged there, one path a line
+
+
+def _built_here(out: pathlib.Path):
+    """Whether a file found in ``out`` (a folder without a manifest yet) is one an earlier build wrote: a page
+    the list of staged pages names (``src/.kvlab-book-files``), or a file of Sphinx's own output folders, which
+    Sphinx marks (``html/.buildinfo``, ``doctrees/environment.pickle``). Anything else, whatever its folder, is
+    someone else's."""
+    listed = out / "src" / BOOK_FILES
+    staged = set(listed.read_text(encoding="utf-8").splitlines()) if listed.is_file() else set()
+    sphinx_html = (out / "html" / ".buildinfo").is_file() and (out / "html" / ".buildinfo").read_text(
+        encoding="utf-8", errors="replace").startswith("# Sphinx build info")
+    sphinx_doctrees = (out / "doctrees" / "environment.pickle").is_file()
+
+    def recognise(path: pathlib.Path) -> bool:
+        rel = path.relative_to(out).parts
+        if rel[0] == "src":
+            return "/".join(rel[1:]) in staged | {BOOK_FILES}
+        return (rel[0] == "html" and sphinx_html) or (rel[0] == "doctrees" and sphinx_doctrees)
+
+    return recognise
+
+
 def _output_folder(out: pathlib.Path):
-    """``out`` under kvlab's output rule (:mod:`kvlab.outputs`): new, or holding only the book's three folders (its
-    sources, Sphinx's doctrees and html), which it then owns; a file of anyone else's there stops the build before
-    it starts. Inside ``src`` only the pages an earlier build listed are ever deleted (``.kvlab-book-files``)."""
+    """``out`` under kvlab's output rule (:mod:`kvlab.outputs`): new, or holding only what an earlier build wrote
+    (the pages it staged in ``src``, Sphinx's ``html`` and ``doctrees``); a file of anyone else's there, in any of
+    those folders too, stops the build before it starts. Each staged page is claimed before it is written; Sphinx's
+    two folders are the book's whole."""
     from kvlab.outputs import OutputFolder, OutputRefused
 
-    parts = ("src", "html", "doctrees")
     try:
-        folder = OutputFolder(out, "python book/build.py",
-                              recognise=lambda p: p.relative_to(out).parts[0] in parts)
+        folder = OutputFolder(out, "python book/build.py", recognise=_built_here(out))
+        folder.claim("html/", "doctrees/")
     except OutputRefused as err:
         raise BookError(str(err), []) from None
-    folder.claim(*(f"{p}/" for p in parts))
     return folder
 
 
 def build(executed: pathlib.Path, lessons_out: pathlib.Path, out: pathlib.Path, jobs: str = "auto",
           copies: pathlib.Path = BOOK_COPIES) -> pathlib.Path:
     start = time.monotonic()
-    _output_folder(out)
+    folder = _output_folder(out)
     notebooks = sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
     problems = check_executed(executed, notebooks)
     if problems:
         raise BookError(f"the executed notebooks in {executed} cannot make the book; {RUN_NOTEBOOKS}:", problems)
     pages = choose_pages(executed, notebooks, copies)
     students = student_versions(lessons_out)
-    stage(out / "src", executed, notebooks, students, pages)
+    stage(out / "src", executed, notebooks, students, pages, claim=folder.claim)
     sphinx(out / "src", out, jobs)
     problems = check_site(out / "html", executed, notebooks, pages)
     if problems:

@@ -15,6 +15,8 @@ commands:
   leaderboard      every method on the same tasks at matched mean KV / FLOPs, on Dask (`leaderboard --help`)
   lessons make|grade  student versions of the assignments, grading to a CSV (see `python -m kvlab lessons -h`)
   claims           the claims ledger: --counts, --update, --write-readme, --check, --table PAPER (`claims -h`)
+  notebooks prepare|record|book|stale|markers|run|times  the notebooks' copies for nbval and the book, a plain run
+                   without Jupyter, their timings (`python -m kvlab notebooks --help`)
 """
 
 
@@ -57,6 +59,10 @@ def main(argv: list[str] | None = None) -> int:
         from kvlab.experiments.claims import main as claims_main
 
         return claims_main(rest) or 0
+    if command == "notebooks":
+        from kvlab.notebooks.cli import main as notebooks_main
+
+        return notebooks_main(rest) or 0
     print(f"unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
     return 2
 

@@ -12,8 +12,8 @@ export MPLBACKEND=Agg
 # pytest-xdist: one worker per core, each test file kept on one worker (files share fixtures and build folders)
 .venv/bin/python -m pytest tests -q -p no:cacheprovider -n auto --dist loadfile --durations=30 "$@"
 bash scripts/peers.sh   # the kvpress peer check, in its own environment (kvpress needs transformers<5.3)
-.venv/bin/python scripts/notebooks.py prepare --out build/notebooks
-# The notebooks run once, here: nbval checks them and the nbcheck plugin saves each as executed into build/executed
+.venv/bin/python -m kvlab notebooks prepare --out build/notebooks
+# The notebooks run once, here: nbval checks them and the tolerant-checks plugin saves each as executed into build/executed
 # for the book. MPLBACKEND is unset for the kernels so that matplotlib's inline backend makes figures outputs.
 rm -rf build/executed
 env -u MPLBACKEND KVLAB_EXECUTED_DIR=build/executed \

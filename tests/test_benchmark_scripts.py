@@ -79,7 +79,7 @@ def test_run_plain_parameters_outputs_and_figures(tmp_path):
     params = tmp_path / "p.yaml"
     params.write_text("n: 3\n")
     out = tmp_path / "out"
-    plain = import_script("scripts/run_plain.py")
+    from kvlab.notebooks import plain_run as plain
     import matplotlib.pyplot as plt
 
     plt.figure()  # a figure another test left open is not saved as this notebook's

@@ -157,14 +157,13 @@ def test_results_page_names_the_default_model_as_the_ledger_does():
 
 
 # --- the book's executed copies (book/executed, made by benchmarks/gpu/book_notebooks.sh) -------------------------
-sys.path.insert(0, str(ROOT / "scripts"))
-import notebooks as nbtool  # noqa: E402
+from kvlab.notebooks import copies as nbtool  # noqa: E402
 
 BOOK_SET = "# the book's size\nx: 5\n"
 
 
 def _book_copy(tmp_path: pathlib.Path, source: pathlib.Path, which: str = "book") -> pathlib.Path:
-    """What `scripts/notebooks.py book` leaves: the executed notebook with its stamp (nothing run here)."""
+    """What `python -m kvlab notebooks book` leaves: the executed notebook with its stamp (nothing run here)."""
     nb = nbformat.read(source, as_version=4)
     nb.cells.insert(2, nbformat.v4.new_code_cell("x = 5", metadata={"tags": ["injected-parameters"]}))
     nb.metadata["kvlab"] = {"book": {**nbtool.book_stamp(source), "set": which}}
@@ -448,7 +447,7 @@ def test_the_page_checks_fail_on_what_a_reader_must_not_see(tmp_path):
 
 @pytest.mark.parametrize("path", sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")), ids=lambda p: p.stem[:2])
 def test_markers_move_into_tags_and_the_stamps_stay(path):
-    """``scripts/notebooks.py markers`` takes every ``# NBVAL_*`` first line off a notebook's code cells (a student
+    """``python -m kvlab notebooks markers`` takes every ``# NBVAL_*`` first line off a notebook's code cells (a student
     in the lab sees none) into tags nbval reads the same way; the checked cells stay the same cells and the code
     stamp of the book copies does not change."""
     nb = nbformat.read(path, as_version=4)

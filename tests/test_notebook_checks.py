@@ -1,4 +1,4 @@
-"""Checked notebook cells hold across machines: numbers compared with a stated tolerance (scripts/nbcheck.py).
+"""Checked notebook cells hold across machines: numbers compared with a stated tolerance (kvlab.notebooks.tolerant_checks).
 
 The last test re-runs a checked notebook with one CPU thread (CI records the checks with two) and compares its
 checked cells with the recorded ones: a check that only holds for one thread count fails here, not on the next
@@ -18,9 +18,8 @@ import nbformat
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
-import nbcheck  # noqa: E402
-import notebooks as nbscript  # noqa: E402
+from kvlab.notebooks import copies as nbscript  # noqa: E402
+from kvlab.notebooks import tolerant_checks as nbcheck  # noqa: E402
 
 
 @pytest.mark.parametrize("expected, found", [

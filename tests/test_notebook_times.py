@@ -1,6 +1,6 @@
 """Notebook run times (issue 25): every numbered notebook states its time at the defaults and with its CI set in its
 first cell, the statement follows the committed tables, every CI set fits in 1 min of one core, and
-``scripts/notebook_times.py`` measures what it says (tree CPU time, one core, a timeout that ends the kernel)."""
+``python -m kvlab notebooks times`` measures what it says (tree CPU time, one core, a timeout that ends the kernel)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,7 @@ import nbformat
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
-import notebook_times as nt  # noqa: E402
+from kvlab.notebooks import times as nt  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "notebook_times"
 CI_TABLE = RESULTS / "ci_1thread.json"
@@ -144,7 +143,7 @@ def test_run_counts_the_kernels_cpu_pins_one_core_and_ends_a_stuck_kernel(tmp_pa
                       "time.sleep(3600)  # never ends")
     cores = sorted(os.sched_getaffinity(0))
     out = tmp_path / "out"
-    subprocess.run([sys.executable, str(ROOT / "scripts" / "notebook_times.py"), "run", "--set", "defaults",
+    subprocess.run([sys.executable, "-m", "kvlab", "notebooks", "times", "run", "--set", "defaults",
                     "-p", "seconds", "1.5", "-p", "unknown_name", "1", "--cores", str(cores[-1]), "--timeout", "30",
                     "--out", str(out), "--name", "t", "--keep-notebooks", str(busy), str(stuck)],
                    check=True, capture_output=True, text=True, timeout=300)

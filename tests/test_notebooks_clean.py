@@ -49,7 +49,7 @@ def test_parameters_cell_and_ci_parameters(path):
     checks = path.parent / "params" / (path.stem + ".checks.json")
     recorded = json.loads(checks.read_text()) if checks.exists() else []
     assert len(recorded) == checked, (f"{checked} checked cells but {len(recorded)} recorded outputs: "
-                                      f"run `python scripts/notebooks.py record {path.relative_to(ROOT)}`")
+                                      f"run `python -m kvlab notebooks record {path.relative_to(ROOT)}`")
 
 
 @pytest.mark.parametrize("path", [p for p in NOTEBOOKS if p.parent.name == "notebooks"], ids=lambda p: p.name)

@@ -39,9 +39,9 @@ def _run(*args, timeout=300):
 
 
 def _notebooks_tool():
-    from conftest import import_script
+    from kvlab.notebooks import copies
 
-    return import_script("scripts/notebooks.py")
+    return copies
 
 
 def _user_file(folder: pathlib.Path, rel: str = "my_notes.txt") -> pathlib.Path:
@@ -136,7 +136,7 @@ def test_every_command_that_writes_a_folder_refuses_one_holding_a_users_file(tmp
 # =========================================================================== data loss
 def test_prepare_into_the_notebooks_folder_deletes_nothing():
     before = {p.name: p.read_bytes() for p in (ROOT / "notebooks").glob("*.ipynb")}
-    done = _run("scripts/notebooks.py", "prepare", "--out", "notebooks", "00")
+    done = _run("-m", "kvlab", "notebooks", "prepare", "--out", "notebooks", "00")
     assert done.returncode != 0
     assert "was not written by kvlab" in done.stderr and "notebooks/" in done.stderr
     assert {p.name: p.read_bytes() for p in (ROOT / "notebooks").glob("*.ipynb")} == before
@@ -260,7 +260,7 @@ def test_derive_verdict_refuses_true_as_a_bias_bound():
 
 
 def test_book_refuses_an_override_the_notebook_does_not_declare(tmp_path):
-    done = _run("scripts/notebooks.py", "book", "01", "--out", str(tmp_path / "copies"), "-p", "xx", "5")
+    done = _run("-m", "kvlab", "notebooks", "book", "01", "--out", str(tmp_path / "copies"), "-p", "xx", "5")
     assert done.returncode != 0 and "xx: not a parameter of this notebook" in done.stderr
     assert not (tmp_path / "copies").exists()  # refused before any work
     nbtool = _notebooks_tool()
@@ -269,7 +269,7 @@ def test_book_refuses_an_override_the_notebook_does_not_declare(tmp_path):
 
 
 def test_prepare_refuses_a_misspelt_override_and_suggests_the_name(tmp_path):
-    done = _run("scripts/notebooks.py", "prepare", "--out", str(tmp_path / "p"), "-p", "max_tokenz", "5", "01")
+    done = _run("-m", "kvlab", "notebooks", "prepare", "--out", str(tmp_path / "p"), "-p", "max_tokenz", "5", "01")
     assert done.returncode != 0 and "did you mean 'max_tokens'?" in done.stderr
     assert not (tmp_path / "p").exists()
 

@@ -36,7 +36,7 @@ DIARY = [
 ]
 
 
-# the first cell's run-time sentence, stamped by scripts/notebook_times.py with the date of its measurement
+# the first cell's run-time sentence, stamped by `python -m kvlab notebooks times stamp` with the date of its measurement
 RUN_TIME = "**Run time** on one CPU core, one thread: "
 
 
@@ -146,9 +146,9 @@ def test_widgets_have_a_static_picture(path):
 def test_test_markers_live_in_cell_tags(path):
     """nbval's markers (``nbval-check-output``, ``nbval-ignore-output``, ``nbval-skip``) are cell tags, where a
     reader of the notebook in the lab never sees them, not ``# NBVAL_*`` lines of the code
-    (``python scripts/notebooks.py markers`` moves them)."""
+    (``python -m kvlab notebooks markers`` moves them)."""
     shown = [f"cell {i}" for i, (kind, src) in enumerate(_notebook_cells(path)) if kind == "code" and "NBVAL_" in src]
-    assert not shown, f"{path.name}: an NBVAL marker in the code of {shown}: run `python scripts/notebooks.py markers`"
+    assert not shown, f"{path.name}: an NBVAL marker in the code of {shown}: run `python -m kvlab notebooks markers`"
 
 
 def test_leaderboard_legends_stay_off_the_points():

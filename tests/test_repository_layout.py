@@ -22,7 +22,7 @@ def test_notebooks_folder_holds_only_the_numbered_notebooks_start_and_params():
     names = {p.name for p in NOTEBOOKS.iterdir()}
     stray = sorted(n for n in names - NOTEBOOKS_ALSO if not NUMBERED.fullmatch(n))
     assert not stray, (f"notebooks/ should hold only NN_name.ipynb, START.md and params/; found {stray}: "
-                       "parameter sets and recorded checks go in notebooks/params/ (scripts/notebooks.py reads them there)")
+                       "parameter sets and recorded checks go in notebooks/params/ (kvlab.notebooks.copies reads them there)")
     assert {"START.md", "params"} <= names
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The book's executed copies: notebooks 01, 03, 05, 06, 07, 10, 12 and 15 run through papermill with their book
 # parameter sets (notebooks/params/NN_name.book.yaml), several at a time on one GPU, each under its own time limit;
-# each copy is stamped with a hash of its notebook's code cells and of its book set (scripts/notebooks.py book) so
+# each copy is stamped with a hash of its notebook's code cells and of its book set (python -m kvlab notebooks book) so
 # that tests/test_book.py can tell when it goes stale.
 #
 #   KVLAB_RESULTS=DIR CUDA_VISIBLE_DEVICES=0 bash benchmarks/gpu/book_notebooks.sh     # about 9 min on one H100
@@ -82,7 +82,7 @@ T0=$(date +%s)
 one() {  # NN: one notebook under its limit; its line in times.tsv
   local nn=$1 t0 rc
   t0=$(date +%s)
-  timeout -k 20 "$LIMIT" "$PY" scripts/notebooks.py book "$nn" --set "$SET" --out "$COPIES" \
+  timeout -k 20 "$LIMIT" "$PY" -m kvlab notebooks book "$nn" --set "$SET" --out "$COPIES" \
     -p device "$DEVICE" -p num_threads "$THREADS" > "$R/logs/$nn.log" 2>&1
   rc=$?
   printf "%s\t%s\t%s\t%s\n" "$nn" "$rc" "$(( $(date +%s) - t0 ))" "$LIMIT" >> "$R/times.tsv"

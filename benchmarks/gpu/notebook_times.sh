@@ -6,7 +6,7 @@
 #   KVLAB_RESULTS=DIR bash benchmarks/gpu/notebook_times.sh        # at most 10 min on a 16-core host
 #
 # Writes under $KVLAB_RESULTS/benchmarks/results/notebook_times/: ci_1thread.{json,md} and
-# defaults_cpu_1thread.{json,md} (the tables `python scripts/notebook_times.py stamp --ci ... --defaults ...` reads
+# defaults_cpu_1thread.{json,md} (the tables `python -m kvlab notebooks times stamp --ci ... --defaults ...` reads
 # to write each notebook's run-time line), runs/<date>_{ci,defaults}.log and setup.log. A notebook stopped at its
 # limit is a row "timeout" with the CPU seconds it had spent (stamped as "more than N min"), never an estimate.
 # Inputs the staging lacks are replaced through the notebooks' own parameters (recorded in each row's parameters):
@@ -80,12 +80,12 @@ left() { echo $(( BUDGET - ($(date +%s) - START) - 15 )); }  # 15 s kept to writ
 # the defaults first (the longer runs, each given its full limit), then the CI sets
 echo "== the defaults, cores $CORES, limit $LIMIT s each (stopped by $(left) s from now)"
 # shellcheck disable=SC2086
-"$PY" scripts/notebook_times.py run --set defaults -p device cpu -p out /tmp/notebook-times-defaults \
+"$PY" -m kvlab notebooks times run --set defaults -p device cpu -p out /tmp/notebook-times-defaults \
   "${OVERRIDE_ARGS[@]}" --cores "$CORES" --timeout "$LIMIT" --deadline "$(left)" --out "$D" \
   --name defaults_cpu_1thread $NOTEBOOKS 2>&1 | tee "$D/runs/${STAMP}_defaults.log"
 # shellcheck disable=SC2086
 echo "== the CI sets, cores $CORES, limit $LIMIT s each (stopped by $(left) s from now)"
-"$PY" scripts/notebook_times.py run --set ci -p out /tmp/notebook-times-ci --cores "$CORES" --timeout "$LIMIT" \
+"$PY" -m kvlab notebooks times run --set ci -p out /tmp/notebook-times-ci --cores "$CORES" --timeout "$LIMIT" \
   --deadline "$(left)" --out "$D" --name ci_1thread $NOTEBOOKS 2>&1 | tee "$D/runs/${STAMP}_ci.log"
 echo "done in $(( $(date +%s) - START )) s"
 cat "$D/ci_1thread.md" "$D/defaults_cpu_1thread.md" 2>/dev/null

@@ -58,13 +58,63 @@ def _add(*exps: Experiment) -> None:
 
 # ---- package-wide experiments (the ledger's tests, notebooks) --------------------------------------------------
 # (entries: Experiment(name, module, paper, needs, model, minutes, summary))
-_add()
+_add(
+    Experiment("tests", "kvlab.experiments.checks.pytest_run", "package", "cpu", "none", "1 (CPU)",
+               "the ledger's exact rows: pytest on the named tests, one record per test"),
+    Experiment("notebook", "kvlab.experiments.checks.notebook_run", "package", "cpu or gpu", "smollm2-135m",
+               "1-60 (CPU or H200, by notebook and set)",
+               "a numbered notebook through papermill at a parameter set (full, ci, book), one record per cell"),
+    Experiment("peers", "kvlab.experiments.checks.peer_check", "package", "cpu", "smollm2-135m", "3 (CPU)",
+               "kvlab's StreamingLLM/TOVA/H2O against NVIDIA kvpress's kept positions (scripts/peers.sh)"),
+)
 
 # ---- SepLLM and the headline / quality runs ---------------------------------------------------------------------
-_add()
+_add(
+    Experiment("sepllm-headline", "kvlab.experiments.sepllm.headline", "sepllm", "gpu", "qwen2.5-coder-0.5b",
+               "8 (H100, both parts); Table 9 MMLU 40 (CPU)",
+               "Table 1 / 9 / 15: GSM8K-CoT and MMLU accuracy of SepLLM against full, StreamingLLM, H2O"),
+    Experiment("sepllm-ablations", "kvlab.experiments.sepllm.ablations", "sepllm", "cpu or gpu", "smollm2-135m",
+               "30 (CPU, Table 9 at 20 problems); 40 (H100, Tables 9/16/17)",
+               "Tables 9, 16, 17 (GSM8K answer NLL, paired) and the needle Figs. 8-11"),
+    Experiment("sepllm-gsm8k-matched", "kvlab.experiments.sepllm.gsm8k_matched", "sepllm", "gpu", "smollm2-135m",
+               "10 (H200)", "Table 1 at matched r.KV: answer NLL and exact match of SepLLM vs a widened window"),
+    Experiment("sepllm-position-shift", "kvlab.experiments.sepllm.position_shift", "sepllm", "cpu",
+               "smollm2-135m", "10 (CPU)", "Table 8: window NLL with and without the positional shift"),
+    Experiment("sepllm-architectures", "kvlab.experiments.sepllm.architectures", "sepllm", "cpu",
+               "qwen2.5-coder-0.5b", "15 (CPU)", "Table 11: SepLLM against StreamingLLM on another architecture"),
+    Experiment("sepllm-separator-cache", "kvlab.experiments.sepllm.separator_cache", "sepllm", "gpu",
+               "smollm2-135m", "8 (H200)", "Table 6: window NLL of separator caches s = 32, 48, 64"),
+    Experiment("sepllm-flops-ratio", "kvlab.experiments.sepllm.flops_ratio", "sepllm", "cpu", "none", "2 (CPU)",
+               "Table 3: attention-map share and training FLOPs of each variant per sequence"),
+    Experiment("sepllm-separator-attention", "kvlab.experiments.sepllm.separator_attention", "sepllm", "cpu",
+               "smollm2-135m", "3 (CPU)", "Fig. 2: attention received per separator key against other keys"),
+    Experiment("sepllm-training-h", "kvlab.experiments.sepllm.training_h", "sepllm", "gpu", "none", "3 (H100)",
+               "Table 2's H row: training loss, FLOPs and attention share of SepLLM(n=64, H)"),
+    Experiment("sepllm-prepare-separators", "kvlab.experiments.sepllm.prepare_separators", "sepllm", "cpu",
+               "smollm2-135m (tokenizer)", "1 (CPU)", "the separator flags of a book for the kernel benchmarks"),
+    Experiment("quality-runs", "kvlab.experiments.quality.runs", "all", "cpu or gpu", "smollm2-135m",
+               "hours (14 CPU + 3 GPU workers)", "the full-size SepLLM / LaCache quality jobs as a Dask sweep"),
+    Experiment("quality-report", "kvlab.experiments.quality.report", "all", "cpu", "none", "1 (CPU)",
+               "the tables of a quality-runs folder beside the papers' numbers"),
+    Experiment("quality-claims-examples", "kvlab.experiments.quality.claims_examples", "all", "cpu", "none",
+               "1 (CPU)", "per-example records converted from committed results that hold them"),
+    Experiment("headline-model-choice", "kvlab.experiments.quality.model_choice", "sepllm", "cpu",
+               "qwen2.5-coder-0.5b", "60 (CPU)", "which model clears the accuracy floor (vanilla MMLU / GSM8K)"),
+    Experiment("headline-claim-rows", "kvlab.experiments.quality.headline_rows", "sepllm", "cpu", "none",
+               "1 (CPU)", "the ledger rows of a sepllm-headline run, as data to add to the ledger"),
+)
 
 # ---- DHSA and OrthoRank -----------------------------------------------------------------------------------------
-_add()
+_add(
+    Experiment("dhsa-needle", "kvlab.experiments.dhsa.needle", "dhsa", "gpu", "smollm2-135m", "6-40 (H200)",
+               "Fig. 2/6 needle grid: dense, block-sparse and DHSA under App. A's and the authors' protocol"),
+    Experiment("dhsa-boundaries", "kvlab.experiments.dhsa.boundaries", "dhsa", "cpu or gpu", "smollm2-135m",
+               "1 (H200), 10 (CPU at 512 tokens)", "App. B: attention mass kept and chunk counts per NMS window"),
+    Experiment("dhsa-qa", "kvlab.experiments.dhsa.qa", "dhsa", "gpu", "smollm2-135m", "6-22 (H200)",
+               "Table 1's LongBench stand-in: token F1 and answer NLL per question and method"),
+    Experiment("dhsa-table2", "kvlab.experiments.dhsa.table2", "dhsa", "gpu", "smollm2-135m", "1 (H200)",
+               "Table 2: prefill latency and peak memory per method and backend beside the needle accuracy"),
+)
 
 # ---- LaCache, REFORM and the leaderboard -------------------------------------------------------------------------
 _add()

@@ -1,10 +1,10 @@
 """Prepare notebooks for nbval, and record the numbers their checked cells must print.
 
-    python scripts/notebooks.py prepare --out build/notebooks   # what scripts/test.sh runs
-    python scripts/notebooks.py record notebooks/01_attention_sinks.ipynb
-    python scripts/notebooks.py book 01 --out book/executed     # the book's executed copy (a GPU host: minutes)
-    python scripts/notebooks.py stale                            # which book copies no longer match their source
-    python scripts/notebooks.py markers [01 ...]                 # move nbval's first-line markers into cell tags
+    python -m kvlab notebooks prepare --out build/notebooks   # what scripts/test.sh runs
+    python -m kvlab notebooks record notebooks/01_attention_sinks.ipynb
+    python -m kvlab notebooks book 01 --out book/executed     # the book's executed copy (a GPU host: minutes)
+    python -m kvlab notebooks stale                            # which book copies no longer match their source
+    python -m kvlab notebooks markers [01 ...]                 # move nbval's first-line markers into cell tags
 
 Notebooks are committed without outputs. ``prepare`` copies each ``notebooks/NN_name.ipynb`` to ``--out``
 with the small parameters of ``notebooks/params/NN_name.ci.yaml`` injected (papermill, no execution) and, for
@@ -28,6 +28,7 @@ import hashlib
 import json
 import os
 import pathlib
+import re
 import sys
 import time
 
@@ -35,12 +36,10 @@ import nbformat
 import papermill
 import yaml
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from kvlab.core.checks import check_notebook_parameters, declared_parameters
+from kvlab.outputs import MANIFEST, OutputFolder, OutputRefused
 
-from kvlab.core.checks import check_notebook_parameters, declared_parameters  # noqa: E402
-from kvlab.outputs import OutputFolder  # noqa: E402
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 NOTEBOOKS = ROOT / "notebooks"
 PARAMS_DIR = "params"  # beside the notebooks: NN_name.ci.yaml, NN_name.full.yaml, NN_name.checks.json
@@ -122,11 +121,10 @@ def _canonical(cell) -> str:
 
 #: the matplotlib settings of the runs that make the book's pages (figures drawn for the page's width)
 BOOK_MPLRC = ROOT / "book" / "matplotlibrc"
-CONFTEST = f"""# Written by scripts/notebooks.py prepare: checked cells compare their numbers with a stated tolerance.
+CONFTEST = f"""# Written by python -m kvlab notebooks prepare: checked cells compare their numbers with a stated tolerance.
 import os
-import sys
-sys.path.insert(0, {str(ROOT / "scripts")!r})
-from nbcheck import pytest_configure  # noqa: E402,F401
+
+from kvlab.notebooks.tolerant_checks import pytest_configure  # noqa: F401
 
 # the kernels nbval starts draw their figures for the book's pages (book/matplotlibrc)
 os.environ.setdefault("MATPLOTLIBRC", {str(BOOK_MPLRC)!r})
@@ -149,18 +147,54 @@ def checked_parameters(nb: pathlib.Path, base: dict, where: str, overrides: dict
     return {**base, **overrides}
 
 
+PREPARE = "python -m kvlab notebooks prepare"
+BOOK = "python -m kvlab notebooks book"
+#: the names these commands wrote in a folder's manifest before they moved into the package
+FORMER_NAMES = {PREPARE: "scripts/notebooks.py prepare", BOOK: "scripts/notebooks.py book"}
+WRITER = re.compile(r"# files written by kvlab \((?P<command>.*)\);")
+
+
+def manifest_writer(out: pathlib.Path) -> str | None:
+    """The kvlab command that last wrote ``out``'s manifest (its first line names it), or None."""
+    try:
+        first = (out / MANIFEST).read_text(encoding="utf-8").split("\n", 1)[0]
+    except OSError:
+        return None
+    found = WRITER.match(first)
+    return found["command"] if found else None
+
+
+def open_output(out: pathlib.Path, command: str, recognise) -> OutputFolder:
+    """``out`` under the output rule, for ``command`` alone: a folder another kvlab command wrote (a sweep's executed
+    notebooks, the leaderboard's cells) holds kvlab's files, but not this command's, so it is refused whole before
+    anything changes; this command replaces only what it wrote itself."""
+    writer = manifest_writer(pathlib.Path(out))
+    if writer is not None and writer not in (command, FORMER_NAMES.get(command)):
+        raise OutputRefused(f"{command}: {out} holds the outputs of `{writer}` (its manifest {MANIFEST} says so); "
+                            f"{command} replaces only files it wrote itself, so nothing was changed: give it a "
+                            "folder of its own with --out")
+    return OutputFolder(out, command, recognise=recognise)
+
+
 def _prepared(path: pathlib.Path) -> bool:
     """A file an earlier ``prepare`` wrote (before its folder kept a manifest): its conftest, or a copy of a notebook
-    with papermill's injected parameters."""
+    with papermill's injected parameters that was never executed (only its checked cells hold their recorded
+    output, with execution count 1; a sweep's executed notebook counts on past 1)."""
     if path.name == "conftest.py":
-        return path.read_text(errors="replace").startswith(CONFTEST.splitlines()[0])
+        first = path.read_text(errors="replace").split("\n", 1)[0]
+        return first in (CONFTEST.splitlines()[0],
+                         "# Written by scripts/notebooks.py prepare: checked cells compare their numbers with a "
+                         "stated tolerance.")
     if path.suffix == ".ipynb" and (NOTEBOOKS / path.name).exists():
         try:
-            return any("injected-parameters" in c.get("metadata", {}).get("tags", [])
-                       for c in json.loads(path.read_text()).get("cells", []))
+            nb = nbformat.read(path, as_version=4)
         except (OSError, ValueError):
             return False
-    return "__pycache__" in path.parts
+        injected = any("injected-parameters" in c.metadata.get("tags", []) for c in nb.cells)
+        code = [c for c in nb.cells if c.cell_type == "code"]
+        untouched = all(c.get("execution_count") in (None, 1) and (checked(c) or not c.get("outputs")) for c in code)
+        return injected and untouched
+    return path.parent.name == "__pycache__" and path.name.startswith("conftest.")
 
 
 def prepare(out: pathlib.Path, names: list[str], overrides: dict | None = None) -> None:
@@ -171,9 +205,9 @@ def prepare(out: pathlib.Path, names: list[str], overrides: dict | None = None) 
     selected = _selected(names)
     sets = {path: checked_parameters(path, _parameters(path), _shown(_sidecar(path, ".ci.yaml")), overrides)
             for path in selected}
-    folder = OutputFolder(out, "scripts/notebooks.py prepare", recognise=_prepared)
+    folder = open_output(out, PREPARE, _prepared)
     out = out.resolve()
-    for old in sorted(out.glob("*.ipynb")):
+    for old in sorted(out.glob("*.ipynb")):  # the copies an earlier prepare wrote (open_output: nobody else's)
         folder.remove(old.name)
     folder.claim("__pycache__/")  # pytest's, beside the conftest
     folder.claim("conftest.py").write_text(CONFTEST)
@@ -188,7 +222,7 @@ def prepare(out: pathlib.Path, names: list[str], overrides: dict | None = None) 
         cells = _checked(nb)
         if len(expected) != len(cells):
             sys.exit(f"{path.name}: {len(cells)} cells marked {MARK} but {len(expected)} recorded outputs in "
-                     f"{checks_path.relative_to(path.parent)}; run `python scripts/notebooks.py record {path}`")
+                     f"{checks_path.relative_to(path.parent)}; run `python -m kvlab notebooks record {path}`")
         for cell, text in zip(cells, expected):
             cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text=text)]
             cell.execution_count = 1  # nbval only compares cells that look executed
@@ -288,7 +322,7 @@ def stale(nb_path: pathlib.Path, copies: pathlib.Path = BOOK_COPIES) -> list[str
         return [f"{nb_path.name}: no executed copy in {copies}"]
     meta = nbformat.read(copy, as_version=4).metadata.get("kvlab", {}).get("book")
     if not meta:
-        return [f"{copy}: no metadata.kvlab.book stamp (make it with `python scripts/notebooks.py book "
+        return [f"{copy}: no metadata.kvlab.book stamp (make it with `python -m kvlab notebooks book "
                 f"{nb_path.stem[:2]}`)"]
     problems = []
     if meta.get("set") != "book":
@@ -330,7 +364,7 @@ def execute_book(nb_path: pathlib.Path, out: pathlib.Path, which: str = "book",
     else:
         raise ValueError(f"which must be 'book' or 'ci', got {which!r}")
     parameters = checked_parameters(nb_path, base, _shown(_sidecar(nb_path, f".{which}.yaml")), overrides)
-    folder = OutputFolder(out, "scripts/notebooks.py book", recognise=_book_copy)
+    folder = open_output(out, BOOK, _book_copy)
     target = folder.claim(nb_path.name)
     partial = folder.claim(target.with_suffix(".partial.ipynb").name)
     t0 = time.monotonic()
@@ -375,8 +409,9 @@ def _book_copy(path: pathlib.Path) -> bool:
         return False
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m kvlab notebooks", description=__doc__, allow_abbrev=False,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("prepare")
     p.add_argument("--out", type=pathlib.Path, default=ROOT / "build" / "notebooks")
@@ -398,11 +433,11 @@ def main() -> None:
     s = sub.add_parser("stale", help="list the book copies that no longer match their notebook or book set")
     s.add_argument("--copies", type=pathlib.Path, default=BOOK_COPIES)
     s.add_argument("names", nargs="*", help="default: every notebook that has a book set")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.command == "prepare":
         try:
             prepare(args.out, args.names, _overrides(args.parameter))
-        except (ValueError, TypeError, FileNotFoundError) as err:
+        except (ValueError, TypeError, FileNotFoundError) as err:  # OutputRefused is a ValueError
             sys.exit(str(err))
     elif args.command == "book":
         try:

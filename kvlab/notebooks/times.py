@@ -1,12 +1,12 @@
 """Time the numbered notebooks as a student runs them: one kernel per notebook, pinned to one core, one thread.
 
-    python scripts/notebook_times.py run --set ci --out benchmarks/results/notebook_times --name ci_1thread
-    python scripts/notebook_times.py run --set defaults -p device cpu --cores 2-15 --timeout 500 --deadline 520 \\
+    python -m kvlab notebooks times run --set ci --out benchmarks/results/notebook_times --name ci_1thread
+    python -m kvlab notebooks times run --set defaults -p device cpu --cores 2-15 --timeout 500 --deadline 520 \\
         --out OUTDIR --name defaults_cpu_1thread
-    python scripts/notebook_times.py table benchmarks/results/notebook_times/ci_1thread.json
+    python -m kvlab notebooks times table benchmarks/results/notebook_times/ci_1thread.json
 
 ``run`` executes each notebook through papermill (kernel ``python3``, working directory ``notebooks/``, as
-``scripts/notebooks.py`` does) with either its CI set (``notebooks/params/NN_name.ci.yaml``) or its defaults, then
+``python -m kvlab notebooks`` does) with either its CI set (``notebooks/params/NN_name.ci.yaml``) or its defaults, then
 the ``-p NAME YAML`` overrides; an override is passed only to notebooks that declare that parameter, and
 ``num_threads: 1`` is always added where declared. Every process gets ``KVLAB_THREADS=1`` and ``OMP_NUM_THREADS=1``,
 so torch computes with one thread in every notebook, and runs under ``taskset -c CORE``: ``--jobs`` notebooks at
@@ -42,7 +42,7 @@ import sys
 import textwrap
 import time
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"
 PARAMS = NOTEBOOKS / "params"
 MARKER = "NOTEBOOK_TIMES "
@@ -203,12 +203,13 @@ class Run:
     def __init__(self, nb: pathlib.Path, params: dict, core: int, target: pathlib.Path, limit: float):
         self.nb, self.params, self.core, self.target, self.limit = nb, params, core, target, limit
         self.log = target.with_suffix(".log")
-        command = [sys.executable, str(pathlib.Path(__file__).resolve()), "_execute", str(nb), str(target),
+        command = [sys.executable, "-m", "kvlab.notebooks.times", "_execute", str(nb), str(target),
                    json.dumps(params)]
         if shutil.which("taskset"):
             command = ["taskset", "-c", str(core), *command]
         self.stacks = target.with_suffix(".stacks")
-        env = {**os.environ, **THREAD_ENV, "IPYTHONDIR": str(ipython_dir(target.parent)), STACKS_ENV: str(self.stacks)}
+        path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))  # kvlab, installed or not
+        env = {**os.environ, **THREAD_ENV, "PYTHONPATH": path, "IPYTHONDIR": str(ipython_dir(target.parent)), STACKS_ENV: str(self.stacks)}
         self.start = time.monotonic()
         with open(self.log, "w") as log:
             self.proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
@@ -339,13 +340,14 @@ def run(args: argparse.Namespace) -> dict:
     if args.timeout <= 0:
         raise SystemExit(f"--timeout must be > 0 seconds, got {args.timeout}")
     overrides = {k: yaml.safe_load(v) for k, v in args.parameter}
-    out = args.out.resolve()
-    executed = out / f"{args.name}_executed"
-    executed.mkdir(parents=True, exist_ok=True)
     queue = []
     for nb in selected(args.names):
         params, ignored = plan(nb, args.set, overrides)
         queue.append((nb, params, ignored))
+    folder = open_output(args.out.resolve(), args.name)
+    out = folder.root
+    executed = folder.claim(f"{args.name}_executed/")
+    executed.mkdir(parents=True, exist_ok=True)
     report = {"set": args.set, "overrides": overrides, "threads": 1, "jobs": jobs, "cores": cores,
               "timeout_s": args.timeout, "deadline_s": args.deadline, "command": " ".join(sys.argv),
               "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
@@ -381,14 +383,36 @@ def run(args: argparse.Namespace) -> dict:
                     print("    " + r.result["log_tail"].replace("\n", "\n    "), flush=True)
     report["notebooks"] = [results[k] for k in sorted(results)]
     report["total_wall_s"] = round(time.monotonic() - t0, 1)
-    (out / f"{args.name}.json").write_text(json.dumps(report, indent=1) + "\n")
-    (out / f"{args.name}.md").write_text(table(report))
+    folder.claim(f"{args.name}.json").write_text(json.dumps(report, indent=1) + "\n")
+    folder.claim(f"{args.name}.md").write_text(table(report))
     if args.keep_notebooks:
         strip_images(executed)
     else:
-        shutil.rmtree(executed, ignore_errors=True)
+        folder.remove_tree(f"{args.name}_executed")
     print(f"wrote {out / args.name}.json and .md")
     return report
+
+
+def _times_report(path: pathlib.Path) -> bool:
+    """A file an earlier ``times run`` wrote (before its folder kept a manifest): a report (JSON with the run's set
+    and notebooks, or its table), or what it kept of the executed notebooks."""
+    if any(part.endswith("_executed") for part in path.parent.parts):
+        return True
+    try:
+        if path.suffix == ".json":
+            report = json.loads(path.read_text())
+            return isinstance(report, dict) and {"set", "notebooks"} <= set(report)
+        return path.suffix == ".md" and path.with_suffix(".json").is_file() and _times_report(path.with_suffix(".json"))
+    except (OSError, ValueError):
+        return False
+
+
+def open_output(out: pathlib.Path, name: str):
+    """``out`` under the output rule (:mod:`kvlab.outputs`): a file of anyone else's there stops the run before any
+    notebook starts."""
+    from kvlab.outputs import OutputFolder
+
+    return OutputFolder(out, "python -m kvlab notebooks times run", recognise=_times_report)
 
 
 def strip_images(folder: pathlib.Path) -> None:
@@ -567,8 +591,9 @@ def stamp(ci_path: pathlib.Path, defaults_path: pathlib.Path, names: list[str]) 
         raise SystemExit("not stamped:\n  " + "\n  ".join(problems))
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m kvlab notebooks times", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
     sub = parser.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run", help="execute and time notebooks")
     r.add_argument("--set", choices=["ci", "defaults"], required=True,
@@ -597,7 +622,7 @@ def main() -> None:
     e.add_argument("source", type=pathlib.Path)
     e.add_argument("target", type=pathlib.Path)
     e.add_argument("params")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.command == "run":
         try:
             run(args)

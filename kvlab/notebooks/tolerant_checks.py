@@ -12,7 +12,7 @@ fails, compares again number by number:
   agree, ``1140`` vs ``1160`` do not;
 * the output streams must be the same (a warning on stderr that was not recorded still fails).
 
-``scripts/notebooks.py prepare`` writes a ``conftest.py`` beside the prepared notebooks that loads this plugin,
+``python -m kvlab notebooks prepare`` writes a ``conftest.py`` beside the prepared notebooks that loads this plugin,
 so ``pytest build/notebooks --nbval-lax`` uses it however it is started. ``tests/test_notebook_checks.py`` runs a
 checked notebook with one thread (CI records with two) and compares with :func:`texts_agree`.
 

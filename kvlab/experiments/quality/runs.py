@@ -323,7 +323,7 @@ def _long_tasks(task: str, length: int, examples: int) -> list[tuple]:
         tok = _STATE["tokenizer"]
         table, kind = task.split("-", 1)
         if table == "ruler":  # RULER's generators as REFORM's tables build and score them (string_match_all)
-            from kvlab.experiments.reform_compare import task_score
+            from kvlab.eval.tasks import task_score
             from kvlab.eval.tasks import ruler_task
 
             tasks = [ruler_task(tok, length, kind, seed=s) for s in range(examples)]

@@ -6,31 +6,24 @@ The paper shows attention maps of Llama-3-8B-instruct on one GSM8K problem and i
 :func:`kvlab.eval.gsm8k.reference_solution`), is run once through ``--model`` with full attention, and per layer
 the attention a key receives is averaged over heads and over every query that sees it (``i >= j``). Per problem and
 layer, ``separators`` is the mean of that over the separator keys and ``other`` over every other key; the first
-token (the attention sink, which the paper keeps as its own block) is left out of both. Records::
+token (the attention sink, which the paper keeps as its own block) is left out of both. Records (methods
+``separators`` and ``other``): example ``gsm8k-<i>``, metric ``attention_per_key`` (the mean over layers, the
+ledger's row) and example ``gsm8k-<i>/L<l>``, metric ``attention_per_key_layer`` (one per layer, the figure)::
 
-    {"example": "gsm8k-<i>", "method": "separators" | "other", "metric": "attention_per_key", "value": ...}
-    {"example": "gsm8k-<i>/L<l>", "method": ..., "metric": "attention_per_key_layer", "value": ...}
-
-(the first: the mean over layers, the ledger's row; the second: one per layer, the figure)::
-
-    OMP_NUM_THREADS=1 python benchmarks/sepllm_separator_attention.py \\
-        --out benchmarks/results/sepllm/separator_attention_cpu
+    OMP_NUM_THREADS=1 python -m kvlab run sepllm-separator-attention --out benchmarks/results/sepllm/separator_attention_cpu
 """
 
 from __future__ import annotations
 
-import argparse
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
+from kvlab.experiments import records
+from kvlab.experiments.registry import experiment_parser, positive_int
+from kvlab.experiments.sepllm.common import device_label, open_out, resolve_device
 
-from sepllm_position_shift import write_examples  # noqa: E402 (atomic JSON-lines writer)
+NAME = "sepllm-separator-attention"
 
 
 def received_per_key(maps: torch.Tensor) -> torch.Tensor:
@@ -52,40 +45,46 @@ def separator_vs_other(maps: torch.Tensor, is_sep: torch.Tensor) -> tuple[torch.
     return got[:, sep].mean(dim=1), got[:, ~sep].mean(dim=1)
 
 
-def main(argv=None) -> int:
+def parser():
+    p = experiment_parser(NAME, __doc__.split("\n\n")[0])
+    p.add_argument("--model", default="smollm2-135m", help="kvlab model id")
+    p.add_argument("--problems", type=positive_int, default=40, help="GSM8K test problems (the ledger's n)")
+    p.add_argument("--threads", type=positive_int, default=1, help="CPU threads")
+    return p
+
+
+def check(args) -> None:
+    if args.smoke:
+        args.problems = 2
+
+
+def run(args):
     import kvlab
     from kvlab.core import capture_attention
     from kvlab.eval.gsm8k import load_gsm8k, reference_solution
     from kvlab.sepllm import is_separator, separator_ids
 
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default="smollm2-135m", help="kvlab model id")
-    ap.add_argument("--problems", type=int, default=40, help="GSM8K test problems (the ledger's n)")
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--out", required=True)
-    args = ap.parse_args(argv)
+    rel = "separator_attention" + records.SUFFIX
+    out = open_out(args, NAME, [rel])
     torch.set_num_threads(args.threads)
-    model, tok = kvlab.load_model(args.model, device="cpu")
+    device = resolve_device(args.device)
+    model, tok = kvlab.load_model(args.model, device=device)
     seps = torch.tensor(separator_ids(tok))
     problems, _ = load_gsm8k(args.problems)
-    recs, begin = [], time.perf_counter()
+    recs, begin, label = [], time.perf_counter(), device_label(device)
     for i, p in enumerate(problems):
         text = f"Q: {p['question']}\nA:{reference_solution(p['answer'])}"
-        ids = tok(text, return_tensors="pt").input_ids
-        maps = capture_attention(model, ids).float()  # (layers, heads, T, T)
-        sep, other = separator_vs_other(maps, is_separator(ids[0], seps))
+        ids = tok(text, return_tensors="pt").input_ids.to(device)
+        maps = capture_attention(model, ids).float().cpu()  # (layers, heads, T, T)
+        sep, other = separator_vs_other(maps, is_separator(ids[0].cpu(), seps))
         ex = f"gsm8k-{i}"
+        config = {"model": args.model, "problems": args.problems}
         for method, per_layer in (("separators", sep), ("other", other)):
-            recs.append({"example": ex, "method": method, "metric": "attention_per_key",
-                         "value": float(per_layer.mean()), "tokens": ids.shape[1], "model": args.model})
-            recs += [{"example": f"{ex}/L{layer}", "method": method, "metric": "attention_per_key_layer",
-                      "value": float(v)} for layer, v in enumerate(per_layer)]
+            recs.append(records.record(ex, method, "attention_per_key", float(per_layer.mean()), config=config,
+                                       device=label, tokens=ids.shape[1]))
+            recs += [records.record(f"{ex}/L{layer}", method, "attention_per_key_layer", float(v), config=config,
+                                    device=label) for layer, v in enumerate(per_layer)]
         print(f"{ex}: {ids.shape[1]} tokens, separators {float(sep.mean()):.4f} vs other {float(other.mean()):.4f}",
               flush=True)
     print(f"{len(problems)} problems in {time.perf_counter() - begin:.0f} s")
-    write_examples(Path(args.out) / "separator_attention.examples.jsonl", recs)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    return [records.write(rel, recs, out=out)]

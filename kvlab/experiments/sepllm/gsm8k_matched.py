@@ -10,24 +10,20 @@ What this module adds to :mod:`kvlab.eval.gsm8k` (the prompt, the answer-NLL pro
 * **Problems long enough that the window binds** (:func:`long_problems`): a problem whose question and
   solution fit inside ``n`` tokens is scored by both methods with the whole problem in view; only problems of at
   least ``min_tokens`` tokens (question + solution) are kept, in the data set's order.
-* **Per-problem records** (``*.examples.jsonl``: ``example`` = ``gsm8k-test-<index>``, metrics ``answer_nll``
+* **Per-problem records** (``*.examples.jsonl.gz``: ``example`` = ``gsm8k-test-<index>``, metrics ``answer_nll``
   and ``r_kv``; with generation also ``flexible_match`` / ``strict_match`` and the raw ``output``) and the paired
   bootstrap of SepLLM minus the matched window (:func:`kvlab.eval.stats.paired_bootstrap`), so the summary
   says whether this sample separates the methods; on a 135M model it may not, and the records show that.
 
 Command line::
 
-    python -m kvlab.experiments.sepllm_gsm8k --neighbors 128 --min-tokens 192 --problems 40 --out DIR
-    python -m kvlab.experiments.sepllm_gsm8k --neighbors 128 --min-tokens 192 --problems 300 --generate 100 --out DIR
+    python -m kvlab run sepllm-gsm8k-matched --neighbors 128 --min-tokens 192 --problems 40 --out DIR
+    python -m kvlab run sepllm-gsm8k-matched --neighbors 128 --min-tokens 192 --problems 300 --generate 100 --out DIR
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
-import os
-import sys
 import time
 from typing import Any, Callable
 
@@ -36,9 +32,14 @@ import torch
 from kvlab.core import check_int, kv_ratio
 from kvlab.eval.gsm8k import cot_prompt, gsm8k_answer_nll, gsm8k_generate, load_gsm8k, reference_solution
 from kvlab.eval.stats import paired_bootstrap
+from kvlab.experiments import records
+from kvlab.experiments.registry import experiment_parser, positive_int
+from kvlab.experiments.sepllm.common import device_label, nonnegative_int, open_out, resolve_device, write_summary
 from kvlab.sepllm.pattern import SepLLMPattern, StreamingPattern
 
-__all__ = ["long_problems", "problem_ids", "matched_window", "matched_methods", "matched_gsm8k", "main"]
+__all__ = ["long_problems", "problem_ids", "matched_window", "matched_methods", "matched_gsm8k", "records_of",
+           "parser", "run"]
+NAME = "sepllm-gsm8k-matched"
 
 
 def _question(problem: dict) -> str:
@@ -103,18 +104,17 @@ def matched_methods(separators, sequences: list[torch.Tensor], *, init: int = 3,
             f"StrmLLM (n={n}, r.KV matched)": StreamingPattern(init, n)}
 
 
-def _records(ids: list[str], method: str, metric: str, values: list, config: dict, **extra) -> list[dict]:
-    rows = []
-    for j, (example, value) in enumerate(zip(ids, values)):
-        row = {"example": example, "method": method, "metric": metric, "value": float(value), "config": config}
-        row.update({k: v[j] for k, v in extra.items()})
-        rows.append(row)
-    return rows
+def records_of(ids: list[str], method: str, metric: str, values: list, config: dict, device: str,
+               **extra) -> list[dict]:
+    """One record per example: ``values[j]`` of ``ids[j]``, with ``extra[key][j]`` beside it."""
+    return [records.record(example, method, metric, float(value), config=config, device=device,
+                           **{k: v[j] for k, v in extra.items()})
+            for j, (example, value) in enumerate(zip(ids, values))]
 
 
 def matched_gsm8k(model, tokenizer, selected: list[tuple[int, dict]], exemplars: list[dict], separators, *,
                   init: int = 3, neighbors: int = 256, generate: int = 0, max_new_tokens: int = 256,
-                  progress: bool = False) -> dict[str, Any]:
+                  device: str = "cpu", progress: bool = False) -> dict[str, Any]:
     """The answer-NLL proxy of every method of :func:`matched_methods` on ``selected`` problems, and greedy
     generation (exact match) on the first ``generate`` of them for SepLLM and the matched window.
 
@@ -135,8 +135,8 @@ def matched_gsm8k(model, tokenizer, selected: list[tuple[int, dict]], exemplars:
         out["methods"][name] = {"neighbors": getattr(pattern, "neighbors", None),
                                 "mean_answer_nll": r.mean_answer_nll, "mean_r_kv": r.mean_kv_ratio,
                                 "seconds": time.perf_counter() - t0}
-        out["examples"] += _records(ids, name, "answer_nll", r.answer_nll, config)
-        out["examples"] += _records(ids, name, "r_kv", r.kv_ratio, config)
+        out["examples"] += records_of(ids, name, "answer_nll", r.answer_nll, config, device)
+        out["examples"] += records_of(ids, name, "r_kv", r.kv_ratio, config, device)
         if progress:
             print(f"  {name:34s} answer NLL {r.mean_answer_nll:.4f}  r.KV {r.mean_kv_ratio:5.1f} %", flush=True)
     sep_name = f"SepLLM (n={neighbors})"
@@ -160,11 +160,11 @@ def matched_gsm8k(model, tokenizer, selected: list[tuple[int, dict]], exemplars:
             hits[name] = r.flexible
             targets = [p["answer"].split("####")[-1].strip() for p in problems[:generate]]
             gen_ids = ids[:generate]
-            out["examples"] += _records(gen_ids, name, "flexible_match", r.flexible, config, output=r.generations,
-                                        target=targets)
-            out["examples"] += _records(gen_ids, name, "strict_match", r.strict, config, output=r.generations,
-                                        target=targets)
-            out["examples"] += _records(gen_ids, name, "decode_r_kv", r.kv_ratio, config)
+            out["examples"] += records_of(gen_ids, name, "flexible_match", r.flexible, config, device,
+                                          output=r.generations, target=targets)
+            out["examples"] += records_of(gen_ids, name, "strict_match", r.strict, config, device,
+                                          output=r.generations, target=targets)
+            out["examples"] += records_of(gen_ids, name, "decode_r_kv", r.kv_ratio, config, device)
             out["methods"][name].update(flexible=r.flexible_accuracy, strict=r.strict_accuracy,
                                         decode_r_kv=r.mean_kv_ratio, generated=len(r.flexible))
         d = paired_bootstrap([float(x) for x in hits[sep_name]], [float(x) for x in hits[matched]])
@@ -173,27 +173,42 @@ def matched_gsm8k(model, tokenizer, selected: list[tuple[int, dict]], exemplars:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser():
+    p = experiment_parser(NAME, __doc__.split("\n\n")[0])
+    p.add_argument("--model", default="smollm2-135m", help="kvlab model id")
+    p.add_argument("--init", type=positive_int, default=3, help="initial tokens a (Table 1: 3)")
+    p.add_argument("--neighbors", type=positive_int, default=256, help="SepLLM's window n (Table 1: 256)")
+    p.add_argument("--min-tokens", type=nonnegative_int, default=0, help="keep problems with at least this many "
+                   "tokens of question + solution (0: 1.5 x neighbors, so the window binds)")
+    p.add_argument("--problems", type=positive_int, default=40, help="problems scored (the first long enough ones)")
+    p.add_argument("--generate", type=nonnegative_int, default=0,
+                   help="also generate on the first N of them (exact match; at most --problems)")
+    p.add_argument("--max-new-tokens", type=positive_int, default=256)
+    p.add_argument("--threads", type=nonnegative_int, default=0, help="CPU threads (0: torch's default)")
+    return p
+
+
+def check(args) -> None:
+    from kvlab.experiments.registry import ParameterError
+
+    if args.smoke:
+        args.problems, args.neighbors, args.min_tokens = 2, 32, 48
+        args.generate, args.max_new_tokens = min(args.generate, 1), 4
+    if args.generate > args.problems:
+        raise ParameterError(f"--generate {args.generate} exceeds --problems {args.problems}: generation runs on the "
+                             "first --generate of the scored problems")
+
+
+def run(args):
     import kvlab
     from kvlab.sepllm.separators import separator_ids
 
-    ap = argparse.ArgumentParser(prog="python -m kvlab.experiments.sepllm_gsm8k", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default="smollm2-135m")
-    ap.add_argument("--init", type=int, default=3, help="initial tokens a (Table 1: 3)")
-    ap.add_argument("--neighbors", type=int, default=256, help="SepLLM's window n (Table 1: 256)")
-    ap.add_argument("--min-tokens", type=int, default=0, help="keep problems with at least this many tokens of "
-                    "question + solution (0: 1.5 x neighbors, so the window binds)")
-    ap.add_argument("--problems", type=int, default=40, help="problems scored (the first long enough ones)")
-    ap.add_argument("--generate", type=int, default=0, help="also generate on the first N of them (exact match)")
-    ap.add_argument("--max-new-tokens", type=int, default=256)
-    ap.add_argument("--threads", type=int, default=0)
-    ap.add_argument("--device", default="auto")
-    ap.add_argument("--out", required=True, help="folder for gsm8k_matched_n<N>.json and .examples.jsonl")
-    args = ap.parse_args(argv)
+    stem = f"gsm8k_matched_n{args.neighbors}"
+    out = open_out(args, NAME, [stem + records.SUFFIX])
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
+    device = resolve_device(args.device)
     started = time.perf_counter()
     model, tokenizer = kvlab.load_model(args.model, device=device)
     problems, exemplars = load_gsm8k(None)
@@ -201,25 +216,16 @@ def main(argv: list[str] | None = None) -> int:
     selected = long_problems(tokenizer, problems, min_tokens, args.problems)
     print(f"{len(selected)} problems with >= {min_tokens} tokens of question + solution; n = {args.neighbors}",
           flush=True)
+    label = device_label(device)
     result = matched_gsm8k(model, tokenizer, selected, exemplars, separator_ids(tokenizer), init=args.init,
                            neighbors=args.neighbors, generate=args.generate, max_new_tokens=args.max_new_tokens,
-                           progress=True)
-    os.makedirs(args.out, exist_ok=True)
-    stem = os.path.join(args.out, f"gsm8k_matched_n{args.neighbors}")
-    with open(stem + ".examples.jsonl", "w") as fh:
-        fh.writelines(json.dumps(r) + "\n" for r in result.pop("examples"))
-    result.update(model=args.model, device=device, init=args.init, neighbors=args.neighbors, min_tokens=min_tokens,
+                           device=label, progress=True)
+    written = [records.write(stem + records.SUFFIX, result.pop("examples"), out=out)]
+    result.update(model=args.model, device=label, init=args.init, neighbors=args.neighbors, min_tokens=min_tokens,
                   problems=len(selected), generate=args.generate, max_new_tokens=args.max_new_tokens,
-                  command="python -m kvlab.experiments.sepllm_gsm8k " + " ".join(argv if argv is not None else sys.argv[1:]),
-                  seconds=time.perf_counter() - started)
-    with open(stem + ".json", "w") as fh:
-        json.dump(result, fh, indent=1)
+                  command=f"python -m kvlab run {NAME}", seconds=time.perf_counter() - started)
+    written.append(write_summary(out, stem + ".json", result))
     for p in result["pairs"]:
         print(f"  {p['a']} - {p['b']} ({p['metric']}): {p['mean_diff']:+.4f} [{p['low']:+.4f}, {p['high']:+.4f}] "
               f"n={p['n']}")
-    print(f"wrote {stem}.json ({result['seconds']:.0f} s)")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    return written

@@ -18,18 +18,14 @@ interval (and an exact sign test) can say whether this sample separates the meth
 The paper scores GSM8K by exact match on Llama-3-8B; a 135M model solves about 2 % of the problems, so the
 answer-NLL proxy is what can order the methods here (the records keep r.KV beside it).
 
-Command line (each writes ``<name>.json`` and ``<name>.examples.jsonl`` under ``--out``)::
+Command line (each writes ``<name>.json`` and ``<name>.examples.jsonl.gz`` under ``--out``)::
 
-    python -m kvlab.experiments.sepllm gsm8k --tables 9,16,17 --neighbors 256 --problems 1319 --out DIR
-    python -m kvlab.experiments.sepllm needle --lengths 1024,2048,3072,4096 --depths 16 --out DIR
+    python -m kvlab run sepllm-ablations gsm8k --tables 9,16,17 --neighbors 256 --problems 1319 --out DIR
+    python -m kvlab run sepllm-ablations needle --lengths 1024,2048,3072,4096 --depths 16 --out DIR
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import sys
 import time
 import warnings
 from typing import Any, Callable
@@ -38,12 +34,15 @@ import torch
 
 from kvlab.core import check_int, kv_ratio
 from kvlab.eval.stats import paired_bootstrap, sign_test
-from kvlab.experiments.sepllm_gsm8k import matched_window, problem_ids
+from kvlab.experiments import records
+from kvlab.experiments.registry import ParameterError, experiment_parser, names_list, positive_int
+from kvlab.experiments.sepllm.common import (device_label, int_list, open_out, resolve_device, write_summary)
+from kvlab.experiments.sepllm.gsm8k_matched import matched_window, problem_ids, records_of
 from kvlab.sepllm.pattern import FixLLMPattern, HeadwisePattern, SepLLMPattern, StreamingPattern
 from kvlab.sepllm.separators import SEPARATOR_SETS, separator_ids
 
 __all__ = ["separator_choice_methods", "fixed_interval_methods", "headwise_methods", "compare_on_gsm8k",
-           "pair_statistics", "needle_policies", "needle_study", "main"]
+           "pair_statistics", "needle_policies", "needle_study", "parser", "check", "run"]
 
 
 def _mean_kv(pattern, sequences: list[torch.Tensor]) -> float:
@@ -121,18 +120,9 @@ def pair_statistics(a: list[float], b: list[float], *, lower_is_better: bool = T
             "b_better": worse, "ties": s.ties, "sign_p": s.p}
 
 
-def _records(ids, method, metric, values, config, **extra) -> list[dict]:
-    rows = []
-    for j, (example, value) in enumerate(zip(ids, values)):
-        row = {"example": example, "method": method, "metric": metric, "value": float(value), "config": config}
-        row.update({k: v[j] for k, v in extra.items()})
-        rows.append(row)
-    return rows
-
-
 def compare_on_gsm8k(model, tokenizer, selected: list[tuple[int, dict]], exemplars: list[dict],
                      methods: dict[str, Any], pairs: list[tuple[str, str]], *, config: dict | None = None,
-                     progress: bool = False) -> dict[str, Any]:
+                     device: str = "cpu", progress: bool = False) -> dict[str, Any]:
     """The answer-NLL proxy and r.KV of every method (``{name: pattern or None}``) on ``selected`` problems
     (``(index, problem)``), and :func:`pair_statistics` of each ``(a, b)`` in ``pairs`` (negative mean
     difference: ``a`` has the lower NLL, the paper's "a better").
@@ -157,8 +147,8 @@ def compare_on_gsm8k(model, tokenizer, selected: list[tuple[int, dict]], exempla
         nll[name] = r.answer_nll
         out["methods"][name] = {"pattern": repr(pattern), "mean_answer_nll": r.mean_answer_nll,
                                 "mean_r_kv": r.mean_kv_ratio, "seconds": time.perf_counter() - t0}
-        out["examples"] += _records(ids, name, "answer_nll", r.answer_nll, config)
-        out["examples"] += _records(ids, name, "r_kv", r.kv_ratio, config)
+        out["examples"] += records_of(ids, name, "answer_nll", r.answer_nll, config, device)
+        out["examples"] += records_of(ids, name, "r_kv", r.kv_ratio, config, device)
         if progress:
             print(f"  {name:40s} answer NLL {r.mean_answer_nll:.4f}  r.KV {r.mean_kv_ratio:6.3f}", flush=True)
     for a, b in pairs:
@@ -200,7 +190,7 @@ def needle_policies(tokenizer, design: str) -> dict[str, Callable[[], Any]]:
 
 
 def needle_study(model, tokenizer, policies: dict[str, Callable[[], Any]], lengths, depths, *,
-                 chunk_size: int = 64, config: dict | None = None, progress: bool = False) -> dict[str, Any]:
+                 chunk_size: int = 64, config: dict | None = None, device: str = "cpu", progress: bool = False) -> dict[str, Any]:
     """Every policy (``{name: factory}``, a fresh policy per run) on the needle grid ``lengths x depths``:
     per cell the share of the needle's words in the greedy answer (``correct``) and the answer NLL, and for the
     first policy against the second the paired statistics over cells (NLL: lower better; found: higher)."""
@@ -220,8 +210,8 @@ def needle_study(model, tokenizer, policies: dict[str, Callable[[], Any]], lengt
         nll = r.answer_nll.flatten().tolist()
         answers = [a for row in r.answers for a in row]
         values[name] = {"correct": found, "answer_nll": nll}
-        out["examples"] += _records(cells, name, "correct", found, config, output=answers)
-        out["examples"] += _records(cells, name, "answer_nll", nll, config)
+        out["examples"] += records_of(cells, name, "correct", found, config, device, output=answers)
+        out["examples"] += records_of(cells, name, "answer_nll", nll, config, device)
         out["methods"][name] = {"mean_correct": sum(found) / len(found), "mean_answer_nll": sum(nll) / len(nll),
                                 "seconds": time.perf_counter() - t0}
         if progress:
@@ -235,86 +225,111 @@ def needle_study(model, tokenizer, policies: dict[str, Callable[[], Any]], lengt
     return out
 
 
-def _write(out_dir: str, stem: str, result: dict, extra: dict) -> str:
-    os.makedirs(out_dir, exist_ok=True)
-    path = os.path.join(out_dir, stem)
-    with open(path + ".examples.jsonl", "w") as fh:
-        fh.writelines(json.dumps(r) + "\n" for r in result.pop("examples"))
+def _write(out, stem: str, result: dict, extra: dict) -> list:
+    """The records and the JSON summary of one table or design; prints each pair's statistics."""
+    written = [records.write(stem + records.SUFFIX, result.pop("examples"), out=out)]
     result.update(extra)
-    with open(path + ".json", "w") as fh:
-        json.dump(result, fh, indent=1)
+    written.append(write_summary(out, stem + ".json", result))
     for p in result["pairs"]:
         print(f"  {p['a']} - {p['b']} ({p['metric']}): {p['mean_diff']:+.4f} [{p['low']:+.4f}, {p['high']:+.4f}] "
               f"n={p['n']}, a better in {p['a_better']}, b in {p['b_better']}, sign p={p['sign_p']:.3g}", flush=True)
-    print(f"wrote {path}.json", flush=True)
-    return path
+    return written
 
 
-def main(argv: list[str] | None = None) -> int:
-    import kvlab
+# ------------------------------------------------------------------------------------------------ the experiment
+NAME = "sepllm-ablations"
+TABLES = ("9", "16", "17")
+DESIGNS = ("streaming", "basic", "n2048")
+
+
+def parser():
+    p = experiment_parser(NAME, __doc__.split("\n\n")[0])
+    p.add_argument("what", choices=["gsm8k", "needle"], help="gsm8k: Tables 9, 16, 17; needle: Figs. 8-11")
+    p.add_argument("--model", default="smollm2-135m", help="kvlab model id")
+    p.add_argument("--tables", type=names_list(TABLES, what="table"), default=list(TABLES),
+                   help="gsm8k: which of Tables 9, 16, 17 to run")
+    p.add_argument("--init", type=positive_int, default=3, help="gsm8k: initial tokens a (Tables 9, 16, 17: 3)")
+    p.add_argument("--neighbors", type=positive_int, default=256, help="gsm8k: SepLLM's n (Tables 9, 16, 17: 256)")
+    p.add_argument("--problems", type=positive_int, default=1319, help="gsm8k: the first N test problems")
+    p.add_argument("--window-heads", type=int_list(1, "head count"), default=[6, 7, 8],
+                   help="gsm8k, Table 9: H_s values (sliding heads)")
+    p.add_argument("--design", type=names_list(DESIGNS, what="design"), default=["streaming", "basic"],
+                   help="needle: basic (Figs. 8-9), n2048 (Figs. 10-11), streaming (App. F's text)")
+    p.add_argument("--lengths", type=int_list(64, "length"), default=[1024, 2048, 3072, 4096],
+                   help="needle: context lengths in tokens")
+    p.add_argument("--depths", type=positive_int, default=16, help="needle: depths evenly spaced in [0.05, 0.95]")
+    p.add_argument("--threads", type=positive_int, default=None, help="CPU threads (default: torch's)")
+    return p
+
+
+def check(args) -> None:
+    if args.smoke:
+        args.problems, args.neighbors, args.lengths, args.depths = 2, 32, [160], 1
+        args.tables = args.tables[:1]
+    if args.what == "needle" and "n2048" in args.design and max(args.lengths) <= 2048:
+        raise ParameterError(f"--design n2048 keeps a 2,048-token window: --lengths must exceed 2048 (got "
+                             f"{args.lengths}) for the window to drop anything")
+
+
+def _gsm8k_tables(args, out, model, tokenizer, base: dict, device: str) -> list:
     from kvlab.eval.gsm8k import load_gsm8k
 
-    ap = argparse.ArgumentParser(prog="python -m kvlab.experiments.sepllm", description=__doc__.split("\n\n")[0])
-    ap.add_argument("what", choices=["gsm8k", "needle"])
-    ap.add_argument("--model", default="smollm2-135m")
-    ap.add_argument("--tables", default="9,16,17", help="gsm8k: which of Tables 9, 16, 17 to run")
-    ap.add_argument("--init", type=int, default=3, help="gsm8k: initial tokens a (Tables 9, 16, 17: 3)")
-    ap.add_argument("--neighbors", type=int, default=256, help="gsm8k: SepLLM's n (Tables 9, 16, 17: 256)")
-    ap.add_argument("--problems", type=int, default=1319, help="gsm8k: the first N test problems")
-    ap.add_argument("--window-heads", default="6,7,8", help="gsm8k, Table 9: H_s values (sliding heads)")
-    ap.add_argument("--design", default="streaming,basic", help="needle: basic (Figs. 8-9), n2048 (Figs. 10-11), streaming (App. F's text)")
-    ap.add_argument("--lengths", default="1024,2048,3072,4096", help="needle: context lengths in tokens")
-    ap.add_argument("--depths", type=int, default=16, help="needle: depths evenly spaced in [0.05, 0.95]")
-    ap.add_argument("--threads", type=int, default=0)
-    ap.add_argument("--device", default="auto")
-    ap.add_argument("--out", required=True, help="folder for the JSON and .examples.jsonl files")
-    args = ap.parse_args(argv)
+    problems, exemplars = load_gsm8k(None)
+    selected = list(enumerate(problems))[:args.problems]
+    sequences = [problem_ids(tokenizer, p, exemplars) for _, p in selected]
+    heads = model.config.get_text_config().num_attention_heads
+    builders = {
+        "16": lambda: separator_choice_methods(tokenizer, sequences, init=args.init, neighbors=args.neighbors),
+        "17": lambda: fixed_interval_methods(tokenizer, init=args.init, neighbors=args.neighbors),
+        "9": lambda: headwise_methods(tokenizer, sequences, heads, args.window_heads, init=args.init,
+                                      neighbors=args.neighbors)}
+    written = []
+    for k, table in enumerate(args.tables):
+        t0 = time.perf_counter()
+        methods, pairs = builders[table]()
+        skipped = methods.pop("skipped", [])
+        if k == 0:  # full attention once, for reference (no pair uses it)
+            methods = {"Vanilla": None, **methods}
+        print(f"Table {table}: {len(selected)} problems, methods {list(methods)}", flush=True)
+        config = {"table": table, "init": args.init, "neighbors": args.neighbors}
+        result = compare_on_gsm8k(model, tokenizer, selected, exemplars, methods, pairs, config=config,
+                                  device=device, progress=True)
+        written += _write(out, f"table{table}_gsm8k_n{args.neighbors}", result,
+                          base | config | {"problems": len(selected), "skipped": skipped,
+                                           "seconds": time.perf_counter() - t0})
+    return written
+
+
+def _needles(args, out, model, tokenizer, base: dict, device: str) -> list:
+    k = args.depths
+    depths = [0.5] if k == 1 else [round(0.05 + 0.9 * i / (k - 1), 4) for i in range(k)]
+    written = []
+    for design in args.design:
+        t0 = time.perf_counter()
+        result = needle_study(model, tokenizer, needle_policies(tokenizer, design), args.lengths, depths,
+                              config={"design": design}, device=device, progress=True)
+        written += _write(out, f"needle_{design}", result,
+                          base | {"design": design, "lengths": args.lengths, "depths": depths,
+                                  "seconds": time.perf_counter() - t0})
+    return written
+
+
+def _stems(args) -> list[str]:
+    if args.what == "gsm8k":
+        return [f"table{t}_gsm8k_n{args.neighbors}" for t in args.tables]
+    return [f"needle_{d}" for d in args.design]
+
+
+def run(args):
+    import kvlab
+
+    out = open_out(args, NAME, [stem + records.SUFFIX for stem in _stems(args)])
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
+    device = resolve_device(args.device)
     model, tokenizer = kvlab.load_model(args.model, device=device)
-    command = "python -m kvlab.experiments.sepllm " + " ".join(argv if argv is not None else sys.argv[1:])
-    base = {"model": args.model, "device": device, "command": command}
-    if args.what == "gsm8k":
-        problems, exemplars = load_gsm8k(None)
-        selected = list(enumerate(problems))[:check_int("problems", args.problems, 1)]
-        sequences = [problem_ids(tokenizer, p, exemplars) for _, p in selected]
-        heads = model.config.get_text_config().num_attention_heads
-        builders = {
-            "16": lambda: separator_choice_methods(tokenizer, sequences, init=args.init, neighbors=args.neighbors),
-            "17": lambda: fixed_interval_methods(tokenizer, init=args.init, neighbors=args.neighbors),
-            "9": lambda: headwise_methods(tokenizer, sequences, heads,
-                                          [int(h) for h in args.window_heads.split(",") if h],
-                                          init=args.init, neighbors=args.neighbors)}
-        for k, table in enumerate(t.strip() for t in args.tables.split(",") if t.strip()):
-            if table not in builders:
-                raise SystemExit(f"--tables: {table!r} is not one of {sorted(builders)}")
-            t0 = time.perf_counter()
-            methods, pairs = builders[table]()
-            skipped = methods.pop("skipped", [])
-            if k == 0:  # full attention once, for reference (no pair uses it)
-                methods = {"Vanilla": None, **methods}
-            print(f"Table {table}: {len(selected)} problems, methods {list(methods)}", flush=True)
-            config = {"table": table, "init": args.init, "neighbors": args.neighbors}
-            result = compare_on_gsm8k(model, tokenizer, selected, exemplars, methods, pairs, config=config,
-                                      progress=True)
-            _write(args.out, f"table{table}_gsm8k_n{args.neighbors}", result,
-                   base | config | {"problems": len(selected), "skipped": skipped,
-                                    "seconds": time.perf_counter() - t0})
-    else:
-        lengths = [int(n) for n in args.lengths.split(",") if n]
-        k = check_int("depths", args.depths, 1)
-        depths = [0.5] if k == 1 else [round(0.05 + 0.9 * i / (k - 1), 4) for i in range(k)]
-        for design in [d.strip() for d in args.design.split(",") if d.strip()]:
-            t0 = time.perf_counter()
-            result = needle_study(model, tokenizer, needle_policies(tokenizer, design), lengths, depths,
-                                  config={"design": design}, progress=True)
-            _write(args.out, f"needle_{design}", result,
-                   base | {"design": design, "lengths": lengths, "depths": depths,
-                           "seconds": time.perf_counter() - t0})
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    label = device_label(device)
+    base = {"model": args.model, "device": label, "command": f"python -m kvlab run {NAME} {args.what}"}
+    tables = _gsm8k_tables if args.what == "gsm8k" else _needles
+    return tables(args, out, model, tokenizer, base, label)

@@ -8,29 +8,24 @@ SepLLM(n=64), SepLLM(n=128), SepLLM(n=64, H) and SepLLM(n=64, H/T). Here each of
 pieces of WikiText (``--tokenizer``'s ids, the separators of :func:`kvlab.sepllm.separator_ids`) is one training
 sequence; every variant of :func:`kvlab.sepllm.training.VARIANTS` (4 initial tokens) gets, per piece::
 
-    {"example": "wikitext-2048-p<i>", "method": <variant>, "metric": "attention_map_share", "value": ...}
-    {"example": ..., "method": ..., "metric": "flops_share", "value": FLOPs / Vanilla's FLOPs}
+    example "wikitext-2048-p<i>", method <variant>, metric "attention_map_share", value: the kept share
+    example ..., method ..., metric "flops_share", value: FLOPs / Vanilla's FLOPs
 
 FLOPs are those of a GPT-NeoX model of Pythia-160m's shape (12 layers, width 768, MLP 3,072, vocabulary 50,304),
 built on the meta device (no weights)::
 
-    python benchmarks/sepllm_flops_ratio.py --out benchmarks/results/sepllm/flops_ratio_cpu
+    python -m kvlab run sepllm-flops-ratio --out benchmarks/results/sepllm/flops_ratio_cpu
 """
 
 from __future__ import annotations
 
-import argparse
-import sys
-from pathlib import Path
-
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
+from kvlab.experiments import records
+from kvlab.experiments.registry import ParameterError, experiment_parser, positive_int
+from kvlab.experiments.sepllm.common import open_out
 
-from sepllm_position_shift import wikitext_pieces, write_examples  # noqa: E402 (WikiText pieces, atomic writer)
-
+NAME = "sepllm-flops-ratio"
 HYBRID_H = "SepLLM(n=64,H)"
 
 
@@ -53,35 +48,44 @@ def variants():
     return out
 
 
-def main(argv=None) -> int:
+def parser():
+    p = experiment_parser(NAME, __doc__.split("\n\n")[0])
+    p.add_argument("--tokenizer", default="smollm2-135m", help="kvlab model id whose tokenizer cuts the text")
+    p.add_argument("--texts", type=positive_int, default=30, help="disjoint pieces (the ledger's n)")
+    p.add_argument("--tokens", type=positive_int, default=2048, help="tokens per piece (a training sequence)")
+    return p
+
+
+def check(args) -> None:
+    if args.smoke:
+        args.texts, args.tokens = 1, 160
+    if args.tokens < 129:
+        raise ParameterError(f"--tokens must exceed the largest window of Table 3 (n=128), got {args.tokens}")
+
+
+def run(args):
     from kvlab.models import load_tokenizer
+    from kvlab.experiments.sepllm.streaming import wikitext_pieces
     from kvlab.sepllm import separator_ids
     from kvlab.sepllm.training import step_flops
 
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--tokenizer", default="smollm2-135m", help="kvlab model id whose tokenizer cuts the text")
-    ap.add_argument("--texts", type=int, default=30, help="disjoint 2,048-token pieces (the ledger's n)")
-    ap.add_argument("--tokens", type=int, default=2048)
-    ap.add_argument("--out", required=True)
-    args = ap.parse_args(argv)
+    rel = "flops_ratio" + records.SUFFIX
+    out = open_out(args, NAME, [rel])
     tok = load_tokenizer(args.tokenizer)
     seps = separator_ids(tok)
     model = pythia_160m_shape()
+    config = {"tokenizer": args.tokenizer, "tokens": args.tokens, "texts": args.texts,
+              "model_shape": "pythia-160m (meta device)"}
     recs = []
-    for i, piece in enumerate(wikitext_pieces(tok, args.texts, args.tokens)):
+    for i, piece in enumerate(wikitext_pieces(tok, args.texts, args.tokens, whole=not args.smoke)):
         ex = f"wikitext-{args.tokens}-p{i:03d}"
         base, _ = step_flops(model, variants()[0], piece, seps)
         for v in variants():
             flops, ratio = step_flops(model, v, piece, seps)
-            recs += [{"example": ex, "method": v.name, "metric": "attention_map_share", "value": ratio},
-                     {"example": ex, "method": v.name, "metric": "flops_share", "value": flops / base}]
-    write_examples(Path(args.out) / "flops_ratio.examples.jsonl", recs)
+            recs += [records.record(ex, v.name, "attention_map_share", ratio, config=config, device="cpu"),
+                     records.record(ex, v.name, "flops_share", flops / base, config=config, device="cpu")]
     for v in variants():
         a = [r["value"] for r in recs if r["method"] == v.name and r["metric"] == "attention_map_share"]
         f = [r["value"] for r in recs if r["method"] == v.name and r["metric"] == "flops_share"]
         print(f"{v.name:22s} attention {100 * sum(a) / len(a):6.2f} %   FLOPs {100 * sum(f) / len(f):6.2f} %")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    return [records.write(rel, recs, out=out)]

@@ -105,6 +105,8 @@ def _writers(tmp_path):
     from kvlab.experiments.leaderboard import run_leaderboard
     from kvlab.experiments.sweep import Task, run_sweep
 
+    from kvlab.notebooks import plain_run, times
+
     nbtool = _notebooks_tool()
     from conftest import import_script
 
@@ -118,11 +120,13 @@ def _writers(tmp_path):
                                              {"distance": 10, "neighbors": 3})], out, workers=1, progress=False),
         "leaderboard": lambda out: run_leaderboard("tiny", out, run=False, progress=False),
         "book build": lambda out: book.build(tmp_path / "executed", tmp_path / "lessons", out),
+        "notebooks run": lambda out: plain_run.open_output(NB01, out),
+        "notebooks times": lambda out: times.open_output(out, "t"),
     }
 
 
 @pytest.mark.parametrize("command", ["notebooks prepare", "notebooks book", "lessons make", "lessons grade", "sweep",
-                                     "leaderboard", "book build"])
+                                     "leaderboard", "book build", "notebooks run", "notebooks times"])
 def test_every_command_that_writes_a_folder_refuses_one_holding_a_users_file(tmp_path, command):
     out = tmp_path / "out"
     mine = _user_file(out)
@@ -134,6 +138,111 @@ def test_every_command_that_writes_a_folder_refuses_one_holding_a_users_file(tmp
 
 
 # =========================================================================== data loss
+def _executed_notebook(path: pathlib.Path, cells: int = 3) -> bytes:
+    """What a sweep (papermill) leaves for a notebook: injected parameters, every cell executed, outputs."""
+    import nbformat
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("x = 1", metadata={"tags": ["injected-parameters"]}, execution_count=1)]
+    nb.cells += [nbformat.v4.new_code_cell(f"print({i})", execution_count=i + 2,
+                                           outputs=[nbformat.v4.new_output("stream", name="stdout", text=f"{i}\n")])
+                 for i in range(cells - 1)]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, path)
+    return path.read_bytes()
+
+
+def test_prepare_into_a_sweeps_folder_keeps_its_executed_notebooks(tmp_path):
+    """`notebooks prepare --out SWEEP_OUT` deleted the sweep's executed notebooks: they are kvlab's (the sweep's
+    manifest lists them), but not prepare's; it replaces only what it wrote itself."""
+    nbtool = _notebooks_tool()
+    sweep = tmp_path / "sweep"
+    OutputFolder(sweep, "kvlab sweep").claim("00_tour.ipynb", "c1.ipynb", "c1.json")
+    before = {name: _executed_notebook(sweep / name) for name in ("00_tour.ipynb", "c1.ipynb")}
+    with pytest.raises(OutputRefused, match=r"holds the outputs of `kvlab sweep`.*only files it wrote itself"):
+        nbtool.prepare(sweep, ["00"])
+    assert {name: (sweep / name).read_bytes() for name in before} == before
+    # an older sweep's folder (no manifest yet): an executed notebook is not taken for a prepared copy
+    old = tmp_path / "old_sweep"
+    kept = _executed_notebook(old / "00_tour.ipynb")
+    with pytest.raises(OutputRefused, match="00_tour.ipynb was not written by kvlab"):
+        nbtool.prepare(old, ["00"])
+    assert (old / "00_tour.ipynb").read_bytes() == kept and not (old / MANIFEST).exists()
+    # prepare's own folder: its earlier copies are replaced, as before
+    mine = tmp_path / "prepared"
+    nbtool.prepare(mine, ["00"])
+    nbtool.prepare(mine, ["00"])
+    assert (mine / "00_tour.ipynb").is_file()
+
+
+def _plain_notebook(folder: pathlib.Path) -> pathlib.Path:
+    nb = {"cells": [{"cell_type": "code", "metadata": {"tags": ["parameters"]}, "outputs": [], "execution_count": None,
+                     "source": ["n: int = 2  # how many\n", "word: str = 'a'  # what to print\n"]},
+                    {"cell_type": "code", "metadata": {}, "outputs": [], "execution_count": None,
+                     "source": ["print(word * n)\n"]}], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "demo.ipynb"
+    path.write_text(json.dumps(nb))
+    return path
+
+
+def test_plain_run_into_the_notebooks_own_folder_is_refused(tmp_path, capsys):
+    """`notebooks run NB --out <its folder>` overwrote the source notebook and the user's log."""
+    from kvlab.notebooks import plain_run
+
+    nb = _plain_notebook(tmp_path / "work")
+    log = _user_file(tmp_path / "work", "demo.log")
+    source = nb.read_bytes()
+    assert plain_run.main([str(nb), "--out", str(nb.parent)]) == 2
+    assert "would replace the source notebook" in capsys.readouterr().err
+    assert nb.read_bytes() == source and log.read_text() == "the user's own words\n"
+    other = tmp_path / "other"  # a folder holding the user's log of the same name: refused too
+    _user_file(other, "demo.log")
+    assert plain_run.main([str(nb), "--out", str(other)]) == 2
+    assert "demo.log was not written by kvlab" in capsys.readouterr().err
+    assert (other / "demo.log").read_text() == "the user's own words\n"
+
+
+def test_plain_run_refuses_a_parameter_the_notebook_does_not_declare(tmp_path, capsys):
+    """`notebooks run -p xx 5` ran with the defaults: a name the parameters cell does not declare is refused,
+    naming the declared ones, before any cell runs or any file is written."""
+    from kvlab.notebooks import plain_run
+
+    nb = _plain_notebook(tmp_path / "src")
+    out = tmp_path / "out"
+    assert plain_run.main([str(nb), "-p", "xx", "5", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "xx: not a parameter of this notebook" in err and "['n', 'word']" in err
+    assert plain_run.main([str(nb), "-p", "n", "'three'", "--out", str(out)]) == 2  # a wrong type too
+    assert "n: expected int" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_book_build_claims_only_the_files_it_wrote(tmp_path):
+    """`book/build.py --out` took any file under html/, src/ or doctrees/ for its own."""
+    from conftest import import_script
+
+    book = import_script("book/build.py")
+    for rel in ("html/my_notes.txt", "src/my_notes.txt", "doctrees/my_notes.txt"):
+        out = tmp_path / rel.replace("/", "_")
+        mine = _user_file(out, rel)
+        with pytest.raises(book.BookError, match="my_notes.txt was not written by kvlab"):
+            book._output_folder(out)
+        assert mine.read_text() == "the user's own words\n" and not (out / MANIFEST).exists()
+    # a build folder from before the manifest: Sphinx's marked folders and the staged pages it listed are the book's
+    out = tmp_path / "old_build"
+    (out / "html").mkdir(parents=True)
+    (out / "html" / ".buildinfo").write_text("# Sphinx build info version 1\n")
+    (out / "html" / "index.html").write_text("<html></html>")
+    (out / "src").mkdir()
+    (out / "src" / "index.md").write_text("# kvlab\n")
+    (out / "src" / book.BOOK_FILES).write_text("index.md\n")
+    book._output_folder(out)
+    (out / "src" / "my_page.md").write_text("mine\n")  # a page the build never staged
+    with pytest.raises(book.BookError, match="my_page.md was not written by kvlab"):
+        book._output_folder(out)
+
+
 def test_prepare_into_the_notebooks_folder_deletes_nothing():
     before = {p.name: p.read_bytes() for p in (ROOT / "notebooks").glob("*.ipynb")}
     done = _run("-m", "kvlab", "notebooks", "prepare", "--out", "notebooks", "00")
@@ -219,7 +328,7 @@ def _row(**kw):
     base.update(id="t-1", paper="SepLLM", item="Table 1", claim="c", kind="statistical", paper_value="1",
                 model="m", differs="none", where="w", role="check", metric="score", method_a="A", method_b="B",
                 direction="a>b", command="cmd", verdict="inconclusive",
-                results_file="benchmarks/results/fidelity/fullsize_runs.examples.jsonl")
+                results_file="benchmarks/results/fidelity/fullsize_runs.examples.jsonl.gz")
     base.update(kw)
     return base
 
@@ -249,7 +358,8 @@ def test_teacher_forced_metrics_match_case_insensitively(tmp_path):
     assert not any(claims.teacher_forced(m) for m in ("score", "f1", "nll_gap_sign", "answer"))
     path = tmp_path / "r.examples.jsonl"
     path.write_text("".join(json.dumps({"example": f"e{i}", "method": m, "metric": "NLL", "value": 1.0 + i,
-                                        "output": ""}) + "\n" for i in range(30) for m in ("A", "B")))
+                                        "config": {"device": "cpu"}, "output": ""}) + "\n"
+                            for i in range(30) for m in ("A", "B")))
     *_, suspect = claims._paired(_row(metric="NLL", results_file=str(path)))
     assert suspect == 0  # the gold answer's NLL is scored whatever the model generated: no "harness bug"
 
@@ -366,9 +476,10 @@ def test_decode_static_takes_int32_ids(tiny_llama):
 
 def test_ledger_example_ids_mixing_int_and_str_are_an_error_naming_them(tmp_path):
     path = tmp_path / "r.examples.jsonl"
-    path.write_text("".join(json.dumps({"example": e, "method": m, "metric": "score", "value": 1.0}) + "\n"
-                            for e in (1, "2") for m in ("A", "B")))
-    with pytest.raises(ValueError, match=r"mix \['int', 'str'\].*write every example id as a string"):
+    path.write_text("".join(json.dumps({"example": e, "method": m, "metric": "score", "value": 1.0,
+                                        "config": {"device": "cpu"}}) + "\n" for e in (1, "2") for m in ("A", "B")))
+    # the record schema (kvlab.experiments.records) refuses the int id where it is read, naming file and line
+    with pytest.raises(ValueError, match=r"r.examples.jsonl:1: 'example' must be a non-empty string, got 1"):
         claims._paired(_row(results_file=str(path)))
 
 

@@ -1,4 +1,4 @@
-"""A determined student against the grader: every attack of scripts/make_attack_submissions.py, graded in one
+"""A determined student against the grader: every attack of kvlab/classroom/attacks.py, graded in one
 class beside an honest class of 8 on a small assignment without a model (fast enough for CI), each with its
 expected score and flag; the honest 8 graded alone as well (with a full TMPDIR where the test may mount one) score
 exactly the same."""
@@ -6,7 +6,6 @@ exactly the same."""
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
 import os
 import pathlib
@@ -18,13 +17,10 @@ import zipfile
 import nbformat
 import pytest
 
-from kvlab.classroom import grading
+from kvlab.classroom import attacks, grading
 from kvlab.classroom import lessons as classroom
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-spec = importlib.util.spec_from_file_location("make_attack_submissions", ROOT / "scripts" / "make_attack_submissions.py")
-attacks = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(attacks)
 
 
 def _nobody_processes() -> set[int]:

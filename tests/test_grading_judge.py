@@ -1,23 +1,19 @@
 """The judge: the verdict is computed in a process that never runs student code, from plain data the confined
 child sends back; the hidden inputs come from the instructor's secret seed; a class with a killer and a hanger
-is graded about as fast as an honest one. On the small assignment of scripts/make_attack_submissions.py."""
+is graded about as fast as an honest one. On the small assignment of kvlab/classroom/attacks.py."""
 
 from __future__ import annotations
 
 import csv
-import importlib.util
 import pathlib
 import time
 
 import pytest
 
-from kvlab.classroom import grading
+from kvlab.classroom import attacks, grading
 from kvlab.classroom import lessons as classroom
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-spec = importlib.util.spec_from_file_location("make_attack_submissions", ROOT / "scripts" / "make_attack_submissions.py")
-attacks = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(attacks)
 
 
 @pytest.fixture(scope="module")

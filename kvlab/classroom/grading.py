@@ -377,18 +377,79 @@ def _assigned(sources: list[str]) -> set[str]:
 
 # ------------------------------------------------------------------------------------------ a submission
 
+MAX_SUBMISSION = 32 << 20  # bytes of one submission file (a notebook, or the export zip)
+MAX_NOTEBOOK = 32 << 20  # bytes of the notebook inside an export zip, as declared and as read
+MAX_ZIP_ENTRIES = 64  # files an export zip may hold
+
+
+class SubmissionRefused(ValueError):
+    """A submission refused before it is parsed (too large, a zip that declares too much, not a file): the
+    message is the grader's own words."""
+
+
+def _read_bounded(path: pathlib.Path, limit: int) -> bytes:
+    """The bytes of the regular file ``path`` (a link is not followed), refused over ``limit`` before reading."""
+    import stat
+
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    except OSError as exc:
+        raise SubmissionRefused(f"the file could not be opened ({_word(type(exc).__name__)})") from None
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(f.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise SubmissionRefused("not a regular file")
+        if info.st_size > limit:
+            raise SubmissionRefused(f"{info.st_size >> 20} MiB, over the {limit >> 20} MiB a submission may be")
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise SubmissionRefused(f"over the {limit >> 20} MiB a submission may be")
+    return data
+
+
+def _notebook_in_zip(data: bytes) -> bytes:
+    """The one notebook of an export zip, its declared size checked before a byte of it is inflated and the
+    inflated bytes capped (a zip's header may lie)."""
+    try:
+        z = zipfile.ZipFile(io.BytesIO(data))
+    except (zipfile.BadZipFile, ValueError):
+        raise SubmissionRefused("not a zip file") from None
+    with z:
+        infos = z.infolist()
+        if len(infos) > MAX_ZIP_ENTRIES:
+            raise SubmissionRefused(f"the zip holds {len(infos)} files (at most {MAX_ZIP_ENTRIES})")
+        notebooks = [i for i in infos if i.filename.endswith(".ipynb") and not i.filename.startswith("__MACOSX")]
+        if len(notebooks) != 1:
+            raise SubmissionRefused(f"expected one .ipynb in the zip, found {len(notebooks)}")
+        info = notebooks[0]
+        if info.file_size > MAX_NOTEBOOK:
+            raise SubmissionRefused(f"the zip's notebook declares {info.file_size >> 20} MiB, over the "
+                                    f"{MAX_NOTEBOOK >> 20} MiB a notebook may be (refused before reading)")
+        try:
+            with z.open(info) as f:
+                raw = f.read(MAX_NOTEBOOK + 1)
+        except (zipfile.BadZipFile, NotImplementedError, RuntimeError, ValueError, OSError, EOFError):
+            raise SubmissionRefused("the zip's notebook could not be read") from None
+        if len(raw) > MAX_NOTEBOOK:
+            raise SubmissionRefused(f"the zip's notebook is over {MAX_NOTEBOOK >> 20} MiB")
+        return raw
+
+
 def read_submission(path: pathlib.Path):
-    """The notebook of a submission: an ``.ipynb``, or the zip that ``grader.export()`` wrote (one notebook)."""
+    """The notebook of a submission: an ``.ipynb``, or the zip that ``grader.export()`` wrote (one notebook).
+    Every read is bounded: the file by :data:`MAX_SUBMISSION` before it is read, a zip's notebook by its declared
+    size (:data:`MAX_NOTEBOOK`) before it is inflated; raises :class:`SubmissionRefused` otherwise."""
     import nbformat
 
     path = pathlib.Path(path)
+    data = _read_bounded(path, MAX_SUBMISSION)
     if path.suffix == ".zip":
-        with zipfile.ZipFile(path) as z:
-            notebooks = [n for n in z.namelist() if n.endswith(".ipynb") and not n.startswith("__MACOSX")]
-            if len(notebooks) != 1:
-                raise ValueError(f"{path.name}: expected one .ipynb in the zip, found {notebooks}")
-            return nbformat.reads(z.read(notebooks[0]).decode(), as_version=4)
-    return nbformat.read(path, as_version=4)
+        data = _notebook_in_zip(data)
+    try:
+        text = data.decode()
+    except UnicodeDecodeError:
+        raise SubmissionRefused("the notebook is not UTF-8 text") from None
+    return nbformat.reads(text, as_version=4)
 
 
 def _student_plan(nb, master_cells: list[dict], order: list[str], label: str) -> tuple[dict, dict, list[str]]:
@@ -553,8 +614,8 @@ def _run_case(case: tuple[str, list | str], env: dict, pristine: dict) -> tuple[
             text = str(exc).strip() if raised_by_test and isinstance(exc, AssertionError) else ""
             # the test's own assertion message is the instructor's hint; anything raised inside the student's code
             # is reported by its type only (its text is the student's, and could carry a file it read)
-            return False, f"{type(exc).__name__}: {text}" if text else (
-                type(exc).__name__ + ("" if raised_by_test else " raised in your code"))
+            kind = _word(type(exc).__name__, "an error")
+            return False, f"{kind}: {text}" if text else (kind + ("" if raised_by_test else " raised in your code"))
         finally:
             sys.stdout = old
         if want and not checker.check_output(want, out.getvalue(), 0):
@@ -566,6 +627,17 @@ def _run_case(case: tuple[str, list | str], env: dict, pristine: dict) -> tuple[
 
 _IDENT = __import__("re").compile(r"[A-Za-z_][A-Za-z0-9_.]{0,120}")
 MAX_MESSAGE = 8 << 20  # bytes one message between a child and its judge may hold (over it: the question scores 0)
+
+
+# the only names of exceptions a judge writes: Python's own (a student's exception class is reported as "an
+# exception", whatever its name: a name is text the student chose, and could carry what the child found)
+EXCEPTION_WORDS = frozenset(n for n, v in vars(builtins).items() if isinstance(v, type)
+                            and issubclass(v, BaseException)) | {"NotSendable", "MessageTooLarge"}
+
+
+def _word(value, default: str = "an error") -> str:
+    """``value`` when it is one of :data:`EXCEPTION_WORDS`, else ``default``."""
+    return value if type(value) is str and value in EXCEPTION_WORDS else default
 
 
 def _name(value, default: str = "object") -> str:
@@ -610,7 +682,7 @@ def _encode(value, handles: dict | None = None, names: dict | None = None, depth
                "b": base64.b64encode(plain.reshape(-1).view(torch.uint8).numpy().tobytes()).decode()
                if plain.numel() else ""}
         if t is not torch.Tensor and t.__name__ != "Parameter":
-            out["sub"] = t.__name__
+            out["sub"] = 1  # never its name: a name the child chose is text the child chose
         return out
     if torch is not None and t is torch.Size:
         return {"Z": [int(v) for v in value]}
@@ -627,7 +699,8 @@ def _encode(value, handles: dict | None = None, names: dict | None = None, depth
                 return {"bad": 1, "base": base.__name__}
         key = len(handles) + 1
         handles[key] = value
-        return {"H": key, "type": _name(getattr(t, "__name__", "object")), "callable": callable(value)}
+        kind = "class" if isinstance(value, type) else "function" if callable(value) else "object"
+        return {"H": key, "type": kind, "callable": callable(value)}
     if names is not None and id(value) in names:
         return {"G": names[id(value)]}
     if names is not None and _kvlab_record(t):  # a value object of kvlab's (a LayerView): sent field by field
@@ -693,7 +766,7 @@ def _decode(data, remote=None, depth: int = 0, found: list | None = None):
             raw = bytearray(base64.b64decode(data["b"]))
             flat = torch.frombuffer(raw, dtype=torch.uint8).view(dtype) if raw else torch.empty(0, dtype=dtype)
             if "sub" in data and found is not None:
-                found.append(f"returned a tensor of the subclass {_name(data['sub'])} (compared as a plain tensor)")
+                found.append("returned a tensor of a subclass (compared as a plain tensor)")
             return flat.reshape([int(s) for s in data["shape"]]).clone()
         if "N" in data:
             import numpy
@@ -714,7 +787,8 @@ def _decode(data, remote=None, depth: int = 0, found: list | None = None):
                 found.append(f"returned {what} (not the plain type: it equals nothing)")
             return Unconvertible(what)
         if "H" in data and remote is not None:
-            return _Remote(remote, int(data["H"]), _name(data.get("type", "object")), bool(data.get("callable")))
+            kind = data.get("type") if data.get("type") in ("class", "function", "object") else "object"
+            return _Remote(remote, int(data["H"]), kind, bool(data.get("callable")))
         if "O" in data and remote is None:  # the child: a kvlab value object the judge sent
             module, qualname = (str(v) for v in data["O"])
             cls = getattr(sys.modules.get(module), qualname, None)
@@ -782,7 +856,7 @@ class _Channel:
         self.send(message)
         answer = self.receive()
         if "raised" in answer:
-            raise StudentCodeRaised(_name(answer["raised"], "an exception"))
+            raise StudentCodeRaised(_word(answer["raised"], "an exception"))
         # what the student's code did to its arguments stays in the child: the judge's objects, the test's inputs
         # and its expected values are never written from an answer
         return _decode(answer.get("ok"), self, found=self.found)
@@ -966,14 +1040,46 @@ def _child(job: dict, sub: dict, q: str, ns: dict, pristine: dict, sock) -> None
 
 # ------------------------------------------------------------------------------------------ the judge
 
-def _child_notes(ready: dict, q: str) -> tuple[list[str], list[str]]:
-    """The child's report of its own cells as text written here: only names (identifiers) come from the child."""
+def _known_attribute(name: str) -> str | None:
+    """``name`` (``module.attr`` or ``module.Class.attr``) when the judge, forked from the same zygote, knows the
+    module and the class and (``attr``) the attribute: the child reports names; only those that were there before
+    any student code are written, so no text the student chose reaches a flag."""
+    parts = name.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        module = sys.modules.get(".".join(parts[:cut]))
+        if module is None:
+            continue
+        obj = module
+        for part in parts[cut:-1]:
+            obj = getattr(obj, "__dict__", {}).get(part, _MISSING)
+            if not isinstance(obj, type):
+                return None
+        return name if parts[-1] in getattr(obj, "__dict__", {}) else None
+    return None
 
-    def ident(v, many=False):
-        v = str(v)
-        parts = [p.strip() for p in v.split(",")] if many else [v]
-        return all(_IDENT.fullmatch(p) for p in parts) and len(v) < 400
 
+def _known_class(name: str) -> str | None:
+    """``name`` when it is ``module.Class`` of a class the judge knows (for "added to a class")."""
+    return name if _known_attribute(name) is not None and isinstance(_resolve(name), type) else None
+
+
+def _resolve(name: str):
+    parts = name.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        obj = sys.modules.get(".".join(parts[:cut]))
+        if obj is not None:
+            for part in parts[cut:]:
+                obj = getattr(obj, "__dict__", {}).get(part)
+            return obj
+    return None
+
+
+def _child_notes(ready: dict, q: str, known: set[str] = frozenset(), pristine: dict | None = None
+                 ) -> tuple[list[str], list[str]]:
+    """The child's report of its own cells as text written here, every name from a fixed list: exception types
+    from :data:`EXCEPTION_WORDS`, replaced names only where the judge knows them (:func:`_known_attribute`), rebound
+    names only the master's (``known``), builtins only real ones (``pristine``)."""
+    pristine = pristine if pristine is not None else builtins.__dict__
     labels = {"your added cell", f"your answer to {q}"}
     errors, flags = [], []
     for item in ready.get("errors", [])[:20]:
@@ -981,25 +1087,41 @@ def _child_notes(ready: dict, q: str) -> tuple[list[str], list[str]]:
             label, kind, line = item
         except (TypeError, ValueError):
             continue
-        if label in labels and ident(kind):
-            where = f" (line {int(line)})" if type(line) is int else ""
-            errors.append(f"{label} raised {kind}{where}")
-    for item in ready.get("flags", [])[:20]:
+        if label in labels:
+            where = f" (line {int(line)})" if type(line) is int and 0 < line < 10 ** 6 else ""
+            errors.append(f"{label} raised {_word(kind, 'an exception')}{where}")
+    unknown = 0
+    for item in ready.get("flags", [])[:200]:
         try:
-            what, label, name = item
+            what, label, name = (str(v) for v in item)
         except (TypeError, ValueError):
             continue
-        if (label and label not in labels) or not ident(name, many=True):
+        if label and label not in labels:
             continue
-        if what == "replaced":
-            flags.append(f"{label} replaced {name} (put back for the tests)")
-        elif what == "rebinds":
-            flags.append(f"{label} rebinds {name}, which the assignment defines (put back)")
-        elif what == "shadowed":
-            flags.append(f"defines {name} over the builtins (the tests used the real ones)")
-        elif what == "builtins":
-            flags.append(f"changed builtins {name} (the tests used the real ones)")
-    return errors, flags
+        text = _flag_text(what, label, name, known, pristine)
+        if text is None:
+            unknown += 1
+        else:
+            flags.append(text)
+    if unknown:
+        flags.append(f"changed {unknown} more name(s) the assignment does not define (put back where they existed)")
+    return errors[:20], flags[:20]
+
+
+def _flag_text(what: str, label: str, name: str, known: set[str], pristine: dict) -> str | None:
+    """One flag of the child's report in the grader's words, or None where a name is not on a fixed list."""
+    if what == "replaced" and name.endswith(" (added)"):
+        cls = _known_class(name[:-len(" (added)")].rsplit(".", 1)[0])
+        return f"{label} added an attribute to {cls} (removed for the tests)" if cls else None
+    if what == "replaced":
+        return f"{label} replaced {name} (put back for the tests)" if _known_attribute(name) else None
+    if what == "rebinds":
+        return f"{label} rebinds {name}, which the assignment defines (put back)" if name in known else None
+    names = [n.strip() for n in name.split(",")]
+    if what in ("shadowed", "builtins") and names and all(n in pristine for n in names):
+        return (f"defines {name} over the builtins (the tests used the real ones)" if what == "shadowed" else
+                f"changed builtins {name} (the tests used the real ones)")
+    return None
 
 
 def _judge(job: dict, q: str, ns: dict, pristine: dict, sock, out_fd: int) -> None:
@@ -1022,7 +1144,8 @@ def _judge(job: dict, q: str, ns: dict, pristine: dict, sock, out_fd: int) -> No
             result["ended"] = "ended" if isinstance(exc, ConnectionError) else "not an answer"
             ready = None
         if ready is not None:
-            result["errors"], result["flags"] = _child_notes(ready, q)
+            known = set(job.get("master_names", ())) | {k for k in ns if not k.startswith("__")}
+            result["errors"], result["flags"] = _child_notes(ready, q, known, pristine)
             sent = ready.get("names", {}) if type(ready.get("names")) is dict else {}
             for name in job["remote"][q]:
                 env.pop(name, None)  # the reference's value of a name the student's code binds is never used
@@ -1046,7 +1169,7 @@ def _judge(job: dict, q: str, ns: dict, pristine: dict, sock, out_fd: int) -> No
         except OSError:
             pass
     except BaseException as exc:  # noqa: BLE001 - reported to the zygote as the judge's own failure
-        result["judge_error"] = _name(type(exc).__name__, "an error")
+        result["judge_error"] = _word(type(exc).__name__, "an error")
     data = json.dumps(result).encode()
     while data:
         data = data[os.write(out_fd, data):]
@@ -1071,17 +1194,34 @@ def _zygote() -> None:
     master_errors = []
     forked = set()
     state = {"idle": {}}  # seconds each student spent waiting without computing, over all questions
-    for index, cell in enumerate(job["cells"]):
-        q = cell["question"]
-        if cell["kind"] == "answer" and q not in forked:
-            forked.add(q)
-            _fork_all(job, q, ns, pristine, out_fd, state)
-        if cell["kind"] in ("given", "answer"):
-            try:
-                exec(compile(cell["source"], f"<master cell {index}>", "exec"), ns)
-            except BaseException as exc:  # noqa: BLE001 - reported to the grading process
-                master_errors.append(f"master cell {index}: {type(exc).__name__}: {exc}")
+    job["_groups"] = _zygote_groups(job)
+    try:
+        for index, cell in enumerate(job["cells"]):
+            q = cell["question"]
+            if cell["kind"] == "answer" and q not in forked:
+                forked.add(q)
+                _fork_all(job, q, ns, pristine, out_fd, state)
+            if cell["kind"] in ("given", "answer"):
+                try:
+                    exec(compile(cell["source"], f"<master cell {index}>", "exec"), ns)
+                except BaseException as exc:  # noqa: BLE001 - reported to the grading process
+                    master_errors.append(f"master cell {index}: {type(exc).__name__}: {exc}")
+    finally:
+        if job["_groups"] is not None:
+            job["_groups"].close()
     _emit(out_fd, {"master_errors": master_errors})
+
+
+def _zygote_groups(job: dict):
+    """The zygote's folder of its children's control groups (None where the job asks for none)."""
+    if not job.get("cgroups"):
+        return None
+    from kvlab.classroom import cgroups
+
+    got = cgroups.probe()
+    if isinstance(got, str):
+        raise RuntimeError(f"no control group could be made: {got}")
+    return got
 
 
 def _emit(fd: int, message: dict) -> None:
@@ -1094,6 +1234,10 @@ REFERENCE_LIMIT = 600.0  # seconds the reference answer may take (it sets the st
 SLOWDOWN, MIN_LIMIT = 10.0, 5.0  # a student's run of a question may take 10x the reference's, at least 5 s
 IDLE_BUDGET, IDLE_FLOOR = 3.0, 0.5  # seconds a student's runs may wait without computing, over all questions
 # (a run gets what is left of the budget, at least IDLE_FLOOR): sleeping holds a slot but burns no CPU time
+CPU_FACTOR, CPU_MARGIN, CPU_FLOOR = 2.0, 1.0, 1.0  # a student's run of a question may use 2x the reference
+# child's CPU time plus 1 s (at least 1 s, at most its wall limit): a busy student is cut there, not only flagged
+CPU_GRACE = 0.25  # seconds over the CPU budget before the grader kills a group (the kernel's RLIMIT_CPU is first)
+PIDS = 64  # processes and threads one child's control group may hold (its own code fails past it, nobody else's)
 SLOW_FACTOR, SLOW_MARGIN = 3.0, 2.0  # flagged slow: more CPU time than 3x the reference's, plus 2 s
 MEMORY = 4 << 30  # bytes a child may map beyond what the zygote had mapped
 JUDGE_MEMORY = 2 << 30  # bytes a judge may map beyond what the zygote had mapped
@@ -1144,6 +1288,8 @@ def _bwrap_args(spec: dict, info_fd: int) -> list[str]:
     cleared environment, dies with the zygote; its only process a holder that says when the sandbox is ready."""
     args = ["bwrap", "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-net", "--unshare-ipc",
             "--unshare-uts", "--unshare-cgroup-try", "--clearenv"]
+    for d in _parents(spec["ro"] + [WORKDIR]):  # bubblewrap makes them 0700: nobody could not reach the binds
+        args += ["--perms", "0755", "--dir", d]
     for p in spec["ro"]:
         if os.path.islink(p) and p.count("/") == 1:  # a merged /usr: /bin -> usr/bin
             args += ["--symlink", os.readlink(p), p]
@@ -1157,6 +1303,18 @@ def _bwrap_args(spec: dict, info_fd: int) -> list[str]:
     return args + ["--chdir", "/", "--info-fd", str(info_fd), "--", "/bin/sh", "-c", "echo ready; exec sleep infinity"]
 
 
+def _parents(paths: list[str]) -> list[str]:
+    """The folders above ``paths`` that no bind brings (they are made in the sandbox's root), outermost first."""
+    bound = set(paths)
+    found = set()
+    for p in paths:
+        parent = os.path.dirname(p.rstrip("/"))
+        while parent not in ("", "/") and parent not in bound:
+            found.add(parent)
+            parent = os.path.dirname(parent)
+    return sorted(found, key=lambda d: (d.count("/"), d))
+
+
 class _Sandbox:
     """One child's bubblewrap sandbox, held open by a sleeping process until :meth:`close`; ``pid`` is its first
     process (pid 1 of its pid namespace, seen from outside), whose namespaces the child joins."""
@@ -1165,9 +1323,19 @@ class _Sandbox:
         import select
 
         info_r, info_w = os.pipe()
-        self.proc = subprocess.Popen(_bwrap_args(spec, info_w), pass_fds=(info_w,), stdin=subprocess.DEVNULL,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        os.close(info_w)
+        # the arguments (every hidden folder's path) come on a memory file: the sandbox's /proc/1/cmdline is
+        # only "bwrap --args N"
+        args_fd = os.memfd_create("kvlab-bwrap-args", 0)
+        args = _bwrap_args(spec, info_w)
+        cut = args.index("--")  # the options on the memory file, the holder's command on the command line
+        os.write(args_fd, b"".join(a.encode() + b"\0" for a in args[1:cut]))
+        os.lseek(args_fd, 0, 0)
+        try:
+            self.proc = subprocess.Popen(["bwrap", "--args", str(args_fd)] + args[cut:], pass_fds=(info_w, args_fd),
+                                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        finally:
+            os.close(info_w)
+            os.close(args_fd)
         ready_r = self.proc.stdout.fileno()  # the holder says "ready" on its stdout once the sandbox is made
         try:
             readable, _, _ = select.select([ready_r], [], [], timeout)
@@ -1260,27 +1428,59 @@ def _enter(pid: int) -> None:
     os._exit(128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status))
 
 
+# system calls a child may not make (x86-64 numbers), refused with EPERM: new namespaces and joining others
+# (unshare, setns), mounts of every kind (mount, umount2, pivot_root, chroot, the new mount API), tracing or
+# reading another process (ptrace, process_vm_readv/writev), and kernel facilities no answer needs (bpf,
+# perf_event_open, userfaultfd, keys, modules, kexec, swap, reboot)
+REFUSED_CALLS = {"unshare": 272, "setns": 308, "mount": 165, "umount2": 166, "pivot_root": 155, "chroot": 161,
+                 "open_tree": 428, "move_mount": 429, "fsopen": 430, "fsconfig": 431, "fsmount": 432, "fspick": 433,
+                 "mount_setattr": 442, "ptrace": 101, "process_vm_readv": 310, "process_vm_writev": 311, "bpf": 321,
+                 "perf_event_open": 298, "userfaultfd": 323, "add_key": 248, "request_key": 249, "keyctl": 250,
+                 "init_module": 175, "finit_module": 313, "delete_module": 176, "kexec_load": 246,
+                 "kexec_file_load": 320, "swapon": 167, "swapoff": 168, "reboot": 169}
+KILLED_CALLS = {"fork": 57, "vfork": 58, "execve": 59, "execveat": 322}
+
+
+def _filter_program() -> list[tuple[int, int, int, int]]:
+    """The seccomp program of :func:`_no_new_processes` as ``(code, jt, jf, k)``, jumps resolved."""
+    LD, JEQ, JGE, JSET, RET = 0x20, 0x15, 0x35, 0x45, 0x06
+    ALLOW, KILL, ENOSYS, EPERM = 0x7FFF0000, 0x80000000, 0x00050000 | 38, 0x00050000 | 1
+    code: list = [(LD, 0, 0, 4), (JEQ, 1, 0, 0xC000003E), (RET, 0, 0, KILL),  # another ABI (i386, int 0x80)
+                  (LD, 0, 0, 0), (JGE, "kill", 0, 0x40000000)]  # x32 system calls: killed
+    code += [(JEQ, "kill", 0, nr) for nr in KILLED_CALLS.values()]
+    code += [(JEQ, "enosys", 0, 435)]  # clone3: "not implemented", so the C library falls back to clone
+    code += [(JEQ, "eperm", 0, nr) for nr in sorted(REFUSED_CALLS.values())]
+    code += [(JEQ, "clone", 0, 56), (RET, 0, 0, ALLOW)]
+    labels = {"clone": len(code)}
+    code += [(LD, 0, 0, 16), (JSET, "allow", 0, 0x00010000)]  # clone: a thread (CLONE_THREAD) is allowed
+    labels["kill"] = len(code)
+    code += [(RET, 0, 0, KILL)]
+    labels["allow"] = len(code)
+    code += [(RET, 0, 0, ALLOW)]
+    labels["enosys"] = len(code)
+    code += [(RET, 0, 0, ENOSYS)]
+    labels["eperm"] = len(code)
+    code += [(RET, 0, 0, EPERM)]
+    resolved = []
+    for at, (op, jt, jf, k) in enumerate(code):
+        jt = labels[jt] - at - 1 if isinstance(jt, str) else jt
+        jf = labels[jf] - at - 1 if isinstance(jf, str) else jf
+        resolved.append((op, jt, jf, k))
+    return resolved
+
+
 def _no_new_processes() -> bool:
     """A seccomp filter (x86-64 Linux) that kills the calling process when it tries to start another one (fork,
     vfork, clone without CLONE_THREAD, execve, execveat) or makes a system call of another ABI (i386 through
-    ``int 0x80``, x32): threads are allowed. False where it could not be installed."""
+    ``int 0x80``, x32), and refuses (EPERM) :data:`REFUSED_CALLS`: threads are allowed. False where it could not
+    be installed."""
     import ctypes
     import platform
     import struct
 
     if sys.platform != "linux" or platform.machine() != "x86_64":
         return False
-    LD, JEQ, JGE, JSET, RET = 0x20, 0x15, 0x35, 0x45, 0x06
-    ALLOW, KILL, ENOSYS = 0x7FFF0000, 0x80000000, 0x00050000 | 38
-    prog = [  # (code, jt, jf, k); jumps are relative to the next instruction
-        (LD, 0, 0, 4), (JEQ, 1, 0, 0xC000003E), (RET, 0, 0, KILL),  # another architecture (i386, int 0x80): killed
-        (LD, 0, 0, 0),
-        (JGE, 9, 0, 0x40000000),  # x32 system calls: killed
-        (JEQ, 8, 0, 57), (JEQ, 7, 0, 58), (JEQ, 6, 0, 59), (JEQ, 5, 0, 322),  # fork, vfork, execve, execveat
-        (JEQ, 6, 0, 435),  # clone3: "not implemented", so the C library falls back to clone for threads
-        (JEQ, 1, 0, 56), (RET, 0, 0, ALLOW),
-        (LD, 0, 0, 16), (JSET, 1, 0, 0x00010000),  # clone: a thread (CLONE_THREAD) is allowed
-        (RET, 0, 0, KILL), (RET, 0, 0, ALLOW), (RET, 0, 0, ENOSYS)]
+    prog = _filter_program()
     raw = b"".join(struct.pack("HBBI", *ins) for ins in prog)
     buf = ctypes.create_string_buffer(raw, len(raw))
 
@@ -1315,7 +1515,7 @@ def _forget(job: dict, q: str, i: int) -> tuple[dict, dict]:
     sub = {"extras": list(job["variants"][q][i]["extras"]), "answers": list(job["variants"][q][i]["answers"])}
     start, end = job["answer_start"][q], job["check_index"][q]
     mine = {"parameters": list(job["parameters"]), "rebinds": {q: list(job["rebinds"][q])},
-            "remote": {q: list(job["remote"][q])}, "memory": job["memory"],
+            "remote": {q: list(job["remote"][q])}, "memory": job["memory"], "nproc": job["nproc"],
             "given": [str(c["source"]) for c in job["cells"][start:end] if c["kind"] == "given"]}
     for cell in job["cells"]:
         cell.clear()
@@ -1326,12 +1526,14 @@ def _forget(job: dict, q: str, i: int) -> tuple[dict, dict]:
     return sub, mine
 
 
-def _confine(keep_fd: int, cpu_seconds: float, memory_bytes: int, workdir: str) -> None:
+def _confine(keep_fd: int, cpu_seconds: float, memory_bytes: int, workdir: str, nproc: int | None = None) -> None:
     """In the child, before any student code: its own session, stdin, stdout and stderr on /dev/null and every
     other descriptor closed but the socket to its judge ``keep_fd``, an empty working folder, a cleared
     environment, limits on CPU time, memory and core files, as root the unprivileged user ``nobody``, no
     capability, and a seccomp filter that kills it if it tries to start a process or uses another system-call
-    ABI (see the guide)."""
+    ABI, and refuses namespaces, mounts and tracing (see the guide). ``nproc``: as root, the processes and threads
+    the user ``nobody`` may hold (the weaker mode's bound where no control group can be made)."""
+    import math
     import resource
 
     os.setsid()
@@ -1347,13 +1549,15 @@ def _confine(keep_fd: int, cpu_seconds: float, memory_bytes: int, workdir: str) 
     os.environ.update({"HOME": workdir, "TMPDIR": "/tmp", "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8",
                        "MPLBACKEND": "Agg", "MPLCONFIGDIR": workdir, "TOKENIZERS_PARALLELISM": "false",
                        "OMP_NUM_THREADS": "1"})
-    cpu = max(1, int(cpu_seconds) + 1)
+    cpu = max(1, math.ceil(cpu_seconds))  # SIGXCPU at the budget (the grader reads the group's time too)
     resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     with open("/proc/self/statm") as f:  # the address space already mapped by the zygote, plus the budget
         mapped = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
     resource.setrlimit(resource.RLIMIT_AS, (mapped + memory_bytes, mapped + memory_bytes))
     if os.geteuid() == 0:
+        if nproc is not None:
+            resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
         os.setgroups([])
         os.setgid(NOBODY)
         os.setuid(NOBODY)
@@ -1401,168 +1605,275 @@ def _inner(pid: int) -> int | None:
 
 
 def _fork_all(job: dict, q: str, ns: dict, pristine: dict, out_fd: int, state: dict) -> None:
-    """Fork, per variant of ``q``, a confined child (runs the student's code, in its own bubblewrap sandbox) and
-    its judge (runs the tests, never student code), joined by a socket; ``job["jobs"]`` pairs at a time. The
-    judge's verdict comes back over its own pipe; the child's sandbox is killed whole when the judge is done,
-    the time limit is reached or the pair has waited too long without computing. Each outcome goes to the
-    grading process as a line on ``out_fd``."""
+    """Fork, per variant of ``q``, a confined child (runs the student's code, in its own bubblewrap sandbox and its
+    own control group) and its judge (runs the tests, never student code), joined by a socket; ``job["jobs"]``
+    pairs at a time. The judge's verdict comes back over its own pipe; the child's sandbox and group are killed
+    whole when the judge is done, the time limit or the CPU budget is reached or the pair has waited too long
+    without computing. Each outcome goes to the grading process as a line on ``out_fd``."""
     import select
-    import shutil
-    import signal
-    import socket
 
     sys.stdout.flush()
     sys.stderr.flush()
     pending = list(range(len(job["variants"][q])))
     running: dict[int, dict] = {}
-    limit = job["timeout"] or REFERENCE_LIMIT
-    measured = job["timeout"] is not None
-    owners = job["owners"][q]
-    idle = state["idle"]
+    limits = {"wall": job["timeout"] or REFERENCE_LIMIT, "cpu": job["timeout"] or REFERENCE_LIMIT,
+              "measured": job["timeout"] is not None}
     while pending or running:
-        if not measured and not running and pending[0] != 0:
-            # variant 0 is the reference answer: its time sets the limit of every student's run of q
-            limit = max(MIN_LIMIT, SLOWDOWN * state.get("reference", REFERENCE_LIMIT))
-            measured = True
-        while pending and len(running) < (job["jobs"] if measured else 1):
+        if not limits["measured"] and not running and pending[0] != 0:
+            _set_limits(limits, state)  # variant 0 (the reference answer) sets the limits of every student's run
+        while pending and len(running) < (job["jobs"] if limits["measured"] else 1):
             i = pending.pop(0)
-            allowed_idle = None if i == 0 else max(IDLE_FLOOR, min(IDLE_BUDGET - idle.get(s, 0.0) for s in owners[i]))
-            box, workdir = None, None
-            if job["sandbox"] is not None:
-                try:
-                    box = _Sandbox(job["sandbox"])
-                except (SandboxUnavailable, OSError) as exc:
-                    _emit(out_fd, {"v": i, "q": q, "status": f"no sandbox could be started ({type(exc).__name__})",
-                                   "word": "no-result"})
-                    continue
+            started = _start_run(job, q, i, ns, pristine, limits, state)
+            if "judge" in started:
+                running[started["judge"]] = started
             else:
-                try:
-                    workdir = tempfile.mkdtemp(prefix="kvlab-child-")
-                except OSError as exc:  # a full TMPDIR costs this run, not the class
-                    _emit(out_fd, {"v": i, "q": q, "status": f"no working folder could be made ({type(exc).__name__})",
-                                   "word": "no-result"})
-                    continue
-            mine, theirs = socket.socketpair()
-            r, w = os.pipe()
-            child = os.fork()
-            if child == 0:
-                try:
-                    mine.close()
-                    os.close(r)
-                    os.close(w)
-                    sub, mine_only = _forget(job, q, i)
-                    if box is not None:
-                        _enter(box.pid)
-                    _confine(theirs.fileno(), limit, mine_only["memory"], WORKDIR if box is not None else workdir)
-                    _child(mine_only, sub, q, ns, pristine, theirs)
-                finally:
-                    os._exit(1)
-            theirs.close()
-            judge = os.fork()
-            if judge == 0:
-                try:
-                    os.close(r)
-                    signal.signal(signal.SIGALRM, signal.SIG_DFL)
-                    _limit_memory(job["judge_memory"])
-                    _judge(job, q, ns, pristine, mine, w)
-                finally:
-                    os._exit(1)
-            mine.close()
-            os.close(w)
-            os.set_blocking(r, False)
-            now = time.monotonic()
-            running[judge] = {"t0": now, "i": i, "r": r, "buf": bytearray(), "workdir": workdir, "box": box,
-                              "child": child, "child_status": None, "child_cpu": 0.0, "idle": 0.0, "seen": now,
-                              "allowed_idle": allowed_idle, "inner": None}
+                _emit(out_fd, started)
         readable, _, _ = select.select([v["r"] for v in running.values()], [], [], 0.02)
         for judge, run in list(running.items()):
-            if run["r"] in readable:
-                try:
-                    while chunk := os.read(run["r"], 1 << 16):
-                        run["buf"] += chunk
-                except BlockingIOError:
-                    pass
-            if run["child_status"] is None:
-                done, status, usage = os.wait4(run["child"], os.WNOHANG)
-                if done:
-                    run["child_status"] = status
-                    run["child_cpu"] = usage.ru_utime + usage.ru_stime
-            now = time.monotonic()
-            if run["child_status"] is None and run["allowed_idle"] is not None:
-                if run["box"] is not None and run["inner"] is None:
-                    run["inner"] = _inner(run["child"])
-                student = run["inner"] if run["box"] is not None else run["child"]
-                if student is not None and _sleeping(student) and _sleeping(judge):
-                    run["idle"] += now - run["seen"]
-            run["seen"] = now
-            done, jstatus, jusage = os.wait4(judge, os.WNOHANG)
-            over = not done and now - run["t0"] > limit
-            idle_over = not done and run["allowed_idle"] is not None and run["idle"] > run["allowed_idle"]
-            if not (done or over or idle_over):
-                continue
+            outcome = _poll(run, readable, state["idle"], job["owners"][q])
+            if outcome is not None:
+                del running[judge]
+                if run["i"] == 0:
+                    state["reference"], state["reference_cpu"] = outcome["seconds"], run["child_cpu"]
+                _emit(out_fd, outcome)
+
+
+def _set_limits(limits: dict, state: dict) -> None:
+    """The students' limits of a question from its reference run: wall time ``SLOWDOWN`` times the reference's (at
+    least ``MIN_LIMIT``), CPU time ``CPU_FACTOR`` times the reference child's plus ``CPU_MARGIN`` (at least
+    ``CPU_FLOOR``)."""
+    limits["wall"] = max(MIN_LIMIT, SLOWDOWN * state.get("reference", REFERENCE_LIMIT))
+    limits["cpu"] = min(limits["wall"], max(CPU_FLOOR, CPU_FACTOR * state.get("reference_cpu", REFERENCE_LIMIT)
+                                            + CPU_MARGIN))
+    limits["measured"] = True
+
+
+def _fork(retries: int = 20) -> int:
+    """``os.fork``, retried for a second when the system is short of processes (a fork the grader makes never
+    fails because a child holds many: each child's group has its own ``pids.max``)."""
+    for attempt in range(retries):
+        try:
+            return os.fork()
+        except BlockingIOError:
+            if attempt == retries - 1:
+                raise
+            time.sleep(0.05)
+    raise BlockingIOError("fork")
+
+
+def _start_run(job: dict, q: str, i: int, ns: dict, pristine: dict, limits: dict, state: dict) -> dict:
+    """Fork variant ``i``'s child (in its sandbox and group) and its judge; the run's record, or an outcome
+    (``status``, ``word``) when it could not be started: that costs this run only."""
+    import socket
+
+    owners, idle = job["owners"][q], state["idle"]
+    allowed_idle = None if i == 0 else max(IDLE_FLOOR, min(IDLE_BUDGET - idle.get(s, 0.0) for s in owners[i]))
+    run = {"i": i, "box": None, "workdir": None, "group": None, "allowed_idle": allowed_idle, "inner": None,
+           "child_status": None, "child_cpu": 0.0, "idle": 0.0, "limits": dict(limits), "q": q,
+           "sandboxed": job["sandbox"] is not None, "memory": int(job["memory"])}
+    try:
+        _prepare(run, job)
+        mine, theirs = socket.socketpair()
+        r, w = os.pipe()
+        child = _fork()
+    except (SandboxUnavailable, OSError) as exc:
+        _release(run)
+        return {"v": i, "q": q, "status": f"the run of {q} could not be started ({_word(type(exc).__name__)})",
+                "word": "no-result"}
+    if child == 0:
+        try:
+            mine.close()
+            os.close(r)
+            os.close(w)
+            sub, mine_only = _forget(job, q, i)
+            if run["group"] is not None:
+                run["group"].join()
             if run["box"] is not None:
-                run["box"].close()  # the sandbox's pid namespace, and every process in it, goes
-            else:
-                _kill_group(run["child"])  # the child's session: anything it left behind goes with it
-            if over or idle_over:
-                os.kill(judge, signal.SIGKILL)
-                os.waitpid(judge, 0)
-            if run["child_status"] is None:
-                _, run["child_status"], usage = os.wait4(run["child"], 0)
-                run["child_cpu"] = usage.ru_utime + usage.ru_stime
-            try:
-                while chunk := os.read(run["r"], 1 << 16):
-                    run["buf"] += chunk
-            except BlockingIOError:
-                pass
-            os.close(run["r"])
-            if run["workdir"]:
-                shutil.rmtree(run["workdir"], ignore_errors=True)
-            del running[judge]
-            outcome: dict = {"v": run["i"], "q": q}
-            status = run["child_status"]
-            code = os.waitstatus_to_exitcode(status)
-            if run["box"] is not None and code > 128:
-                code = -(code - 128)  # the sandboxed process's signal, relayed by the child that forked it
-            for s in owners[run["i"]] if run["allowed_idle"] is not None else []:
-                idle[s] = idle.get(s, 0.0) + run["idle"]
-            if over:
-                outcome["status"] = f"the run of {q} took over {limit:g} s and was stopped"
-                outcome["word"] = "timeout"
-            elif idle_over:
-                outcome["status"] = (f"the run of {q} waited {run['idle']:.1f} s without computing (sleeping) and "
-                                     f"was stopped: a student's runs may wait {IDLE_BUDGET:g} s in all")
-                outcome["word"] = "slow"
-            elif code == -signal.SIGSYS:  # only seccomp sends it (the grader kills with SIGKILL)
-                outcome["status"] = (f"the run of {q} tried to start a process (fork, exec or a shell) or to make a "
-                                     f"system call of another ABI, and was stopped")
-                outcome["word"] = "process"
-            else:
-                try:
-                    got = json.loads(bytes(run["buf"]).decode())
-                    if not isinstance(got, dict) or "cases" not in got:
-                        raise ValueError("not a result")
-                except (ValueError, UnicodeDecodeError):
-                    got = {"judge_error": "the judge left no verdict"}
-                if "judge_error" in got:
-                    outcome["status"] = f"the judge of {q} failed ({got['judge_error']})"
-                    outcome["word"] = "judge-failed"
-                    outcome["judge_error"] = True
-                elif "oversize" in got:
-                    outcome["status"] = (f"the run of {q} sent the judge a message over {MAX_MESSAGE >> 20} MiB "
-                                         f"(scored 0)")
-                    outcome["word"] = "oversize"
-                elif "ended" in got:
-                    outcome["status"] = f"the run of {q} ended before its tests finished (exit status {code})"
-                    outcome["word"] = "ended"
-                else:
-                    outcome["result"] = {k: got[k] for k in ("cases", "errors", "flags")}
-            outcome["seconds"] = now - run["t0"]
-            outcome["cpu"] = run["child_cpu"] + (jusage.ru_utime + jusage.ru_stime if done else 0.0)
-            outcome["limit"] = limit
-            if run["i"] == 0:
-                state["reference"] = outcome["seconds"]
-            _emit(out_fd, outcome)
+                _enter(run["box"].pid)
+            _confine(theirs.fileno(), limits["cpu"], mine_only["memory"], WORKDIR if run["box"] is not None
+                     else run["workdir"], mine_only["nproc"])
+            _child(mine_only, sub, q, ns, pristine, theirs)
+        finally:
+            os._exit(1)
+    theirs.close()
+    try:
+        judge = _fork()
+    except OSError:
+        _kill_run(run, child)
+        mine.close()
+        os.close(r)
+        os.close(w)
+        os.waitpid(child, 0)
+        _release(run)
+        return {"v": i, "q": q, "status": f"the judge of {q} could not be started", "word": "no-result"}
+    if judge == 0:
+        try:
+            import signal
+
+            os.close(r)
+            signal.signal(signal.SIGALRM, signal.SIG_DFL)
+            _limit_memory(job["judge_memory"])
+            _judge(job, q, ns, pristine, mine, w)
+        finally:
+            os._exit(1)
+    mine.close()
+    os.close(w)
+    os.set_blocking(r, False)
+    now = time.monotonic()
+    run.update(judge=judge, child=child, r=r, buf=bytearray(), t0=now, seen=now)
+    return run
+
+
+def _prepare(run: dict, job: dict) -> None:
+    """The run's sandbox (or, trusted, its working folder) and its control group."""
+    if job["sandbox"] is not None:
+        run["box"] = _Sandbox(job["sandbox"])
+    else:
+        run["workdir"] = tempfile.mkdtemp(prefix="kvlab-child-")  # a full TMPDIR costs this run, not the class
+    groups = job.get("_groups")
+    if groups is not None:
+        run["group"] = groups.make(pids=PIDS, memory=job["memory"], cpus=1.0)
+
+
+def _release(run: dict) -> None:
+    """Remove what :func:`_prepare` made: the sandbox, the working folder, the group."""
+    import shutil
+
+    if run["box"] is not None:
+        run["box"].close()
+        run["box"] = None
+    if run["workdir"]:
+        shutil.rmtree(run["workdir"], ignore_errors=True)
+        run["workdir"] = None
+    if run["group"] is not None:
+        run["group"].remove()
+
+
+def _kill_run(run: dict, child: int) -> None:
+    """Kill a run's child and everything it started: its group, its sandbox (the pid namespace), its session."""
+    if run["group"] is not None:
+        run["group"].kill()
+    if run["box"] is not None:
+        run["box"].close()  # the sandbox's pid namespace, and every process in it, goes
+        run["box"] = None
+    else:
+        _kill_group(child)  # the child's session: anything it left behind goes with it
+
+
+def _poll(run: dict, readable: list, idle: dict, owners: list) -> dict | None:
+    """Look at one running pair: read the judge's pipe, account the child's idle time, and when the judge is done
+    or a limit is reached, stop the pair and return its outcome (None: still running)."""
+    if run["r"] in readable:
+        _drain(run)
+    if run["child_status"] is None:
+        done, status, usage = os.wait4(run["child"], os.WNOHANG)
+        if done:
+            run["child_status"], run["child_cpu"] = status, usage.ru_utime + usage.ru_stime
+    now = time.monotonic()
+    if run["child_status"] is None and run["allowed_idle"] is not None:
+        if run["box"] is not None and run["inner"] is None:
+            run["inner"] = _inner(run["child"])
+        student = run["inner"] if run["box"] is not None else run["child"]
+        if student is not None and _sleeping(student) and _sleeping(run["judge"]):
+            run["idle"] += now - run["seen"]
+    run["seen"] = now
+    done, _, jusage = os.wait4(run["judge"], os.WNOHANG)
+    stop = None if done else _over(run, now)
+    if not (done or stop):
+        return None
+    events = run["group"].events() if run["group"] is not None else {}
+    group_cpu = run["group"].cpu_seconds() if run["group"] is not None else 0.0
+    _kill_run(run, run["child"])
+    if stop:
+        import signal
+
+        os.kill(run["judge"], signal.SIGKILL)
+        os.waitpid(run["judge"], 0)
+    if run["child_status"] is None:
+        _, run["child_status"], usage = os.wait4(run["child"], 0)
+        run["child_cpu"] = usage.ru_utime + usage.ru_stime
+    run["child_cpu"] = max(run["child_cpu"], group_cpu)
+    _drain(run)
+    os.close(run["r"])
+    _release(run)
+    for s in owners[run["i"]] if run["allowed_idle"] is not None else []:
+        idle[s] = idle.get(s, 0.0) + run["idle"]
+    outcome = _outcome(run, stop, events)
+    outcome.update(seconds=now - run["t0"], limit=run["limits"]["wall"], cpu_limit=run["limits"]["cpu"],
+                   cpu=run["child_cpu"] + (jusage.ru_utime + jusage.ru_stime if done else 0.0))
+    return outcome
+
+
+def _over(run: dict, now: float) -> str | None:
+    """Which limit a running pair is over: ``timeout`` (wall), ``cpu`` (the child's group's CPU time), ``slow``
+    (waited without computing past the student's idle budget); None."""
+    if now - run["t0"] > run["limits"]["wall"]:
+        return "timeout"
+    if run["group"] is not None and run["child_status"] is None and run["allowed_idle"] is not None \
+            and run["group"].cpu_seconds() > run["limits"]["cpu"] + CPU_GRACE:
+        return "cpu"
+    if run["allowed_idle"] is not None and run["idle"] > run["allowed_idle"]:
+        return "slow"
+    return None
+
+
+def _drain(run: dict) -> None:
+    try:
+        while chunk := os.read(run["r"], 1 << 16):
+            run["buf"] += chunk
+    except BlockingIOError:
+        pass
+
+
+def _outcome(run: dict, stop: str | None, events: dict) -> dict:
+    """The outcome line of a finished run, in words of the grader's (nothing the child chose but its verdict)."""
+    import signal
+
+    q, limits = run["q"], run["limits"]
+    outcome: dict = {"v": run["i"], "q": q}
+    code = os.waitstatus_to_exitcode(run["child_status"])
+    if run["sandboxed"] and code > 128:
+        code = -(code - 128)  # the sandboxed process's signal, relayed by the child that forked it
+    if stop == "timeout":
+        outcome.update(status=f"the run of {q} took over {limits['wall']:g} s and was stopped", word="timeout")
+    elif stop == "cpu" or code == -signal.SIGXCPU:
+        outcome.update(status=f"the run of {q} used its CPU budget of {limits['cpu']:.1f} s and was stopped",
+                       word="cpu")
+    elif stop == "slow":
+        outcome.update(status=f"the run of {q} waited {run['idle']:.1f} s without computing (sleeping) and was "
+                              f"stopped: a student's runs may wait {IDLE_BUDGET:g} s in all", word="slow")
+    elif events.get("pids"):
+        outcome.update(status=f"the run of {q} tried to start more than {PIDS} threads or processes and was "
+                              f"stopped", word="pids")
+    elif events.get("memory"):
+        outcome.update(status=f"the run of {q} used more than its {run['memory'] >> 20} MiB of memory and was "
+                              f"stopped", word="memory")
+    elif code == -signal.SIGSYS:  # only seccomp sends it (the grader kills with SIGKILL)
+        outcome.update(status=f"the run of {q} tried to start a process (fork, exec or a shell) or to make a "
+                              f"system call of another ABI, and was stopped", word="process")
+    else:
+        outcome.update(_verdict(run, code))
+    return outcome
+
+
+def _verdict(run: dict, code: int) -> dict:
+    """The judge's verdict as an outcome (its cases), or why there is none."""
+    q = run["q"]
+    try:
+        got = json.loads(bytes(run["buf"]).decode())
+        if not isinstance(got, dict) or "cases" not in got:
+            raise ValueError("not a result")
+    except (ValueError, UnicodeDecodeError):
+        got = {"judge_error": "the judge left no verdict"}
+    if "judge_error" in got:
+        return {"status": f"the judge of {q} failed ({_word(got['judge_error'])})", "word": "judge-failed",
+                "judge_error": True}
+    if "oversize" in got:
+        return {"status": f"the run of {q} sent the judge a message over {MAX_MESSAGE >> 20} MiB (scored 0)",
+                "word": "oversize"}
+    if "ended" in got:
+        return {"status": f"the run of {q} ended before its tests finished (exit status {code})", "word": "ended"}
+    return {"result": {k: got[k] for k in ("cases", "errors", "flags")}}
 
 
 # ------------------------------------------------------------------------------------------ the grading process
@@ -1638,53 +1949,66 @@ def _run_zygote(job: dict, tests: dict, cwd: pathlib.Path) -> tuple[list[dict], 
     feeder.join(timeout=5)
     died = None
     if proc.returncode != 0 or not any("master_errors" in m for m in messages):
-        died = f"the grading process ended early (exit {proc.returncode}): {bytes(tail).decode(errors='replace').strip()[-300:]}"
+        # the grader's own traceback is for the instructor's terminal: a student's feedback gets fixed words
+        print(f"kvlab grading: the zygote ended early (exit {proc.returncode}); its last words:\n"
+              f"{clean(bytes(tail).decode(errors='replace').strip()[-2000:], 2000)}", file=sys.stderr)
+        died = f"the grading process ended early (exit {proc.returncode}): this question was not graded"
     return messages, died
 
 
-def grade_submissions(solutions: pathlib.Path, autograder_zip: pathlib.Path, submissions: list[pathlib.Path],
-                      jobs: int = 1, timeout: float | None = None, memory: int = MEMORY, seed: int | None = None,
-                      trust_submissions: bool = False, hide: list[pathlib.Path] = ()) -> list[SubmissionResult]:
-    """Grade ``submissions`` (``.ipynb`` or ``grader.export()`` zips) against the master ``solutions``
-    notebook (the one ``otter assign`` writes beside the autograder zip) and the tests in ``autograder_zip``.
+class CgroupsUnavailable(SandboxUnavailable):
+    """No control group can be made here for the children: untrusted submissions are not graded unless the weaker
+    per-process limits are accepted (``cgroups=False``, ``--no-cgroups``)."""
 
-    Every autograded question of every submission runs in its own forked process, in its own bubblewrap sandbox,
-    with the reference answers of the other questions; see the module docstring for what is protected. ``jobs``
-    children run at once; a child running over ``timeout`` seconds is stopped (the question scores zero).
-    ``timeout=None`` (the default) runs the reference answer of each question first, in a child like the
-    students', and gives each student's run ``SLOWDOWN`` times its time (at least ``MIN_LIMIT`` s). ``memory``:
-    bytes a child may map. ``seed``: the instructor's secret, given to the tests as ``HIDDEN_SEED`` (hidden tests
-    draw their inputs from it; default 0); it reaches the judges only. Where bubblewrap cannot start a sandbox,
-    raises :class:`SandboxUnavailable` unless ``trust_submissions`` (then the children run confined as before,
-    without namespaces). ``hide``: more folders no child may see (the output, the built assignments); the
-    autograder folder and the submissions' folders are hidden always. A child that dies, hangs or is killed costs its question only; a notebook that cannot be
-    read or planned is one row with its reason; if the grading process itself dies, every row says so and the
-    class goes on.
-    """
-    import nbformat
 
+def cgroups_problem() -> str | None:
+    """Why no control group per child can be made here (None: one can; the probe's groups are removed)."""
+    from kvlab.classroom import cgroups
+
+    got = cgroups.probe()
+    if isinstance(got, str):
+        return got
+    got.close()
+    return None
+
+
+def _check_arguments(jobs: int, timeout: float | None) -> None:
     if not hasattr(os, "fork"):
         raise RuntimeError("kvlab's grading forks one process per question: it needs Linux")
     if jobs < 1:
         raise ValueError(f"jobs={jobs}: must be at least 1 (submissions graded at once)")
     if timeout is not None and not timeout > 0:
         raise ValueError(f"timeout={timeout}: must be positive (seconds one question may run)")
+
+
+def _isolation(trust: bool, cgroups: bool | None, hide: list[pathlib.Path]) -> tuple[dict | None, bool]:
+    """The sandbox spec (None: trusted, no sandbox) and whether each child gets a control group; refuses
+    (:class:`SandboxUnavailable`, :class:`CgroupsUnavailable`) where what untrusted code needs cannot be made."""
     sandbox = None
-    if not trust_submissions:
+    if not trust:
         problem = sandbox_problem()
         if problem is not None:
             raise SandboxUnavailable(f"student code runs only in a sandbox, and none can be made here: {problem}. "
                                      f"Fix that, or grade submissions you trust with --trust-submissions "
                                      f"(trust_submissions=True)")
-        hide = [pathlib.Path(autograder_zip).parent, pathlib.Path(solutions).parent] + [pathlib.Path(h) for h in hide]
-        hide += sorted({pathlib.Path(p).resolve().parent for p in submissions})
         sandbox = sandbox_spec(hide)
-    master = nbformat.read(solutions, as_version=4)
-    cells, order = _master_plan(master)
-    tests = load_tests(autograder_zip)
-    missing = [q for q in order if q not in tests]
-    if missing:
-        raise ValueError(f"questions {missing} have no tests in {autograder_zip}: rebuild with `lessons make`")
+    if cgroups is False:
+        return sandbox, False
+    problem = cgroups_problem()
+    if problem is None:
+        return sandbox, True
+    if cgroups is None and trust:
+        return sandbox, False
+    raise CgroupsUnavailable(
+        f"each student's code runs in a control group of its own (its threads, memory and CPU bounded by the kernel), "
+        f"and none can be made here: {problem}. Run the grader as root, or in a cgroup v2 sub-tree delegated to "
+        f"you (`systemd-run --user --scope -p Delegate=yes python -m kvlab lessons grade ...`), or accept the weaker "
+        f"per-process limits with --no-cgroups (cgroups=False; see docs/guide/classroom.md)")
+
+
+def _read_class(submissions, cells, order, tests, master) -> tuple[list, list, list]:
+    """Every submission read (bounded) and planned: the results (one per submission), the plans of the gradable
+    ones and their results; a submission that cannot be read is a row with the grader's reason."""
     parameters = _parameters(master)
     imported = _imported_names([c["source"] for c in cells])
     allowed = allowed_imports([c["source"] for c in cells if c["kind"] != "answer"])
@@ -1701,8 +2025,11 @@ def grade_submissions(solutions: pathlib.Path, autograder_zip: pathlib.Path, sub
             if assignment and name and name != assignment:
                 res.flags.append(f"notebook: the notebook is assignment {clean(name, 60)!r}, not {assignment!r}")
             answers, extras, flags = _student_plan(nb, cells, order, "notebook")
+        except SubmissionRefused as exc:
+            res.status = f"not graded: the submission was refused ({exc})"
+            continue
         except Exception as exc:  # noqa: BLE001 - one unreadable or malformed notebook is a row, not a crash
-            res.status = f"not graded: the notebook could not be read ({type(exc).__name__}: {clean(exc, 200)})"
+            res.status = f"not graded: the notebook could not be read ({_word(type(exc).__name__)})"
             continue
         res.flags.extend(flags)
         for q in order:
@@ -1712,16 +2039,20 @@ def grade_submissions(solutions: pathlib.Path, autograder_zip: pathlib.Path, sub
                 res.flags.extend(scan(src, f"added cell before {q}", parameters, imported, allowed))
         subs.append({"answers": answers, "extras": extras})
         gradable.append(res)
-    if not subs:
-        return results
+    return results, subs, gradable
+
+
+def _variants(cells: list[dict], order: list[str], subs: list[dict]) -> tuple[dict, dict, list]:
+    """One run per distinct (added cells up to q, answer to q): the same code forked from the same state scores the
+    same, so an unanswered question or an untouched reference runs once for the whole class. Variant 0 of each
+    question is the reference answer (it times the limits). Returns the variants, their owners (students 1, 2,
+    ...) and each submission's variant per question (index 0: the reference)."""
     reference = {"answers": {q: [c["source"] for c in cells if c["kind"] == "answer" and c["question"] == q]
                              for q in order}, "extras": {q: [] for q in order}}
-    # one run per distinct (added cells up to q, answer to q): the same code forked from the same state scores
-    # the same, so an unanswered question or an untouched reference runs once for the whole class
     variants: dict[str, list[dict]] = {q: [] for q in order}
-    owners: dict[str, list[list[int]]] = {q: [] for q in order}  # the students (1, 2, ...) of each variant
+    owners: dict[str, list[list[int]]] = {q: [] for q in order}
     variant_of: list[dict[str, int]] = []
-    for k, sub in enumerate([reference] + subs):  # variant 0 of each question: the reference answer (times the limit)
+    for k, sub in enumerate([reference] + subs):
         picks = {}
         for n, q in enumerate(order):
             v = {"extras": [src for p in order[:n + 1] for src in sub["extras"][p]], "answers": sub["answers"][q]}
@@ -1732,6 +2063,11 @@ def grade_submissions(solutions: pathlib.Path, autograder_zip: pathlib.Path, sub
             if k:
                 owners[q][picks[q]].append(k)
         variant_of.append(picks)
+    return variants, owners, variant_of
+
+
+def _job(cells, order, master, variants, owners, options: dict) -> dict:
+    """What the zygote needs: the master's cells, the variants, the names each question guards and sends."""
     rebinds = {q: sorted(_assigned([c["source"] for c in cells if c["kind"] == "answer" and c["question"] == q]))
                for q in order}
     answer_start = {q: min(i for i, c in enumerate(cells) if c["kind"] == "answer" and c["question"] == q) + 1
@@ -1742,19 +2078,13 @@ def grade_submissions(solutions: pathlib.Path, autograder_zip: pathlib.Path, sub
     # between that answer and q's check bind (they ran on the student's code)
     remote = {q: sorted(set(rebinds[q]) | _assigned([c["source"] for c in cells[answer_start[q]:check_index[q]]
                                                      if c["kind"] == "given"])) for q in order}
-    seed = int(seed or 0)
-    job = {"cells": cells, "variants": variants, "owners": owners, "jobs": jobs, "timeout": timeout,
-           "memory": memory, "judge_memory": JUDGE_MEMORY, "order": order, "parameters": sorted(parameters),
-           "rebinds": rebinds, "remote": remote, "answer_start": answer_start, "check_index": check_index,
-           "sandbox": sandbox}
-    # the tests (and the seed) for the judges only: the zygote, and so every child, never reads them
-    messages, died = _run_zygote(job, {q: {"seed": seed, "cases": tests[q]["cases"]} for q in order},
-                                 pathlib.Path(solutions).parent)
-    outcomes = {(m.get("q"), m.get("v")): m for m in messages if "q" in m and "v" in m}
-    master_errors = next((m["master_errors"] for m in messages if "master_errors" in m), [])
-    if master_errors:
-        raise RuntimeError("the master notebook's own cells raised, so nothing can be graded against it:\n"
-                           + "\n".join(str(e) for e in master_errors))
+    return {"cells": cells, "variants": variants, "owners": owners, "order": order,
+            "judge_memory": JUDGE_MEMORY, "parameters": sorted(_parameters(master)), "rebinds": rebinds,
+            "remote": remote, "answer_start": answer_start, "check_index": check_index,
+            "master_names": sorted(_assigned([c["source"] for c in cells])), **options}
+
+
+def _check_reference(outcomes: dict, tests: dict, order: list[str], died: str | None) -> None:
     for q in order:
         ref = outcomes.get((q, 0))
         if died is None and ref is not None:
@@ -1763,36 +2093,44 @@ def grade_submissions(solutions: pathlib.Path, autograder_zip: pathlib.Path, sub
                     tests[q]["cases"]):
                 raise RuntimeError(f"the reference answer of {q} does not pass its own tests in the grading child "
                                    f"({got or ref}): fix the master or raise the memory limit")
-    reference_cpu = sum(float((outcomes.get((q, 0)) or {}).get("cpu", 0.0)) for q in order)
+
+
+def _number(value) -> float:
+    return float(value) if type(value) in (int, float) else 0.0
+
+
+def _fill_question(qr: QuestionResult, outcome: dict, cases: list[dict], died: str | None, flags: list[str]) -> None:
+    """One question's result from its run's outcome: the cases by name, the errors, the flags."""
+    q = qr.question
+    qr.cpu, qr.seconds = _number(outcome.get("cpu")), _number(outcome.get("seconds"))
+    data = outcome.get("result") if type(outcome.get("result")) is dict else None
+    if data is not None:
+        by_name = {c["name"]: c for c in data.get("cases", []) if type(c) is dict and "name" in c}
+        qr.errors = [clean(e) for e in data.get("errors", [])[:20]]
+        flags.extend(f"{q}: {clean(f)}" for f in data.get("flags", [])[:MAX_FLAGS])
+    else:
+        by_name = {}
+        reason = clean(outcome.get("status") or died or f"the run of {q} left no result (no-result)")
+        qr.errors = [reason]
+        flags.append(f"{q}: {clean(outcome.get('word', 'no-result'), 20)}: {reason}")
+    for case in cases:
+        got = by_name.get(case["name"])
+        if got is None:
+            qr.cases.append(CaseResult(case["name"], case["hidden"], case["points"], False,
+                                       "not run (the question's run ended early)"))
+        else:
+            qr.cases.append(CaseResult(case["name"], case["hidden"], case["points"], got.get("passed") is True,
+                                       clean(got.get("message", ""), 500)))
+    qr.score = sum(c.points for c in qr.cases if c.passed)
+
+
+def _fill_results(gradable, outcomes, variant_of, order, tests, died) -> None:
+    reference_cpu = sum(_number((outcomes.get((q, 0)) or {}).get("cpu")) for q in order)
     for i, res in enumerate(gradable):
-        cpu = 0.0
         for q in order:
-            qr = res.questions[q]
-            outcome = outcomes.get((q, variant_of[i + 1][q]), {})
-            qr.cpu = float(outcome.get("cpu", 0.0)) if type(outcome.get("cpu")) in (int, float) else 0.0
-            qr.seconds = float(outcome.get("seconds", 0.0)) if type(outcome.get("seconds")) in (int, float) else 0.0
-            cpu += qr.cpu
-            cases = tests[q]["cases"]
-            data = outcome.get("result") if type(outcome.get("result")) is dict else None
-            if data is not None:
-                by_name = {c["name"]: c for c in data.get("cases", []) if type(c) is dict and "name" in c}
-                qr.errors = [clean(e) for e in data.get("errors", [])[:20]]
-                res.flags.extend(f"{q}: {clean(f)}" for f in data.get("flags", [])[:MAX_FLAGS])
-            else:
-                by_name = {}
-                reason = clean(outcome.get("status") or died or f"the run of {q} left no result (no-result)")
-                word = outcome.get("word", "no-result")
-                qr.errors = [reason]
-                res.flags.append(f"{q}: {word}: {reason}")
-            for case in cases:
-                got = by_name.get(case["name"])
-                if got is None:
-                    qr.cases.append(CaseResult(case["name"], case["hidden"], case["points"], False,
-                                               "not run (the question's run ended early)"))
-                else:
-                    qr.cases.append(CaseResult(case["name"], case["hidden"], case["points"],
-                                               got.get("passed") is True, clean(got.get("message", ""), 500)))
-            qr.score = sum(c.points for c in qr.cases if c.passed)
+            _fill_question(res.questions[q], outcomes.get((q, variant_of[i + 1][q]), {}), tests[q]["cases"], died,
+                           res.flags)
+        cpu = sum(qr.cpu for qr in res.questions.values())
         if cpu > SLOW_FACTOR * reference_cpu + SLOW_MARGIN:
             res.flags.append(f"slow: the answers took {cpu:.1f} s of CPU time, the reference's {reference_cpu:.1f} s")
         seen, kept = set(), []
@@ -1803,4 +2141,58 @@ def grade_submissions(solutions: pathlib.Path, autograder_zip: pathlib.Path, sub
                 kept.append(f)
         res.flags = kept[:MAX_FLAGS] + ([f"flags: {len(kept) - MAX_FLAGS} more not shown"]
                                         if len(kept) > MAX_FLAGS else [])
+
+
+def grade_submissions(solutions: pathlib.Path, autograder_zip: pathlib.Path, submissions: list[pathlib.Path],
+                      jobs: int = 1, timeout: float | None = None, memory: int = MEMORY, seed: int | None = None,
+                      trust_submissions: bool = False, hide: list[pathlib.Path] = (),
+                      cgroups: bool | None = None) -> list[SubmissionResult]:
+    """Grade ``submissions`` (``.ipynb`` or ``grader.export()`` zips) against the master ``solutions``
+    notebook (the one ``otter assign`` writes beside the autograder zip) and the tests in ``autograder_zip``.
+
+    Every autograded question of every submission runs in its own forked process, in its own bubblewrap sandbox
+    and its own control group, with the reference answers of the other questions; see the module docstring for
+    what is protected. ``jobs`` children run at once; a child running over ``timeout`` seconds is stopped (the
+    question scores zero). ``timeout=None`` (the default) runs the reference answer of each question first, in a
+    child like the students', and gives each student's run ``SLOWDOWN`` times its wall time (at least
+    ``MIN_LIMIT`` s) and ``CPU_FACTOR`` times its CPU time plus ``CPU_MARGIN`` (at least ``CPU_FLOOR``).
+    ``memory``: bytes a child may hold (its group's limit, counting shared memory and memfd) and map beyond the
+    zygote. ``seed``: the instructor's secret, given to the tests as ``HIDDEN_SEED`` (hidden tests draw their
+    inputs from it; default 0); it reaches the judges only. Where bubblewrap cannot start a sandbox, raises
+    :class:`SandboxUnavailable` unless ``trust_submissions``. ``cgroups``: None (default) gives every child a
+    control group where one can be made and, for untrusted submissions, refuses (:class:`CgroupsUnavailable`)
+    where none can; False: the weaker per-process limits only. ``hide``: more folders no child may see (the
+    output, the built assignments); the autograder folder and the submissions' folders are hidden always. A child
+    that dies, hangs or is killed costs its question only; a submission that cannot be read (or is over
+    :data:`MAX_SUBMISSION`) is one row with its reason; if the grading process itself dies, every row says so.
+    """
+    import nbformat
+
+    _check_arguments(jobs, timeout)
+    hide = [pathlib.Path(autograder_zip).parent, pathlib.Path(solutions).parent] + [pathlib.Path(h) for h in hide]
+    hide += sorted({pathlib.Path(p).resolve().parent for p in submissions})
+    sandbox, groups = _isolation(trust_submissions, cgroups, hide)
+    master = nbformat.read(solutions, as_version=4)
+    cells, order = _master_plan(master)
+    tests = load_tests(autograder_zip)
+    missing = [q for q in order if q not in tests]
+    if missing:
+        raise ValueError(f"questions {missing} have no tests in {autograder_zip}: rebuild with `lessons make`")
+    results, subs, gradable = _read_class(submissions, cells, order, tests, master)
+    if not subs:
+        return results
+    variants, owners, variant_of = _variants(cells, order, subs)
+    job = _job(cells, order, master, variants, owners, {
+        "jobs": jobs, "timeout": timeout, "memory": memory, "sandbox": sandbox, "cgroups": groups,
+        "nproc": None if groups else PIDS * jobs + 16})
+    # the tests (and the seed) for the judges only: the zygote, and so every child, never reads them
+    messages, died = _run_zygote(job, {q: {"seed": int(seed or 0), "cases": tests[q]["cases"]} for q in order},
+                                 pathlib.Path(solutions).parent)
+    outcomes = {(m.get("q"), m.get("v")): m for m in messages if "q" in m and "v" in m}
+    master_errors = next((m["master_errors"] for m in messages if "master_errors" in m), [])
+    if master_errors:
+        raise RuntimeError("the master notebook's own cells raised, so nothing can be graded against it:\n"
+                           + "\n".join(str(e) for e in master_errors))
+    _check_reference(outcomes, tests, order, died)
+    _fill_results(gradable, outcomes, variant_of, order, tests, died)
     return results

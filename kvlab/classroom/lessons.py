@@ -13,6 +13,9 @@ student versions and autograders with otter and grades a class with :mod:`kvlab.
         # per question, as `otter grade` writes it, plus `review`), OUT/feedback.csv and OUT/feedback/NAME.ipynb.md
         # (every check that failed, with its message), OUT/written_answers.csv; each student's code runs in a
         # bubblewrap sandbox (Linux): where none can be made, grade refuses unless --trust-submissions
+    python -m kvlab lessons class BUILT/NN_name N OUT/    # N honest submissions (to time grading)
+    python -m kvlab lessons attacks OUT/                  # the attack submissions the grading tests grade
+    python -m kvlab lessons time tiny|NN [--repeats R] [--out DIR]   # class wall time: alone, slow, busy, attacked
 
 Why otter-grader: `otter assign` turns one master notebook into the student version and an autograder zip with
 public and hidden tests, in a format instructors know; no Docker, database or exchange directory is needed
@@ -29,6 +32,7 @@ import contextlib
 import csv
 import hashlib
 import io
+import json
 import math
 import pathlib
 import shutil
@@ -433,16 +437,44 @@ def main(argv: list[str] | None = None) -> int:
                         "--seed` kept in the private autograder folder, else 0)")
     p.add_argument("--trust-submissions", action="store_true",
                    help="grade even where no bubblewrap sandbox can be made (only for submissions you trust)")
+    p = sub.add_parser("class", help="N honest submissions of a built lesson (to time grading)")
+    p.add_argument("assignment", type=pathlib.Path, help="the folder `make` wrote, e.g. build/lessons/01_streaming_llm")
+    p.add_argument("n", type=int, help="students")
+    p.add_argument("out", type=pathlib.Path, help="a new folder (or one this command wrote)")
+    p = sub.add_parser("attacks", help="the attack submissions of the grading tests, their assignment and build")
+    p.add_argument("out", type=pathlib.Path, help="a new folder (or one this command wrote)")
+    sub.add_parser("time", help="class wall time in the sandbox (see `lessons time -h`)", add_help=False)
+    if argv is None:
+        argv = sys.argv[1:]
+    if argv[:1] == ["time"]:
+        from kvlab.classroom.timing import main as time_main
+
+        try:
+            return time_main(argv[1:])
+        except (ValueError, FileNotFoundError) as exc:
+            print(f"kvlab lessons time: {exc}", file=sys.stderr)
+            return 2
     args = parser.parse_args(argv)
     try:
         return _run(args)
-    except (ValueError, FileNotFoundError) as exc:  # a bad lesson, folder or output: one sentence, no traceback
+    except (ValueError, FileNotFoundError) as exc:  # a bad lesson, folder or output (OutputRefused): one sentence
         said = str(exc)
         print(said if said.startswith("kvlab ") else f"kvlab lessons {args.command}: {said}", file=sys.stderr)
         return 2
 
 
 def _run(args) -> int:
+    if args.command == "class":
+        from kvlab.classroom.submissions import write_class
+
+        for path in write_class(args.assignment, args.n, args.out):
+            print(path)
+        return 0
+    if args.command == "attacks":
+        from kvlab.classroom.attacks import write_all
+
+        print(json.dumps(write_all(args.out)))
+        return 0
     if args.command == "make":
         for a in make(args.lessons, args.out, args.run_tests, seed=args.seed):
             print(f"{a.name}: student version {a.student}; grade with {a.autograder} (keep it private)")

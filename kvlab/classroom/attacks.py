@@ -4,7 +4,7 @@ A small assignment without a model (``write_master``: two questions, exact-type 
 is turned into its student version with ``python -m kvlab lessons make``; ``write_attacks`` then writes one
 notebook per attack from that student version, each with the score and review flag it must get::
 
-    python scripts/make_attack_submissions.py OUT/   # OUT/master/00_tiny.ipynb, OUT/built/, OUT/subs/*.ipynb
+    python -m kvlab lessons attacks OUT/   # OUT/master/00_tiny.ipynb, OUT/built/, OUT/subs/*.ipynb
 
 Each attack is what a determined student tried against the grader: killing the grader, hanging, forking a
 grandchild, forging result files, planting an autograder zip, answers that compare equal to anything, reading
@@ -13,18 +13,21 @@ process's memory for a test, a reference answer or a classmate's code; and those
 every process it can see, planting a module in classmates' working folders, changing its arguments in place,
 filling /tmp and /dev/shm, system calls of another ABI, class names carrying text, looking for the seed, a raw
 oversized message to the judge, sleeping to near the limit. ``write_class`` writes an honest class beside them.
+
+Every folder follows kvlab's output rule (:class:`kvlab.outputs.OutputFolder`): a file this module did not write
+(a real student's ``student0.ipynb``) is never replaced; the command refuses first.
 """
 
 from __future__ import annotations
 
 import json
 import pathlib
-import sys
 
 import nbformat
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_raw_cell
 
 NAME = "00_tiny"
+COMMAND = "python -m kvlab lessons attacks"
 DOUBLE = "def double(x: int) -> int:\n    # BEGIN SOLUTION\n    return 2 * x\n    # END SOLUTION\n"
 TOTAL = "def total(xs: list) -> float:\n    # BEGIN SOLUTION\n    return float(sum(xs))\n    # END SOLUTION\n"
 SECRET = "hidden-check-7f3a"  # text only the hidden test holds: it must never reach a student's feedback
@@ -62,7 +65,9 @@ def write_master(path: pathlib.Path) -> pathlib.Path:
              new_raw_cell("# END TESTS"), new_raw_cell("# END QUESTION")]
     nb = new_notebook(cells=cells, metadata={"kernelspec": {"name": "python3", "display_name": "Python 3",
                                                             "language": "python"}})
-    path.parent.mkdir(parents=True, exist_ok=True)
+    from kvlab.outputs import OutputFolder
+
+    path = OutputFolder(path.parent, COMMAND).claim(path.name)
     nbformat.write(nb, path)
     return path
 
@@ -76,7 +81,7 @@ ATTACKS = {
     # kills the grading process above it (the zygote), then the grader itself
     "killer": ({0: "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\nos.kill(os.getpgid(0), 9)\n"
                    + GOOD[0]}, (0, 2), "imports os"),
-    "hanger": ({0: "while True:\n    pass\n"}, (0, 2), "took over"),
+    "hanger": ({0: "while True:\n    pass\n"}, (0, 2), "CPU budget"),  # cut at its CPU budget, before the wall limit
     # a grandchild that would outlive the limit and hold the grader's output open: the attempt stops the run
     "grandchild": ({0: GOOD[0] + "import os, time\nif os.fork() == 0:\n    time.sleep(3600)\n"}, (0, 2),
                    "tried to start a process"),
@@ -200,17 +205,59 @@ SANDBOX_ATTACKS = {
 }
 ATTACKS.update(SANDBOX_ATTACKS)
 
+LEAK = "leakmarker918273"  # text a child puts in names it chooses: it must never reach a flag or a feedback file
+
+# round 4: the kernel's own limits per child, identifiers from a fixed list, no namespaces or mounts
+LIMIT_ATTACKS = {
+    # threads without bound: the child's group refuses the 65th; the zygote's and the judges' forks never fail
+    "thread_bomb": ({0: "import threading, time\nthreads = []\ntry:\n    while len(threads) < 100000:\n"
+                        "        t = threading.Thread(target=time.sleep, args=(60,), daemon=True)\n        t.start()\n"
+                        "        threads.append(t)\nexcept RuntimeError:\n    pass\n" + GOOD[0]}, (0, 2), "threads"),
+    # a tensor subclass and an exception class whose names carry text (the seed, a marker): never echoed
+    "named_tensor": ({0: "import torch\nLeak = type('%s' + 'x' * 100, (torch.Tensor,), {})\n\n"
+                         "def double(x):\n    return torch.tensor(2 * x).as_subclass(Leak)\n" % LEAK}, (0, 2),
+                     "a tensor of a subclass"),
+    "named_exception": ({0: "Leak = type('%s' + 'Q' * 100, (Exception,), {})\n\ndef double(x):\n    raise Leak()\n"
+                            % LEAK}, (0, 2), None),
+    "added_name": ({0: "from kvlab.policies import Full\nsetattr(Full, 'x%s' + str(1), 1)\n" % LEAK + GOOD[0]},
+                   (2, 2), "added an attribute to kvlab.baselines.policy.Full"),
+    # new namespaces and mounts are refused (EPERM): the answer is right only when every call failed
+    "namespaces": ({0: "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+                       "calls = [libc.unshare(0x10000000), libc.unshare(0x00020000), libc.unshare(0x40000000),\n"
+                       "         libc.mount(b'none', b'/tmp', b'tmpfs', 0, None), libc.setns(0, 0)]\n"
+                       "escaped = any(c == 0 for c in calls)\n\ndef double(x):\n"
+                       "    return 2 * x + (1 if escaped else 0)\n"}, (2, 2), "imports ctypes"),
+    # the sandbox's command lines: no hidden folder's path is in any (right answer only if none is found)
+    "cmdline": ({0: "import random\nos = random._os\nseen = b''\nfor pid in os.listdir('/proc'):\n"
+                    "    try:\n        with open(f'/proc/{pid}/cmdline', 'rb') as f:\n            seen += f.read()\n"
+                    "    except OSError:\n        pass\nfound = b'--tmpfs' in seen or b'autograder' in seen or b'--ro-bind' in seen\n\n"
+                    "def double(x):\n    return 2 * x + (1 if found else 0)\n"}, (2, 2), "uses ._os"),
+    # an honest student's standard-library import that the zygote had not loaded
+    "import_wave": ({0: "import wave, fractions, csv\n\ndef double(x):\n"
+                        "    return int(fractions.Fraction(2 * x, 1)) + (0 if wave.Wave_read else 1)\n"}, (2, 2),
+                    "imports wave"),
+    # correct, then busy on the CPU without end (also at the lowest priority): cut at its CPU budget
+    "spinner": ({0: GOOD[0] + "while True:\n    pass\n"}, (0, 2), "CPU budget"),
+    "idle_spinner": ({0: GOOD[0] + "import random\nos = random._os\n"
+                         "os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))\nwhile True:\n    pass\n"},
+                     (0, 2), "CPU budget"),
+}
+ATTACKS.update(LIMIT_ATTACKS)
+
 
 def write_class(student: pathlib.Path, out: pathlib.Path, n: int = 8) -> list[pathlib.Path]:
     """``n`` honest students (``student0.ipynb`` ...), each answer with a comment of its own (no shared run)."""
-    out.mkdir(parents=True, exist_ok=True)
+    from kvlab.outputs import OutputFolder
+
+    folder = OutputFolder(out, COMMAND)
     written = []
     for k in range(n):
         nb = nbformat.read(student, as_version=4)
         for i, cell in enumerate(_answer_cells(nb)):
             cell.source = f"# student {k}\n" + GOOD[i]
-        nbformat.write(nb, out / f"student{k}.ipynb")
-        written.append(out / f"student{k}.ipynb")
+        path = folder.claim(f"student{k}.ipynb")
+        nbformat.write(nb, path)
+        written.append(path)
     return written
 
 
@@ -220,31 +267,27 @@ def _answer_cells(nb) -> list:
 
 def write_attacks(student: pathlib.Path, out: pathlib.Path) -> dict[str, tuple]:
     """One notebook per attack (``out/NAME.ipynb``) from the student version; returns ``ATTACKS``."""
-    out.mkdir(parents=True, exist_ok=True)
+    from kvlab.outputs import OutputFolder
+
+    folder = OutputFolder(out, COMMAND)
     for name, (answers, _, _) in ATTACKS.items():
         nb = nbformat.read(student, as_version=4)
         cells = _answer_cells(nb)
         for i, cell in enumerate(cells):
             if answers is not None:
                 cell.source = answers.get(i, GOOD[i])
-        nbformat.write(nb, out / f"{name}.ipynb")
+        nbformat.write(nb, folder.claim(f"{name}.ipynb"))
     return ATTACKS
 
 
-def main(argv: list[str]) -> int:
+def write_all(root: pathlib.Path) -> dict[str, tuple]:
+    """``root/master/00_tiny.ipynb``, its build ``root/built/`` (seeded with :data:`SEED`) and ``root/subs/``:
+    every attack and the honest class; returns the expected (q1, q2) score of each attack."""
     from kvlab.classroom import lessons as classroom
 
-    if len(argv) != 1:
-        print(__doc__)
-        return 2
-    root = pathlib.Path(argv[0])
+    root = pathlib.Path(root)
     master = write_master(root / "master" / f"{NAME}.ipynb")
     (assignment,) = classroom.make([str(master)], out=root / "built", seed=SEED)
     write_attacks(assignment.student, root / "subs")
     write_class(assignment.student, root / "subs")
-    print(json.dumps({k: v[1] for k, v in ATTACKS.items()}))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    return {k: v[1] for k, v in ATTACKS.items()}

@@ -609,7 +609,7 @@ def test_qa_items_fit_and_hold_the_answer_source(monkeypatch):
 
 def test_prefill_and_decode_cost_on_cpu():
     from kvlab.baselines import Full, StreamingLLM
-    from kvlab.experiments.dhsa import decode_cost, peak_bytes, prefill_cost, random_model
+    from kvlab.experiments.dhsa.measures import decode_cost, peak_bytes, prefill_cost, random_model
     from kvlab.dhsa.pattern import DHSAPattern, dhsa_layers
 
     x = {}

@@ -131,7 +131,7 @@ def test_sdpa_backend_on_cuda_matches_cpu(tiny_llama, ids):
 
 
 def test_newline_ends_follow_every_newline_token():
-    from kvlab.experiments.dhsa import newline_ends
+    from kvlab.experiments.dhsa.measures import newline_ends
     from kvlab.models import load_tokenizer
 
     tok = load_tokenizer("smollm2-135m")
@@ -158,7 +158,7 @@ def test_newline_boundaries_join_the_predicted_ones(tiny_llama, ids):
 
 
 def test_needle_table_means_per_depth_and_counts():
-    from kvlab.experiments.dhsa import needle_table
+    from kvlab.experiments.dhsa.measures import needle_table
 
     def rec(method, depth, trial, value):
         return {"example": f"niah/m/L64/d{depth}/t{trial}", "method": method, "metric": "needle_recall",
@@ -221,7 +221,7 @@ def test_sdpa_backend_decodes_as_the_reference(tiny_llama, ids):
 
 def test_recorded_recall_uses_the_reference_mask(tiny_llama, ids):
     """record=True measures the attention mass of the reference's kept set (built without the token sort)."""
-    from kvlab.experiments.dhsa import record_qk
+    from kvlab.experiments.dhsa.measures import record_qk
 
     p = DHSAPattern(20, chunk_size=4, initial=2, local=3, record=True, backend="sdpa")
     _logits(tiny_llama, ids, p)
@@ -232,7 +232,7 @@ def test_recorded_recall_uses_the_reference_mask(tiny_llama, ids):
 
 
 def test_table2_accuracy_joins_the_needle_records():
-    from kvlab.experiments.dhsa import table2_accuracy, table2_markdown
+    from kvlab.experiments.dhsa.measures import table2_accuracy, table2_markdown
 
     recs = [{"example": f"e{i}", "method": "DHSA authors 512", "metric": "needle_recall", "value": float(i % 2),
              "config": {}} for i in range(10)]

@@ -187,7 +187,7 @@ def test_authors_protocol_answers_the_needle_where_app_a_fails():
     does, and so does block-sparse under the same protocol: at this length the protocol (dense question and
     decode), not the chunking, finds the needle."""
     import kvlab
-    from kvlab.experiments.dhsa import needle_records
+    from kvlab.experiments.dhsa.measures import needle_records
     from kvlab.dhsa.pattern import DHSAPattern, authors_pattern, dhsa_layers
     from kvlab.dhsa.training import shipped_predictor
 
@@ -230,7 +230,7 @@ def test_causal_query_equals_whole_chunk_on_the_last_row():
 def test_teacher_forced_leak_and_its_fix(tiny_llama):
     """A token after position i changes the loss at i under the whole-chunk query (the leak), never under the
     causal query."""
-    from kvlab.experiments.dhsa import position_nll
+    from kvlab.experiments.dhsa.measures import position_nll
     from kvlab.dhsa.pattern import DHSAPattern
 
     torch.manual_seed(3)
@@ -248,7 +248,7 @@ def test_teacher_forced_leak_and_its_fix(tiny_llama):
 
 
 def test_perplexity_refuses_a_leaking_pattern(tiny_llama, ids):
-    from kvlab.experiments.dhsa import pattern_perplexity
+    from kvlab.experiments.dhsa.measures import pattern_perplexity
     from kvlab.dhsa.pattern import DHSAPattern
 
     with pytest.raises(ValueError, match="causal_query=True"):
@@ -327,7 +327,7 @@ def test_leaderboard_dhsa_perplexity_uses_the_causal_chunk_query():
     causal pattern's, not the leaking whole-chunk one's (issue 24)."""
     from kvlab.experiments import leaderboard as lb
     from kvlab.datasets import load_text
-    from kvlab.experiments.dhsa import pattern_perplexity
+    from kvlab.experiments.dhsa.measures import pattern_perplexity
     from kvlab.dhsa.pattern import DHSAPattern, dhsa_layers
     from kvlab.eval import stream_ids
 
@@ -456,7 +456,7 @@ def test_chunks_come_from_the_predictor_at_the_boundary_layer():
     import kvlab
     from kvlab import datasets
     from kvlab.core import use_pattern
-    from kvlab.experiments.dhsa import needle_methods, question_tail_tokens
+    from kvlab.experiments.dhsa.measures import needle_methods, question_tail_tokens
     from kvlab.dhsa.pattern import dhsa_layers
     from kvlab.dhsa.training import shipped_predictor
 
@@ -478,7 +478,7 @@ def test_chunks_come_from_the_predictor_at_the_boundary_layer():
 
 
 def test_perplexity_refuses_oracle_boundaries_and_measures_the_boundary_leak(tiny_llama, ids):
-    from kvlab.experiments.dhsa import boundary_leak, pattern_perplexity
+    from kvlab.experiments.dhsa.measures import boundary_leak, pattern_perplexity
     from kvlab.dhsa.pattern import DHSAPattern
 
     oracle = DHSAPattern(12, chunking="oracle", chunk_size=4, initial=2, causal_query=True, backend="torch")
@@ -550,7 +550,7 @@ def test_authors_rule_keeps_the_authors_keys_on_real_tensors():
     middle layer. kvlab's own rule misses more than 1 % (the test can tell the rules apart)."""
     import kvlab
     from kvlab import datasets
-    from kvlab.experiments.dhsa import record_qk
+    from kvlab.experiments.dhsa.measures import record_qk
     from kvlab.dhsa.pattern import AUTHORS_THRESHOLD
     from kvlab.dhsa.training import shipped_predictor
 
@@ -582,7 +582,7 @@ def test_authors_rule_keeps_the_authors_keys_on_real_tensors():
 
 
 def _first_layer_keys(model, ids):
-    from kvlab.experiments.dhsa import record_qk
+    from kvlab.experiments.dhsa.measures import record_qk
 
     return record_qk(model, ids[None], [0]).k[0]
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from kvlab.orthorank.api import sink_profile
-from kvlab.experiments.orthorank import (ALIGNMENT_PAIRS, layerwise_plans, paired_difference, pooled_records,
+from kvlab.experiments.orthorank.studies import (ALIGNMENT_PAIRS, layerwise_plans, paired_difference, pooled_records,
                                          sink_alignment, table4_plans)
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -21,7 +21,7 @@ def test_zero_shot_table_runs_each_plan(tiny_llama, monkeypatch):
     """Table 2's driver: the dense plan scores what evaluate_task scores; a plan that removes every layer changes
     the log-likelihoods; mean_accuracy averages acc (acc_norm where the task has it)."""
     from kvlab.orthorank import Plan, use_plan
-    from kvlab.experiments.orthorank import mean_accuracy, zero_shot
+    from kvlab.experiments.orthorank.studies import mean_accuracy, zero_shot
 
     tok = CharTokenizer()
     questions = [Question(("ab",) * 2, (" a", " cc"), 0, (1, 2)), Question(("ca", "cb"), (" b", " b"), 1, None)]
@@ -43,7 +43,7 @@ def test_zero_shot_table_runs_each_plan(tiny_llama, monkeypatch):
 def test_layer_token_table_reuses_known_orders(tiny_llama):
     """Table 4's driver: the fewest layers reaching the sparsity per token ratio; a known greedy order is used
     as its prefix (no search), a missing one is searched."""
-    from kvlab.experiments.orthorank import layer_token_table
+    from kvlab.experiments.orthorank.studies import layer_token_table
 
     g = torch.Generator().manual_seed(0)
     calib, evaluation = torch.randint(0, 96, (2, 24), generator=g), torch.randint(0, 96, (2, 24), generator=g)
@@ -131,7 +131,7 @@ def test_table3_row4_keeps_the_sinks_kv_and_the_confounded_variant_drops_it(tiny
 
 
 def test_document_windows_one_per_long_enough_document():
-    from kvlab.experiments.orthorank import document_windows
+    from kvlab.experiments.orthorank.studies import document_windows
 
     docs = {"a": "w1 w2 w3 w4 w5 w6", "short": "w7 w8", "b": "w9 w10 w11 w12", "c": "w13 w14 w15 w16 w17"}
     ids, names = document_windows(WordTokenizer(), docs, 4)
@@ -148,7 +148,7 @@ def test_window_nll_is_the_perplexity_per_window(tiny_llama):
     """exp(mean of the per-window NLLs) is the perplexity of the same windows, for the dense model and a plan
     that routes layers; the windows are independent (one window alone scores the same)."""
     from kvlab.orthorank import Plan, perplexity
-    from kvlab.experiments.orthorank import window_nll
+    from kvlab.experiments.orthorank.studies import window_nll
 
     g = torch.Generator().manual_seed(1)
     windows = torch.randint(0, 96, (5, 20), generator=g)
@@ -162,7 +162,7 @@ def test_window_nll_is_the_perplexity_per_window(tiny_llama):
 
 
 def test_paired_ppl_ratio_interval():
-    from kvlab.experiments.orthorank import paired_ppl_ratio
+    from kvlab.experiments.orthorank.studies import paired_ppl_ratio
 
     base = [2.0, 3.0, 4.0, 2.5, 3.5, 1.0]
     shifted = [v - 0.1 for v in base]  # a constant difference: the interval is that one point
@@ -181,7 +181,7 @@ def test_paired_ppl_ratio_interval():
 
 
 def test_plans_from_notebook11_results_and_table3_rows():
-    from kvlab.experiments.orthorank import plans_from_results, table3_plans
+    from kvlab.experiments.orthorank.studies import plans_from_results, table3_plans
 
     found = {"table": [{"method": "Dense", "target": 0.0, "removed": [], "routed": []},
                        {"method": "SLEB", "target": 0.1, "removed": [3, 5], "routed": []},

@@ -1,7 +1,7 @@
 """A perplexity ratio of per-window NLLs that would overflow ``exp`` is a clear error, not an OverflowError."""
 import pytest
 
-from kvlab.experiments.orthorank import paired_ppl_ratio
+from kvlab.experiments.orthorank.studies import paired_ppl_ratio
 
 
 def test_ratio_of_huge_nll_differences_is_a_clear_error():

@@ -309,7 +309,7 @@ def test_sweep_never_overwrites_a_users_file_at_a_result_path(tmp_path, content)
 
 # =========================================================================== silent wrong results
 def test_pooled_records_refuse_a_duplicate_standing_in_for_a_missing_method_and_mixed_metrics():
-    from kvlab.experiments.orthorank import pooled_records
+    from kvlab.experiments.orthorank.studies import pooled_records
 
     dup = [{"example": "w0", "method": "A", "metric": "nll", "value": 1.0},
            {"example": "w0", "method": "A", "metric": "nll", "value": 5.0}]
@@ -433,7 +433,7 @@ def test_held_trace_refuses_a_bad_chunk_or_empty_ids():
 
 
 def test_layerwise_plans_refuse_a_repeated_layer():
-    from kvlab.experiments.orthorank import layerwise_plans
+    from kvlab.experiments.orthorank.studies import layerwise_plans
 
     with pytest.raises(ValueError, match=r"layers must be distinct.*\[3\] repeated"):
         layerwise_plans([3, 3])
@@ -447,7 +447,7 @@ class _CharTokenizer:
 
 
 def test_document_windows_count_two_identical_documents_once():
-    from kvlab.experiments.orthorank import document_windows
+    from kvlab.experiments.orthorank.studies import document_windows
 
     docs = {"a": "the same text " * 4, "b": "the same text " * 4, "c": "another text! " * 4}
     ids, names = document_windows(_CharTokenizer(), docs, 20)
@@ -495,7 +495,7 @@ def test_window_nll_near_a_thousand_nats_is_shown_not_an_overflow():
 
 def test_orthorank_ids_beyond_the_vocabulary_are_an_error(tiny_llama):
     from kvlab.orthorank.api import sink_profile
-    from kvlab.experiments.orthorank import window_nll
+    from kvlab.experiments.orthorank.studies import window_nll
 
     with pytest.raises(ValueError, match=r"in \[0, 96\) \(the model's vocabulary\)"):
         sink_profile(tiny_llama, torch.tensor([[1, 2, 500]]), attention=False)

@@ -418,7 +418,7 @@ class DHSAPattern(AttentionPattern):
         local: keys before each query's chunk always kept (the authors' 128 "recent" keys), in the budget.
         dense_tail: at prefill, the last ``dense_tail`` queries attend densely (the authors' dense question
             / instruction). An int, or ``"question"``: the length is found per prompt by the harness, which
-            sets ``pattern.question_tokens`` before the prefill (:func:`kvlab.experiments.dhsa.needle_records`
+            sets ``pattern.question_tokens`` before the prefill (:func:`kvlab.experiments.dhsa.measures.needle_records`
             does, from the prompt's ``"Question:"`` line); a prefill without it raises.
         decode: ``"app_a"`` (App. A, sparse; default) or ``"dense"`` (the authors' code) for tokens after
             the prefill.
@@ -430,7 +430,7 @@ class DHSAPattern(AttentionPattern):
         profile: accumulate the time of chunking / selection / attention (``self.timings()``; CUDA events).
         newlines: also end a chunk after every newline token (App. B: "we also augment the output with explicit
             boundaries such as \\n, \\n\\n"); the harness sets ``pattern.newline_ends`` per prompt
-            (:func:`kvlab.experiments.dhsa.newline_ends`); a prefill without it raises.
+            (:func:`kvlab.experiments.dhsa.measures.newline_ends`); a prefill without it raises.
         query_block: None (the text: queries are chunked like the keys) or the length of fixed query blocks
             (the authors' code: one selection per block of ``query_block`` queries, ``local`` = the last keys
             before the block's end, :func:`kvlab.dhsa.reference.block_query_mask`); needs ``backend="sdpa"``
@@ -535,7 +535,7 @@ class DHSAPattern(AttentionPattern):
             return out
         if self.newline_ends is None:
             raise ValueError("newlines=True needs pattern.newline_ends (offsets just after each newline token of the "
-                             "prompt) set before the prefill; kvlab.experiments.dhsa.newline_ends finds them")
+                             "prompt) set before the prefill; kvlab.experiments.dhsa.measures.newline_ends finds them")
         ends = torch.as_tensor(self.newline_ends, dtype=torch.long)
         ends = ends[(ends > 0) & (ends < n)]
         return [torch.unique(torch.cat([b, ends.to(b.device)])) for b in out]
@@ -546,7 +546,7 @@ class DHSAPattern(AttentionPattern):
             return self.dense_tail
         if self.question_tokens is None:
             raise ValueError("dense_tail='question' needs pattern.question_tokens (the question's length in tokens) "
-                             "set before the prefill; kvlab.experiments.dhsa.question_tail_tokens finds it")
+                             "set before the prefill; kvlab.experiments.dhsa.measures.question_tail_tokens finds it")
         return self.question_tokens
 
     def _kw(self):

@@ -17,7 +17,7 @@ Two pieces, one per kvlab door:
   chunk). ``attend_budget`` is that ``N_b``; ``budget`` (entries held) is None, as for ``Full``.
 * :func:`decode_attention`, the attention of the new tokens: :class:`~kvlab.dhsa.pattern.DHSAPattern`
   calls it for every query that arrives after its prefill, so ``use_pattern(model, DHSAPattern(...))``
-  with ``KVCache(model, DHSADecode(...))`` is App. A end to end (:func:`kvlab.experiments.dhsa.dhsa_generate`).
+  with ``KVCache(model, DHSADecode(...))`` is App. A end to end (:func:`kvlab.experiments.dhsa.measures.dhsa_generate`).
 
 :func:`decode_memory` is the accounting App. D reports: bytes the cache holds and bytes one decode step
 reads, for dense attention, DHSA and the cache-compressing baselines (StreamingLLM, H2O).

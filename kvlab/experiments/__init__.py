@@ -9,7 +9,7 @@ from kvlab.core.lazy import attach
 
 __getattr__, __dir__, __all__ = attach(
     __name__,
-    submodules=["bench", "checks", "claims", "records", "registry", "dhsa", "leaderboard", "orthorank", "reform", "lacache", "leaderboard_scaling", "sepllm",
+    submodules=["bench", "checks", "claims", "records", "registry", "dhsa", "leaderboard", "orthorank", "system", "reform", "lacache", "leaderboard_scaling", "sepllm",
                 "quality", "sweep"],
     names={},
 )

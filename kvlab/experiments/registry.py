@@ -114,6 +114,9 @@ _add(
                "Table 1's LongBench stand-in: token F1 and answer NLL per question and method"),
     Experiment("dhsa-table2", "kvlab.experiments.dhsa.table2", "dhsa", "gpu", "smollm2-135m", "1 (H200)",
                "Table 2: prefill latency and peak memory per method and backend beside the needle accuracy"),
+    Experiment("dhsa-app-d-costs", "kvlab.experiments.dhsa.app_d_costs", "dhsa", "cpu or gpu", "smollm2-135m",
+               "20 (CPU), 2 (H200, random weights)",
+               "App. D: decode latency / cache memory of dense vs StreamingLLM, block-sparse prefill, paired rounds"),
 )
 
 # ---- LaCache, REFORM and the leaderboard -------------------------------------------------------------------------

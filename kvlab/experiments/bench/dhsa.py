@@ -13,13 +13,13 @@ Subcommands (each writes ``<out>/dhsa_<what>.json`` and ``.md`` with the device 
   chunks and random chunk lengths in [16, 128] (what a predictor gives).
 * ``tune``     tile-size sweep of one Triton variant at one length (how the defaults were chosen).
 * ``prefill``  end to end (Tables 2-3): a Gemma3-270m-shaped and a Gemma3-1B-shaped model (random weights,
-  bf16; :func:`kvlab.experiments.dhsa.random_model`), one prefill of N tokens, dense attention (``--attn
+  bf16; :func:`kvlab.experiments.dhsa.measures.random_model`), one prefill of N tokens, dense attention (``--attn
   eager,sdpa``: both columns) vs DHSA (Triton on CUDA, fixed chunks, global layers), latency and peak memory.
 * ``decode``   Fig. 7-10: latency and memory per generated token after an N-token prompt, dense vs
   StreamingLLM / H2O (``--cache`` entries per layer) vs DHSA (full cache, ``--budget-keys`` keys read per token).
 
 ``prefill`` and ``decode`` also run on a CPU (``--shapes tiny`` for a smoke test; the timing is then wall
-clock and the memory from ``torch.profiler``: :func:`kvlab.experiments.dhsa.prefill_cost`).
+clock and the memory from ``torch.profiler``: :func:`kvlab.experiments.dhsa.measures.prefill_cost`).
 
 Timing: CUDA events around each call after a warm-up call, median of repeats sized to a time budget
 (:mod:`kvlab.kernels.benchmarking`). Example (H100/H200)::
@@ -245,7 +245,7 @@ def run_prefill(args) -> dict:
     """Tables 2-3: one prefill of N tokens per shape, dense (eager / SDPA) vs DHSA in the global layers."""
     import torch
 
-    from kvlab.experiments.dhsa import prefill_cost, random_model
+    from kvlab.experiments.dhsa.measures import prefill_cost, random_model
     from kvlab.dhsa.pattern import DHSAPattern, dhsa_layers
 
     rows = []
@@ -280,7 +280,7 @@ def run_decode(args) -> dict:
 
     from kvlab.baselines import H2O, Full, StreamingLLM
 
-    from kvlab.experiments.dhsa import decode_cost, random_model
+    from kvlab.experiments.dhsa.measures import decode_cost, random_model
     from kvlab.dhsa.pattern import DHSAPattern, dhsa_layers
     from kvlab.dhsa.policy import DHSADecode
 

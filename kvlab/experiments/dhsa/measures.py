@@ -1,12 +1,12 @@
-"""Experiments of the DHSA notebooks (07, 08) and of ``python -m kvlab bench dhsa prefill|decode``.
+"""What the DHSA experiments measure: the notebooks (07, 08), ``python -m kvlab run dhsa-*`` and ``python -m kvlab bench dhsa``.
 
 Paper: DHSA (arXiv:2510.24606), Sec. 3 and App. C-D. What is here:
 
 * queries/keys of a layer (:func:`record_qk`), perplexity under prefill patterns (:func:`pattern_perplexity`:
   DHSA patterns must use the causal query (``causal_query=True``), :func:`position_nll` for the leak);
 * needle-in-a-haystack under patterns (Fig. 2/6: :func:`needle_under_patterns`), and per example with raw
-  answers and either protocol (:func:`needle_records`, written as ``*.examples.jsonl`` by
-  :func:`write_examples`; ``python -m kvlab.experiments.dhsa needle --help`` runs the grid);
+  answers and either protocol (:func:`needle_records`, records of :mod:`kvlab.experiments.records`;
+  ``python -m kvlab run dhsa-needle --help`` runs the grid);
 * the LongBench stand-in of Table 1 (:func:`qa_items`, :func:`qa_under_patterns`): single-document QA
   from SQuAD (one Wikipedia article, the question's paragraph inside), multi-document QA from HotpotQA
   (its ten paragraphs, more from other questions to fill the length), few-shot QA (SQuAD passage / question
@@ -31,6 +31,9 @@ import torch
 
 from kvlab.core import AttentionCall, AttentionPattern, attend, check_choice, check_int, use_pattern
 from kvlab.eval.qa import QA_TASKS, QAItem, qa_f1, qa_items
+from kvlab.experiments.records import read as read_records
+from kvlab.experiments.records import record
+from kvlab.experiments.records import write as write_records
 from kvlab.kernels.benchmarking import synchronize
 
 __all__ = ["QKRecorder", "record_qk", "pattern_perplexity", "position_nll", "boundary_leak",
@@ -38,7 +41,7 @@ __all__ = ["QKRecorder", "record_qk", "pattern_perplexity", "position_nll", "bou
            "needle_under_patterns",
            "question_tail_tokens", "newline_ends", "needle_records",
            "boundary_records", "table2_rows", "table2_accuracy", "table2_markdown", "needle_methods", "records_grid", "needle_table", "write_examples",
-           "read_examples", "main",
+           "read_examples",
            "qa_under_patterns", "qa_records",
            "peak_bytes", "prefill_cost", "decode_cost", "random_model", "MODEL_SHAPES"]
 
@@ -231,7 +234,8 @@ def needle_records(model, tokenizer, methods: dict, layers, lengths, depths, *, 
 
     check_int("trials", trials, 1)
     text = haystack if haystack is not None else datasets.load_text("paul-graham")
-    records = []
+    out: list[dict] = []
+    device = _device(model)
     check_int("first_trial", first_trial, 0)
     end = trials if last_trial is None else min(last_trial, trials)  # a shard: trials first_trial .. end - 1
     cells = [(n, d, t) for t in range(first_trial, end) for n in lengths for d in depths]
@@ -264,17 +268,27 @@ def needle_records(model, tokenizer, methods: dict, layers, lengths, depths, *, 
                 config |= pattern.settings() | {k: round(v, 2) if isinstance(v, float) else v
                                                 for k, v in pattern.stats().items()}
             for metric, value in (("needle_recall", needle_score(said, p.answer)), ("answer_nll", nll)):
-                records.append({"example": example, "method": name, "metric": metric, "value": float(value),
-                                "output": said, "target": p.answer, "config": config})
+                out.append(record(example, name, metric, float(value), config=config, device=device,
+                                  output=said, target=p.answer))
         if sink is not None:
-            sink(records[-2 * len(methods):])
+            sink(out[-2 * len(methods):])
         if progress:
-            print(f"[{i + 1}/{len(cells)}] {example} ({time.perf_counter() - t_start:.0f} s): " + ", ".join(
-                f"{r['method']} {r['value']:.2f}" for r in records[-2 * len(methods)::2]), flush=True)
-            if trial < first_trial + show:
-                for r in records[-2 * len(methods)::2]:
-                    print(f"    {r['method']:24s} said {r['output'][:80]!r}", flush=True)
-    return records
+            _show(out[-2 * len(methods)::2], f"[{i + 1}/{len(cells)}] {example} "
+                  f"({time.perf_counter() - t_start:.0f} s)", trial < first_trial + show)
+    return out
+
+
+def _show(recs: list[dict], head: str, raw: bool) -> None:
+    print(head + ": " + ", ".join(f"{r['method']} {r['value']:.2f}" for r in recs), flush=True)
+    if raw:
+        for r in recs:
+            print(f"    {r['method']:24s} said {r['output'][:80]!r}", flush=True)
+
+
+def _device(model) -> str:
+    """The ``device`` of a record: ``"cpu"`` or ``"cuda (NVIDIA H200)"``."""
+    dev = next(model.parameters()).device
+    return f"cuda ({torch.cuda.get_device_name(dev)})" if dev.type == "cuda" else dev.type
 
 
 def _prepare(pattern, tokenizer, prompt: str, ids) -> None:
@@ -297,6 +311,7 @@ def boundary_records(model, tokenizer, methods: dict, layers, length: int, depth
 
     text = haystack if haystack is not None else datasets.load_text("paul-graham")
     out = []
+    device = _device(model)
     for trial in range(trials):
         for depth in depths:
             p = datasets.niah_prompt(tokenizer, _rotated_haystack(text, trial, trials), length, depth)
@@ -316,8 +331,7 @@ def boundary_records(model, tokenizer, methods: dict, layers, length: int, depth
                 for metric, value in (("attention_recall", statistics.mean(pattern.recall.values())),
                                       ("chunks", statistics.mean(counts)),
                                       ("chunk_len", n / statistics.mean(counts))):
-                    out.append({"example": example, "method": name, "metric": metric, "value": float(value),
-                                "config": config})
+                    out.append(record(example, name, metric, float(value), config=config, device=device))
             if sink is not None:
                 sink(out[-3 * len(methods):])
     return out
@@ -373,26 +387,20 @@ def needle_table(records: list[dict], metric: str = "needle_recall") -> str:
     return "\n".join(lines)
 
 
-def write_examples(path, records: list[dict]) -> None:
-    """Write records as JSON Lines (``*.examples.jsonl``, one record per line)."""
-    import json
+def write_examples(path, recs: list[dict]):
+    """Write records (:mod:`kvlab.experiments.records`: ``*.examples.jsonl.gz``; a name ending in
+    ``.examples.jsonl`` gets the ``.gz``); returns the path written."""
     from pathlib import Path
 
     path = Path(path)
-    if not path.name.endswith(".examples.jsonl"):
-        raise ValueError(f"per-example results are named *.examples.jsonl, got {path.name}")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w") as f:
-        for r in records:
-            f.write(json.dumps(r) + "\n")
+    if path.name.endswith(".examples.jsonl"):
+        path = path.with_name(path.name + ".gz")
+    return write_records(path, recs)
 
 
 def read_examples(path) -> list[dict]:
-    """Records of a ``*.examples.jsonl`` file."""
-    import json
-    from pathlib import Path
-
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    """Records of a ``*.examples.jsonl(.gz)`` file, checked (:func:`kvlab.experiments.records.read`)."""
+    return read_records(path)
 
 
 # ================================================================================================
@@ -432,6 +440,7 @@ def qa_records(model, tokenizer, methods: dict, layers, items: list[QAItem], *, 
     from kvlab.eval import ask
 
     out = []
+    device = _device(model)
     for i, it in enumerate(items):
         marker = "\n\nAnswer the question" if "\n\nAnswer the question" in it.prompt else "\nQuestion:"
         tail = question_tail_tokens(tokenizer, it.prompt, marker=marker)  # instruction + question (few-shot: question)
@@ -450,8 +459,8 @@ def qa_records(model, tokenizer, methods: dict, layers, items: list[QAItem], *, 
                 config |= pattern.settings() | {k: round(v, 2) if isinstance(v, float) else v
                                                 for k, v in pattern.stats().items()}
             for metric, value in (("f1", qa_f1(said, it.answers)), ("answer_nll", nll)):
-                recs.append({"example": f"qa/{model_name}/{it.task}/{i}", "method": name, "metric": metric,
-                             "value": float(value), "output": said, "target": it.answers[0], "config": config})
+                recs.append(record(f"qa/{model_name}/{it.task}/{i}", name, metric, float(value), config=config,
+                                   device=device, output=said, target=it.answers[0]))
         out += recs
         if sink is not None:
             sink(recs)
@@ -658,48 +667,6 @@ def _accuracy(records: list[dict], method: str, metric: str = "needle_recall"):
     return iv.estimate, len(v), iv.low, iv.high
 
 
-def _table2(args, model, tok, pred, out_path) -> None:
-    """``table2``: latency / peak memory of one prefill per method and backend beside the needle accuracy of the
-    same configuration (read from ``--needle-file``), written as JSON + Markdown."""
-    import json
-    from pathlib import Path
-
-    from kvlab import datasets
-
-    from kvlab.dhsa.pattern import DHSAPattern, dhsa_layers
-
-    n = int(args.lengths.split(",")[0])
-    prompt = datasets.niah_prompt(tok, datasets.load_text("paul-graham"), n, 0.5).prompt
-    methods, base = {"dense [sdpa]": None, "dense [eager]": DHSAPattern(None, backend="torch")}, {}
-    base.update({"dense [sdpa]": "dense", "dense [eager]": "dense"})
-    for be in args.timing_backends.split(","):
-        ms = needle_methods([int(x) for x in args.budgets.split(",")], predictor=pred, chunk_size=args.chunk_size,
-                            initial=args.initial, authors_initial=args.authors_initial,
-                            authors_local=args.authors_local, query_block=args.query_block,
-                            protocols=args.protocols.split(","),
-                            baselines=("block-sparse",), backend=be, nms_window=args.nms_windows[0])
-        for name, pattern in ms.items():
-            methods[f"{name} [{be}]"] = pattern
-            base[f"{name} [{be}]"] = name
-    recs = []
-    for f in (args.needle_file or "").split(","):
-        if f.strip() and Path(f.strip()).is_file():
-            recs += read_examples(f.strip())
-    rows = []
-    dev = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-    meta = {"model": args.model, "device": dev, "torch": torch.__version__,
-            "command": " ".join(__import__("sys").argv), "needle_file": args.needle_file}
-    for r in table2_rows(model, tok, methods, dhsa_layers(model), prompt, repeats=args.repeats):
-        acc, k, low, high = _accuracy(recs, base[r["method"]])
-        rows.append(r | {"accuracy_of": base[r["method"]], "needle_recall": acc, "n": k, "ci_low": low,
-                         "ci_high": high})
-        print(f"  {r['method']:32s} {r['ms']:9.1f} ms  peak {(r['peak_bytes'] or 0) / 2**30:6.2f} GiB  needle "
-              f"{'-' if acc is None else f'{acc:.3f}'} (n {k})", flush=True)
-        meta["tokens"] = r["tokens"]
-        out_path.with_suffix(".json").write_text(json.dumps(meta | {"rows": rows}, indent=1))  # kept if stopped
-    out_path.with_suffix(".md").write_text(table2_markdown(meta, rows))
-
-
 def table2_accuracy(table: dict, records: list[dict]) -> dict:
     """``table`` (a ``table2`` JSON) with its accuracy columns recomputed from ``records`` (e.g. the needle
     grid's files once all are in)."""
@@ -724,143 +691,3 @@ def table2_markdown(meta: dict, rows: list[dict]) -> str:
         lines.append(f"| {r['method']} | {r['ms']:.1f} | {(r['peak_bytes'] or 0) / 2**30:.2f} | {acc} | {r['n']} | "
                      f"{ci} |")
     return "\n".join(lines) + "\n"
-
-
-def main(argv=None) -> int:
-    import argparse
-    import json
-    import sys
-    from pathlib import Path
-
-    ap = argparse.ArgumentParser(
-        prog="python -m kvlab.experiments.dhsa",
-        description="needle: the Fig. 2/6 needle grid with dense, block-sparse and DHSA under the text's protocol "
-                    "(App. A: sparse question, sparse decode) and the authors' (dense question tail, dense decode, "
-                    "shared boundaries); writes one record per (prompt, method) to OUT (*.examples.jsonl) as it goes. "
-                    "boundaries: attention mass kept and chunk counts per NMS window (App. B ablation), per prompt. "
-                    "table2: prefill latency / peak memory per method and backend beside the needle accuracy of "
-                    "--needle-file (OUT: a .json and a .md). qa: the LongBench stand-in (Table 1: SQuAD, HotpotQA, "
-                    "few-shot QA prompts of --qa-context tokens), one record per (question, method).")
-    ap.add_argument("what", choices=["needle", "boundaries", "table2", "qa"])
-    ap.add_argument("--model", default="smollm2-135m")
-    ap.add_argument("--predictor", default="shipped", help="'shipped', a predictor file, or 'oracle'")
-    ap.add_argument("--lengths", default="4096")
-    ap.add_argument("--depths", default="0.0,0.25,0.5,0.75,1.0")
-    ap.add_argument("--trials", type=int, default=20, help="haystacks per (length, depth) cell")
-    ap.add_argument("--first-trial", type=int, default=0, help="resume a stopped grid at this trial")
-    ap.add_argument("--last-trial", type=int, default=None,
-                    help="stop before this trial (a shard of the grid; the haystacks stay those of --trials)")
-    ap.add_argument("--budgets", default="128")
-    ap.add_argument("--chunk-size", type=int, default=32, help="fixed chunk length; dynamic chunks are cut at twice it")
-    ap.add_argument("--initial", type=int, default=4, help="the text's protocol (app_a): initial keys")
-    ap.add_argument("--authors-initial", type=int, default=128, help="authors' protocol: initial keys (their code)")
-    ap.add_argument("--authors-local", type=int, default=128,
-                    help="authors' protocol: recent keys before a query block's end (their code: 128, the block)")
-    ap.add_argument("--query-block", type=int, default=128, help="authors' protocol: query block (their code: 128)")
-    ap.add_argument("--protocols", default="app_a,authors")
-    ap.add_argument("--baselines", default="dense,block-sparse", help="comma list, or 'none'")
-    ap.add_argument("--max-new-tokens", type=int, default=16)
-    ap.add_argument("--device", default=None)
-    ap.add_argument("--backend", default="sdpa",
-                    help="prefill backend: sdpa (the kept set from the chunk ranking + torch SDPA, the fast path), "
-                         "auto (Triton on CUDA), torch, triton")
-    ap.add_argument("--nms-window", dest="nms_windows", default="8",
-                    help="NMS distance of the predicted boundaries (0: no NMS); several (e.g. 0,8,64): one set of "
-                         "DHSA methods each, named with ' nms<w>'")
-    ap.add_argument("--newlines", action="store_true", help="DHSA also ends a chunk after every newline token")
-    ap.add_argument("--suffix", default="", help="appended to the DHSA method names (an ablation's label)")
-    ap.add_argument("--max-seconds", type=float, default=None,
-                    help="start no new prompt after this many seconds (the cells stay balanced: trials run in turn)")
-    ap.add_argument("--needle-file", default=None, help="table2: needle records (comma list) for the accuracy column")
-    ap.add_argument("--timing-backends", default="torch,sdpa,triton", help="table2: DHSA / block-sparse backends")
-    ap.add_argument("--repeats", type=int, default=3, help="table2: timed prefills per row (median)")
-    ap.add_argument("--qa-per-task", type=int, default=12, help="qa: questions per task")
-    ap.add_argument("--qa-context", type=int, default=2048, help="qa: tokens of each prompt (at most)")
-    ap.add_argument("--seed", type=int, default=0, help="qa: which questions")
-    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    ap.add_argument("--threads", type=int, default=0)
-    ap.add_argument("--out", required=True, help="output file: *.examples.jsonl (needle, boundaries), a .json "
-                                                 "(table2)")
-    args = ap.parse_args(argv)
-    args.nms_windows = [int(x) for x in args.nms_windows.split(",")]
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    import kvlab
-
-    from kvlab.dhsa.pattern import dhsa_layers
-    from kvlab.dhsa.training import load_predictor, shipped_predictor
-
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    model, tok = kvlab.load_model(args.model, device=device, dtype=getattr(torch, args.dtype))
-    pred = None
-    if args.predictor == "shipped":
-        pred = shipped_predictor(args.model, device)[0]
-    elif args.predictor != "oracle":
-        pred = load_predictor(args.predictor, device)[0]
-    out = Path(args.out)
-    if args.what == "table2":
-        out.parent.mkdir(parents=True, exist_ok=True)
-        _table2(args, model, tok, pred, out)
-        return 0
-    baselines = () if args.baselines == "none" else tuple(args.baselines.split(","))
-    methods: dict = {}
-    for i, w in enumerate(args.nms_windows):
-        suffix = args.suffix + (f" nms{w}" if len(args.nms_windows) > 1 else "")
-        methods.update(needle_methods([int(x) for x in args.budgets.split(",")], predictor=pred,
-                                      chunk_size=args.chunk_size, initial=args.initial,
-                                      authors_initial=args.authors_initial, authors_local=args.authors_local,
-                                      query_block=args.query_block,
-                                      protocols=args.protocols.split(","), baselines=baselines if i == 0 else (),
-                                      backend=args.backend, nms_window=w, suffix=suffix, newlines=args.newlines))
-    write_examples(out, [])
-    t0 = time.perf_counter()
-
-    def sink(recs):
-        with out.open("a") as f:
-            for r in recs:
-                f.write(json.dumps(r | {"config": r["config"] | {"command": " ".join(sys.argv)}}) + "\n")
-
-    if args.what == "qa":
-        items = [it for task in QA_TASKS for it in qa_items(tok, task, args.qa_per_task, args.qa_context,
-                                                            seed=args.seed)]
-        qa_records(model, tok, methods, dhsa_layers(model), items, model_name=args.model,
-                   max_new_tokens=args.max_new_tokens, sink=sink)
-        recs = read_examples(out)
-        print(f"{len(recs)} records in {time.perf_counter() - t0:.0f} s -> {out}")
-        for name in methods:
-            per = {t: [r["value"] for r in recs if r["method"] == name and r["metric"] == "f1"
-                       and r["config"]["task"] == t] for t in QA_TASKS}
-            print(f"  {name:28s} F1 " + ", ".join(f"{t} {statistics.mean(v):.3f} (n {len(v)})"
-                                                   for t, v in per.items() if v))
-        return 0
-    lengths = [int(x) for x in args.lengths.split(",")]
-    depths = [float(x) for x in args.depths.split(",")]
-    if args.what == "boundaries":
-        methods = {k: v for k, v in methods.items() if v is not None}  # block-sparse too: fixed chunks
-        boundary_records(model, tok, methods, dhsa_layers(model), lengths[0], depths, trials=args.trials,
-                         model_name=args.model, sink=sink)
-        recs = read_examples(out)
-        for name in methods:
-            for metric in ("attention_recall", "chunks", "chunk_len"):
-                v = [r["value"] for r in recs if r["method"] == name and r["metric"] == metric]
-                print(f"  {name:28s} {metric:16s} {statistics.mean(v):.4f} over {len(v)} prompts")
-        return 0
-    needle_records(model, tok, methods, dhsa_layers(model), lengths, depths, trials=args.trials,
-                   max_new_tokens=args.max_new_tokens, model_name=args.model, progress=True, sink=sink,
-                   max_seconds=args.max_seconds, first_trial=args.first_trial, last_trial=args.last_trial)
-    recs = read_examples(out)
-    print(f"{len(recs)} records in {time.perf_counter() - t0:.0f} s -> {out}")
-    for name in methods:
-        v = [r["value"] for r in recs if r["method"] == name and r["metric"] == "needle_recall"]
-        sec = [r["config"]["seconds"] for r in recs if r["method"] == name and r["metric"] == "needle_recall"]
-        if v:
-            cf = [r["config"] for r in recs if r["method"] == name and r["metric"] == "needle_recall"]
-            extra = "".join(f", {key} {statistics.mean(c[key] for c in cf):.2f}"
-                            for key in ("chunks", "cut_share", "ranked_keys") if key in cf[0])
-            print(f"  {name:28s} needle recall {statistics.mean(v):.3f} over {len(v)} prompts, "
-                  f"{statistics.median(sec):.2f} s a prompt (median){extra}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

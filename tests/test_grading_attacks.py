@@ -169,8 +169,12 @@ def test_a_malformed_notebook_is_one_failed_row(graded):
 def test_the_default_time_limit_comes_from_the_reference(graded):
     rows, _, _, _, _ = graded
     stopped = rows["hanger.ipynb"]["review"]
-    limit = float(stopped.split("took over ")[1].split(" s")[0])
-    assert grading.MIN_LIMIT <= limit < 120, stopped  # not the old 600 s
+    if "took over " in stopped:  # the wall limit (a loaded machine gave it less CPU than its budget)
+        limit = float(stopped.split("took over ")[1].split(" s")[0])
+        assert grading.MIN_LIMIT <= limit < 120, stopped  # not the old 600 s
+    else:  # the CPU budget: 2x the reference's CPU time + 1 s
+        limit = float(stopped.split("CPU budget of ")[1].split(" s")[0])
+        assert grading.CPU_FLOOR <= limit < 10, stopped
 
 
 def test_scan_flags_the_new_routes_and_not_ordinary_code():
@@ -224,6 +228,8 @@ def test_the_sandbox_leaves_nothing_on_the_machine(graded):
 def test_a_sleeper_is_stopped_on_its_budget_and_flagged_slow(graded):
     rows, _, _, _, _ = graded
     review = rows["sleeper.ipynb"]["review"]
+    assert "q2: slow" in review and "without computing" in review, review
+    review = rows["long_sleeper.ipynb"]["review"]
     assert "q1: slow" in review and "q2: slow" in review and "without computing" in review, review
 
 
@@ -241,3 +247,15 @@ def test_grading_refuses_without_a_sandbox_unless_trusted(graded, monkeypatch, t
     trusted = grading.grade_submissions(assignment.solutions, assignment.autograder, sorted(subs.glob("*.ipynb")),
                                         trust_submissions=True)
     assert trusted[0].total == 4 and trusted[0].flags == []
+
+
+def test_no_name_a_child_chose_reaches_a_flag_or_feedback(graded):
+    """Tensor subclasses, exception classes and added attributes named with a marker (how the hidden seed was
+    read out): the judge writes names only from fixed lists, so the marker is nowhere; nor a grader's traceback."""
+    rows, out, _, _, _ = graded
+    texts = [(out / "final_grades.csv").read_text(), (out / "feedback.csv").read_text()]
+    texts += [p.read_text() for p in (out / "feedback").glob("*.md")]
+    for text in texts:
+        assert attacks.LEAK not in text and "Traceback" not in text
+    assert "raised an exception" in (out / "feedback" / "named_exception.ipynb.md").read_text()
+    assert "a tensor of a subclass" in rows["named_tensor.ipynb"]["review"]

@@ -228,3 +228,23 @@ def test_the_sandbox_args_and_parents(tiny):
         assert args[at - 1] == "--dir" and args[at - 2] == "0755"
     assert "/home" in parents
     assert json.dumps(grading.REFUSED_CALLS)  # the list the guide names
+
+
+def test_a_private_variant_builds_apart_from_the_public_build(tmp_path):
+    """`make --seed S PATH` of a master named as a lesson: out/private/NN_name, not over out/NN_name nor in the
+    hand-out bundle."""
+    name = classroom.lessons()[0].stem
+    variant = attacks.write_master(tmp_path / "variants" / f"{name}.ipynb")
+    out = tmp_path / "built"
+    public = out / name / "student"
+    public.mkdir(parents=True)
+    (out / ".kvlab-outputs").write_text(f"{name}/\n")
+    nbformat.write(nbformat.v4.new_notebook(metadata={"marker": "public"}), public / f"{name}.ipynb")
+    before = (public / f"{name}.ipynb").read_text()
+    (made,) = classroom.make([str(variant)], out=out, seed=5)
+    assert made.student.parent.parent == out / classroom.PRIVATE / name
+    assert made.seed() == 5 and made.stale() is None
+    assert (public / f"{name}.ipynb").read_text() == before
+    assert (out / classroom.BUNDLE / f"{name}.ipynb").read_text() == before  # the bundle has the public one
+    with zipfile.ZipFile(out / f"{classroom.BUNDLE}.zip") as z:
+        assert not any("private" in n for n in z.namelist())

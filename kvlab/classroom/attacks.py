@@ -81,7 +81,8 @@ ATTACKS = {
     # kills the grading process above it (the zygote), then the grader itself
     "killer": ({0: "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\nos.kill(os.getpgid(0), 9)\n"
                    + GOOD[0]}, (0, 2), "imports os"),
-    "hanger": ({0: "while True:\n    pass\n"}, (0, 2), "CPU budget"),  # cut at its CPU budget, before the wall limit
+    # stopped at its CPU budget, or at the wall limit where a loaded machine gives it less than that
+    "hanger": ({0: "while True:\n    pass\n"}, (0, 2), "and was stopped"),
     # a grandchild that would outlive the limit and hold the grader's output open: the attempt stops the run
     "grandchild": ({0: GOOD[0] + "import os, time\nif os.fork() == 0:\n    time.sleep(3600)\n"}, (0, 2),
                    "tried to start a process"),
@@ -195,10 +196,13 @@ SANDBOX_ATTACKS = {
                         "for fd in range(3, 64):\n    try:\n        s = socket.socket(fileno=os.dup(fd))\n"
                         "        body = b'[' * (63 << 20)\n        s.sendall(len(body).to_bytes(8, 'big') + body)\n"
                         "    except OSError:\n        pass\n" + GOOD[0]}, (0, 2), "oversize"),
-    # correct answers, then asleep until 85 % of the CPU limit read from /proc/self/limits
+    # correct answers, then asleep until 85 % of the CPU limit read from /proc/self/limits (that limit is the
+    # question's CPU budget, about 2 s here: the first sleep fits in the 3 s idle budget, the second is cut)
     "sleeper": ({i: GOOD[i] + "import random, time\nwith open('/proc/self/limits') as f:\n"
                               "    cpu = next(int(line.split()[3]) for line in f if line.startswith('Max cpu time'))\n"
-                              "time.sleep(0.85 * cpu)\n" for i in (0, 1)}, (0, 0), "slow"),
+                              "time.sleep(0.85 * cpu)\n" for i in (0, 1)}, (2, 0), "slow"),
+    # asleep for longer than the whole idle budget in each answer: both cut
+    "long_sleeper": ({i: GOOD[i] + "import time\ntime.sleep(4)\n" for i in (0, 1)}, (0, 0), "slow"),
     # threads are allowed: the answer computed in one
     "thread": ({0: "import threading\nbox = []\nt = threading.Thread(target=lambda: box.append(2))\nt.start()\n"
                    "t.join()\n\ndef double(x):\n    return box[0] * x\n"}, (2, 2), "imports threading"),
@@ -237,10 +241,10 @@ LIMIT_ATTACKS = {
                         "    return int(fractions.Fraction(2 * x, 1)) + (0 if wave.Wave_read else 1)\n"}, (2, 2),
                     "imports wave"),
     # correct, then busy on the CPU without end (also at the lowest priority): cut at its CPU budget
-    "spinner": ({0: GOOD[0] + "while True:\n    pass\n"}, (0, 2), "CPU budget"),
+    "spinner": ({0: GOOD[0] + "while True:\n    pass\n"}, (0, 2), "and was stopped"),
     "idle_spinner": ({0: GOOD[0] + "import random\nos = random._os\n"
                          "os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))\nwhile True:\n    pass\n"},
-                     (0, 2), "CPU budget"),
+                     (0, 2), "and was stopped"),
 }
 ATTACKS.update(LIMIT_ATTACKS)
 

@@ -5,7 +5,9 @@ student versions and autograders with otter and grades a class with :mod:`kvlab.
         # `otter assign` per master: build/lessons/NN_name/student/NN_name.ipynb (the student version) and
         # build/lessons/NN_name/autograder/ (solutions notebook + NN_name-autograder_*.zip with every test);
         # build/lessons/student/ and build/lessons/student.zip: every student version, nothing else (hand out);
-        # --seed S: the instructor's secret for the hidden tests' inputs, kept in the private autograder folder
+        # --seed S: the instructor's secret for the hidden tests' inputs, kept in the private autograder folder;
+        # a private variant (`make --seed S PATH/NN_name.ipynb`) builds into build/lessons/private/NN_name, apart
+        # from the public build and outside the hand-out bundle (grade it with --built build/lessons/private)
     python -m kvlab lessons grade LESSON SUBMISSIONS/ [--out build/grades/LESSON] [--jobs 2] [--timeout S]
                                   [--seed-file PATH] [--trust-submissions]
         # every SUBMISSIONS/*.ipynb or *.zip (what the notebook's export cell writes), each question in a fresh
@@ -71,6 +73,8 @@ class Assignment:
         """The master in ``root`` (default :data:`LESSONS_DIR`) this assignment was made from, when it has changed
         since ``make`` (its sha256 differs from the one ``make`` kept); None when it has not, or is not there."""
         kept = self.autograder.parent / MASTER_HASH_FILE
+        if self.autograder.parent.parent.parent.name == PRIVATE:
+            return None  # a private variant: made from a master outside lessons/
         master = (root or LESSONS_DIR) / f"{self.name}.ipynb"
         if not kept.exists() or not master.exists():
             return None
@@ -105,6 +109,7 @@ def lessons(names: list[str] | None = None, root: pathlib.Path = LESSONS_DIR) ->
 
 
 BUNDLE = "student"  # out/student/ and out/student.zip: only the student versions, to hand out
+PRIVATE = "private"  # out/private/NN_name: private variants (`make --seed S PATH`), apart from the public build
 
 
 def make(names: list[str] | None = None, out: pathlib.Path = pathlib.Path("build/lessons"),
@@ -125,9 +130,14 @@ def make(names: list[str] | None = None, out: pathlib.Path = pathlib.Path("build
     out = pathlib.Path(out)
     masters = lessons(names)
     written = OutputFolder(out, "kvlab lessons make", recognise=_made_here(out))
+    public = {m.resolve() for m in lessons()}
     for master in masters:
-        folder = (out / master.stem).resolve()
-        written.remove_tree(master.stem)  # no stale autograder zip from an earlier make (and only what make wrote)
+        # a private variant (a master given by path, named as one of lessons/) builds apart: out/private/NN_name,
+        # never over the public build nor into the hand-out bundle
+        private = master.resolve() not in public and any(m.stem == master.stem for m in public)
+        rel = f"{PRIVATE}/{master.stem}" if private else master.stem
+        folder = (out / rel).resolve()
+        written.remove_tree(rel)  # no stale autograder zip from an earlier make (and only what make wrote)
         with contextlib.redirect_stdout(io.StringIO()):  # otter's summary table; the CLI prints its own line
             otter_assign(str(master.resolve()), str(folder), no_run_tests=not run_tests, no_pdfs=True)
         (folder / "autograder").chmod(0o700)  # the tests and the solutions: only the instructor reads them
@@ -135,7 +145,7 @@ def make(names: list[str] | None = None, out: pathlib.Path = pathlib.Path("build
         if seed is not None:
             (folder / "autograder" / SEED_FILE).write_text(f"{int(seed)}\n")
             (folder / "autograder" / SEED_FILE).chmod(0o600)
-        written.adopt_tree(master.stem)
+        written.adopt_tree(rel)
         made.append(Assignment.at(folder))
     bundle(out, written)
     return made
@@ -310,7 +320,7 @@ REVIEW_LIMIT = 4000  # characters of the review column of one submission
 
 def grade(assignment: Assignment | pathlib.Path, submissions: pathlib.Path, out: pathlib.Path,
           jobs: int = 1, timeout: float | None = None, seed: int | None = None,
-          seed_file: pathlib.Path | None = None, trust_submissions: bool = False):
+          seed_file: pathlib.Path | None = None, trust_submissions: bool = False, cgroups: bool | None = None):
     """Grade every ``*.ipynb`` (or ``grader.export()`` ``*.zip``) in ``submissions`` with
     :func:`kvlab.classroom.grading.grade_submissions` (each question in a fresh process against the reference of the
     others, the tests from the autograder zip, tampering put back and flagged) and write into ``out``:
@@ -325,7 +335,8 @@ def grade(assignment: Assignment | pathlib.Path, submissions: pathlib.Path, out:
     ``seed``: the secret of the hidden tests' inputs (default: read from ``seed_file``, a file only its owner
     may read, else from the one ``make --seed`` kept with the assignment, else 0); it reaches the judges only,
     never a student's process (not its environment, not a command line it could see). ``trust_submissions``:
-    grade without the bubblewrap sandbox where none can be made (see :mod:`kvlab.classroom.grading`). Returns the grades as a pandas DataFrame. ``assignment`` is an :class:`Assignment` or the folder that
+    grade without the bubblewrap sandbox where none can be made (see :mod:`kvlab.classroom.grading`);
+    ``cgroups=False``: the weaker per-process limits where no control group per child can be made. Returns the grades as a pandas DataFrame. ``assignment`` is an :class:`Assignment` or the folder that
     :func:`make` wrote for it."""
     import pandas as pd
 
@@ -355,7 +366,7 @@ def grade(assignment: Assignment | pathlib.Path, submissions: pathlib.Path, out:
     if seed is None:
         seed = assignment.seed()
     results = grade_submissions(assignment.solutions, assignment.autograder, paths, jobs=jobs, timeout=timeout,
-                                seed=seed, trust_submissions=trust_submissions,
+                                seed=seed, trust_submissions=trust_submissions, cgroups=cgroups,
                                 hide=[out.resolve(), assignment.autograder.resolve().parent.parent.parent])
     questions = list(results[0].questions)
     possible = {q: results[0].questions[q].points for q in questions}
@@ -437,6 +448,8 @@ def main(argv: list[str] | None = None) -> int:
                         "--seed` kept in the private autograder folder, else 0)")
     p.add_argument("--trust-submissions", action="store_true",
                    help="grade even where no bubblewrap sandbox can be made (only for submissions you trust)")
+    p.add_argument("--no-cgroups", action="store_true",
+                   help="grade without a control group per child (the weaker per-process limits: see the guide)")
     p = sub.add_parser("class", help="N honest submissions of a built lesson (to time grading)")
     p.add_argument("assignment", type=pathlib.Path, help="the folder `make` wrote, e.g. build/lessons/01_streaming_llm")
     p.add_argument("n", type=int, help="students")
@@ -493,7 +506,8 @@ def _run(args) -> int:
 
     try:
         table = grade(args.built / name, args.submissions, out, jobs=args.jobs, timeout=args.timeout,
-                      seed_file=args.seed_file, trust_submissions=args.trust_submissions)
+                      seed_file=args.seed_file, trust_submissions=args.trust_submissions,
+                      cgroups=False if args.no_cgroups else None)
     except SandboxUnavailable as exc:
         print(f"kvlab lessons grade: {exc}", file=sys.stderr)
         return 2

@@ -1,6 +1,8 @@
 """The repository stays tidy where students look first (issue 26): notebooks/ shows the numbered notebooks and
 START.md, with every parameter set and recorded check in notebooks/params/; benchmarks/results/ holds one folder per
-paper or topic, each with a README, and no loose files."""
+paper or topic, each with a README, and no loose files. Every command lives in the package (one house): no Python
+file with a command line under benchmarks/ or scripts/ (GPU launchers and the README's scripts are shell), and no
+driver script among the results."""
 
 from __future__ import annotations
 
@@ -42,11 +44,8 @@ def test_params_folder_holds_only_sidecars_of_existing_notebooks():
 
 
 def test_scripts_read_the_params_folder():
-    import importlib.util
+    from kvlab.notebooks import copies as nbscript
 
-    spec = importlib.util.spec_from_file_location("nbscript_layout", ROOT / "scripts" / "notebooks.py")
-    nbscript = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(nbscript)
     nb = NOTEBOOKS / "00_tour.ipynb"
     assert nbscript._sidecar(nb, ".ci.yaml") == PARAMS / "00_tour.ci.yaml"
     assert nbscript._parameters(nb), "the CI parameters of notebook 00 were not found in notebooks/params/"
@@ -67,3 +66,41 @@ def test_every_results_folder_has_a_readme():
     index = (RESULTS / "README.md").read_text()
     unlisted = [p.name for p in folders if f"`{p.name}/`" not in index]
     assert not unlisted, f"benchmarks/results/README.md has no line for {unlisted}"
+
+
+# --------------------------------------------------------------------------------------------- one house
+#: the Python files allowed under benchmarks/ and scripts/: JupyterLab's configuration, which scripts/lab.sh passes
+#: to `jupyter lab --config` (it has no command line of its own)
+PYTHON_ALLOWED = {"scripts/jupyter_lab_config.py"}
+CLI = re.compile(r"^\s*(import argparse|from argparse |import click|import typer|import fire)|__name__ == .__main__.|"
+                 r"sys\.argv", re.M)
+
+
+def _python_files(*folders: str) -> list[str]:
+    return sorted(p.relative_to(ROOT).as_posix() for folder in folders for p in (ROOT / folder).rglob("*.py")
+                  if "__pycache__" not in p.parts)
+
+
+def test_no_python_command_outside_the_package():
+    """Every experiment, tool and check runs as ``python -m kvlab ...``; benchmarks/ keeps the thin GPU launchers
+    (shell) and its results, scripts/ the README's two commands and their shell helpers."""
+    stray = [f for f in _python_files("benchmarks", "scripts") if f not in PYTHON_ALLOWED]
+    with_cli = [f for f in stray if CLI.search((ROOT / f).read_text(encoding="utf-8", errors="replace"))]
+    assert not stray, (f"Python files outside the package: {stray} (with a command line: {with_cli}); move each "
+                       "into kvlab/ (an experiment in kvlab/experiments/ behind `python -m kvlab run NAME`, a tool "
+                       "behind `python -m kvlab COMMAND`) and call it from the launcher")
+
+
+def test_the_allowed_python_file_has_no_command_line():
+    for f in sorted(PYTHON_ALLOWED):
+        assert not CLI.search((ROOT / f).read_text(encoding="utf-8")), f"{f} grew a command line: move it into kvlab/"
+
+
+def test_no_driver_script_among_the_results():
+    """A results folder holds what a run wrote and its README (which names the command); the command itself lives
+    in kvlab/ or benchmarks/gpu/, where it is tested and kept working."""
+    scripts = sorted(p.relative_to(ROOT).as_posix() for p in RESULTS.rglob("*")
+                     if p.suffix in (".py", ".sh") and p.is_file())
+    assert not scripts, (f"driver scripts inside {RESULTS.relative_to(ROOT)}/: {scripts}; move each into "
+                         "benchmarks/gpu/ (a launcher) or kvlab/experiments/, and name the command in the folder's "
+                         "README.md")

@@ -165,14 +165,20 @@ def progress(target: pathlib.Path) -> dict:
         first = next((line for line in cells[i].source.splitlines()
                       if line.strip() and not line.startswith("# NBVAL")), "")
         info["last_cell"] = f"cell {i} of {len(cells)}: {first[:80]}"
-    for cell in nb.cells:
-        for out in cell.get("outputs", []):
-            if out.get("output_type") == "stream" and MARKER in out.get("text", ""):
-                line = next(x for x in out["text"].splitlines() if x.startswith(MARKER))
-                info["kernel"] = json.loads(line[len(MARKER):])
-            if out.get("output_type") == "error":
-                info["error"] = f"{out.get('ename')}: {out.get('evalue')}"[:400]
+    info.update(_kernel_and_error(nb))
     return info
+
+
+def _kernel_and_error(nb) -> dict:
+    """The kernel's CPU line (printed by :data:`RUSAGE_CELL`) and the last error output of ``nb``, where there are."""
+    found = {}
+    for out in (o for cell in nb.cells for o in cell.get("outputs", [])):
+        if out.get("output_type") == "stream" and MARKER in out.get("text", ""):
+            line = next(x for x in out["text"].splitlines() if x.startswith(MARKER))
+            found["kernel"] = json.loads(line[len(MARKER):])
+        if out.get("output_type") == "error":
+            found["error"] = f"{out.get('ename')}: {out.get('evalue')}"[:400]
+    return found
 
 
 STACKS_ENV = "NOTEBOOK_TIMES_STACKS"

@@ -1,4 +1,4 @@
-"""MMLU with the subject's exemplars prefilled once (kvlab.experiments.sepllm_mmlu.mmlu_scores): the same predictions, letter
+"""MMLU with the subject's exemplars prefilled once (kvlab.experiments.sepllm.mmlu.mmlu_scores): the same predictions, letter
 log-likelihoods and r.KV as one forward pass over each whole prompt (mmlu_accuracy), with and without a pattern."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvlab.experiments.sepllm_mmlu import mmlu_accuracy, mmlu_prompts, mmlu_scores
+from kvlab.experiments.sepllm.mmlu import mmlu_accuracy, mmlu_prompts, mmlu_scores
 from kvlab.sepllm.pattern import SepLLMPattern, StreamingPattern
 from test_sepllm_mechanism import SEPS, CharTokenizer
 

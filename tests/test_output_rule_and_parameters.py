@@ -567,14 +567,12 @@ def test_claims_table_of_an_unknown_paper_is_a_message(capsys):
 
 
 def test_position_shift_checks_its_flags_before_loading_a_model(capsys, monkeypatch):
-    from conftest import import_script
-
     import kvlab
+    from kvlab.experiments import registry
 
-    shift = import_script("benchmarks/sepllm_position_shift.py")
     monkeypatch.setattr(kvlab, "load_model", lambda *a, **k: pytest.fail("loaded the model before the flags"))
     with pytest.raises(SystemExit) as info:
-        shift.main(["--tokens", "100", "--out", "x"])
+        registry.run("sepllm-position-shift", ["--tokens", "100", "--out", "x"])
     assert info.value.code == 2
     assert "--tokens must exceed --skip + 1 = 325" in capsys.readouterr().err
 

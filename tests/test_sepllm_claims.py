@@ -1,4 +1,4 @@
-"""SepLLM's ablations as paired experiments (kvlab.experiments.sepllm): Table 16's separator sets, Table 17's
+"""SepLLM's ablations as paired experiments (kvlab.experiments.sepllm.ablations): Table 16's separator sets, Table 17's
 FixLLM, Table 9's head-wise baseline with its window matched to SepLLM's r.KV, the per-problem records and the
 pair statistics, and the needle figures' policies."""
 
@@ -9,9 +9,9 @@ import torch
 
 from kvlab.core import kv_ratio
 from kvlab.eval.stats import paired_bootstrap
-from kvlab.experiments.sepllm import (compare_on_gsm8k, fixed_interval_methods, headwise_methods, needle_policies,
+from kvlab.experiments.sepllm.ablations import (compare_on_gsm8k, fixed_interval_methods, headwise_methods, needle_policies,
                                       pair_statistics, separator_choice_methods)
-from kvlab.experiments.sepllm_gsm8k import problem_ids
+from kvlab.experiments.sepllm.gsm8k_matched import problem_ids
 from kvlab.sepllm.pattern import FixLLMPattern, HeadwisePattern, SepLLMPattern, StreamingPattern
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -122,7 +122,7 @@ def test_compare_on_gsm8k_records_every_method_and_problem(tiny_llama):
     assert nll["Headwise"] != pytest.approx(nll["Vanilla"])  # the pattern changes what the model sees
     (pair,) = out["pairs"]
     assert pair["mean_diff"] == pytest.approx(paired_bootstrap(nll["SepLLM"], nll["Headwise"]).estimate)
-    assert out["examples"][0]["config"] == {"table": "9", "problems": 2}
+    assert out["examples"][0]["config"] == {"table": "9", "problems": 2, "device": "cpu"}
     with pytest.raises(ValueError, match="not in methods"):
         compare_on_gsm8k(tiny_llama, TOK, selected, EXEMPLARS, methods, [("SepLLM", "FixLLM")])
 

@@ -1,4 +1,4 @@
-"""SepLLM's GSM8K comparison at matched r.KV (kvlab.experiments.sepllm_gsm8k): the window matched on the sample's mean
+"""SepLLM's GSM8K comparison at matched r.KV (kvlab.experiments.sepllm.gsm8k_matched): the window matched on the sample's mean
 r.KV, the choice of problems long enough for the window to bind, and the per-problem records."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import torch
 import pytest
 
 from kvlab.core import kv_ratio
-from kvlab.experiments.sepllm_gsm8k import long_problems, matched_gsm8k, matched_window, problem_ids
+from kvlab.experiments.sepllm.gsm8k_matched import long_problems, matched_gsm8k, matched_window, problem_ids
 from kvlab.sepllm.pattern import SepLLMPattern, StreamingPattern
 
 pytestmark = pytest.mark.usefixtures("one_thread")

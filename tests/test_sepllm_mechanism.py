@@ -253,7 +253,7 @@ class CharTokenizer:
 
 
 def test_mmlu_prompts_and_accuracy(tiny_llama):
-    from kvlab.experiments.sepllm_mmlu import mmlu_accuracy, mmlu_prompts
+    from kvlab.experiments.sepllm.mmlu import mmlu_accuracy, mmlu_prompts
 
     records = [dict(question=f"q{s}{i}?", answer_a="x", answer_b="y", answer_c="z", answer_d="w",
                     correct_answer="ABCD"[i % 4], topic=f"subject {s}") for s in range(3) for i in range(6)]

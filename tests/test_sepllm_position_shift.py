@@ -5,7 +5,6 @@ import torch
 
 from kvlab.eval.streaming import streaming_perplexity
 from kvlab.policies import StreamingLLM
-from conftest import import_script
 
 
 @pytest.fixture
@@ -15,9 +14,19 @@ def id_tokenizer():
     return IdTokenizer()
 
 
+class _Driver:
+    """The streaming tables' record maker with the configuration and device every record carries."""
+
+    @staticmethod
+    def records(*args, **kwargs):
+        from kvlab.experiments.sepllm.streaming import window_nll_records
+
+        return window_nll_records(*args, config={"model": "tiny"}, device="cpu", **kwargs)
+
+
 @pytest.fixture(scope="module")
 def driver():
-    return import_script("benchmarks/sepllm_position_shift.py")
+    return _Driver()
 
 
 def test_records_pair_every_text_and_match_a_single_run(driver, tiny_llama, id_tokenizer):
@@ -28,6 +37,7 @@ def test_records_pair_every_text_and_match_a_single_run(driver, tiny_llama, id_t
     recs = driver.records(tiny_llama, id_tokenizer, rows, methods, skip=12, prefix="t")
     assert [(r["example"], r["method"]) for r in recs] == [(f"t{i:03d}", m) for m in methods for i in range(3)]
     assert all(r["metric"] == "window_nll" and r["tokens_scored"] == 39 - 12 for r in recs)
+    assert all(r["config"]["device"] == "cpu" and r["config"]["model"] == "tiny" for r in recs)
     single = streaming_perplexity(tiny_llama, id_tokenizer, rows[1], methods["strm-insertion"], max_tokens=None,
                                   progress=False)
     assert recs[1]["value"] == pytest.approx(float(single.nll[12:].mean()), rel=1e-5)

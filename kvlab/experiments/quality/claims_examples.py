@@ -1,42 +1,37 @@
-"""Write the per-example outcomes already inside committed results as ``*.examples.jsonl`` files beside them.
+"""Per-example records of the committed results that hold per-example outcomes inside their own JSON (per needle
+depth, per question, per text window, per long-stream segment), in the one record format
+(:mod:`kvlab.experiments.records`), for the claims ledger to recompute its intervals from.
 
-The claims ledger (``benchmarks/claims.csv``, :mod:`kvlab.experiments.claims`) recomputes every interval from per-example
-files: one JSON object per line, one line per (example, method, metric)::
+It only *reformats* what the results files already hold; it computes no score that the run did not record, except
+the natural log of a window's perplexity (its mean NLL, so that differences of windows add up to the log-ratio of
+perplexities). Results that hold only a mean (OrthoRank's tables, the DHSA and REFORM speed rows, ...) get no file;
+their ledger rows say so. Each record's ``config`` holds the run's policy where the source names it, and ``device``
+``"not recorded"`` (the older results did not keep it)::
 
-    {"example": "<stable id>", "method": "<name>", "metric": "<name>", "value": <float>,
-     "output": "<raw generation>", "target": ..., "config": ...}      # the last three when the source has them
+    python -m kvlab run quality-claims-examples --out DIR            # every file of SOURCES, under DIR
+    python -m kvlab run quality-claims-examples --check --out DIR    # refused unless the committed files agree
 
-This script only *reformats* what the results files already hold (per needle depth, per question, per text
-window, per long-stream segment); it computes no score that the run did not record, except the natural log of a
-window's perplexity (its mean NLL, so that differences of windows add up to the log-ratio of perplexities).
-Results that hold only a mean (OrthoRank's tables, the DHSA and REFORM speed rows, ...) get no file; their
-ledger rows say so.
-
-Usage (deterministic; rerun after a results file changes, then ``python -m kvlab claims --update``)::
-
-    python benchmarks/claims_examples.py            # writes every file listed in SOURCES
-    python benchmarks/claims_examples.py --check    # exit 1 if a written file differs from a fresh conversion
-
-To add a new result: make the experiment write ``*.examples.jsonl`` itself (preferred), or add a converter here.
+To add a new result: make the experiment write its records itself (preferred), or add a converter here.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
-import sys
 from collections import defaultdict
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-RES = ROOT / "benchmarks" / "results"
+from kvlab.experiments import records
+from kvlab.experiments.registry import ParameterError, experiment_parser
+
+NAME = "quality-claims-examples"
+ROOT = Path(__file__).resolve().parents[3]
 
 
-def _rec(example, method, metric, value, **extra):
-    r = {"example": example, "method": method, "metric": metric, "value": float(value)}
-    r.update({k: v for k, v in extra.items() if v is not None})
-    return r
+def _rec(example, method, metric, value, config=None, **extra):
+    cfg = config if isinstance(config, dict) else ({} if config is None else {"policy": config})
+    return records.record(example, method, metric, float(value), config=cfg, device=records.NOT_RECORDED,
+                          **{k: v for k, v in extra.items() if v is not None})
 
 
 def _blocks(job, result, records):
@@ -79,8 +74,12 @@ def _mmlu(job, result, records):
 
 
 def convert_job_dict(path: Path) -> list[dict]:
-    """``fullsize_runs.json`` / ``fidelity_gpu_h100*.json``: a dict of quality_runs jobs."""
-    data = json.loads(path.read_text())
+    """``fullsize_runs.json`` / ``fidelity_gpu_h100*.json``: a dict of quality-runs jobs."""
+    return convert_jobs(json.loads(path.read_text()))
+
+
+def convert_jobs(data: dict) -> list[dict]:
+    """The per-example records of a dict of quality-runs jobs (``{name: {"kind", "args", "result"}}``)."""
     records: list[dict] = []
     for name in sorted(data):
         job = dict(data[name])
@@ -171,27 +170,45 @@ SOURCES = {
 }
 
 
-def render(records: list[dict]) -> str:
-    return "".join(json.dumps(r, sort_keys=True, ensure_ascii=False) + "\n" for r in records)
+def _key(rec: dict) -> tuple:
+    return rec["example"], rec["method"], rec["metric"], rec["value"]
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--check", action="store_true", help="compare with the committed files instead of writing")
-    args = p.parse_args(argv)
-    bad = 0
+def parser():
+    p = experiment_parser(NAME, __doc__.split("\n\n")[0])
+    p.add_argument("--check", action="store_true",
+                   help="compare a fresh conversion with the committed records (example, method, metric, value) "
+                        "instead of writing; refused when one differs")
+    return p
+
+
+def _check_committed() -> list:
+    bad = []
     for src, (convert, dst) in SOURCES.items():
-        text = render(convert(ROOT / src))
-        out = ROOT / dst
-        if args.check:
-            if not out.exists() or out.read_text() != text:
-                print(f"differs: {dst} (run python benchmarks/claims_examples.py)")
-                bad += 1
-            continue
-        out.write_text(text)
-        print(f"{dst}: {text.count(chr(10))} records from {src}")
-    return 1 if bad else 0
+        fresh = sorted(map(_key, convert(ROOT / src)))
+        try:
+            committed = sorted(map(_key, records.read(ROOT / dst)))
+        except FileNotFoundError:
+            committed = None
+        if committed != fresh:
+            bad.append(dst)
+    if bad:
+        raise ParameterError(f"--check: these committed records differ from their sources: {bad}; run "
+                             f"python -m kvlab run {NAME} and copy the files in")
+    print(f"{len(SOURCES)} records files agree with their sources")
+    return []
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def run(args):
+    if args.check:
+        return _check_committed()
+    from kvlab.outputs import OutputFolder
+
+    out = OutputFolder(args.out, f"python -m kvlab run {NAME}")
+    sources = dict(list(SOURCES.items())[:1]) if args.smoke else SOURCES
+    written = []
+    for src, (convert, dst) in sources.items():
+        name = Path(dst).name.removesuffix(".gz").removesuffix(".examples.jsonl") + records.SUFFIX
+        written.append(records.write(name, convert(ROOT / src), out=out))
+        print(f"{name}: records from {src}")
+    return written

@@ -1,8 +1,8 @@
-"""Ledger rows for SepLLM's Table 1 and Table 15 on Qwen2.5-Coder (benchmarks/gpu/sepllm_headline.sh), added to
-benchmarks/claims.csv once that run's records are in the repository; the ledger then recomputes n, the interval and
-the verdict from the per-example records (``kvlab.experiments.claims.update``).
+"""Ledger rows for SepLLM's Table 1 and Table 15 on Qwen2.5-Coder (benchmarks/gpu/sepllm_headline.sh), written as
+data (``OUT/claim_rows.json``) once that run's records are in the repository, for the ledger to take in; the ledger
+then recomputes n, the interval and the verdict from the per-example records (``kvlab.experiments.claims.update``).
 
-    python benchmarks/headline_claim_rows.py benchmarks/results/headline/sepllm_qwen2.5-coder-0.5b [--dry-run]
+    python -m kvlab run headline-claim-rows --folder benchmarks/results/headline/sepllm_qwen2.5-coder-0.5b --out OUT
 
 Rows (A - B of per-problem 0/1 outcomes, paired; higher is better): GSM8K flexible-extract and strict-match, SepLLM
 against Vanilla, StreamingLLM (n=256), StreamingLLM at the r.KV SepLLM measured, and H2O at the same entries
@@ -13,7 +13,6 @@ A row whose records are missing is not written.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -31,7 +30,7 @@ def _load(folder: str, part: str) -> tuple[dict, str]:
     path = os.path.join(folder, f"table1_{part}.json")
     if not os.path.exists(path):
         return {"methods": {}}, ""
-    return json.load(open(path)), os.path.relpath(os.path.join(folder, f"table1_{part}.examples.jsonl"))
+    return json.load(open(path)), os.path.relpath(os.path.join(folder, f"table1_{part}.examples.jsonl.gz"))
 
 
 def rows_for(folder: str) -> list[dict]:
@@ -106,29 +105,35 @@ def rows_for(folder: str) -> list[dict]:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    from kvlab.experiments import claims
+NAME = "headline-claim-rows"
 
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("folder", help="the run's results folder (table1_{gsm8k,mmlu}.json and .examples.jsonl)")
-    ap.add_argument("--dry-run", action="store_true", help="print the rows, change nothing")
-    args = ap.parse_args(argv)
+
+def parser():
+    from kvlab.experiments.registry import experiment_parser
+
+    p = experiment_parser(NAME, __doc__.split("\n\n")[0])
+    p.add_argument("--folder", default=None, help="the run's results folder (table1_{gsm8k,mmlu}.json and records; "
+                   "--smoke: the committed Qwen2.5-Coder-0.5B run)")
+    return p
+
+
+def check(args) -> None:
+    from kvlab.experiments.registry import ParameterError
+
+    if args.smoke and args.folder is None:
+        args.folder = "benchmarks/results/headline/sepllm_qwen2.5-coder-0.5b"
+    if args.folder is None or not os.path.isdir(args.folder):
+        raise ParameterError(f"--folder {args.folder}: not a folder; give a sepllm-headline results folder")
+    if not any(os.path.exists(os.path.join(args.folder, f"table1_{p}.json")) for p in ("gsm8k", "mmlu")):
+        raise ParameterError(f"--folder {args.folder} holds neither table1_gsm8k.json nor table1_mmlu.json")
+
+
+def run(args):
+    from kvlab.experiments.sepllm.common import write_summary
+    from kvlab.outputs import OutputFolder
+
+    out = OutputFolder(args.out, f"python -m kvlab run {NAME}")
     new = rows_for(args.folder)
-    if args.dry_run:
-        for r in new:
-            print(r["id"], "|", r["method_a"], "vs", r["method_b"], "|", r["metric"])
-        return 0
-    rows = claims.load()
-    fields = list(rows[0])
-    have = {r["id"] for r in rows}
-    # 'inconclusive' until the update below recomputes n, the interval and the verdict from the records (the ledger
-    # refuses an empty verdict)
-    rows += [{k: str(r.get(k, "")) for k in fields} | {"verdict": "inconclusive"} for r in new if r["id"] not in have]
-    claims.save(rows)
-    claims.update()
-    print(f"added {sum(r['id'] not in have for r in new)} rows; recomputed the ledger")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    for r in new:
+        print(r["id"], "|", r["method_a"], "vs", r["method_b"], "|", r["metric"])
+    return [write_summary(out, "claim_rows.json", {"rows": new})]

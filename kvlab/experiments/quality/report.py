@@ -1,19 +1,17 @@
-"""Tables from the results of ``benchmarks/quality_runs.py``, beside the papers' numbers.
+"""Tables from the results of ``python -m kvlab run quality-runs``, beside the papers' numbers.
 
-    python benchmarks/quality_report.py DIR [--summary benchmarks/results/fidelity/fullsize_runs.json]
+    python -m kvlab run quality-report --source DIR [--summary fullsize_runs] --out OUT
 
-Reads ``DIR/*.json`` (or the summary file written by an earlier call, when DIR is that file), prints
-markdown tables for the LaCache and SepLLM issues, and with ``--summary`` writes one JSON file with
-every job's arguments and results, the per-token NLLs replaced by perplexity per 1024-token block.
+Reads ``DIR/*.json`` (or the summary file written by an earlier call, when DIR is that file), writes
+``OUT/report.md`` (markdown tables for LaCache and SepLLM), and with ``--summary NAME`` ``OUT/NAME.json``, one JSON
+file with every job's arguments and results, the per-token NLLs replaced by perplexity per 1024-token block.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import statistics
-import sys
 from pathlib import Path
 
 K = {1024: "1K", 2048: "2K", 4096: "4K", 5000: "5K", 8192: "8K", 10000: "10K", 15000: "15K", 16384: "16K",
@@ -305,29 +303,50 @@ def pareto(data: dict) -> str:
     return "\n".join(out)
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("source", type=Path, help="results folder of quality_runs.py, or a summary JSON")
-    ap.add_argument("--summary", type=Path, help="write the summary JSON here")
-    ap.add_argument("--pareto", action="store_true", help="SOURCE is notebook 05's lacache_pareto.json")
-    args = ap.parse_args(argv)
+NAME = "quality-report"
+
+
+def parser():
+    from kvlab.experiments.registry import experiment_parser
+
+    p = experiment_parser(NAME, __doc__.split("\n\n")[0])
+    p.add_argument("--source", type=Path, default=None,
+                   help="results folder of quality-runs, or a summary JSON (--smoke: the committed fullsize_runs.json)")
+    p.add_argument("--summary", default=None, help="also write OUT/NAME.json, the summary of every job")
+    p.add_argument("--pareto", action="store_true", help="SOURCE is notebook 05's lacache_pareto.json")
+    return p
+
+
+def check(args) -> None:
+    from kvlab.experiments.registry import ParameterError
+
+    if args.smoke and args.source is None:
+        args.source = Path(__file__).resolve().parents[3] / "benchmarks/results/fidelity/fullsize_runs.json"
+    if args.summary is not None and not args.summary.replace("_", "").replace("-", "").isalnum():
+        raise ParameterError(f"--summary {args.summary!r}: a file name of letters, digits, _ and -")
+    if args.source is None or not args.source.exists():
+        raise ParameterError(f"--source {args.source}: no such folder or file; give a quality-runs results folder "
+                             "or a summary JSON")
+
+
+def run(args):
+    from kvlab.outputs import OutputFolder
+
+    out = OutputFolder(args.out, f"python -m kvlab run {NAME}")
     if args.pareto:
-        print(pareto(json.loads(args.source.read_text())))
-        return 0
-    runs = load(args.source)
-    if not runs:
-        sys.exit(f"no results in {args.source}")
-    if args.summary:
-        args.summary.write_text(json.dumps(runs, indent=0, ensure_ascii=False) + "\n")
-    print(lacache(runs))
-    print()
-    print(sepllm(runs))
-    tasks = lacache_tasks(runs)
-    if tasks:
-        print()
-        print(tasks)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+        text = pareto(json.loads(args.source.read_text()))
+    else:
+        runs = load(args.source)
+        if not runs:
+            raise ValueError(f"no results in {args.source}")
+        parts = [lacache(runs), sepllm(runs), lacache_tasks(runs)]
+        text = "\n\n".join(p for p in parts if p)
+    written = []
+    if args.summary and not args.pareto:
+        path = out.claim(args.summary + ".json")
+        path.write_text(json.dumps(runs, indent=0, ensure_ascii=False) + "\n")
+        written.append(path)
+    path = out.claim("report.md")
+    path.write_text(text + "\n")
+    print(text)
+    return [path] + written

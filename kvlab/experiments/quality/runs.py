@@ -9,21 +9,22 @@ result is written atomically to ``OUT/<job>.json``, and a job whose result exist
 is skipped, so a run cut short goes on where it stopped. A failed job is retried once, then listed with its
 parameters; the others finish.
 
-    python benchmarks/quality_runs.py list [--scale smoke]
-    python benchmarks/quality_runs.py run --out DIR [--only REGEX] [--cpu-workers N] [--gpu-workers M]
-                                          [--scale full|smoke] [--scheduler tcp://HOST:8786]
+    python -m kvlab run quality-runs --list [--scale smoke]
+    python -m kvlab run quality-runs --out DIR [--only REGEX] [--cpu-workers N] [--gpu-workers M]
+                                     [--scale full|smoke] [--scheduler tcp://HOST:8786] [--records-name NAME]
 
 ``--scheduler`` sends the jobs to a running Dask cluster (``dask scheduler`` on one machine, ``dask worker
 tcp://HOST:8786 --nthreads 1`` on each machine, ``--resources GPU=1`` on GPU machines) instead of local workers.
 
 ``--scale smoke`` shrinks every job (a few hundred tokens, two problems) to check the whole pipeline
-in a minute. ``benchmarks/quality_report.py DIR`` turns the results into the tables of
+in a minute (``--smoke``: the smallest job, in this process). After the sweep the jobs' per-example outcomes are
+written as ``<records-name>.examples.jsonl.gz`` (:mod:`kvlab.experiments.quality.claims_examples`);
+``python -m kvlab run quality-report --source DIR`` turns the results into the tables of
 ``benchmarks/results/fidelity/fullsize_runs.md``.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -31,8 +32,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+ROOT = Path(__file__).resolve().parents[3]
 
 #: decoding lengths reported by every perplexity job (the papers' columns), where the run is long enough
 LENGTHS = [1024, 2048, 4096, 5000, 8192, 10000, 15000, 16384, 20000, 32768, 65536]
@@ -456,52 +456,84 @@ def run_job(kind: str, args: dict, device: str = "cpu") -> dict:
 # ----------------------------------------------------------------------------------------------------
 # parent side
 
+NAME = "quality-runs"
+RECORD_NAMES = ("fullsize_runs", "fidelity_gpu_h100", "fidelity_gpu_h100_sweep", "fidelity_cpu")
+
+
 def _selected(args) -> list[Job]:
     todo = [j for j in jobs(args.scale) if not args.only or re.search(args.only, j.name)]
     return sorted(todo, key=lambda j: -j.cost)
 
 
-def run(args) -> int:
-    """Submit the unfinished jobs to a Dask cluster (kvlab.experiments.sweep): local workers, or --scheduler ADDRESS."""
+def parser():
+    from kvlab.experiments.registry import experiment_parser, positive_int
+    from kvlab.experiments.sepllm.common import nonnegative_int
+
+    p = experiment_parser(NAME, __doc__.split("\n\n")[0])
+    p.add_argument("--list", action="store_true", help="print the jobs and stop")
+    p.add_argument("--only", default="", help="regular expression on job names (it must match at least one)")
+    p.add_argument("--scale", choices=["full", "smoke"], default="full")
+    p.add_argument("--cpu-workers", type=positive_int, default=max((os.cpu_count() or 2) - 1, 1))
+    p.add_argument("--gpu-workers", type=nonnegative_int, default=4)
+    p.add_argument("--scheduler", default=None, help="address of a running Dask scheduler (default: local workers)")
+    p.add_argument("--records-name", choices=RECORD_NAMES, default="fullsize_runs",
+                   help="basename of the records file (the ledger's results_file)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    return p
+
+
+def check(args) -> None:
+    from kvlab.experiments.registry import ParameterError
+
+    if args.smoke:
+        args.scale = "smoke"
+    try:
+        re.compile(args.only)
+    except re.error as e:
+        raise ParameterError(f"--only {args.only!r} is not a regular expression ({e})") from None
+    args.jobs = _selected(args)
+    if args.smoke:
+        args.jobs = sorted(args.jobs, key=lambda j: j.cost)[:1]
+    if not args.jobs:
+        raise ParameterError(f"--only {args.only!r} matches no job; --list shows the job names")
+
+
+def _records(out, name: str) -> Path:
+    from kvlab.experiments import records
+    from kvlab.experiments.quality.claims_examples import convert_jobs
+    from kvlab.experiments.quality.report import load
+
+    return records.write(name + records.SUFFIX, convert_jobs(load(out.root)), out=out)
+
+
+def run(args) -> list:
+    """Submit the unfinished jobs to a Dask cluster (kvlab.experiments.sweep): local workers, or --scheduler
+    ADDRESS; ``--smoke`` runs the one job in this process. A job whose result is there is skipped (resume)."""
+    if args.list:
+        for j in args.jobs:
+            print(f"{j.cost:7.1f} min  {j.device:3s}  {j.name:42s} {j.args}")
+        return []
     import torch
 
-    from kvlab.experiments.sweep import Task, run_sweep, visible_gpus
+    from kvlab.experiments.sweep import Task, open_results, run_sweep, visible_gpus
 
-    gpu_workers = args.gpu_workers if (torch.cuda.is_available() or args.scheduler) else 0
-    tasks = [Task(j.name, "quality_runs:run_job", dict(kind=j.kind, args=j.args, device=j.device), j.device, j.cost)
-             for j in _selected(args)]
-    print(f"{len(tasks)} jobs ({sum(t.cost for t in tasks):.0f} single-thread minutes, rough); "
-          f"{args.scheduler or f'{args.cpu_workers} CPU workers, {gpu_workers} GPU workers'}", flush=True)
-    # several model copies share a GPU here (--gpu-workers 8 on one H100): spread them over the visible GPUs
-    per_gpu = -(-gpu_workers // max(1, len(visible_gpus()))) if gpu_workers and not args.scheduler else 1
-    report = run_sweep(tasks, args.out, scheduler=args.scheduler, workers=args.cpu_workers, gpu_workers=gpu_workers,
-                       workers_per_gpu=per_gpu, python_path=[str(Path(__file__).resolve().parent), str(ROOT)],
-                       progress=not args.quiet)
-    print(report.summary(), flush=True)
-    return 1 if report.failed else 0
+    tasks = [Task(j.name, "kvlab.experiments.quality.runs:run_job", dict(kind=j.kind, args=j.args, device=j.device),
+                  j.device, j.cost) for j in args.jobs]
+    if args.smoke:
+        from kvlab.experiments.sweep import call_task
 
-
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    sub = p.add_subparsers(dest="cmd", required=True)
-    ls = sub.add_parser("list", help="print the jobs")
-    ls.add_argument("--scale", choices=["full", "smoke"], default="full")
-    ls.add_argument("--only", default="")
-    r = sub.add_parser("run", help="run the jobs whose results are missing")
-    r.add_argument("--out", required=True)
-    r.add_argument("--only", default="", help="regular expression on job names")
-    r.add_argument("--scale", choices=["full", "smoke"], default="full")
-    r.add_argument("--cpu-workers", type=int, default=max((os.cpu_count() or 2) - 1, 1))
-    r.add_argument("--gpu-workers", type=int, default=4)
-    r.add_argument("--scheduler", default=None, help="address of a running Dask scheduler (default: local workers)")
-    r.add_argument("--quiet", action="store_true", help="no progress bar")
-    args = p.parse_args(argv)
-    if args.cmd == "list":
-        for j in _selected(args):
-            print(f"{j.cost:7.1f} min  {j.device:3s}  {j.name:42s} {j.args}")
-        return 0
-    return run(args)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+        open_results(tasks, args.out)
+        call_task(tasks[0], str(args.out), [str(ROOT)])
+    else:
+        gpu_workers = args.gpu_workers if (torch.cuda.is_available() or args.scheduler) else 0
+        print(f"{len(tasks)} jobs ({sum(t.cost for t in tasks):.0f} single-thread minutes, rough); "
+              f"{args.scheduler or f'{args.cpu_workers} CPU workers, {gpu_workers} GPU workers'}", flush=True)
+        # several model copies share a GPU here (--gpu-workers 8 on one H100): spread them over the visible GPUs
+        per_gpu = -(-gpu_workers // max(1, len(visible_gpus()))) if gpu_workers and not args.scheduler else 1
+        report = run_sweep(tasks, args.out, scheduler=args.scheduler, workers=args.cpu_workers,
+                           gpu_workers=gpu_workers, workers_per_gpu=per_gpu, python_path=[str(ROOT)],
+                           progress=not args.quiet)
+        print(report.summary(), flush=True)
+        if report.failed:
+            raise RuntimeError(f"{len(report.failed)} jobs failed: {report.summary()}")
+    return [_records(open_results(tasks, args.out), args.records_name)]

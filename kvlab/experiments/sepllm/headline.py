@@ -327,8 +327,8 @@ def parser():
     p.add_argument("--h2o", type=nonnegative_int, default=128, help="H2O: the first N problems (0: skip)")
     p.add_argument("--h2o-seconds", type=positive_float, default=90.0,
                    help="H2O stops after the problem that passes this")
-    p.add_argument("--methods", type=method_list, default=["vanilla", "sepllm", "matched", "strm256", "h2o"],
-                   help="methods beside SepLLM (always run): vanilla, matched, strm256, h2o (Tables 1, 15; h2o GSM8K "
+    p.add_argument("--methods", type=method_list, default=None,
+                   help="methods beside SepLLM (always run; default vanilla,matched,strm256 and, for GSM8K, h2o): vanilla, matched, strm256, h2o (Tables 1, 15; h2o GSM8K "
                         "only); sep4, sep2 (Table 16, GSM8K only: four and two separators); fix4, fix5 (Table 17: "
                         "FixLLM); hwK (Table 9, MMLU only: K query heads slide a window matched to SepLLM's r.KV, "
                         "e.g. hw8 for 8 of Qwen2.5-1.5B's 12, the paper's H_s = 20 of 32 rounded up)")
@@ -346,6 +346,8 @@ def check(args) -> None:
         for key, value in SMOKE.items():
             setattr(args, key, value)
     args.stem = args.stem or f"table1_{args.part}"
+    if args.methods is None:
+        args.methods = ["vanilla", "sepllm", "matched", "strm256"] + (["h2o"] if args.part == "gsm8k" else [])
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", args.stem):
         raise ParameterError(f"--stem {args.stem!r}: use letters, digits, '.', '_' and '-' (it names a file)")
     other = MMLU_ONLY if args.part == "gsm8k" else GSM8K_ONLY

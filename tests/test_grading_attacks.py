@@ -257,5 +257,5 @@ def test_no_name_a_child_chose_reaches_a_flag_or_feedback(graded):
     texts += [p.read_text() for p in (out / "feedback").glob("*.md")]
     for text in texts:
         assert attacks.LEAK not in text and "Traceback" not in text
-    assert "raised an exception" in (out / "feedback" / "named_exception.ipynb.md").read_text()
+    assert "an exception raised in your code" in (out / "feedback" / "named_exception.ipynb.md").read_text()
     assert "a tensor of a subclass" in rows["named_tensor.ipynb"]["review"]

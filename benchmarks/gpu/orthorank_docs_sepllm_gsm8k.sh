@@ -24,12 +24,15 @@ OUT=${1:?usage: bash benchmarks/gpu/orthorank_docs_sepllm_gsm8k.sh OUT_DIR}
 mkdir -p "$OUT/orthorank" "$OUT/sepllm"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 PY=${PYTHON:-python}
+# the log this launcher tees beside the records is kvlab's too (python -m kvlab run refuses files it did not write)
+"$PY" -c "import sys; from kvlab.outputs import OutputFolder; OutputFolder(sys.argv[1], 'benchmarks/gpu/orthorank_docs_sepllm_gsm8k.sh').claim(*sys.argv[2:])" \
+  "$OUT/sepllm" '*.log'
 NB11=benchmarks/results/orthorank/notebook11_default_smollm2_cpu.json
 if [ "${SMOKE:-0}" = 1 ]; then
   # a few windows and problems on the CPU: checks that every step runs and writes its files
   $PY -m kvlab.experiments.orthorank table1 --layers "$NB11" --doc-len 64 --documents 3 --threads 2 \
     --plans "Dense,OrthoRank 20%,Shortened LLaMA PPL 10%" --out "$OUT/orthorank/table1_smoke.json"
-  $PY -m kvlab.experiments.sepllm_gsm8k --neighbors 128 --problems 2 --generate "${GENERATE:-0}" --max-new-tokens 8 \
+  $PY -m kvlab run sepllm-gsm8k-matched --neighbors 128 --problems 2 --generate "${GENERATE:-0}" --max-new-tokens 8 \
     --threads 2 --out "$OUT/sepllm"
   exit 0
 fi
@@ -41,8 +44,8 @@ $PY -m kvlab.experiments.orthorank table1 --layers "$NB11" --doc-len 256 --table
   --out "$OUT/orthorank/table1_docs256_nb11.json" 2>&1 | grep -v "Loading weights" | tee "$OUT/orthorank/table1_nb11.log"
 echo "orthorank: $(( $(date +%s) - T0 )) s" | tee -a "$OUT/times.txt"
 T1=$(date +%s)
-$PY -m kvlab.experiments.sepllm_gsm8k --neighbors 128 --problems 300 --generate "${GENERATE:-0}" --out "$OUT/sepllm" \
+$PY -m kvlab run sepllm-gsm8k-matched --neighbors 128 --problems 300 --generate "${GENERATE:-0}" --out "$OUT/sepllm" \
   2>&1 | grep -v "Loading weights" | tee "$OUT/sepllm/gsm8k_n128.log"
-$PY -m kvlab.experiments.sepllm_gsm8k --neighbors 256 --min-tokens 1 --problems 300 --out "$OUT/sepllm" \
+$PY -m kvlab run sepllm-gsm8k-matched --neighbors 256 --min-tokens 1 --problems 300 --out "$OUT/sepllm" \
   2>&1 | grep -v "Loading weights" | tee "$OUT/sepllm/gsm8k_n256.log"
 echo "sepllm: $(( $(date +%s) - T1 )) s" | tee -a "$OUT/times.txt"

@@ -14,14 +14,17 @@
 #    10-11's n = 2048 (32 initial tokens, first/last two layers full, with and without separators) at 4K-8K.
 #    Planned n: the earlier 15-cell answer-NLL difference had SD ~0.1 with mean 0.03: 64 cells give SE ~0.013.
 # PARTS="needle" runs the needle half alone (default "gsm8k needle").
-# Writes $KVLAB_RESULTS/benchmarks/results/sepllm/claims/{table9,table16,table17}_gsm8k_n256.{json,examples.jsonl},
-# needle_{streaming,basic}.{json,examples.jsonl} and run.log; prints progress and per-pair statistics.
+# Writes $KVLAB_RESULTS/benchmarks/results/sepllm/claims/{table9,table16,table17}_gsm8k_n256.{json,examples.jsonl.gz},
+# needle_{streaming,basic}.{json,examples.jsonl.gz} and run.log; prints progress and per-pair statistics.
 set -uo pipefail
 PY=${PY:-python3}
 : "${KVLAB_RESULTS:?set KVLAB_RESULTS to the results folder}"
 D="$KVLAB_RESULTS/benchmarks/results/sepllm/claims"
 mkdir -p "$D"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+# the log this launcher tees beside the records is kvlab's too (python -m kvlab run refuses files it did not write)
+"$PY" -c "import sys; from kvlab.outputs import OutputFolder; OutputFolder(sys.argv[1], 'benchmarks/gpu/sepllm_claims.sh').claim(*sys.argv[2:])" \
+  "$D" '*.log'
 if [ "${SMOKE:-0}" = 1 ]; then
   GSM=(--problems 1 --tables 17,9 --threads 2 --device cpu)
   NEEDLE=(--lengths 384 --depths 2 --design streaming --threads 2 --device cpu)
@@ -35,15 +38,15 @@ fi
   if [[ " ${PARTS:-gsm8k needle} " == *" gsm8k "* ]]; then
     echo "== gsm8k: Tables 17, 16, 9"
     t0=$(date +%s)
-    "$PY" -m kvlab.experiments.sepllm gsm8k --neighbors 256 "${GSM[@]}" --out "$D" 2>&1 | grep --line-buffered -v "Loading weights"
+    "$PY" -m kvlab run sepllm-ablations gsm8k --neighbors 256 "${GSM[@]}" --out "$D" 2>&1 | grep --line-buffered -v "Loading weights"
     echo "gsm8k: $(( $(date +%s) - t0 )) s"
   fi
   echo "== needle: Figs. 8-11"
   t0=$(date +%s)
-  "$PY" -m kvlab.experiments.sepllm needle "${NEEDLE[@]}" --out "$D" 2>&1 | grep --line-buffered -v "Loading weights"
+  "$PY" -m kvlab run sepllm-ablations needle "${NEEDLE[@]}" --out "$D" 2>&1 | grep --line-buffered -v "Loading weights"
   echo "needle: $(( $(date +%s) - t0 )) s"
   if [ "${SMOKE:-0}" != 1 ]; then  # Figs. 10-11's n = 2048 needs contexts beyond 2,048 tokens
-    "$PY" -m kvlab.experiments.sepllm needle "${NEEDLE_WIDE[@]}" --out "$D" 2>&1 | grep --line-buffered -v "Loading weights"
+    "$PY" -m kvlab run sepllm-ablations needle "${NEEDLE_WIDE[@]}" --out "$D" 2>&1 | grep --line-buffered -v "Loading weights"
     echo "needle n2048: $(( $(date +%s) - t0 )) s"
   fi
   echo "== a few raw needle answers"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # SepLLM Table 6 (separator cache capacity s = 32 / 48 / 64 at a=4, w=224, c=324) on SmolLM2-135M-Instruct:
 # 30 disjoint WikiText pieces of 4,096 tokens streamed as one batch per capacity, one mean NLL per piece after the
-# cache first fills, paired across capacities by piece (benchmarks/sepllm_separator_cache.py).
+# cache first fills, paired across capacities by piece (python -m kvlab run sepllm-separator-cache).
 #
 #   KVLAB_RESULTS=DIR CUDA_VISIBLE_DEVICES=N bash benchmarks/gpu/sepllm_separator_cache.sh            # one H100
 #   SMOKE=1 KVLAB_RESULTS=/tmp/x PY=.venv/bin/python bash benchmarks/gpu/sepllm_separator_cache.sh    # the same code, tiny, CPU
@@ -16,6 +16,9 @@ PY=${PY:-python3}
 D="$KVLAB_RESULTS/benchmarks/results/sepllm/separator_cache_gpu"
 mkdir -p "$D"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+# the log this launcher tees beside the records is kvlab's too (python -m kvlab run refuses files it did not write)
+"$PY" -c "import sys; from kvlab.outputs import OutputFolder; OutputFolder(sys.argv[1], 'benchmarks/gpu/sepllm_separator_cache.sh').claim(*sys.argv[2:])" \
+  "$D" '*.log'
 if [ "${SMOKE:-0}" = 1 ]; then
   ARGS=(--device cpu --texts 2 --tokens 340 --skip 324 --capacities 32,64 --threads 2)
 else
@@ -24,6 +27,6 @@ fi
 {
   command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name --format=csv,noheader
   t0=$(date +%s)
-  "$PY" benchmarks/sepllm_separator_cache.py "${ARGS[@]}" --out "$D" 2>&1 | grep --line-buffered -v "Loading weights"
+  "$PY" -m kvlab run sepllm-separator-cache "${ARGS[@]}" --out "$D" 2>&1 | grep --line-buffered -v "Loading weights"
   echo "separator cache: $(( $(date +%s) - t0 )) s"
 } 2>&1 | tee "$D/run.log"

@@ -8,7 +8,7 @@ tracked by git is never deleted, whoever wrote it. A line ``keep: PATH`` marks a
 (a results README) that kvlab leaves alone: it neither blocks the command nor is ever written. A sub-folder holding its own manifest belongs to another
 kvlab command (the leaderboard's ``cells/`` is a sweep's folder) and is left to it.
 
-    out = OutputFolder("build/notebooks", "scripts/notebooks.py prepare")
+    out = OutputFolder("build/notebooks", "python -m kvlab notebooks prepare")
     path = out.claim("01_attention_sinks.ipynb")   # recorded in the manifest before it is written
     out.remove("00_old.ipynb")                      # only a file the manifest lists
 

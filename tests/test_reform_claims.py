@@ -24,11 +24,9 @@ def tok():
 
 @pytest.fixture(scope="module")
 def reruns():
-    spec = importlib.util.spec_from_file_location("reform_reruns", ROOT / "benchmarks" / "reform_reruns.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["reform_reruns"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    from kvlab.experiments.reform import reruns
+
+    return reruns
 
 
 def test_seeds_alone_repeat_targets_and_repo_targets_does_not(tok):
@@ -91,32 +89,36 @@ def test_repo_examples_are_named_by_their_number_in_the_file(reruns):
 
 
 def test_run_resumes_from_the_merged_records_and_keeps_them(reruns, tmp_path):
-    import json
-    from types import SimpleNamespace
+    from kvlab.experiments import records
+    from kvlab.experiments import registry
 
-    def rec(example, method, metric, value, device):
-        return {"example": example, "method": method, "output": "x", "target": "y", "task": "repo",
-                "context_tokens": 1, "seconds": 1.0, "config": {"table": "4", "device": device}, "metric": metric,
-                "value": value}
+    def rec(example, method, metric, value, device, **extra):
+        return records.record(example, method, metric, value, config={"table": "4"}, device=device, output="x",
+                              target="y", task="repo", context_tokens=1, seconds=1.0, **extra)
 
     old = [rec("repo/8192/0", m, k, 0.5, "cuda") for m in ("reform", "truncation") for k in ("answer_nll", "score")]
-    (tmp_path / "reform.examples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in old))
+    records.write(tmp_path / reruns.RECORDS, old)
     (tmp_path / "parts").mkdir()
-    new = [{**rec("repo/8192/12", "reform", "score", 0.25, "cpu"), "unit": "repo/8192/12|reform"},
-           {**rec("repo/8192/0", "reform", "score", 0.0, "cpu"), "unit": "repo/8192/0|reform"}]  # a repeat
-    (tmp_path / "parts" / "worker0.jsonl").write_text("".join(json.dumps(r) + "\n" for r in new) + '{"cut')
+    new = [rec("repo/8192/12", "reform", "score", 0.25, "cpu", unit="repo/8192/12|reform"),
+           rec("repo/8192/0", "reform", "score", 0.0, "cpu", unit="repo/8192/0|reform")]  # a repeat
+    records.write(tmp_path / "parts" / f"worker0-1{records.SUFFIX}", new)
     assert reruns._done(tmp_path) == {"repo/8192/0|reform", "repo/8192/0|truncation", "repo/8192/12|reform"}
     reruns._summarise(tmp_path)
-    merged = [json.loads(x) for x in (tmp_path / "reform.examples.jsonl").read_text().splitlines()]
+    merged = records.read(tmp_path / reruns.RECORDS)
     assert len(merged) == 5 and all("unit" not in r for r in merged)
     first = [r for r in merged if r["example"] == "repo/8192/0" and r["method"] == "reform" and r["metric"] == "score"]
     assert [r["config"]["device"] for r in first] == ["cuda"]  # the earlier record stays; the repeat is dropped
-    args = SimpleNamespace(kinds="repo", rows="truncation,reform", seeds="12-13,47")
-    assert reruns._seeds("47,12-13,12") == [47, 12, 13]
+    args = reruns.parser().parse_args(["--kinds", "repo", "--rows", "truncation,reform", "--seeds", "12-13,47"])
+    assert registry.seed_range("47,12-13,12")[:3] == [47, 12, 13]
     assert reruns._selected(("repo", 12, "reform", 8192), args)
     assert not reruns._selected(("repo", 12, "infinipot", 8192), args)
     assert not reruns._selected(("repo", 11, "reform", 8192), args)
     assert not reruns._selected(("kv", 12, "reform", 16384), args)
+    args = reruns.parser().parse_args(["--scale", "claims", "--kinds", "repo", "--rows", "truncation,reform",
+                                       "--seeds", "47,12-13", "--repo-file",
+                                       str(ROOT / "benchmarks" / "inputs" / "reform_repo_8192_distinct.json.gz")])
+    reruns.check(args)  # seeds run in the order named
+    assert [u[1] for u in args.units] == [47, 47, 12, 12, 13, 13]
 
 
 def test_committed_code_records_are_named_by_their_target(reruns):
@@ -126,8 +128,9 @@ def test_committed_code_records_are_named_by_their_target(reruns):
 
     data = json.load(gzip.open(ROOT / "benchmarks" / "inputs" / "reform_repo_8192_distinct.json.gz", "rt"))
     number = {t["answer"].strip(): k for k, t in data["tasks"].items()}
-    path = ROOT / "benchmarks" / "results" / "reform" / "claims" / "reform.examples.jsonl"
-    records = [json.loads(x) for x in path.read_text().splitlines()]
+    from kvlab.experiments import records as records_file
+
+    records = records_file.read(ROOT / "benchmarks" / "results" / "reform" / "claims" / "reform.examples.jsonl.gz")
     repo = [r for r in records if r["task"] == "repo"]
     assert repo and all(r["example"] == f"repo/8192/{number[r['target'].strip()]}" for r in repo)
 
@@ -142,17 +145,50 @@ def test_repo_ids_renames_by_target_and_refuses_an_unknown_one(reruns, tmp_path)
         json.dump({"length": 64, "tasks": {"0": {"answer": " a()"}, "1": {"answer": "b()\n"}}}, f)
     out = tmp_path / "run"
     out.mkdir()
+    RECORDS_NAME = reruns.RECORDS
+
+    from kvlab.experiments import records
+    from kvlab.outputs import OutputFolder
 
     def write(*targets):
-        (out / "reform.examples.jsonl").write_text("".join(json.dumps(
-            {"example": "repo/64/0", "method": m, "output": "", "target": t, "task": "repo", "context_tokens": 1,
-             "seconds": 1.0, "config": {"table": "4", "device": "cpu"}, "metric": "score", "value": 0.0}) + "\n"
-            for m, t in zip(("reform", "truncation"), targets)))
+        records.write(RECORDS_NAME, [records.record(
+            "repo/64/0", m, "score", 0.0, config={"table": "4"}, device="cpu", output="", target=t, task="repo",
+            context_tokens=1, seconds=1.0) for m, t in zip(("reform", "truncation"), targets)],
+            out=OutputFolder(out, "test"))
 
     write("b()", " a()")
-    reruns.repo_ids(SimpleNamespace(out=str(out), repo_file=str(repo_file)))
-    got = {r["method"]: r["example"] for r in map(json.loads, (out / "reform.examples.jsonl").read_text().splitlines())}
+    reruns.repo_ids(SimpleNamespace(repo_file=str(repo_file)), OutputFolder(out, "test"))
+    got = {r["method"]: r["example"] for r in records.read(out / reruns.RECORDS)}
     assert got == {"reform": "repo/64/1", "truncation": "repo/64/0"}
     write("c()", "a()")
     with pytest.raises(ValueError, match="not in"):
-        reruns.repo_ids(SimpleNamespace(out=str(out), repo_file=str(repo_file)))
+        reruns.repo_ids(SimpleNamespace(repo_file=str(repo_file)), OutputFolder(out, "test"))
+
+
+# ---- hostile options: refused with a clear error before any work (no folder, no model) ---------------------------
+@pytest.mark.parametrize("argv, message", [
+    (["--rows", "reform,truncaton"], "unknown row 'truncaton' (did you mean 'truncation'?)"),
+    (["--kinds", "multikye"], "unknown kind 'multikye' (did you mean 'multikey'?)"),
+    (["--seeds", "5-3"], "range '5-3' runs backwards; write 3-5"),
+    (["--workers", "0"], "must be >= 1"),
+])
+def test_reruns_refuse_a_misspelt_or_reversed_selection(tmp_path, capsys, argv, message):
+    from kvlab.experiments import registry
+
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit) as info:
+        registry.run("reform-reruns", ["run", "--out", str(out), *argv])
+    assert info.value.code == 2 and message in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_reruns_refuse_a_selection_of_no_unit_instead_of_an_empty_results_file(tmp_path):
+    from kvlab.experiments import registry
+
+    out = tmp_path / "run"
+    with pytest.raises(registry.ParameterError, match="select no unit of --scale full's plan"):
+        registry.run("reform-reruns", ["run", "--out", str(out), "--kinds", "kv"], raise_errors=True)
+    with pytest.raises(registry.ParameterError, match="select no unit"):
+        registry.run("reform-reruns", ["run", "--out", str(out), "--scale", "claims", "--kinds", "babilong-qa1",
+                                       "--seeds", "0-3"], raise_errors=True)  # the plan's babilong seeds are 20-99
+    assert not out.exists()

@@ -50,7 +50,8 @@ import torch
 import torch.nn.functional as F
 
 from kvlab.core import KVCache, LayerView, Policy, check_choice, check_int
-from kvlab.eval.retrieval import greedy_answer, string_match_all
+from kvlab.eval.retrieval import greedy_answer
+from kvlab.eval.tasks import task_score
 from kvlab.reform.api import load_heads, reform_gather
 from kvlab.reform.reference import (CompressedCache, decoder_of, query_states, rope_at, sliding_window_of, chunk_spans,
                                    forward_chunk, h2o_scores)

@@ -20,9 +20,9 @@ truncation at the same budget. Scored by the paper's rule: correct when the answ
 ("eat a sandwich", "sit in Dolores Park", "a sunny day"); ``score`` is the share of them (RULER's
 string_match_all).
 
-``qa`` (Table 3, an ∞-Bench En.QA stand-in): kvlab's long-document QA set (:func:`kvlab.experiments.dhsa.qa_items`,
+``qa`` (Table 3, an ∞-Bench En.QA stand-in): kvlab's long-document QA set (:func:`kvlab.experiments.dhsa.measures.qa_items`,
 ``single-doc``: a SQuAD question inside a window of its Wikipedia article's paragraphs) at 2,048 tokens; REFORM vs
-truncation; token F1 of the answer's first line (:func:`kvlab.experiments.dhsa.qa_f1`, SQuAD/LongBench's rule).
+truncation; token F1 of the answer's first line (:func:`kvlab.experiments.dhsa.measures.qa_f1`, SQuAD/LongBench's rule).
 
 Settings of ``needle`` / ``qa`` (the paper's beside ours): eviction budget = chunk = REFORM's recompute budget
 512 (paper 32k / 8k), initial / recent / final 64 tokens (paper 256: 256 + 256 would be all of a 512 budget),
@@ -75,10 +75,10 @@ def needle_task(tokenizer, length: int, depth: float, offset: int, haystack: str
 
 
 def qa_task(item, index: int):
-    """A :class:`kvlab.eval.tasks.LongTask` of one :class:`kvlab.experiments.dhsa.QAItem`: the document is the
+    """A :class:`kvlab.eval.tasks.LongTask` of one :class:`kvlab.experiments.dhsa.measures.QAItem`: the document is the
     context, the instruction and question the query, ``"\\nAnswer:"`` the answer prefix; the evidence is every
     occurrence of a gold answer in the document. ``info`` holds no ``answers`` list (the score is the F1 of
-    :func:`kvlab.experiments.dhsa.qa_f1`, recorded beside the harness's own score)."""
+    :func:`kvlab.experiments.dhsa.measures.qa_f1`, recorded beside the harness's own score)."""
     from kvlab.eval.tasks import LongTask
 
     at = item.prompt.rindex(QA_TAIL)

@@ -77,18 +77,23 @@ def example_id(task: LongTask, length: int | str) -> str:
     return f"{task.kind}/{length}/{task.info.get('seed', 0)}"
 
 
-def example_records(results: Iterable[dict[str, Any]], config: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-    """Per-example records (``*.examples.jsonl``) of :func:`run_table`'s ``results``: per result one ``score``
-    record (the task's metric: string_match_all, BABILong's rule, RepoEval ES) and one ``answer_nll`` record,
-    with the raw output (untruncated) and the target."""
+def example_records(results: Iterable[dict[str, Any]], config: dict[str, Any] | None = None, *,
+                    prefix: str = "") -> list[dict[str, Any]]:
+    """Per-example records (:mod:`kvlab.experiments.records`) of :func:`run_table`'s ``results``: per result one
+    ``score`` record (the task's metric: string_match_all, BABILong's rule, RepoEval ES) and one ``answer_nll``
+    record, with the raw output (untruncated) and the target; ``config`` holds ``device`` (else it is not recorded).
+    ``prefix`` goes before each method's name (``ablation:``)."""
+    from kvlab.experiments import records
+
+    config = dict(config or {})
+    config.setdefault("device", records.NOT_RECORDED)
     out = []
     for r in results:
-        common = {"example": r["example"], "method": r["method"], "output": r["text"], "target": r["answer"],
-                  "task": r["task"], "context_tokens": r["context_tokens"], "seconds": round(r["seconds"], 3)}
-        if config:
-            common["config"] = config
-        out.append({**common, "metric": "score", "value": float(r["score"])})
-        out.append({**common, "metric": "answer_nll", "value": float(r["answer_nll"])})
+        extra = {"output": r["text"], "target": r["answer"], "task": r["task"], "context_tokens": r["context_tokens"],
+                 "seconds": round(r["seconds"], 3)}
+        for metric, value in (("score", r["score"]), ("answer_nll", r["answer_nll"])):
+            out.append(records.record(r["example"], prefix + r["method"], metric, float(value), config=config,
+                                      **extra))
     return out
 
 

@@ -117,6 +117,22 @@ _add(
     Experiment("dhsa-app-d-costs", "kvlab.experiments.dhsa.app_d_costs", "dhsa", "cpu or gpu", "smollm2-135m",
                "20 (CPU), 2 (H200, random weights)",
                "App. D: decode latency / cache memory of dense vs StreamingLLM, block-sparse prefill, paired rounds"),
+    Experiment("orthorank-zeroshot", "kvlab.experiments.orthorank.zeroshot", "orthorank", "cpu or gpu",
+               "smollm2-135m", "30 (CPU, 20 questions)", "Table 2: zero-shot accuracy per task of dense, SLEB, OrthoRank"),
+    Experiment("orthorank-geometry", "kvlab.experiments.orthorank.geometry", "orthorank", "cpu", "smollm2-135m",
+               "1 (CPU)", "Figs. 2-3 in numbers: l_sink, norm ratio, attention mass, cosine to the sink per layer"),
+    Experiment("orthorank-model", "kvlab.experiments.orthorank.model_study", "orthorank", "cpu", "gemma3-270m",
+               "20 (CPU)", "Figs. 2-3 and Table 1 on another model: searches and perplexity per plan"),
+    Experiment("orthorank-table4", "kvlab.experiments.orthorank.table4", "orthorank", "cpu", "smollm2-135m",
+               "15 (CPU)", "Table 4: layers removed vs routed at each token ratio, perplexity"),
+    Experiment("orthorank-table1", "kvlab.experiments.orthorank.table1", "orthorank", "cpu or gpu", "smollm2-135m",
+               "3 (H200), 40 (CPU)", "Tables 1 and 3 over one window per C4 document, per-window NLL"),
+    Experiment("orthorank-alignment", "kvlab.experiments.orthorank.alignment", "orthorank", "cpu", "smollm2-135m",
+               "10 (CPU)", "Figs. 2-3, 6-7 per window: the rise of the cosine to the sink, the static sink"),
+    Experiment("orthorank-fig4", "kvlab.experiments.orthorank.fig4", "orthorank", "cpu or gpu", "smollm2-135m",
+               "30 (CPU, 20 documents)", "Fig. 4: each layer routed alone, most vs least orthogonal tokens"),
+    Experiment("orthorank-table4docs", "kvlab.experiments.orthorank.table4docs", "orthorank", "cpu or gpu",
+               "smollm2-135m", "20 (CPU)", "Table 4 per C4 window: layers removed vs routed at 0.33 and 0.5"),
 )
 
 # ---- LaCache, REFORM and the leaderboard -------------------------------------------------------------------------

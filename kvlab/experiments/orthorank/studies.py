@@ -20,28 +20,24 @@ Paper: OrthoRank (Shin, Oh and Oh, ICML 2025), Tables 1-4, Figs. 2-7. What is he
   every window under every plan (``*.examples.jsonl`` records), and a paired bootstrap over the windows for
   each comparison of the paper (OrthoRank vs SLEB, OrthoRank one-shot vs Shortened LLaMA).
 
-Command line (each writes one JSON with its parameters; ``benchmarks/results/orthorank/README.md`` lists the
-commands behind the numbers quoted)::
+Command line (:mod:`kvlab.experiments.orthorank.commands`; each writes ``NAME.json`` with its parameters and
+``NAME.examples.jsonl.gz``; ``benchmarks/results/orthorank/README.md`` lists the commands behind the numbers quoted)::
 
-    python -m kvlab.experiments.orthorank zeroshot --questions 20 --layers notebook11.json --out t2.json
-    python -m kvlab.experiments.orthorank geometry --model qwen2.5-coder-0.5b --profile 4x128 --out q.json
-    python -m kvlab.experiments.orthorank model --model gemma3-270m --calib 2x128 --eval 4x128 --out g.json
-    python -m kvlab.experiments.orthorank table4 --calib 8x256 --eval 16x256 --layers notebook11.json --out t4.json
-    python -m kvlab.experiments.orthorank table1 --layers notebook11.json --doc-len 256 --table3 --out t1.json
-    python -m kvlab.experiments.orthorank alignment --model gemma3-270m --doc-len 256 --out a.json
-    python -m kvlab.experiments.orthorank fig4 --layers notebook11.json --doc-len 256 --out fig4.json
-    python -m kvlab.experiments.orthorank table4docs --layers notebook11.json --doc-len 256 --out t4.json
+    python -m kvlab run orthorank-zeroshot --questions 20 --layers notebook11.json --out DIR
+    python -m kvlab run orthorank-geometry --model qwen2.5-coder-0.5b --profile 4x128 --out DIR
+    python -m kvlab run orthorank-model --model gemma3-270m --calib 2x128 --eval 4x128 --out DIR
+    python -m kvlab run orthorank-table4 --calib 8x256 --eval 16x256 --layers notebook11.json --out DIR
+    python -m kvlab run orthorank-table1 --layers notebook11.json --doc-len 256 --table3 --out DIR
+    python -m kvlab run orthorank-alignment --model gemma3-270m --doc-len 256 --out DIR
+    python -m kvlab run orthorank-fig4 --layers notebook11.json --doc-len 256 --out DIR
+    python -m kvlab run orthorank-table4docs --layers notebook11.json --doc-len 256 --out DIR
 
 Windows start with a BOS token where the model's tokenizer adds one (Gemma3: its sink is the BOS token).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
-import os
-import sys
 import time
 from typing import Any
 
@@ -50,6 +46,7 @@ import torch
 from kvlab.core import check_float, check_int, check_token_ids
 from kvlab.eval import zeroshot
 from kvlab.eval.stats import paired_bootstrap
+from kvlab.experiments.records import NOT_RECORDED, record
 from kvlab.orthorank.api import after_sink, sink_profile
 from kvlab.orthorank.layers import Plan, layers_for_sparsity, perplexity, search_layers, text_windows, use_plan
 
@@ -57,7 +54,7 @@ __all__ = ["standard_plans", "zero_shot", "mean_accuracy", "geometry", "model_st
            "table1_plans", "table3_plans", "document_windows", "window_nll", "paired_ppl_ratio", "TABLE1_PAIRS",
            "TABLE3_PAIRS", "plans_from_results", "table1_study", "sink_alignment", "ALIGNMENT_PAIRS",
            "paired_difference", "layerwise_plans", "pooled_records", "table4_plans",
-           "plans_from_orders", "main"]
+           "plans_from_orders"]
 
 
 def standard_plans(model: torch.nn.Module, calib: torch.Tensor, candidates: list[int], *,
@@ -346,8 +343,8 @@ def table1_study(model: torch.nn.Module, windows: torch.Tensor, names: list[str]
                       "removed": list(plan.removed), "routed": list(plan.routed), "router": dict(plan.router),
                       "seconds": seconds})
         for doc, value in zip(names, nll[name]):
-            examples.append({"example": f"{doc}:0-{windows.shape[1]}", "method": name, "metric": "nll",
-                             "value": value, "config": config or {}})
+            examples.append(record(f"{doc}:0-{windows.shape[1]}", name, "nll", value, config=config or {},
+                                   device=_device(model)))
         if progress:
             print(f"  {name:44s} ppl {table[-1]['ppl']:8.2f} ({seconds:.0f} s)", flush=True)
     compared = [{"challenger": a, "baseline": b, **paired_ppl_ratio(nll[a], nll[b], resamples=resamples)}
@@ -414,7 +411,7 @@ def sink_alignment(model: torch.nn.Module, windows: torch.Tensor, names: list[st
         for key, v in row.items():
             values[key].append(float(v))
     config = {"sink_layer": sink_layer, "first": first, "last": last, "other": other, "seq": seq}
-    examples = [{"example": f"{doc}:0-{seq}", "method": key, "metric": "cos", "value": v, "config": config}
+    examples = [record(f"{doc}:0-{seq}", key, "cos", v, config=config, device=_device(model))
                 for key, vs in values.items() for doc, v in zip(names, vs)]
     return {**config, "means": {k: sum(v) / len(v) for k, v in values.items()}, "examples": examples}
 
@@ -482,8 +479,8 @@ def pooled_records(examples: list[dict], methods: list[str], name: str) -> list[
     if not by_example or short:
         raise ValueError(f"every example needs a value for each of the {len(methods)} methods {list(methods)}; "
                          f"missing: {list(short.items())[:3] or 'all'}")
-    return [{"example": k, "method": name, "metric": metrics[0], "value": sum(v.values()) / len(v),
-             "config": dict(config, pooled=list(methods))} for k, v in by_example.items()]
+    return [record(k, name, metrics[0], sum(v.values()) / len(v), config=dict(config, pooled=list(methods)),
+                   device=config.get("device", NOT_RECORDED)) for k, v in by_example.items()]
 
 
 def table4_plans(model: torch.nn.Module, calib: torch.Tensor, candidates: list[int], *, sparsity: float = 0.2,
@@ -523,190 +520,7 @@ def plans_from_orders(num_layers: int, sleb_order: list[int], ortho_order: list[
     return plans
 
 
-
-def claims_study(args, model, tokenizer, calib: torch.Tensor, calib_text: str) -> dict[str, Any]:
-    """The per-example studies of the command line (alignment, fig4, table4docs): runs one,
-    writes its records next to ``--out`` (``*.examples.jsonl``) and returns the summary for the JSON."""
-    import kvlab
-
-    sink = sink_profile(model, text_windows(tokenizer, calib_text, 256, 4, bos=None), attention=False).sink_layer
-    out: dict[str, Any] = {"l_sink": sink}
-    examples_path = args.examples or args.out.removesuffix(".json") + ".examples.jsonl"
-    windows, names = document_windows(tokenizer, kvlab.datasets.load_documents("c4-sample"), args.doc_len,
-                                      args.documents or None, bos=None)
-    out.update(eval_documents=len(names), doc_len=args.doc_len)
-    config = {"model": args.model, "doc_len": args.doc_len}
-    metric = "nll"
-    if args.what == "alignment":
-        found = sink_alignment(model, windows, names, sink_layer=sink)
-        examples = found.pop("examples")
-        out.update(found)
-        pairs, metric = list(ALIGNMENT_PAIRS), "cos"
-    elif args.what == "fig4":
-        layers = after_sink(model, sink)
-        plans, pairs = layerwise_plans(layers, args.token_ratio)
-        study = table1_study(model, windows, names, plans, batch_size=args.batch_size, config=config,
-                             pairs=pairs, progress=True)
-        examples = study["examples"]
-        for kind in ("orthogonal", "least orthogonal"):  # every layer after the sink but the last
-            examples += pooled_records(examples, [f"Fig4 L{l} {kind}" for l in layers[:-1]],
-                                       f"Fig4 {kind} (mean over layers {layers[0]}-{layers[-2]})")
-        out["table"] = study["table"]
-        pairs = pairs + [(f"Fig4 orthogonal (mean over layers {layers[0]}-{layers[-2]})",
-                          f"Fig4 least orthogonal (mean over layers {layers[0]}-{layers[-2]})")]
-    else:  # table4docs
-        known = {}
-        if args.layers:
-            found = json.load(open(args.layers))
-            known = {0.0: found["sleb_order"], args.token_ratio: found["orthorank_order"]}
-        plans = table4_plans(model, calib, after_sink(model, sink), token_ratios=(0.0, args.token_ratio, 0.5),
-                             batch_size=args.batch_size, known=known, progress=True)
-        names_ = list(plans)
-        pairs = [(names_[1], names_[0]), (names_[2], names_[0]), (names_[1], names_[2])]
-        study = table1_study(model, windows, names, plans, batch_size=args.batch_size, config=config,
-                             pairs=pairs, progress=True)
-        examples, out["table"] = study["examples"], study["table"]
-    values: dict[str, dict[str, float]] = {}
-    for r in examples:
-        if r["metric"] == metric:
-            values.setdefault(r["method"], {})[r["example"]] = r["value"]
-    out["pairs"] = []
-    for a, b in pairs:
-        keys = sorted(values[a])
-        d = paired_difference([values[a][k] for k in keys], [values[b][k] for k in keys])
-        out["pairs"].append({"a": a, "b": b, "metric": metric, **d})
-        print(f"  {a} - {b} ({metric}): {d['mean_diff']:+.4f} [{d['low']:+.4f}, {d['high']:+.4f}] n={d['n']}, "
-              f"a above in {d['a_above']}, b above in {d['b_above']}, sign p={d['sign_p']:.3g}", flush=True)
-    os.makedirs(os.path.dirname(examples_path) or ".", exist_ok=True)
-    with open(examples_path, "w") as fh:
-        fh.writelines(json.dumps(r) + "\n" for r in examples)
-    out["examples"] = examples_path
-    return out
-
-
-def _windows(spec: str) -> tuple[int, int]:
-    n, _, length = spec.partition("x")
-    return check_int("windows", int(n), 1), check_int("window length", int(length), 2)
-
-
-def main(argv: list[str] | None = None) -> int:
-    import kvlab
-
-    ap = argparse.ArgumentParser(prog="python -m kvlab.experiments.orthorank", description=__doc__.split("\n\n")[0])
-    ap.add_argument("what", choices=("zeroshot", "geometry", "model", "table4", "table1", "alignment", "fig4",
-                                      "table4docs"))
-    ap.add_argument("--profile", default="4x256", help="sequences for the sink geometry (Figs. 2-3), N x LEN")
-    ap.add_argument("--model", default="smollm2-135m")
-    ap.add_argument("--calib", default="8x256", help="calibration windows, N x LEN (WikiText stand-in)")
-    ap.add_argument("--calib-offset", type=int, default=1024, help="first calibration token (notebook 11: 1024)")
-    ap.add_argument("--eval", default="16x256", help="evaluation windows, N x LEN (C4 stand-in)")
-    ap.add_argument("--questions", type=int, default=100, help="zero-shot questions per task (lm-eval --limit)")
-    ap.add_argument("--tasks", default=",".join(zeroshot.TASKS))
-    ap.add_argument("--layers", default="", help="zeroshot, table4: JSON with sleb_order / orthorank_order found "
-                    "on the same calibration windows (e.g. notebook 11's results), reused instead of searching")
-    ap.add_argument("--token-ratio", type=float, default=0.33)
-    ap.add_argument("--doc-len", type=int, default=256, help="table1: tokens of the one window per C4 document")
-    ap.add_argument("--documents", type=int, default=0, help="table1: at most this many documents (0: every one "
-                    "with --doc-len tokens, in the corpus' order)")
-    ap.add_argument("--table3", action="store_true", help="table1: also Table 3's rows on OrthoRank's 20%% layers")
-    ap.add_argument("--plans", default="", help="table1: evaluate only these plans (comma-separated names, e.g. "
-                    "'OrthoRank 20%%,T3 4 no KV for unselected (sink K/V kept)'); default every one")
-    ap.add_argument("--examples", default="", help="table1: write the per-window records there (*.examples.jsonl)")
-    ap.add_argument("--batch-size", type=int, default=4)
-    ap.add_argument("--threads", type=int, default=0)
-    ap.add_argument("--out", required=True)
-    args = ap.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
-    started = time.perf_counter()
-    model, tokenizer = kvlab.load_model(args.model)
-    calib_text = kvlab.datasets.load_text("wikitext")
-    # windows start with BOS where the tokenizer adds one (Gemma3); SmolLM2 and Qwen2.5 add none
-    calib = text_windows(tokenizer, calib_text, *reversed(_windows(args.calib)), offset=args.calib_offset, bos=None)
-    evaluation = text_windows(tokenizer, kvlab.datasets.load_text("c4-sample"), *reversed(_windows(args.eval)),
-                              bos=None)
-    out: dict[str, Any] = {"model": args.model, "calib": args.calib, "calib_offset": args.calib_offset,
-                           "eval": args.eval, "token_ratio": args.token_ratio,
-                           "command": "python -m kvlab.experiments.orthorank " + " ".join(sys.argv[1:] if argv is None
-                                                                                          else argv),
-                           "device": str(next(model.parameters()).device), "torch_threads": torch.get_num_threads()}
-    if args.what in ("alignment", "fig4", "table4docs"):
-        out.update(claims_study(args, model, tokenizer, calib, calib_text))
-    elif args.what == "zeroshot":
-        num_layers = model.config.get_text_config().num_hidden_layers
-        if args.layers:
-            known = json.load(open(args.layers))
-            sleb_order, ortho_order = known["sleb_order"], known["orthorank_order"]
-            plans = {"Dense": Plan()}
-            for s in (0.1, 0.2):
-                plans[f"SLEB {s:.0%}"] = Plan(removed=tuple(sorted(sleb_order[:layers_for_sparsity(num_layers, s)])))
-                n = layers_for_sparsity(num_layers, s, args.token_ratio)
-                plans[f"OrthoRank {s:.0%}"] = Plan(routed=tuple(sorted(ortho_order[:n])),
-                                                   router={"token_ratio": args.token_ratio})
-        else:
-            sink = sink_profile(model, calib[:1], attention=False).sink_layer
-            plans = standard_plans(model, calib, after_sink(model, sink), token_ratio=args.token_ratio,
-                                   batch_size=args.batch_size, progress=True)["plans"]
-        out["plans"] = {k: {"removed": list(p.removed), "routed": list(p.routed)} for k, p in plans.items()}
-        out["table"] = zero_shot(model, tokenizer, plans, tasks=tuple(args.tasks.split(",")), questions=args.questions,
-                                 progress=True)
-        out["mean_acc"] = {k: mean_accuracy(v) for k, v in out["table"].items()}
-        out["mean_acc_norm"] = {k: mean_accuracy(v, "acc_norm") for k, v in out["table"].items()}
-    elif args.what == "geometry":
-        out.update(geometry(model, text_windows(tokenizer, calib_text, *reversed(_windows(args.profile)), bos=None)))
-    elif args.what == "model":
-        profile = text_windows(tokenizer, calib_text, *reversed(_windows(args.profile)), bos=None)
-        out.update(model_study(model, calib, evaluation, profile=profile, token_ratio=args.token_ratio,
-                               batch_size=args.batch_size, progress=True))
-    elif args.what == "table1":
-        if args.layers:  # the plans notebook 11 found (its results JSON)
-            plans = plans_from_results(json.load(open(args.layers)), args.token_ratio)
-            out["plans_from"] = args.layers
-        else:  # notebook 11's searches: sink profiled on the first 1,024 tokens, calibration after them
-            sink = sink_profile(model, text_windows(tokenizer, calib_text, 256, 4, bos=None), attention=False)
-            out["l_sink"] = sink.sink_layer
-            plans = table1_plans(model, calib, after_sink(model, sink.sink_layer), token_ratio=args.token_ratio,
-                                 batch_size=args.batch_size, progress=True)
-        if args.table3:
-            plans.update(table3_plans(plans["OrthoRank 20%"].routed, args.token_ratio))
-        if args.plans:
-            wanted = [p.strip() for p in args.plans.split(",") if p.strip()]
-            unknown = [p for p in wanted if p not in plans]
-            if unknown:
-                raise SystemExit(f"--plans: unknown {unknown}; the plans are {list(plans)}")
-            plans = {p: plans[p] for p in wanted}
-        windows, names = document_windows(tokenizer, kvlab.datasets.load_documents("c4-sample"), args.doc_len,
-                                          args.documents or None, bos=None)
-        out.update(eval_documents=len(names), doc_len=args.doc_len)
-        config = {"model": args.model, "doc_len": args.doc_len, "calib": args.calib,
-                  "plans_from": args.layers or "search"}
-        study = table1_study(model, windows, names, plans, batch_size=args.batch_size, config=config,
-                             pairs=TABLE1_PAIRS + TABLE3_PAIRS, progress=True)
-        out["table"], out["pairs"] = study["table"], study["pairs"]
-        for p in study["pairs"]:
-            print(f"  {p['challenger']} / {p['baseline']}: ppl ratio {p['ratio']:.3f} "
-                  f"[{p['low']:.3f}, {p['high']:.3f}] over {p['n']} windows")
-        examples = args.examples or args.out.removesuffix(".json") + ".examples.jsonl"
-        with open(examples, "w") as fh:
-            fh.writelines(json.dumps(r) + "\n" for r in study["examples"])
-        out["examples"] = examples
-    else:
-        sink = sink_profile(model, text_windows(tokenizer, calib_text, 256, 4, bos=None), attention=False).sink_layer
-        out["l_sink"] = sink
-        known = {}
-        if args.layers:
-            found = json.load(open(args.layers))
-            known = {0.0: found["sleb_order"], args.token_ratio: found["orthorank_order"]}
-        out["table4"] = layer_token_table(model, calib, evaluation, after_sink(model, sink),
-                                          token_ratios=(0.0, args.token_ratio, 0.5), batch_size=args.batch_size,
-                                          known=known, progress=True)
-    out["seconds"] = time.perf_counter() - started
-    with open(args.out, "w") as fh:
-        json.dump(out, fh, indent=1)
-    print(f"wrote {args.out} ({out['seconds']:.0f} s)")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+def _device(model) -> str:
+    """The ``device`` of a record: ``"cpu"`` or ``"cuda (NVIDIA H200)"``."""
+    dev = next(model.parameters()).device
+    return f"cuda ({torch.cuda.get_device_name(dev)})" if dev.type == "cuda" else dev.type

@@ -1,0 +1,9 @@
+"""``python -m kvlab run orthorank-table1``: see :mod:`kvlab.experiments.orthorank.commands`."""
+from kvlab.experiments.orthorank.commands import check, run
+from kvlab.experiments.orthorank.commands import parser as _parser
+
+__all__ = ["parser", "check", "run"]
+
+
+def parser():
+    return _parser("table1")

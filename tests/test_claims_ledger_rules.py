@@ -14,6 +14,9 @@ from kvlab.experiments import claims
 from kvlab.eval import paired_bootstrap, proportion_interval
 
 
+CPU = {"device": "cpu"}
+
+
 def _row(**kw) -> dict:
     r = {k: "" for k in claims.FIELDS}
     r.update({"id": "t-row", "paper": "LaCache", "item": "Table 5 (test)", "claim": "A vs B", "kind": "statistical",
@@ -25,15 +28,17 @@ def _row(**kw) -> dict:
 
 
 def _write(path, records):
-    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    """Records in the one schema (kvlab.experiments.records): a record without config gets one naming its device."""
+    path.write_text("".join(json.dumps({**r, "config": r.get("config", CPU)}) + "\n" for r in records),
+                    encoding="utf-8")
     return str(path)
 
 
 def _pairs(n, a_values, b_values, metric="score"):
     out = []
     for i in range(n):
-        out.append({"example": f"e{i}", "method": "A", "metric": metric, "value": a_values[i]})
-        out.append({"example": f"e{i}", "method": "B", "metric": metric, "value": b_values[i]})
+        out.append({"example": f"e{i}", "method": "A", "metric": metric, "value": a_values[i], "config": CPU})
+        out.append({"example": f"e{i}", "method": "B", "metric": metric, "value": b_values[i], "config": CPU})
     return out
 
 

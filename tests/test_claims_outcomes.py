@@ -73,7 +73,7 @@ def test_a_floor_names_its_reason_and_is_for_scores_only():
 
 def _write(tmp_path, recs):
     path = tmp_path / "x.examples.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    path.write_text("".join(json.dumps({**r, "config": {"device": "cpu"}}) + "\n" for r in recs))  # records' schema
     return path
 
 
@@ -90,7 +90,7 @@ def test_floor_when_every_method_is_at_chance(tmp_path, monkeypatch):
     b = a.copy()
     flip = np.concatenate([np.flatnonzero(a)[:5], np.flatnonzero(~a)[:5]])
     b[flip] = ~b[flip]  # the same questions right for both but 10 of 200 (5 each way): 5 % discordant
-    recs = [{"example": i, "method": m, "metric": "correct", "value": int(v)}
+    recs = [{"example": f"q{i:03d}", "method": m, "metric": "correct", "value": int(v)}
             for i in range(200) for m, v in (("A", a[i]), ("B", b[i]))]
     path = _write(tmp_path, recs)
     row = _stat_row(path.name, floor="0.25 (chance: four options)", paper_effect="0.3 (points)")
@@ -124,7 +124,7 @@ def test_blocks_count_runs_of_windows_and_must_divide_n(tmp_path, monkeypatch):
 
 def test_top_up_is_not_decided_by_the_top_up(tmp_path, monkeypatch):
     monkeypatch.setattr(claims, "ROOT", tmp_path)
-    recs = [{"example": i, "method": m, "metric": "score", "value": v}
+    recs = [{"example": f"q{i:03d}", "method": m, "metric": "score", "value": v}
             for i in range(25) for m, v in (("A", 0.9), ("B", 0.1 + 0.01 * (i % 3)))]
     path = _write(tmp_path, recs)
     row = _stat_row(path.name, metric="score")

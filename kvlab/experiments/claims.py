@@ -387,8 +387,9 @@ def validate(rows: list[dict]) -> None:
             for f in r["results_file"].split(";"):
                 if f.strip() and not (ROOT / f.strip()).is_file():
                     problems.append(f"{where}: results_file {f.strip()} does not exist")
-                elif f.strip() and not f.strip().endswith(".examples.jsonl"):
-                    problems.append(f"{where}: results_file of a statistical row must be *.examples.jsonl")
+                elif f.strip() and not f.strip().endswith(".examples.jsonl.gz"):
+                    problems.append(f"{where}: results_file of a statistical row must be a records file "
+                                    f"*.examples.jsonl.gz (kvlab.experiments.records), got {f.strip()}")
             for check in (_systematic, _constant_b, _filter):
                 try:
                     check(r)
@@ -481,30 +482,14 @@ def _test_functions(path: Path) -> set[str]:
 
 # ---------------------------------------------------------------------------------------------- recompute
 def _records(files: str) -> list[tuple[dict, str]]:
-    """Every record of the ``;``-joined files, with ``file:line`` for messages; a malformed line names its file
-    and line."""
+    """Every record of the ``;``-joined files (:func:`kvlab.experiments.records.iter_records`: the one schema,
+    checked), with ``file:line`` for messages; a malformed line names its file and line."""
+    from kvlab.experiments import records
+
     out = []
     for f in files.split(";"):
-        if not f.strip():
-            continue
-        path = ROOT / f.strip()
-        with path.open(encoding="utf-8") as fh:
-            for lineno, line in enumerate(fh, start=1):
-                if not line.strip():
-                    continue
-                where = f"{f.strip()}:{lineno}"
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"{where}: not a JSON record ({e.msg} at column {e.colno}); a truncated "
-                                     "line? Each line of a *.examples.jsonl file is one complete JSON object") from None
-                if not isinstance(rec, dict):
-                    raise ValueError(f"{where}: a record must be a JSON object, got {type(rec).__name__}")
-                for key in ("example", "method", "metric", "value"):
-                    if rec.get(key) is None:
-                        raise ValueError(f"{where}: record has no {key!r} (or it is null); every record names "
-                                         "example, method, metric and value")
-                out.append((rec, where))
+        if f.strip():  # records.RecordError is a ValueError
+            out += records.iter_records(ROOT / f.strip(), where=f.strip())
     return out
 
 

@@ -23,7 +23,7 @@ def main(argv=None) -> int:
     import torch
 
     import kvlab
-    import quality_runs
+    from kvlab.experiments.quality import runs as quality_runs
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--length", type=int, default=1536)

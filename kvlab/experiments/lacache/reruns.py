@@ -74,7 +74,7 @@ def _policy(expr: str, **values):
 
 
 def _units(scale: dict) -> list[tuple]:
-    from quality_runs import LACACHE_RULER
+    from kvlab.experiments.quality.runs import LACACHE_RULER
 
     if "passkey_policies" in scale:  # the passkey grid alone
         return [("passkey", depth, seed, slug) for seed in scale["seeds"] for depth in scale["depths"]
@@ -135,7 +135,7 @@ def _worker(rank: int, units: list, args_d: dict) -> None:
     from kvlab.eval.retrieval import ask, passkey
     from kvlab.eval.tasks import task_score
     from kvlab.eval.tasks import ruler_task
-    from quality_runs import LACACHE_RULER, lacache_policies
+    from kvlab.experiments.quality.runs import LACACHE_RULER, lacache_policies
 
     scale = SCALES[args_d["scale"]]
     length = scale["length"]

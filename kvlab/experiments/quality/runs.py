@@ -385,7 +385,7 @@ def _gsm8k_method(method, tokenizer, exemplars, sample_ids):
 
 
 def _run_mmlu(args):
-    from kvlab.experiments.sepllm_mmlu import mmlu_accuracy, mmlu_prompts
+    from kvlab.experiments.sepllm.mmlu import mmlu_accuracy, mmlu_prompts
     from kvlab.sepllm.pattern import FixLLMPattern, SepLLMPattern, StreamingPattern, match_neighbors
 
     tok, a, n = _STATE["tokenizer"], 3, 256

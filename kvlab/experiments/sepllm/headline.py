@@ -18,7 +18,7 @@ GSM8K generation goes through the static decode engine (``gsm8k_generate_static`
 streams of a pass in lockstep, CUDA graph), except H2O, which ranks entries by attention scores the static engine
 does not record: it runs one problem at a time through the hooks engine, on the first ``--h2o`` problems, until
 ``--h2o-seconds``. MMLU scores the answer letter's log-likelihood after the subject's 5 exemplars
-(``kvlab.experiments.sepllm_mmlu.mmlu_scores``) under each method's prefill pattern.
+(``kvlab.experiments.sepllm.mmlu.mmlu_scores``) under each method's prefill pattern.
 
 Writes ``<out>/<stem>.json`` (per method: accuracy, Wilson interval, mean r.KV, seconds; per pair: paired
 bootstrap of SepLLM minus the other method) and ``<out>/<stem>.examples.jsonl.gz`` (one record per example, method

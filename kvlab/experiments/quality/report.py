@@ -208,6 +208,62 @@ def _prompt_tokens(mine, prefix, lengths) -> str:
     return "Prompt lengths, mean (range): " + "; ".join(parts) + "."
 
 
+def _table5(runs, mine, kinds, lengths, this, examples) -> list[str]:
+    """LaCache Table 5 (RULER-style tasks, 50% budget) beside the paper's LongChat-7B column."""
+    out = [f"### Table 5 analogue: RULER-style tasks ({examples} example(s) a cell, string_match_all)", "",
+           "| task (paper's column) | method | budget | paper (LongChat-7B, 16K) | " + this + " |",
+           "|---|---|---|---|" + "---|" * len(lengths)]
+    rows = [r for r in _LACACHE_ROWS if r[2] != "25%"]  # Table 5 is at 50% only
+    avg = ("Avg. of these five", *(statistics.fmean(v[i] for v in PAPER_T5.values()) for i in (1, 2)))
+    for kind in kinds + ["mean"]:
+        col, strm, lac = PAPER_T5.get(kind, avg)
+        for slug, label, budget in rows:
+            paper = {"official-strm50": f"{strm:.2f}", "official-lacache50": f"{lac:.2f}"}.get(slug, "–")
+            if kind == "mean":
+                cells = [_mean_cell(runs, [f"lacache-ruler-{k}-{slug}-{n}" for k in kinds]) for n in lengths]
+            else:
+                cells = [_task_cell(runs, f"lacache-ruler-{kind}-{slug}-{n}") for n in lengths]
+            out.append(f"| {kind} ({col}) | {label} | {budget} | {paper} | " + " | ".join(cells) + " |")
+    return out + ["", _prompt_tokens(mine, "ruler", lengths), ""]
+
+
+def _tables34(runs, mine, qa, lengths, this, examples) -> list[str]:
+    """The Tables 3/4 stand-in (padded SQuAD / HotpotQA) beside the paper's Llama2-7B and SmolLM2-1.7B columns."""
+    out = [f"### Tables 3/4 stand-in (not LongBench): SQuAD article / HotpotQA paragraphs padded with distractor "
+           f"paragraphs, {examples} question(s) a cell, token F1 of the greedy answer", "",
+           "| task (paper's column) | method | budget | paper Table 3 (Llama2-7B) | "
+           "paper Table 4 (SmolLM2-1.7B) | " + this + " |", "|---|---|---|---|---|" + "---|" * len(lengths)]
+    for kind in qa:
+        col, t3, t4 = PAPER_T34[kind]
+        for slug, label, budget in _LACACHE_ROWS:
+            i = _T34_SLOTS.get(slug)
+            p3, p4 = ("–", "–") if i is None else (f"{t3[i]:.2f}", f"{t4[i]:.2f}")
+            cells = [_task_cell(runs, f"lacache-longqa-{kind}-{slug}-{n}") for n in lengths]
+            out.append(f"| {kind} ({col}) | {label} | {budget} | {p3} | {p4} | " + " | ".join(cells) + " |")
+    return out + ["", _prompt_tokens(mine, "longqa", lengths), ""]
+
+
+def _table6(runs, qa, kinds, lengths, this) -> list[str]:
+    """LaCache Table 6 (overlap O at S = 15), the mean over the QA tasks and over the RULER tasks."""
+    out = ["### Table 6 analogue: overlap O at S = 15, 50% budget, official protocol (mean over the tasks)", "",
+           "On 30 layers O = 0, 4, 8 give three different ladders (tokens per group / kept per layer: 2/1, 3/2, "
+           "4/3); O = 7 would give O = 4's (every O in 1..7 does). The paper's synthetic column is LongBench's "
+           "PassageCount / PassageRetrieval, which are not here: its row is RULER's tasks, not comparable.", "",
+           "| tasks | O | paper (LongBench QA / LongBench synthetic; model not stated) | " + this + " |",
+           "|---|---|---|" + "---|" * len(lengths)]
+    for group, tasks in (("QA", [f"longqa-{k}" for k in qa]), ("RULER", [f"ruler-{k}" for k in kinds])):
+        if not tasks:
+            continue
+        for j, (slug, o) in enumerate((("official-lacache50", "0"), ("official-lacache50-o4", "4 (S/4)"),
+                                       ("official-lacache50-o8", "8 (S/2, rounded up)"))):
+            cells = [_mean_cell(runs, [f"lacache-{t}-{slug}-{n}" for t in tasks]) for n in lengths]
+            names = ", ".join(t.split("-", 1)[1] for t in tasks)
+            paper = (f"{PAPER_T6[group][j]:.2f}" if group == "QA"
+                     else f"not testable here (LongBench synthetic: {PAPER_T6['synthetic'][j]:.2f})")
+            out.append(f"| {group} ({names}) | {o} | {paper} | " + " | ".join(cells) + " |")
+    return out + [""]
+
+
 def lacache_tasks(runs) -> str:
     """LaCache Table 5 (RULER), Tables 3/4 (LongBench stand-in) and Table 6 (overlap) from the ``longtask`` jobs."""
     mine = {n: r for n, r in runs.items() if r.get("kind") == "longtask" and n.startswith("lacache-")}
@@ -222,55 +278,15 @@ def lacache_tasks(runs) -> str:
            "135M). Official protocol: full-attention prefill, compact once, first answer token from the full-attention "
            "logits, 64 sinks (RULER) / 128 (QA), S ~ L x budget, O = 0, official accounting. Ours: the prompt "
            "streamed in chunks of 64, 4 sinks, S=8/O=4.", ""]
-    kinds = [k for k in PAPER_T5 if any(r["args"]["task"] == f"ruler-{k}" for r in mine.values())]
+    tasks = {r["args"]["task"] for r in mine.values()}
+    kinds = [k for k in PAPER_T5 if f"ruler-{k}" in tasks]
+    qa = [k for k in PAPER_T34 if f"longqa-{k}" in tasks]
     if kinds:
-        out += [f"### Table 5 analogue: RULER-style tasks ({ex['ruler']} example(s) a cell, string_match_all)", "",
-                "| task (paper's column) | method | budget | paper (LongChat-7B, 16K) | " + this + " |",
-                "|---|---|---|---|" + "---|" * len(lengths)]
-        rows = [r for r in _LACACHE_ROWS if r[2] != "25%"]  # Table 5 is at 50% only
-        avg = ("Avg. of these five", *(statistics.fmean(v[i] for v in PAPER_T5.values()) for i in (1, 2)))
-        for kind in kinds + ["mean"]:
-            col, strm, lac = PAPER_T5.get(kind, avg)
-            for slug, label, budget in rows:
-                paper = {"official-strm50": f"{strm:.2f}", "official-lacache50": f"{lac:.2f}"}.get(slug, "–")
-                if kind == "mean":
-                    cells = [_mean_cell(runs, [f"lacache-ruler-{k}-{slug}-{n}" for k in kinds]) for n in lengths]
-                else:
-                    cells = [_task_cell(runs, f"lacache-ruler-{kind}-{slug}-{n}") for n in lengths]
-                out.append(f"| {kind} ({col}) | {label} | {budget} | {paper} | " + " | ".join(cells) + " |")
-        out += ["", _prompt_tokens(mine, "ruler", lengths), ""]
-    qa = [k for k in PAPER_T34 if any(r["args"]["task"] == f"longqa-{k}" for r in mine.values())]
+        out += _table5(runs, mine, kinds, lengths, this, ex["ruler"])
     if qa:
-        out += [f"### Tables 3/4 stand-in (not LongBench): SQuAD article / HotpotQA paragraphs padded with distractor "
-                f"paragraphs, {ex['longqa']} question(s) a cell, token F1 of the greedy answer", "",
-                "| task (paper's column) | method | budget | paper Table 3 (Llama2-7B) | "
-                "paper Table 4 (SmolLM2-1.7B) | " + this + " |", "|---|---|---|---|---|" + "---|" * len(lengths)]
-        for kind in qa:
-            col, t3, t4 = PAPER_T34[kind]
-            for slug, label, budget in _LACACHE_ROWS:
-                i = _T34_SLOTS.get(slug)
-                p3, p4 = ("–", "–") if i is None else (f"{t3[i]:.2f}", f"{t4[i]:.2f}")
-                cells = [_task_cell(runs, f"lacache-longqa-{kind}-{slug}-{n}") for n in lengths]
-                out.append(f"| {kind} ({col}) | {label} | {budget} | {p3} | {p4} | " + " | ".join(cells) + " |")
-        out += ["", _prompt_tokens(mine, "longqa", lengths), ""]
+        out += _tables34(runs, mine, qa, lengths, this, ex["longqa"])
     if kinds or qa:
-        out += ["### Table 6 analogue: overlap O at S = 15, 50% budget, official protocol (mean over the tasks)", "",
-                "On 30 layers O = 0, 4, 8 give three different ladders (tokens per group / kept per layer: 2/1, 3/2, "
-                "4/3); O = 7 would give O = 4's (every O in 1..7 does). The paper's synthetic column is LongBench's "
-                "PassageCount / PassageRetrieval, which are not here: its row is RULER's tasks, not comparable.", "",
-                "| tasks | O | paper (LongBench QA / LongBench synthetic; model not stated) | " + this + " |",
-                "|---|---|---|" + "---|" * len(lengths)]
-        for group, tasks in (("QA", [f"longqa-{k}" for k in qa]), ("RULER", [f"ruler-{k}" for k in kinds])):
-            if not tasks:
-                continue
-            for j, (slug, o) in enumerate((("official-lacache50", "0"), ("official-lacache50-o4", "4 (S/4)"),
-                                           ("official-lacache50-o8", "8 (S/2, rounded up)"))):
-                cells = [_mean_cell(runs, [f"lacache-{t}-{slug}-{n}" for t in tasks]) for n in lengths]
-                names = ", ".join(t.split("-", 1)[1] for t in tasks)
-                paper = (f"{PAPER_T6[group][j]:.2f}" if group == "QA"
-                         else f"not testable here (LongBench synthetic: {PAPER_T6['synthetic'][j]:.2f})")
-                out.append(f"| {group} ({names}) | {o} | {paper} | " + " | ".join(cells) + " |")
-        out.append("")
+        out += _table6(runs, qa, kinds, lengths, this)
     return "\n".join(out)
 
 

@@ -117,6 +117,10 @@ _add(
     Experiment("dhsa-app-d-costs", "kvlab.experiments.dhsa.app_d_costs", "dhsa", "cpu or gpu", "smollm2-135m",
                "20 (CPU), 2 (H200, random weights)",
                "App. D: decode latency / cache memory of dense vs StreamingLLM, block-sparse prefill, paired rounds"),
+    Experiment("dhsa-needle-separating", "kvlab.experiments.dhsa.needle_separating", "dhsa", "cpu", "none",
+               "0.1 (CPU)", "picks the needle depths that separate chunkings from a pilot, and judges the grid"),
+    Experiment("dhsa-predictor-position", "kvlab.experiments.dhsa.predictor_position", "dhsa", "cpu",
+               "smollm2-135m", "10 (CPU)", "do the predicted chunks follow the text or the position (held-out text)"),
     Experiment("orthorank-zeroshot", "kvlab.experiments.orthorank.zeroshot", "orthorank", "cpu or gpu",
                "smollm2-135m", "30 (CPU, 20 questions)", "Table 2: zero-shot accuracy per task of dense, SLEB, OrthoRank"),
     Experiment("orthorank-geometry", "kvlab.experiments.orthorank.geometry", "orthorank", "cpu", "smollm2-135m",
@@ -133,6 +137,9 @@ _add(
                "30 (CPU, 20 documents)", "Fig. 4: each layer routed alone, most vs least orthogonal tokens"),
     Experiment("orthorank-table4docs", "kvlab.experiments.orthorank.table4docs", "orthorank", "cpu or gpu",
                "smollm2-135m", "20 (CPU)", "Table 4 per C4 window: layers removed vs routed at 0.33 and 0.5"),
+    Experiment("orthorank-zeroshot-records", "kvlab.experiments.orthorank.zeroshot_records", "orthorank",
+               "cpu or gpu", "smollm2-135m", "25 (CPU, 5 x 40 questions)",
+               "Tables 2 and 4: zero-shot accuracy per question, paired across plans"),
 )
 
 # ---- LaCache, REFORM and the leaderboard -------------------------------------------------------------------------

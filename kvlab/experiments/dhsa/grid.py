@@ -112,8 +112,10 @@ def check(args) -> None:
             records.resolve(f)
         except FileNotFoundError:
             raise ParameterError(f"--needle-file {f}: no such records file") from None
-    extra = [args.name + ".json", args.name + ".md"] if args.what == "table2" else []
-    options.refuse_rerun(args.out, options.records_name(args.name), *extra)
+    if args.what == "table2":
+        options.refuse_rerun(args.out, options.records_name(args.name), args.name + ".json", args.name + ".md")
+    else:  # the grid resumes: records already in OUT/NAME are kept and their examples not run again
+        options.refuse_rerun(args.out, options.records_name(args.name) + ".partial")
     if args.smoke:  # the same code at tiny size: one short prompt per method, a few new tokens
         _shrink(args)
 
@@ -181,19 +183,31 @@ def run(args) -> list[Path]:
     baselines = () if args.baselines == ["none"] else tuple(args.baselines)
     methods = _methods(args, pred, args.backend, baselines)
     t0 = time.perf_counter()
-    with records.RecordWriter(options.records_name(args.name), out=out) as w:
+    with records.RecordWriter(options.records_name(args.name), out=out, keep=True) as w:
+        done = _done_examples(w, methods, SUMMARY_METRICS[args.what] if args.what == "boundaries" else None)
+        if done:
+            print(f"resuming: {len(done)} examples of {w.path} are done and not run again", flush=True)
+
         def sink(recs):
             for r in recs:
                 w.add(r | {"config": r["config"] | {"command": _command(args)}})
 
-        _grid(args, model, tok, methods, dhsa_layers(model), sink)
+        _grid(args, model, tok, methods, dhsa_layers(model), sink, done)
     recs = records.read(w.path)
     print(f"{len(recs)} records in {time.perf_counter() - t0:.0f} s -> {w.path}")
     _summary(args.what, recs, methods)
     return [w.path]
 
 
-def _grid(args, model, tok, methods, layers, sink) -> None:
+def _done_examples(w, methods, metrics=None) -> set[str]:
+    """The examples whose every method has its records in the resumed file."""
+    by: dict[str, set] = {}
+    for example, method, metric in w.done():
+        by.setdefault(example, set()).add(method)
+    return {ex for ex, got in by.items() if set(methods) <= got or (metrics and set(methods) - {"dense"} <= got)}
+
+
+def _grid(args, model, tok, methods, layers, sink, done=()) -> None:
     from kvlab.eval.qa import qa_items
     from kvlab.experiments.dhsa import measures
 
@@ -201,16 +215,16 @@ def _grid(args, model, tok, methods, layers, sink) -> None:
         items = [it for task in args.tasks for it in qa_items(tok, task, args.qa_per_task, args.qa_context,
                                                             seed=args.seed)]
         measures.qa_records(model, tok, methods, layers, items, model_name=args.model,
-                            max_new_tokens=args.max_new_tokens, sink=sink)
+                            max_new_tokens=args.max_new_tokens, sink=sink, skip=done)
     elif args.what == "boundaries":
         methods = {k: v for k, v in methods.items() if v is not None}  # block-sparse too: fixed chunks
         measures.boundary_records(model, tok, methods, layers, args.lengths[0], args.depths, trials=args.trials,
-                                  model_name=args.model, sink=sink)
+                                  model_name=args.model, sink=sink, skip=done)
     else:
         measures.needle_records(model, tok, methods, layers, args.lengths, args.depths, trials=args.trials,
                                 max_new_tokens=args.max_new_tokens, model_name=args.model, progress=True,
                                 sink=sink, max_seconds=args.max_seconds, first_trial=args.first_trial,
-                                last_trial=args.last_trial)
+                                last_trial=args.last_trial, skip=done)
 
 
 SUMMARY_METRICS = {"needle": ("needle_recall",), "boundaries": ("attention_recall", "chunks", "chunk_len"),

@@ -205,7 +205,7 @@ def _rotated_haystack(text: str, trial: int, trials: int) -> str:
 def needle_records(model, tokenizer, methods: dict, layers, lengths, depths, *, trials: int = 1,
                    max_new_tokens: int = 32, model_name: str = "", haystack: str | None = None,
                    progress: bool = False, sink=None, max_seconds: float | None = None,
-                   show: int = 5, first_trial: int = 0, last_trial: int | None = None) -> list[dict]:
+                   show: int = 5, first_trial: int = 0, last_trial: int | None = None, skip=()) -> list[dict]:
     """Needle-in-a-haystack (Fig. 2/6), one record per (prompt, method) for the claims ledger.
 
     Prompts: :func:`kvlab.datasets.niah_prompt` for every length x depth x trial; trial ``t`` starts the Paul
@@ -225,7 +225,7 @@ def needle_records(model, tokenizer, methods: dict, layers, lengths, depths, *, 
     take one; ``first_trial`` resumes such a run (trials ``first_trial .. trials - 1``, the same haystacks as in
     the full run) and ``last_trial`` ends one before ``trials`` (a shard of the grid, its haystacks unchanged).
     With ``progress``, the raw answers of the first ``show`` trials of each cell are printed (look at them before
-    trusting a score).
+    trusting a score). Examples in ``skip`` (an earlier run's, resumed) are not run again.
     """
     from kvlab import datasets
     from kvlab.baselines import Full
@@ -245,10 +245,12 @@ def needle_records(model, tokenizer, methods: dict, layers, lengths, depths, *, 
             if progress:
                 print(f"stopped after {i} of {len(cells)} prompts: max_seconds={max_seconds} reached", flush=True)
             break
+        example = f"niah/{model_name}/L{n}/d{depth:.2f}/t{trial}"
+        if example in skip:
+            continue
         p = datasets.niah_prompt(tokenizer, _rotated_haystack(text, trial, trials), n, depth)
         tail = question_tail_tokens(tokenizer, p.prompt)
         n_tok = len(tokenizer(p.prompt).input_ids)
-        example = f"niah/{model_name}/L{n}/d{depth:.2f}/t{trial}"
         ends = None
         for name, pattern in methods.items():
             if getattr(pattern, "dense_tail", None) == "question":
@@ -300,7 +302,7 @@ def _prepare(pattern, tokenizer, prompt: str, ids) -> None:
 
 
 def boundary_records(model, tokenizer, methods: dict, layers, length: int, depths, *, trials: int = 1,
-                     model_name: str = "", haystack: str | None = None, sink=None) -> list[dict]:
+                     model_name: str = "", haystack: str | None = None, sink=None, skip=()) -> list[dict]:
     """How good each method's chunks are on needle prompts, one prefill per (prompt, method), per-example records
     for the ledger: ``"attention_recall"`` (share of the dense attention mass the kept set holds, mean over the
     DHSA layers and queries: :func:`kvlab.dhsa.boundary_predictor.attention_recall`), ``"chunks"`` (chunks per layer) and
@@ -314,9 +316,11 @@ def boundary_records(model, tokenizer, methods: dict, layers, length: int, depth
     device = _device(model)
     for trial in range(trials):
         for depth in depths:
+            example = f"niah/{model_name}/L{length}/d{depth:.2f}/t{trial}"
+            if example in skip:
+                continue
             p = datasets.niah_prompt(tokenizer, _rotated_haystack(text, trial, trials), length, depth)
             ids = tokenizer(p.prompt, return_tensors="pt").input_ids
-            example = f"niah/{model_name}/L{length}/d{depth:.2f}/t{trial}"
             for name, pattern in methods.items():
                 pattern.record = True
                 pattern.recall.clear()
@@ -430,7 +434,7 @@ def qa_under_patterns(model, tokenizer, patterns: dict, layers, items: list[QAIt
 
 
 def qa_records(model, tokenizer, methods: dict, layers, items: list[QAItem], *, model_name: str = "",
-               max_new_tokens: int = 16, sink=None) -> list[dict]:
+               max_new_tokens: int = 16, sink=None, skip=()) -> list[dict]:
     """The LongBench stand-in (Table 1) one record per (question, method): metrics ``"f1"`` (token F1 against the
     gold answers) and ``"answer_nll"`` (teacher-forced NLL of the first gold answer, nats per token), ``example`` =
     ``"qa/<model>/<task>/<i>"``, ``config`` with every setting of the pattern. A pattern with
@@ -442,6 +446,8 @@ def qa_records(model, tokenizer, methods: dict, layers, items: list[QAItem], *, 
     out = []
     device = _device(model)
     for i, it in enumerate(items):
+        if f"qa/{model_name}/{it.task}/{i}" in skip:
+            continue
         marker = "\n\nAnswer the question" if "\n\nAnswer the question" in it.prompt else "\nQuestion:"
         tail = question_tail_tokens(tokenizer, it.prompt, marker=marker)  # instruction + question (few-shot: question)
         recs = []

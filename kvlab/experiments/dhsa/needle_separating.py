@@ -1,6 +1,6 @@
 """A needle grid that can tell two chunkings apart: pick its depths from a pilot, then judge it.
 
-Two steps of ``benchmarks/gpu/dhsa_needle_separating.sh``:
+Two steps of ``benchmarks/gpu/dhsa_needle_separating.sh`` (``python -m kvlab run dhsa-needle-separating``):
 
 * ``depths PILOT.examples.jsonl``: the depths where the grid can separate sparse methods, from a pilot of dense and
   block-sparse (authors' protocol) at several depths. A depth qualifies when its needle lies outside the keys every
@@ -13,28 +13,33 @@ Two steps of ``benchmarks/gpu/dhsa_needle_separating.sh``:
   detect a 0.05 difference" when the control's interval excludes 0 and the DHSA interval is narrower than +-0.05;
   the verdict says which. Writes ``--out`` (JSON) beside printing it.
 
-    python benchmarks/dhsa_needle_separating.py depths pilot.examples.jsonl --budgets 512,1024
-    python benchmarks/dhsa_needle_separating.py summary grid.examples.jsonl --budgets 512,1024 --out summary.json
+    python -m kvlab run dhsa-needle-separating depths --records pilot.examples.jsonl.gz --budgets 512,1024 --out DIR
+    python -m kvlab run dhsa-needle-separating summary --records grid.examples.jsonl.gz --budgets 512,1024 --out DIR
+
+Writes ``OUT/NAME.depths.txt`` (depths) or ``OUT/NAME.summary.json`` (summary), and ``OUT/NAME.examples.jsonl.gz``:
+one record per depth kept or dropped (depths; metric ``dense_minus_block_sparse``) or per paired comparison
+(summary; metric ``<metric>_diff``, the interval in its config). ``--smoke`` judges a small synthetic grid.
 """
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import sys
 from collections import defaultdict
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere without installing kvlab
+from kvlab.eval.stats import paired_bootstrap
+from kvlab.experiments import records, registry
+from kvlab.experiments.registry import ParameterError
+from kvlab.experiments.system import options
+from kvlab.outputs import OutputFolder
 
-from kvlab.eval.stats import paired_bootstrap  # noqa: E402
+__all__ = ["parser", "check", "run", "pick_depths", "summary", "table"]
+
+NAME = "dhsa-needle-separating"
 
 
-def read(paths: str) -> list[dict]:
-    out = []
-    for p in paths.split(","):
-        out += [json.loads(line) for line in Path(p).read_text().splitlines() if line.strip()]
-    return out
+def read(paths) -> list[dict]:
+    return [r for p in paths for r in records.read(p)]
 
 
 def table(recs: list[dict], metric: str) -> dict[str, dict[str, float]]:
@@ -54,14 +59,19 @@ def length_of(example: str) -> int:
     return int(example.split("/L")[1].split("/")[0])
 
 
-def pick_depths(recs, budgets, *, gap: float, ceiling: float, min_token: int) -> list[float]:
-    t = table(recs, "needle_recall")
+def _cells(recs) -> dict:
     cells = defaultdict(lambda: defaultdict(list))
-    for method, vals in t.items():
+    for method, vals in table(recs, "needle_recall").items():
         for ex, v in vals.items():
             cells[(length_of(ex), depth_of(ex))][method].append(v)
+    return cells
+
+
+def pick_depths(recs, budgets, *, gap: float, ceiling: float, min_token: int, verdicts: list | None = None):
+    """The depths whose needle lies past ``min_token``, where dense is at most ``ceiling`` and at least ``gap``
+    above every block-sparse budget; ``verdicts`` (a list) receives ``(length, depth, dense - best sparse, kept)``."""
     keep = []
-    for (n, d), by in sorted(cells.items()):
+    for (n, d), by in sorted(_cells(recs).items()):
         dense = statistics.mean(by["dense"]) if by.get("dense") else None
         sparse = [statistics.mean(by[f"block-sparse authors {nb}"]) for nb in budgets
                   if by.get(f"block-sparse authors {nb}")]
@@ -69,6 +79,8 @@ def pick_depths(recs, budgets, *, gap: float, ceiling: float, min_token: int) ->
               and dense - max(sparse) >= gap)
         print(f"L{n} depth {d:.2f} (needle ~token {int(d * n)}): dense {dense}, block-sparse {sparse} -> "
               f"{'keep' if ok else 'drop'}", file=sys.stderr)
+        if verdicts is not None:
+            verdicts.append((n, d, None if dense is None or not sparse else dense - max(sparse), ok))
         if ok:
             keep.append(d)
     return sorted(set(keep))
@@ -114,29 +126,72 @@ def summary(recs, budgets) -> dict:
     return out
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("what", choices=["depths", "summary"])
-    ap.add_argument("records", help="examples.jsonl file(s), comma separated")
-    ap.add_argument("--budgets", default="512,1024")
-    ap.add_argument("--gap", type=float, default=0.15, help="depths: dense minus the best block-sparse, at least")
-    ap.add_argument("--ceiling", type=float, default=0.95, help="depths: dense at most (below the ceiling)")
-    ap.add_argument("--min-token", type=int, default=1152, help="depths: the needle's token at least")
-    ap.add_argument("--out", default=None, help="summary: JSON file")
-    args = ap.parse_args(argv)
-    budgets = [int(x) for x in args.budgets.split(",")]
-    recs = read(args.records)
+def parser():
+    p = registry.experiment_parser(NAME, __doc__.split("\n\n")[0])
+    p.add_argument("what", choices=["depths", "summary"])
+    p.add_argument("--records", type=options.number_list(str, what="records file"), default=None,
+                   help="the pilot's (depths) or the grid's (summary) records files, comma separated")
+    p.add_argument("--name", type=options.stem, default="dhsa_needle_separating",
+                   help="stem of the files written (default %(default)s)")
+    p.add_argument("--budgets", type=options.number_list(int, low=1, what="budget"), default=[512, 1024])
+    p.add_argument("--gap", type=float, default=0.15, help="depths: dense minus the best block-sparse, at least")
+    p.add_argument("--ceiling", type=float, default=0.95, help="depths: dense at most (below the ceiling)")
+    p.add_argument("--min-token", type=options.nonnegative_int, default=1152, help="depths: the needle's token")
+    return p
+
+
+def check(args) -> None:
+    if not args.smoke:
+        if not args.records:
+            raise ParameterError("--records: give the records file(s) to judge (the pilot's or the grid's)")
+        for f in args.records:
+            try:
+                records.resolve(f)
+            except FileNotFoundError:
+                raise ParameterError(f"--records {f}: no such records file") from None
+    outputs = {"depths": ".depths.txt", "summary": ".summary.json"}
+    options.refuse_rerun(args.out, args.name + outputs[args.what], options.records_name(f"{args.name}.{args.what}"))
+
+
+def _synthetic(budgets) -> list[dict]:
+    """A tiny grid for --smoke: dense, DHSA and block-sparse at two depths of 1,024 tokens, 6 prompts each."""
+    recs = []
+    for d in (0.25, 0.75):
+        for t in range(6):
+            ex = f"niah/smoke/L1024/d{d:.2f}/t{t}"
+            values = {"dense": 0.8 - 0.1 * (t % 2)}
+            for nb in budgets:
+                values[f"block-sparse authors {nb}"] = 0.2 + 0.1 * (t % 3) + nb / 1e4
+                values[f"DHSA authors {nb}"] = 0.3 + 0.1 * (t % 2)
+            for method, v in values.items():
+                for metric in ("needle_recall", "answer_nll"):
+                    recs.append(records.record(ex, method, metric, v, device="cpu"))
+    return recs
+
+
+def run(args) -> list[Path]:
+    out = OutputFolder(args.out, f"python -m kvlab run {NAME} {args.what}")
+    recs = _synthetic(args.budgets) if args.smoke else read(args.records)
+    config = {"records": args.records, "budgets": args.budgets}
     if args.what == "depths":
-        depths = pick_depths(recs, budgets, gap=args.gap, ceiling=args.ceiling, min_token=args.min_token)
+        verdicts: list = []
+        depths = pick_depths(recs, args.budgets, gap=args.gap, ceiling=args.ceiling, min_token=args.min_token,
+                             verdicts=verdicts)
+        if not depths:
+            print("no depth separates dense from block-sparse", file=sys.stderr)
+        text = options.write_text(out, args.name + ".depths.txt", ",".join(f"{d:g}" for d in depths) + "\n")
         print(",".join(f"{d:g}" for d in depths))
-        return 0 if depths else 1
-    s = summary(recs, budgets)
-    text = json.dumps(s, indent=1)
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
-    return 0
+        rows = [records.record(f"L{n}/d{d:.2f}", "dense - best block-sparse", "dense_minus_block_sparse", diff,
+                               config=config | {"kept": ok, "gap": args.gap, "ceiling": args.ceiling},
+                               device=NOT_MEASURED) for n, d, diff, ok in verdicts]
+        return [records.write(options.records_name(f"{args.name}.{args.what}"), rows, out=out), text]
+    s = summary(recs, args.budgets)
+    path = options.write_json(out, args.name + ".summary.json", s)
+    print(path.read_text())
+    rows = [records.record(f"budget{r['budget']}", f"{r['a']} - {r['b']}", f"{r['metric']}_diff", r["diff"],
+                           config=config | {k: r[k] for k in ("n", "low", "high", "differ_on")}, device=NOT_MEASURED)
+            for r in s["rows"]]
+    return [records.write(options.records_name(f"{args.name}.{args.what}"), rows, out=out), path]
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+NOT_MEASURED = "none (computed from records)"

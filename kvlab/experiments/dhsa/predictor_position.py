@@ -17,30 +17,37 @@ Boundaries as the experiments take them under the authors' protocol: layer 0's k
 ``8 * ceil(n / 128)`` chunks, no cut; threshold ``p > sigmoid(1.1)`` (the authors' logit > 1.1) and each file's
 own calibrated threshold. Intervals: 95 % bootstrap over inputs (``kvlab.eval.stats.paired_bootstrap``).
 
-    python benchmarks/dhsa_predictor_position.py --out benchmarks/results/dhsa_predictor_position   # CPU, ~10 min
-    python benchmarks/dhsa_predictor_position.py --out /tmp/x --smoke                                # ~1 min
+    python -m kvlab run dhsa-predictor-position --out benchmarks/results/dhsa_predictor_position   # CPU, ~10 min
+    python -m kvlab run dhsa-predictor-position --out /tmp/x --smoke                                # seconds
+
+Writes ``OUT/position.json`` and ``OUT/position.examples.jsonl.gz``: per input and predictor, the precision,
+recall and sentence-end share of (b)-(c), and (a)'s agreement on the 4K inputs.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import random
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere without installing kvlab
+import torch
 
-import torch  # noqa: E402
+from kvlab.datasets import load_text
+from kvlab.dhsa.boundary_predictor import label_ratios, label_valid, nms_boundaries, predict_boundaries
+from kvlab.dhsa.boundary_predictor import soft_labels
+from kvlab.dhsa.pattern import AUTHORS_THRESHOLD
+from kvlab.dhsa.training import SHIPPED, load_predictor
+from kvlab.eval.stats import paired_bootstrap
+from kvlab.experiments import records, registry
+from kvlab.experiments.dhsa.measures import record_qk
+from kvlab.experiments.registry import ParameterError
+from kvlab.experiments.system import options
+from kvlab.outputs import OutputFolder
 
-from kvlab.datasets import load_text  # noqa: E402
-from kvlab.dhsa.boundary_predictor import label_ratios, label_valid, nms_boundaries, predict_boundaries  # noqa: E402
-from kvlab.dhsa.boundary_predictor import soft_labels  # noqa: E402
-from kvlab.experiments.dhsa import record_qk  # noqa: E402
-from kvlab.dhsa.pattern import AUTHORS_THRESHOLD  # noqa: E402
-from kvlab.dhsa.training import SHIPPED, load_predictor  # noqa: E402
-from kvlab.eval.stats import paired_bootstrap  # noqa: E402
+__all__ = ["parser", "check", "run", "evaluate", "near", "windows"]
+
+NAME = "dhsa-predictor-position"
 
 TOL = 2  # tokens: two boundaries "agree" within this distance
 
@@ -124,7 +131,10 @@ def windows(tok, text: str, plan: dict[int, int]) -> dict[int, list[torch.Tensor
     return out
 
 
-def evaluate(model, tok, preds: dict, wins: dict[int, list[torch.Tensor]], draws: int) -> dict:
+def evaluate(model, tok, preds: dict, wins: dict[int, list[torch.Tensor]], draws: int,
+             recs: list | None = None) -> dict:
+    """(a)-(c) for every predictor on every window; ``recs`` (a list) receives one record per (input, predictor,
+    measure)."""
     rows = {name: {"b": {}, "c": {}, "a": [], "per_1k": []} for name in preds}
     labels_c, random_c = {}, {}
     for n, group in wins.items():
@@ -160,6 +170,10 @@ def evaluate(model, tok, preds: dict, wins: dict[int, list[torch.Tensor]], draws
             print(f"  n={n} input {i}: {time.perf_counter() - t0:.0f} s", flush=True)
         for name in preds:
             rows[name]["b"][n] = {key: mean_ci(v) for key, v in per[name].items()}
+            if recs is not None:
+                recs += [records.record(f"botchan/L{n}/{j}", name, key, None if math.isnan(v) else v,
+                                        config={"length": n, "tolerance": TOL, "draws": draws}, device="cpu")
+                         for key, vals in per[name].items() for j, v in enumerate(vals)]
         labels_c[n] = {"sentence": mean_ci(lab_sent), "per_1k_tokens": mean_ci(lab_count)}
         random_c[n] = None
     for name in preds:
@@ -172,43 +186,59 @@ def evaluate(model, tok, preds: dict, wins: dict[int, list[torch.Tensor]], draws
     return {"predictors": rows, "labels": labels_c}
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--model", default="smollm2-135m")
-    ap.add_argument("--corpus", default="botchan", help="held-out text (no predictor was trained on it)")
-    ap.add_argument("--files", default="smollm2-135m-l0.pt,smollm2-135m-l0-unrotated.pt",
-                    help="predictor files (in kvlab/dhsa/data/ or paths)")
-    ap.add_argument("--draws", type=int, default=20, help="random placements per input")
-    ap.add_argument("--smoke", action="store_true", help="one input of 1K and of 4K")
-    args = ap.parse_args(argv)
+def parser():
+    p = registry.experiment_parser(NAME, __doc__.split("\n")[0])
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--corpus", default="botchan", help="held-out text (no predictor was trained on it)")
+    p.add_argument("--files", type=options.number_list(str, what="predictor file"),
+                   default=["smollm2-135m-l0.pt", "smollm2-135m-l0-unrotated.pt"],
+                   help="predictor files (in kvlab/dhsa/data/ or paths)")
+    p.add_argument("--draws", type=registry.positive_int, default=20, help="random placements per input")
+    return p
+
+
+def _path(f: str) -> Path:
+    return Path(f) if Path(f).exists() else SHIPPED / f
+
+
+def check(args) -> None:
+    from kvlab import assets
+
+    options.check_model(args.model)
+    options.check_device(args.device)
+    missing = [f for f in args.files if not _path(f).is_file()]
+    if missing:
+        raise ParameterError(f"--files: no predictor file {missing} (in {SHIPPED} or as a path)")
+    if args.corpus not in assets.list_assets("corpus"):
+        raise ParameterError(f"--corpus {args.corpus!r}: not a kvlab corpus ({assets.list_assets('corpus')})")
+    options.refuse_rerun(args.out, "position.json", "position" + records.SUFFIX)
+    if args.smoke:
+        args.draws = min(args.draws, 2)
+
+
+def run(args) -> list[Path]:
+    out = OutputFolder(args.out, f"python -m kvlab run {NAME}")
     torch.manual_seed(0)
     torch.set_num_threads(1)
     t_start = time.perf_counter()
     model, tok = first_layer_model(args.model)
-    plan = {1024: 1, 4096: 1} if args.smoke else {1024: 8, 4096: 6, 8192: 2}
+    plan = {256: 1, 1024: 1} if args.smoke else {1024: 8, 4096: 6, 8192: 2}
     wins = windows(tok, load_text(args.corpus), plan)
     preds = {}
-    for f in args.files.split(","):
-        path = Path(f) if Path(f).exists() else SHIPPED / f
+    for f in args.files:
+        path = _path(f)
         pred, meta = load_predictor(path)
         cal = pred.calibrated_threshold if pred.calibrated_threshold is not None else 0.5
         preds[f"{path.name} p>{AUTHORS_THRESHOLD:.2f}"] = (pred, AUTHORS_THRESHOLD)
         if abs(cal - AUTHORS_THRESHOLD) > 0.01:
             preds[f"{path.name} p>{cal:.2f} (calibrated)"] = (pred, cal)
-    result = evaluate(model, tok, preds, wins, args.draws)
-    result["meta"] = {"command": "python benchmarks/dhsa_predictor_position.py " + " ".join(sys.argv[1:] if argv is None
-                                                                                            else argv),
+    recs: list = []
+    result = evaluate(model, tok, preds, wins, args.draws, recs)
+    result["meta"] = {"command": f"python -m kvlab run {NAME}" + (" --smoke" if args.smoke else ""),
                       "corpus": args.corpus, "plan": {str(k): v for k, v in plan.items()}, "tolerance": TOL,
                       "draws": args.draws, "threads": 1, "seconds": round(time.perf_counter() - t_start),
                       "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "position.json").write_text(json.dumps(result, indent=1) + "\n")
+    rec_path = records.write("position" + records.SUFFIX, recs, out=out)
+    js = options.write_json(out, "position.json", result)
     print(json.dumps({name: r.get("a_summary") for name, r in result["predictors"].items()}, indent=1))
-    print(f"wrote {out / 'position.json'} in {time.perf_counter() - t_start:.0f} s")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return [rec_path, js]

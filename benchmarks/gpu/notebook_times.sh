@@ -21,6 +21,8 @@ PY=${PY:-python3}
 START=$(date +%s)
 D="$KVLAB_RESULTS/benchmarks/results/notebook_times"
 mkdir -p "$D/runs"
+# this launcher's own logs beside the tables: `notebooks times run` leaves them alone (kvlab/outputs.py: keep lines)
+[ -f "$D/.kvlab-outputs" ] || printf 'keep: setup.log\nkeep: runs\n' > "$D/.kvlab-outputs"
 # kvlab reads KVLAB_RESULTS as the committed results the notebooks compare with: the repository's, not this folder
 export KVLAB_RESULTS="$PWD/benchmarks/results"
 n=$(nproc)

@@ -401,7 +401,8 @@ def run(args: argparse.Namespace) -> dict:
 
 def _times_report(path: pathlib.Path) -> bool:
     """A file an earlier ``times run`` wrote (before its folder kept a manifest): a report (JSON with the run's set
-    and notebooks, or its table), or what it kept of the executed notebooks."""
+    and notebooks, or its table), or what it kept of the executed notebooks. (``benchmarks/gpu/notebook_times.sh``
+    marks its own logs beside them ``keep:`` in the folder's manifest.)"""
     if any(part.endswith("_executed") for part in path.parent.parts):
         return True
     try:

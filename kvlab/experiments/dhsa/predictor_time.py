@@ -23,28 +23,33 @@ window 4, 8 heads, hidden 256, random weights, input = the layer's keys, ``kv_he
 Shapes: ``gemma2-2b`` (8 heads, 4 KV heads, dim 256: 1024 predictor channels), ``gemma3-270m`` (4 / 1 / 256:
 256 channels), ``ops`` (32 / 32 / 128: the kernel benchmark's shape, 4096 channels: an upper bound).
 
-    python benchmarks/dhsa_predictor_time.py --out OUT/dhsa_predictor          # GPU, ~1-2 min (compiles)
-    python benchmarks/dhsa_predictor_time.py --out /tmp/x --seq 256 --shapes tiny   # CPU smoke test
+    python -m kvlab run dhsa-predictor-time --out OUT/dhsa_predictor          # GPU, ~1-2 min (compiles)
+    python -m kvlab run dhsa-predictor-time --out /tmp/x --smoke               # CPU: 256 tokens, shape tiny
+
+Writes ``OUT/NAME.json`` / ``NAME.md`` (every shape's row) and ``OUT/NAME.examples.jsonl.gz`` (one record per shape
+and timing, example ``<shape>/L<seq>``).
 """
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere without installing kvlab
+import torch
+import torch.nn.functional as F
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
+from kvlab.dhsa import chunking
+from kvlab.dhsa.api import predict_boundaries  # backend="auto": the fast path on a GPU
+from kvlab.dhsa.boundary_predictor import BoundaryPredictor, key_features, label_valid, nms_boundaries
+from kvlab.dhsa.reference import split_long_chunks
+from kvlab.experiments import records, registry
+from kvlab.experiments.system import options
+from kvlab.outputs import OutputFolder
 
-from kvlab.dhsa import chunking  # noqa: E402
-from kvlab.dhsa.api import predict_boundaries  # noqa: E402  (backend="auto": the fast path on a GPU)
-from kvlab.dhsa.boundary_predictor import (BoundaryPredictor, key_features, label_valid,  # noqa: E402
-                                           nms_boundaries)
-from kvlab.dhsa.reference import split_long_chunks  # noqa: E402
+__all__ = ["parser", "check", "run", "SHAPES", "timed"]
+
+NAME = "dhsa-predictor-time"
 
 SHAPES = {"gemma2-2b": (8, 4, 256), "gemma3-270m": (4, 1, 256), "ops": (32, 32, 128), "tiny": (4, 2, 16)}
 
@@ -181,48 +186,72 @@ COLS = ["shape", "seq", "channels", "sdpa_ms", "pred_fp32_ms", "pred_bf16_ms", "
         "fast_compiled_pred_ms", "fast_compiled_ms", "fast_graph_pred_ms", "fast_graph_ms", "nms_exact", "agree"]
 
 
-def write(out: Path, info: dict, rows: list[dict]) -> None:
-    (out / "dhsa_predictor_time.json").write_text(json.dumps({"info": info, "rows": rows}, indent=1))
+def write(out, name: str, info: dict, rows: list[dict]) -> list[Path]:
+    js = options.write_json(out, name + ".json", {"info": info, "rows": rows})
     lines = ["| " + " | ".join(COLS) + " |", "|" + "---|" * len(COLS)]
     for r in rows:
         lines.append("| " + " | ".join(f"{r[c]:.3f}" if isinstance(r.get(c), float) else str(r.get(c, "-"))
                                         for c in COLS) + " |")
     table = "\n".join(lines)
-    (out / "dhsa_predictor_time.md").write_text(f"{info['device']} ({info['date']})\n\n`{info['command']}`\n\n"
-                                                f"{table}\n")
+    md = options.write_text(out, name + ".md", f"{info['device']} ({info['date']})\n\n`{info['command']}`\n\n"
+                                               f"{table}\n")
     print(table, flush=True)
+    return [js, md]
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", required=True, help="folder for dhsa_predictor_time.json / .md")
-    ap.add_argument("--seq", type=int, default=32768)
-    ap.add_argument("--shapes", default="gemma2-2b,gemma3-270m,ops")
-    ap.add_argument("--hidden", type=int, default=256, help="predictor MLP hidden size (paper: 256)")
-    ap.add_argument("--threshold", type=float, default=0.5)
-    ap.add_argument("--nms-window", type=int, default=8)
-    ap.add_argument("--max-len", type=int, default=128, help="longest chunk (cut)")
-    ap.add_argument("--min-mean-len", type=int, default=32, help="N_c = seq // this (the cap on chunks)")
-    ap.add_argument("--no-compile", action="store_true")
-    ap.add_argument("--profile", action="store_true", help="print a torch.profiler table of the fast path")
-    args = ap.parse_args(argv)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    info = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "torch": torch.__version__,
-            "date": time.strftime("%Y-%m-%d %H:%M:%S"), "command": " ".join(sys.argv)}
+def row_records(rows: list[dict], device: str, *, example_keys=("shape", "seq"), method_key=None) -> list[dict]:
+    """Every number of every row as a record: example ``<shape>/L<seq>``, metric the column's name."""
+    recs = []
+    for r in rows:
+        example = "/".join(f"L{r[k]}" if k == "seq" else str(r[k]) for k in example_keys)
+        method = str(r[method_key]) if method_key else "predictor"
+        config = {k: v for k, v in r.items() if not isinstance(v, float)}
+        recs += [records.record(example, method, k, v, config=config, device=device)
+                 for k, v in r.items() if isinstance(v, float) or (isinstance(v, int) and not isinstance(v, bool)
+                                                                  and k not in example_keys)]
+    return recs
+
+
+def parser():
+    p = registry.experiment_parser(NAME, __doc__.split("\n\n")[0])
+    p.add_argument("--name", type=options.stem, default="dhsa_predictor_time", help="stem of the files written")
+    p.add_argument("--seq", type=registry.positive_int, default=32768)
+    p.add_argument("--shapes", type=registry.names_list(SHAPES, what="shape"), default=["gemma2-2b", "gemma3-270m",
+                                                                                        "ops"])
+    p.add_argument("--hidden", type=registry.positive_int, default=256, help="predictor MLP hidden size (paper: 256)")
+    p.add_argument("--threshold", type=float, default=0.5)
+    p.add_argument("--nms-window", type=options.nonnegative_int, default=8)
+    p.add_argument("--max-len", type=registry.positive_int, default=128, help="longest chunk (cut)")
+    p.add_argument("--min-mean-len", type=registry.positive_int, default=32, help="N_c = seq // this")
+    p.add_argument("--no-compile", action="store_true")
+    p.add_argument("--profile", action="store_true", help="print a torch.profiler table of the fast path")
+    return p
+
+
+def check(args) -> None:
+    options.check_device(args.device)
+    if not 0 < args.threshold < 1:
+        raise registry.ParameterError(f"--threshold {args.threshold}: a probability strictly between 0 and 1")
+    options.refuse_rerun(args.out, args.name + ".json", options.records_name(args.name))
+    if args.smoke:
+        args.seq, args.shapes, args.no_compile, args.hidden = 256, ["tiny"], True, 16
+        args.max_len = min(args.max_len, 64)
+
+
+def run(args) -> list[Path]:
+    out = OutputFolder(args.out, f"python -m kvlab run {NAME}")
+    device = torch.device(options.resolve_device(args.device))
+    info = {"device": options.device_string(device), "torch": torch.__version__,
+            "date": time.strftime("%Y-%m-%d %H:%M:%S"), "command": f"python -m kvlab run {NAME}"}
     print(json.dumps(info), flush=True)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    rows = []
-    for name in args.shapes.split(","):
+    rows, files = [], []
+    for name in args.shapes:
         try:
             rows.append(run_shape(name, args.seq, device, args))
         except torch.OutOfMemoryError:
             rows.append({"shape": name, "seq": args.seq, "error": "OOM"})
         if device.type == "cuda":
             torch.cuda.empty_cache()
-        write(out, info, rows)  # after every shape: a run stopped by a time limit keeps what it measured
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+        files = write(out, args.name, info, rows)  # after every shape: a run stopped by a time limit keeps them
+    path = records.write(options.records_name(args.name), row_records(rows, info["device"]), out=out)
+    return [path, *files]

@@ -26,31 +26,41 @@ layers): ``sdpa_attention_ms`` and its share of the prefill, which bounds what a
 no model assets; the predictor is random too, so the chunks are a stand-in: ``--max-chunks-per`` caps their count
 at ``seq / 64`` so that dynamic and fixed chunks have the same number).
 
-    python benchmarks/dhsa_prefill_e2e.py --out OUT/dhsa_e2e                            # H200: ~2-4 min
-    python benchmarks/dhsa_prefill_e2e.py --out /tmp/x --shapes tiny-global --seqs 256 --budget 64 --initial 4 \\
-        --local 4 --chunk 16 --max-len 16 --repeats 1                                 # CPU smoke test (torch backend)
+    python -m kvlab run dhsa-prefill-e2e --out OUT/dhsa_e2e                            # H200: ~2-4 min
+    python -m kvlab run dhsa-prefill-e2e --out /tmp/x --smoke     # CPU: tiny-global at 256 tokens, torch backend
 
 With ``--rounds R`` (the ledger's Tables 2-3 and Figs. 8-10 rows: 20 rounds), every method is also timed once per
 round, in an order that rotates from round to round, with its peak memory (``torch.cuda.max_memory_allocated``):
-``dhsa_prefill_rounds.examples.jsonl``, one record per round, method and metric, paired by round.
+``dhsa_prefill_rounds.examples.jsonl.gz``, one record per round, method and metric, paired by round (example
+``<shape>/<seq>/round<r>``; under ``--smoke`` the tiny model stands in and its config says so). Also
+``NAME.json`` / ``NAME.md`` (``--name``, default ``dhsa_prefill_e2e``) and, without ``--rounds``,
+``NAME.examples.jsonl.gz`` with every row's numbers. A second run into the same ``--out`` is refused.
 """
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere without installing kvlab
+import torch
 
-import torch  # noqa: E402
+import kvlab.dhsa.api as dhsa_api
+from kvlab.core import use_pattern
+from kvlab.dhsa.boundary_predictor import BoundaryPredictor
+from kvlab.dhsa.pattern import DHSAPattern, dhsa_layers
+from kvlab.experiments import records, registry
+from kvlab.experiments.dhsa.measures import MODEL_SHAPES, prefill_cost, random_model
+from kvlab.experiments.dhsa.predictor_time import row_records
+from kvlab.experiments.registry import ParameterError
+from kvlab.experiments.system import options
+from kvlab.outputs import OutputFolder
 
-import kvlab.dhsa.api as dhsa_api  # noqa: E402
-from kvlab.core import use_pattern  # noqa: E402
-from kvlab.experiments.dhsa import prefill_cost, random_model  # noqa: E402
-from kvlab.dhsa.pattern import DHSAPattern, dhsa_layers  # noqa: E402
-from kvlab.dhsa.boundary_predictor import BoundaryPredictor  # noqa: E402
+__all__ = ["parser", "check", "run", "METHODS"]
+
+NAME = "dhsa-prefill-e2e"
+METHODS = ("sdpa", "dhsa-fixed", "dhsa-pred", "dhsa-pred-shared")
+KERNELS = ("lists", "packed")
+ROUNDS = "dhsa_prefill_rounds" + records.SUFFIX
 
 
 def make_predictor(model, args, device):
@@ -121,7 +131,7 @@ def profiled(model, ids, pattern, layers, device) -> dict:
             "mean_chunk": float(bd[-1]) / max(1, int(bd.numel() - 1)), "chunk_calls": pattern.chunk_calls}
 
 
-def paired_rounds(model, ids, pred, layers, runs, args, device, prefix: str) -> list[dict]:
+def paired_rounds(model, ids, pred, layers, runs, args, device, prefix: str, config: dict) -> list[dict]:
     """``args.rounds`` rounds; in each, one prefill per method (the order rotates by one every round, so a change
     of load falls on every method), timed and with its peak memory: one record per (round, method) and metric
     (``prefill_latency_ms``, ``prefill_peak_memory_bytes``), paired across methods by round."""
@@ -133,6 +143,7 @@ def paired_rounds(model, ids, pred, layers, runs, args, device, prefix: str) -> 
         pat = None if method == "sdpa" else make_patterns(pred, ids.shape[1], args, device, share_heads=bool(sh))[method](False)
         patterns.append((label, kern, pat))
     out = []
+    dev = options.device_string(device)
     for r in range(args.rounds):
         k = r % len(patterns)
         for label, kern, pat in patterns[k:] + patterns[:k]:
@@ -143,109 +154,145 @@ def paired_rounds(model, ids, pred, layers, runs, args, device, prefix: str) -> 
             except torch.OutOfMemoryError:
                 continue
             ex = f"{prefix}/round{r:02d}"
-            out.append({"example": ex, "method": label, "metric": "prefill_latency_ms", "value": cost["ms"]})
+            out.append(records.record(ex, label, "prefill_latency_ms", cost["ms"], config=config, device=dev))
             if cost["peak_bytes"] is not None:
-                out.append({"example": ex, "method": label, "metric": "prefill_peak_memory_bytes",
-                            "value": cost["peak_bytes"]})
+                out.append(records.record(ex, label, "prefill_peak_memory_bytes", cost["peak_bytes"], config=config,
+                                          device=dev))
         print(json.dumps({"round": r, "prefix": prefix}), flush=True)
     return out
 
 
-def write_records(path: Path, records: list[dict]) -> None:
-    """JSON lines written whole (a temporary file renamed into place)."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(json.dumps(x) + "\n" for x in records))
-    tmp.replace(path)
+def parser():
+    p = registry.experiment_parser(NAME, __doc__.split("\n\n")[0])
+    p.add_argument("--name", type=options.stem, default="dhsa_prefill_e2e", help="stem of NAME.json / NAME.md")
+    p.add_argument("--shapes", type=registry.names_list(MODEL_SHAPES, what="shape"),
+                   default=["gemma2-2b-global", "gemma3-270m"])
+    p.add_argument("--seqs", type=options.number_list(int, low=16, what="length"), default=[16384, 32768])
+    p.add_argument("--methods", type=registry.names_list(METHODS, what="method"), default=list(METHODS))
+    p.add_argument("--kernels", type=registry.names_list(KERNELS, what="kernel"), default=["packed"],
+                   help="Triton variants for the DHSA rows")
+    p.add_argument("--share-heads", type=options.number_list(int, low=0, high=1, what="share flag"), default=[1],
+                   help="0 and/or 1: a selection per head / one for all heads")
+    p.add_argument("--combos", type=options.number_list(str, what="kernel:share pair"), default=None,
+                   help="kernel:share pairs instead of --kernels x --share-heads, e.g. lists:0,packed:1")
+    p.add_argument("--budget", type=registry.positive_int, default=2048, help="N_b keys per query")
+    p.add_argument("--initial", type=options.nonnegative_int, default=128)
+    p.add_argument("--local", type=options.nonnegative_int, default=128)
+    p.add_argument("--chunk", type=registry.positive_int, default=64, help="fixed chunk size")
+    p.add_argument("--max-chunks-per", type=registry.positive_int, default=64, help="N_c = seq // this")
+    p.add_argument("--max-len", type=registry.positive_int, default=128, help="dynamic chunks are cut at this")
+    p.add_argument("--nms-window", type=options.nonnegative_int, default=8)
+    p.add_argument("--hidden", type=registry.positive_int, default=256, help="predictor MLP hidden size")
+    p.add_argument("--repeats", type=registry.positive_int, default=3)
+    p.add_argument("--no-compile", action="store_true")
+    p.add_argument("--rounds", type=options.nonnegative_int, default=0,
+                   help="paired rounds for the ledger (dhsa_prefill_rounds.examples.jsonl.gz); 0: none")
+    return p
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", required=True, help="folder for dhsa_prefill_e2e.json / .md")
-    ap.add_argument("--shapes", default="gemma2-2b-global,gemma3-270m")
-    ap.add_argument("--seqs", default="16384,32768")
-    ap.add_argument("--methods", default="sdpa,dhsa-fixed,dhsa-pred,dhsa-pred-shared")
-    ap.add_argument("--kernels", default="packed", help="Triton variants for the DHSA rows (lists, packed)")
-    ap.add_argument("--share-heads", default="1", help="0 and/or 1: a selection per head / one for all heads")
-    ap.add_argument("--combos", default="", help="kernel:share pairs instead of --kernels x --share-heads, "
-                                                 "e.g. lists:0,packed:1")
-    ap.add_argument("--budget", type=int, default=2048, help="N_b keys per query")
-    ap.add_argument("--initial", type=int, default=128)
-    ap.add_argument("--local", type=int, default=128)
-    ap.add_argument("--chunk", type=int, default=64, help="fixed chunk size; dynamic chunks: N_c = seq // 64")
-    ap.add_argument("--max-chunks-per", type=int, default=64, help="N_c = seq // this")
-    ap.add_argument("--max-len", type=int, default=128, help="dynamic chunks are cut at this length")
-    ap.add_argument("--nms-window", type=int, default=8)
-    ap.add_argument("--hidden", type=int, default=256, help="predictor MLP hidden size (paper: 256)")
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--no-compile", action="store_true")
-    ap.add_argument("--rounds", type=int, default=0,
-                    help="paired rounds for the ledger: each round times one prefill of every method in turn (the "
-                         "order rotating) and measures its peak memory (torch.cuda.max_memory_allocated above the "
-                         "weights); written to dhsa_prefill_rounds.examples.jsonl")
-    args = ap.parse_args(argv)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    info = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "torch": torch.__version__,
-            "date": time.strftime("%Y-%m-%d %H:%M:%S"), "command": " ".join(sys.argv)}
+def _combos(args) -> list[tuple[str, int]]:
+    if not args.combos:
+        return [(kern, sh) for kern in args.kernels for sh in args.share_heads]
+    out = []
+    for c in args.combos:
+        kern, _, sh = c.partition(":")
+        if kern not in KERNELS or sh not in ("0", "1"):
+            raise ParameterError(f"--combos {c!r}: give kernel:share with a kernel of {list(KERNELS)} and share 0 or 1")
+        out.append((kern, int(sh)))
+    return out
+
+
+def check(args) -> None:
+    options.check_device(args.device)
+    _combos(args)
+    options.refuse_rerun(args.out, args.name + ".json", options.records_name(args.name), ROUNDS)
+    if args.smoke:  # the tiny model at 256 tokens on the torch backend; example names keep the shape asked for
+        args.asked = [(shape, n) for shape in args.shapes[:1] for n in args.seqs[:1]]
+        args.shapes, args.seqs = ["tiny-global"], [256]
+        args.budget, args.initial, args.local, args.chunk, args.max_len = 64, 4, 4, 16, 16
+        args.repeats, args.rounds, args.no_compile, args.hidden = 1, min(args.rounds, 2), True, 16
+
+
+def _row(model, ids, pred, layers, run_, args, device) -> dict:
+    method, kern, sh = run_
+    n = ids.shape[1]
+    row = {"method": method if kern is None else f"{method}@{kern}{'+sh' if sh else ''}", "dhsa_layers": len(layers),
+           "layers": model.config.num_hidden_layers, "kernel": kern, "share_heads": bool(sh)}
+    try:
+        if kern is not None:
+            dhsa_api.TRITON_VARIANT = kern
+        makers = make_patterns(pred, n, args, device, share_heads=bool(sh))
+        pat = None if method == "sdpa" else makers[method](False)
+        cost = prefill_cost(model, ids, pat, layers, repeats=args.repeats)
+        row |= {"ms": cost["ms"], "peak_gib": cost["peak_bytes"] / 2**30}
+        if pat is not None:
+            row |= profiled(model, ids, makers[method](True), layers, device)
+            for ph in ("chunking", "selection", "attention"):
+                row[f"{ph}_share"] = row.get(f"{ph}_ms", 0.0) / row["profiled_ms"]
+        elif device.type == "cuda":
+            row |= sdpa_attention_ms(model, n, len(layers), device)
+            row["sdpa_attention_share"] = row["sdpa_attention_ms"] / row["ms"]
+            row["floor_ms"] = row["ms"] - row["sdpa_attention_ms"]
+    except torch.OutOfMemoryError:
+        row["error"] = "OOM"
+    except Exception as exc:  # report, keep the other rows
+        row["error"] = f"{type(exc).__name__}: {exc}"[:300]
+    return row
+
+
+def _relative(rows: list[dict]) -> None:
+    base = next((r for r in rows if r["method"] == "sdpa" and "ms" in r), None)
+    for r in rows:
+        if base and "ms" in r:
+            r["x_sdpa_latency"] = r["ms"] / base["ms"]
+            r["x_sdpa_peak"] = r["peak_gib"] / max(base["peak_gib"], 1e-9)
+
+
+def run(args) -> list[Path]:
+    out = OutputFolder(args.out, f"python -m kvlab run {NAME}")
+    device = torch.device(options.resolve_device(args.device))
+    info = {"device": options.device_string(device), "torch": torch.__version__,
+            "date": time.strftime("%Y-%m-%d %H:%M:%S"), "command": f"python -m kvlab run {NAME}"}
     print(json.dumps(info), flush=True)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    rows, records = [], []
-    t_start = time.perf_counter()
-    methods = args.methods.split(",")
-    for shape in args.shapes.split(","):
+    rows, rounds, t_start = [], [], time.perf_counter()
+    for shape in args.shapes:
         model = random_model(shape, attn_implementation="sdpa", device=device)
-        print(json.dumps({"shape": shape, "model_ready_s": time.perf_counter() - t_start}), flush=True)
         layers = dhsa_layers(model)
         pred = make_predictor(model, args, device)
-        for n in (int(x) for x in args.seqs.split(",")):
+        for n in args.seqs:
             ids = torch.randint(0, model.config.vocab_size, (1, n), device=device)
-            runs = [("sdpa", None, None)] if "sdpa" in methods else []
-            combos = ([(c.split(":")[0], int(c.split(":")[1])) for c in args.combos.split(",")] if args.combos else
-                      [(kern, int(sh)) for kern in args.kernels.split(",") for sh in args.share_heads.split(",")])
-            runs += [(m, kern, sh) for m in methods if m != "sdpa" for kern, sh in combos]
-            for method, kern, sh in runs:
-                label = method if kern is None else f"{method}@{kern}{'+sh' if sh else ''}"
-                row = {"shape": shape, "seq": n, "method": label, "dhsa_layers": len(layers),
-                       "layers": model.config.num_hidden_layers, "kernel": kern, "share_heads": bool(sh)}
-                try:
-                    if kern is not None:
-                        dhsa_api.TRITON_VARIANT = kern
-                    makers = make_patterns(pred, n, args, device, share_heads=bool(sh))
-                    pat = None if method == "sdpa" else makers[method](False)
-                    cost = prefill_cost(model, ids, pat, layers, repeats=args.repeats)
-                    row |= {"ms": cost["ms"], "peak_gib": cost["peak_bytes"] / 2**30}
-                    if pat is not None:
-                        row |= profiled(model, ids, makers[method](True), layers, device)
-                        for ph in ("chunking", "selection", "attention"):
-                            row[f"{ph}_share"] = row.get(f"{ph}_ms", 0.0) / row["profiled_ms"]
-                    elif device.type == "cuda":
-                        row |= sdpa_attention_ms(model, n, len(layers), device)
-                        row["sdpa_attention_share"] = row["sdpa_attention_ms"] / row["ms"]
-                        row["floor_ms"] = row["ms"] - row["sdpa_attention_ms"]
-                except torch.OutOfMemoryError:
-                    row["error"] = "OOM"
-                except Exception as exc:  # report, keep the other rows
-                    row["error"] = f"{type(exc).__name__}: {exc}"[:300]
-                row["elapsed_s"] = time.perf_counter() - t_start
-                rows.append(row)
-                print(json.dumps(row), flush=True)
-                (out / "dhsa_prefill_e2e.json").write_text(json.dumps({"info": info, "args": vars(args), "rows": rows,
-                                                                      "partial": True}, indent=1))
+            runs = [("sdpa", None, None)] if "sdpa" in args.methods else []
+            runs += [(m, kern, sh) for m in args.methods if m != "sdpa" for kern, sh in _combos(args)]
+            here = []
+            for run_ in runs:
+                here.append({"shape": shape, "seq": n} | _row(model, ids, pred, layers, run_, args, device)
+                            | {"elapsed_s": time.perf_counter() - t_start})
+                print(json.dumps(here[-1]), flush=True)
+                options.write_json(out, args.name + ".json", {"info": info, "rows": rows + here, "partial": True})
                 if device.type == "cuda":
                     torch.cuda.empty_cache()
-            base = {r["method"]: r for r in rows if r["shape"] == shape and r["seq"] == n}.get("sdpa")
-            for r in rows:
-                if r["shape"] == shape and r["seq"] == n and base and "ms" in r and "ms" in base:
-                    r["x_sdpa_latency"] = r["ms"] / base["ms"]
-                    r["x_sdpa_peak"] = r["peak_gib"] / max(base["peak_gib"], 1e-9)
-            (out / "dhsa_prefill_e2e.json").write_text(json.dumps({"info": info, "args": vars(args), "rows": rows},
-                                                                  indent=1))
+            _relative(here)
+            rows += here
+            options.write_json(out, args.name + ".json", {"info": info, "rows": rows})
             if args.rounds:
-                records += paired_rounds(model, ids, pred, layers, runs, args, device, f"{shape}/{n}")
-                write_records(out / "dhsa_prefill_rounds.examples.jsonl", records)
+                asked = args.asked[0] if args.smoke else (shape, n)
+                config = {"shape": shape, "seq": n, "budget": args.budget, "stands_in_for": list(asked)}
+                rounds += paired_rounds(model, ids, pred, layers, runs, args, device, f"{asked[0]}/{asked[1]}",
+                                        config)
         del model
         if device.type == "cuda":
             torch.cuda.empty_cache()
+    md = options.write_text(out, args.name + ".md", f"{info['device']} ({info['date']})\n\n`{info['command']}`\n\n"
+                                                  f"{_table(rows)}\n")
+    if args.rounds:
+        path = records.write(ROUNDS, rounds, out=out)
+    else:
+        path = records.write(options.records_name(args.name), row_records(rows, info["device"],
+                             example_keys=("shape", "seq"), method_key="method"), out=out)
+    return [path, out.root / (args.name + ".json"), md]
+
+
+def _table(rows: list[dict]) -> str:
     cols = [("shape", "{}"), ("seq", "{}"), ("method", "{}"), ("ms", "{:.1f}"), ("x_sdpa_latency", "{:.2f}"),
             ("sdpa_attention_ms", "{:.1f}"), ("sdpa_attention_share", "{:.3f}"), ("floor_ms", "{:.1f}"),
             ("peak_gib", "{:.2f}"), ("x_sdpa_peak", "{:.2f}"), ("chunking_ms", "{:.1f}"), ("selection_ms", "{:.1f}"),
@@ -255,10 +302,5 @@ def main(argv=None) -> int:
     for r in rows:
         lines.append("| " + " | ".join(f.format(r[c]) if c in r else "-" for c, f in cols) + " |")
     table = "\n".join(lines)
-    (out / "dhsa_prefill_e2e.md").write_text(f"{info['device']} ({info['date']})\n\n`{info['command']}`\n\n{table}\n")
     print(table)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    return table

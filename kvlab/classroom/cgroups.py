@@ -265,8 +265,25 @@ def _undo(bases: dict[str, str]) -> None:
             pass
 
 
+def _sweep(parent: str) -> None:
+    """Remove the groups a grader that was killed left under ``parent`` (``kvlab-grade-PID`` of a dead PID)."""
+    for entry in _subdirs(parent):
+        name = os.path.basename(entry)
+        if not name.startswith("kvlab-grade-") or not name[12:].isdigit():
+            continue
+        if os.path.exists(f"/proc/{name[12:]}"):
+            continue
+        for child in _subdirs(entry):
+            ChildGroup({c: child for c in V1_CONTROLLERS}, 2).remove()
+        try:
+            os.rmdir(entry)
+        except OSError:
+            pass
+
+
 def probe(root: str = "/sys/fs/cgroup") -> Groups | str:
-    """The grader's groups (made now; :meth:`Groups.close` removes them), or why none can be made here."""
+    """The grader's groups (made now; :meth:`Groups.close` removes them), or why none can be made here. Groups a
+    killed grader left behind are removed first."""
     if not os.path.isdir(root):
         return f"{root} does not exist (no cgroups: not Linux, or not mounted)"
     reasons = []
@@ -274,11 +291,14 @@ def probe(root: str = "/sys/fs/cgroup") -> Groups | str:
     if os.path.exists(os.path.join(unified, "cgroup.controllers")):
         got = _v2(unified)
         if isinstance(got, Groups):
+            _sweep(os.path.dirname(got.bases["pids"]))
             return got
         reasons.append(f"cgroup v2: {got}")
     if os.path.isdir(os.path.join(root, "pids")):
         got = _v1(root)
         if isinstance(got, Groups):
+            for base in dict.fromkeys(got.bases.values()):
+                _sweep(os.path.dirname(base))
             return got
         reasons.append(f"cgroup v1: {got}")
     return "; ".join(reasons) or f"no cgroup hierarchy under {root}"

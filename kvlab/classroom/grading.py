@@ -208,48 +208,63 @@ _ALLOWED_DUNDERS = {"__init__", "__post_init__", "__repr__", "__str__", "__len__
                     "__doc__", "__module__", "__qualname__", "__annotations__"}
 
 
+def _scan_call(node: ast.Call) -> list[str]:
+    """``getattr``/``hasattr``/``setattr``/``delattr`` with a computed or a dunder name."""
+    if not (isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr", "setattr", "delattr")
+            and len(node.args) >= 2):
+        return []
+    name = node.args[1]
+    if not (isinstance(name, ast.Constant) and isinstance(name.value, str)):
+        return [f"uses {node.func.id} with a computed attribute name"]
+    if name.value.startswith("__") or name.value in _BAD_ATTRS:
+        return [f"uses {node.func.id}(..., {name.value!r})"]
+    return []
+
+
+def _scan_class(node: ast.ClassDef) -> list[str]:
+    """Dunders in a class body (other than the harmless ones) and subclasses of plain types."""
+    found = []
+    for item in node.body:
+        names = []
+        if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            names = [item.name]
+        elif isinstance(item, (ast.Assign, ast.AnnAssign)):
+            targets = item.targets if isinstance(item, ast.Assign) else [item.target]
+            names = [t.id for t in targets if isinstance(t, ast.Name)]
+        found += [f"defines {n} in the class {node.name} (changes how its values compare, convert or dispatch)"
+                  for n in names if n.startswith("__") and n.endswith("__") and n not in _ALLOWED_DUNDERS]
+    for base in node.bases:
+        b = _name(ast.unparse(base), "a base")
+        if b.split(".")[-1] in ("float", "int", "list", "tuple", "dict", "str", "bool", "Tensor"):
+            found.append(f"subclasses {b} (an answer must be the plain type)")
+    return found
+
+
+def _scan_allowed(node: ast.Import | ast.ImportFrom, allowed_imports: set[str]) -> list[str]:
+    """Imports outside the master's modules and the allowlist, and kvlab names the master does not import."""
+    mods = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+    found = []
+    for m in mods:
+        top = m.split(".")[0]
+        if top == "kvlab" and isinstance(node, ast.ImportFrom):
+            found += [f"imports {a.name} from {m}, which the assignment does not use (is it the class the question "
+                      f"asks you to write?)" for a in node.names if f"kvlab:{a.name}" not in allowed_imports]
+        elif top not in allowed_imports and top not in SAFE_MODULES and top != "kvlab":
+            found.append(f"imports {m}, outside the modules the assignment uses")
+    return found
+
+
 def _scan_more(tree: ast.AST, allowed_imports: set[str] | None) -> list[str]:
     """Computed attribute names, dunders in class bodies, imports outside the allowlist (``allowed_imports``:
     modules and ``kvlab`` names the master itself imports; None skips that check)."""
     found = []
     for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in (
-                "getattr", "hasattr", "setattr", "delattr") and len(node.args) >= 2:
-            name = node.args[1]
-            if not (isinstance(name, ast.Constant) and isinstance(name.value, str)):
-                found.append(f"uses {node.func.id} with a computed attribute name")
-            elif name.value.startswith("__") or name.value in _BAD_ATTRS:
-                found.append(f"uses {node.func.id}(..., {name.value!r})")
+        if isinstance(node, ast.Call):
+            found += _scan_call(node)
         elif isinstance(node, ast.ClassDef):
-            for item in node.body:
-                names = []
-                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                    names = [item.name]
-                elif isinstance(item, (ast.Assign, ast.AnnAssign)):
-                    targets = item.targets if isinstance(item, ast.Assign) else [item.target]
-                    names = [t.id for t in targets if isinstance(t, ast.Name)]
-                for n in names:
-                    if n.startswith("__") and n.endswith("__") and n not in _ALLOWED_DUNDERS:
-                        found.append(f"defines {n} in the class {node.name} (changes how its values compare, "
-                                     f"convert or dispatch)")
-            for base in node.bases:
-                b = _name(ast.unparse(base), "a base")
-                if b.split(".")[-1] in ("float", "int", "list", "tuple", "dict", "str", "bool", "Tensor"):
-                    found.append(f"subclasses {b} (an answer must be the plain type)")
+            found += _scan_class(node)
         elif allowed_imports is not None and isinstance(node, (ast.Import, ast.ImportFrom)):
-            if isinstance(node, ast.Import):
-                mods = [a.name for a in node.names]
-            else:
-                mods = [node.module or ""]
-            for m in mods:
-                top = m.split(".")[0]
-                if top == "kvlab" and isinstance(node, ast.ImportFrom):
-                    for a in node.names:
-                        if f"kvlab:{a.name}" not in allowed_imports:
-                            found.append(f"imports {a.name} from {m}, which the assignment does not use "
-                                         f"(is it the class the question asks you to write?)")
-                elif top not in allowed_imports and top not in SAFE_MODULES and top != "kvlab":
-                    found.append(f"imports {m}, outside the modules the assignment uses")
+            found += _scan_allowed(node, allowed_imports)
         elif isinstance(node, ast.Attribute) and node.attr in ("__torch_function__", "__class__", "__mro__",
                                                                 "__bases__", "__reduce__"):
             found.append(f"uses .{node.attr}")
@@ -274,28 +289,41 @@ def allowed_imports(sources: list[str]) -> set[str]:
     return allowed
 
 
-def scan(source: str, label: str, parameters: set[str] = frozenset(), imported: set[str] = frozenset(),
-         allowed_imports: set[str] | None = None) -> list[str]:
-    """Reasons to look at a student's cell by hand (empty for ordinary code). ``imported``: names bound to
-    modules or classes elsewhere in the notebook (assigning an attribute of one is monkeypatching);
-    ``allowed_imports``: see :func:`allowed_imports` (None: imports are checked against the block list only)."""
-    try:
-        tree = ast.parse(source)
-    except SyntaxError:
-        return []  # it fails when run, and scores what it scores
+def _scan_imports(tree: ast.AST, aliases: set[str]) -> list[str]:
+    """Imports of blocked modules or names; adds every imported name to ``aliases``."""
     found = []
-    aliases = set(imported)
     for node in ast.walk(tree):
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            mods = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
-            for a in node.names:
-                aliases.add((a.asname or a.name).split(".")[0])
-            for m in mods:
-                if m in _BAD_MODULES or m.split(".")[0] in _BAD_MODULES - {"kvlab"}:
-                    found.append(f"imports {m}")
-                if isinstance(node, ast.ImportFrom) and any(a.name in _BAD_NAMES or a.name in _BAD_ATTRS
-                                                            for a in node.names):
-                    found.append(f"imports {', '.join(a.name for a in node.names)} from {m}")
+        if not isinstance(node, (ast.Import, ast.ImportFrom)):
+            continue
+        mods = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+        aliases.update((a.asname or a.name).split(".")[0] for a in node.names)
+        for m in mods:
+            if m in _BAD_MODULES or m.split(".")[0] in _BAD_MODULES - {"kvlab"}:
+                found.append(f"imports {m}")
+            if isinstance(node, ast.ImportFrom) and any(a.name in _BAD_NAMES or a.name in _BAD_ATTRS
+                                                        for a in node.names):
+                found.append(f"imports {', '.join(a.name for a in node.names)} from {m}")
+    return found
+
+
+def _scan_assign(node: ast.AST, aliases: set[str]) -> list[str]:
+    """An assignment to an attribute of an imported module or class (monkeypatching)."""
+    targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]
+    found = []
+    for t in targets:
+        for sub in ast.walk(t):
+            if isinstance(sub, ast.Attribute):
+                root = sub
+                while isinstance(root, ast.Attribute):
+                    root = root.value
+                if isinstance(root, ast.Name) and root.id in aliases:
+                    found.append(f"assigns {_name(ast.unparse(sub), 'an attribute')} (monkeypatching {root.id})")
+    return found
+
+
+def _scan_nodes(tree: ast.AST, aliases: set[str]) -> list[str]:
+    """Blocked names and attributes, comparison dunders, monkeypatching."""
+    found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Name) and node.id in _BAD_NAMES:
             found.append(f"uses {node.id}")
@@ -304,16 +332,14 @@ def scan(source: str, label: str, parameters: set[str] = frozenset(), imported: 
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name in _COMPARISON_DUNDERS:
             found.append(f"defines {node.name} (an answer that compares equal to anything?)")
         elif isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete)):
-            targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]
-            for t in targets:
-                for sub in ast.walk(t):
-                    if isinstance(sub, ast.Attribute):
-                        root = sub
-                        while isinstance(root, ast.Attribute):
-                            root = root.value
-                        if isinstance(root, ast.Name) and root.id in aliases:
-                            found.append(f"assigns {_name(ast.unparse(sub), 'an attribute')} (monkeypatching {root.id})")
-    for node in tree.body:  # top level only: a local variable of the same name is harmless
+            found += _scan_assign(node, aliases)
+    return found
+
+
+def _scan_top(tree: ast.Module, parameters: set[str]) -> list[str]:
+    """Top-level rebinding of a parameter or a builtin (a local variable of the same name is harmless)."""
+    found = []
+    for node in tree.body:
         targets = []
         if isinstance(node, ast.Assign):
             targets = node.targets
@@ -327,13 +353,24 @@ def scan(source: str, label: str, parameters: set[str] = frozenset(), imported: 
                 found.append(f"assigns the parameter {name}")
             elif hasattr(builtins, name) and not name.startswith("_"):
                 found.append(f"redefines the builtin {name}")
+    return found
+
+
+def scan(source: str, label: str, parameters: set[str] = frozenset(), imported: set[str] = frozenset(),
+         allowed_imports: set[str] | None = None) -> list[str]:
+    """Reasons to look at a student's cell by hand (empty for ordinary code). ``imported``: names bound to
+    modules or classes elsewhere in the notebook (assigning an attribute of one is monkeypatching);
+    ``allowed_imports``: see :func:`allowed_imports` (None: imports are checked against the block list only)."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return []  # it fails when run, and scores what it scores
+    aliases = set(imported)
+    found = _scan_imports(tree, aliases)
+    found += _scan_nodes(tree, aliases)
+    found += _scan_top(tree, parameters)
     found += _scan_more(tree, allowed_imports)
-    seen, out = set(), []
-    for f in found:
-        if f not in seen:
-            seen.add(f)
-            out.append(f"{label}: {f}")
-    return out
+    return [f"{label}: {f}" for f in dict.fromkeys(found)]
 
 
 def _imported_names(sources: list[str]) -> set[str]:
@@ -656,8 +693,6 @@ def _encode(value, handles: dict | None = None, names: dict | None = None, depth
     (``handles`` given) anything else (a function, a class, an instance) becomes a handle the judge can call; a
     subclass of a plain type becomes a marker that equals nothing. On the judge's side (``names``: id -> name of
     the master's values) a master object is sent by name, a handle as itself, anything else raises NotSendable."""
-    import base64
-
     if depth > 50:
         raise NotSendable("nested too deeply")
     t = type(value)
@@ -665,14 +700,35 @@ def _encode(value, handles: dict | None = None, names: dict | None = None, depth
         return value
     if t is float:
         return {"F": repr(value)}  # nan, inf and -0.0 survive
-    if t in (list, tuple, set, frozenset):
-        items = sorted(value, key=repr) if t in (set, frozenset) else value
-        return {{list: "L", tuple: "T", set: "S", frozenset: "S"}[t]: [_encode(v, handles, names, depth + 1) for v in items]}
+    if t in (list, tuple, set, frozenset, dict):
+        return _encode_container(value, handles, names, depth)
+    if t is _Remote:
+        return {"H": object.__getattribute__(value, "_h")}
+    got = _encode_array(value)
+    if got is not None:
+        return got
+    numpy = sys.modules.get("numpy")
+    if numpy is not None and isinstance(value, numpy.generic) and t.__module__ == "numpy":
+        return _encode(value.item(), handles, names, depth)
+    if handles is not None:
+        return _handle(value, handles)
+    return _encode_master(value, names, depth)
+
+
+def _encode_container(value, handles, names, depth: int):
+    t = type(value)
     if t is dict:
         return {"D": [[_encode(k, handles, names, depth + 1), _encode(v, handles, names, depth + 1)]
                       for k, v in value.items()]}
-    if t is _Remote:
-        return {"H": object.__getattribute__(value, "_h")}
+    items = sorted(value, key=repr) if t in (set, frozenset) else value
+    return {{list: "L", tuple: "T", set: "S", frozenset: "S"}[t]: [_encode(v, handles, names, depth + 1) for v in items]}
+
+
+def _encode_array(value):
+    """A tensor, a torch Size or dtype, or a numeric numpy array as plain data (None: none of those)."""
+    import base64
+
+    t = type(value)
     torch = sys.modules.get("torch")
     numpy = sys.modules.get("numpy")
     if torch is not None and isinstance(value, torch.Tensor):
@@ -691,22 +747,29 @@ def _encode(value, handles: dict | None = None, names: dict | None = None, depth
     if numpy is not None and t is numpy.ndarray and value.dtype.kind in "biuf":
         return {"N": value.dtype.str, "shape": list(value.shape),
                 "b": base64.b64encode(numpy.ascontiguousarray(value).tobytes()).decode()}
-    if numpy is not None and isinstance(value, numpy.generic) and t.__module__ == "numpy":
-        return _encode(value.item(), handles, names, depth)
-    if handles is not None:  # the child: a subclass of a plain type is not that type
-        for base in (bool, int, float, str, list, tuple, dict, set):
-            if isinstance(value, base):
-                return {"bad": 1, "base": base.__name__}
-        key = len(handles) + 1
-        handles[key] = value
-        kind = "class" if isinstance(value, type) else "function" if callable(value) else "object"
-        return {"H": key, "type": kind, "callable": callable(value)}
+    return None
+
+
+def _handle(value, handles: dict) -> dict:
+    """The child's side: a subclass of a plain type is not that type; anything else becomes a handle."""
+    for base in (bool, int, float, str, list, tuple, dict, set):
+        if isinstance(value, base):
+            return {"bad": 1, "base": base.__name__}
+    key = len(handles) + 1
+    handles[key] = value
+    kind = "class" if isinstance(value, type) else "function" if callable(value) else "object"
+    return {"H": key, "type": kind, "callable": callable(value)}
+
+
+def _encode_master(value, names, depth: int):
+    """The judge's side: a master object by name, a kvlab record field by field; anything else is refused."""
+    t = type(value)
     if names is not None and id(value) in names:
         return {"G": names[id(value)]}
     if names is not None and _kvlab_record(t):  # a value object of kvlab's (a LayerView): sent field by field
         import dataclasses
 
-        return {"O": [t.__module__, t.__qualname__], "f": {f.name: _encode(getattr(value, f.name), handles, names,
+        return {"O": [t.__module__, t.__qualname__], "f": {f.name: _encode(getattr(value, f.name), None, names,
                                                                           depth + 1) for f in dataclasses.fields(value)}}
     raise NotSendable(f"the test passed a {t.__name__} to your code, which the judge sends only as plain data")
 
@@ -736,73 +799,102 @@ class Unconvertible:
 def _decode(data, remote=None, depth: int = 0, found: list | None = None):
     """The inverse of :func:`_encode` on the judge's side (``remote``: the channel to the child, for handles) and
     on the child's (``remote`` None: ``G`` names and handles are resolved by the caller's ``resolve``)."""
-    import base64
-
     if depth > 60:
         raise ValueError("nested too deeply")
     if data is None or type(data) in (bool, int, str):
         return data
     if type(data) is dict and len(data) >= 1:
-        if "F" in data:
-            return float(data["F"])
-        if "L" in data:
-            return [_decode(v, remote, depth + 1, found) for v in data["L"]]
-        if "T" in data:
-            return tuple(_decode(v, remote, depth + 1, found) for v in data["T"])
-        if "S" in data:
-            return set(_decode(v, remote, depth + 1, found) for v in data["S"])
-        if "D" in data:
-            return {_decode(k, remote, depth + 1, found): _decode(v, remote, depth + 1, found) for k, v in data["D"]}
-        if "Z" in data:
-            import torch
-
-            return torch.Size([int(v) for v in data["Z"]])
-        if "X" in data:
-            import torch
-
-            dtype = getattr(torch, str(data["X"]))
-            if not isinstance(dtype, torch.dtype):
-                raise ValueError("not a dtype")
-            raw = bytearray(base64.b64decode(data["b"]))
-            flat = torch.frombuffer(raw, dtype=torch.uint8).view(dtype) if raw else torch.empty(0, dtype=dtype)
-            if "sub" in data and found is not None:
-                found.append("returned a tensor of a subclass (compared as a plain tensor)")
-            return flat.reshape([int(s) for s in data["shape"]]).clone()
-        if "N" in data:
-            import numpy
-
-            return numpy.frombuffer(base64.b64decode(data["b"]), dtype=numpy.dtype(str(data["N"]))).reshape(
-                [int(s) for s in data["shape"]]).copy()
-        if "dtype" in data:
-            import torch
-
-            dtype = getattr(torch, str(data["dtype"]))
-            if not isinstance(dtype, torch.dtype):
-                raise ValueError("not a dtype")
-            return dtype
-        if "bad" in data:
-            base = str(data.get("base", ""))
-            what = f"a subclass of {base}" if base in _PLAIN else "a subclass of a plain type"
-            if found is not None:
-                found.append(f"returned {what} (not the plain type: it equals nothing)")
-            return Unconvertible(what)
-        if "H" in data and remote is not None:
-            kind = data.get("type") if data.get("type") in ("class", "function", "object") else "object"
-            return _Remote(remote, int(data["H"]), kind, bool(data.get("callable")))
-        if "O" in data and remote is None:  # the child: a kvlab value object the judge sent
-            module, qualname = (str(v) for v in data["O"])
-            cls = getattr(sys.modules.get(module), qualname, None)
-            if not _kvlab_record(cls):
-                raise ValueError("not a kvlab record")
-            obj = object.__new__(cls)
-            for key, v in data["f"].items():
-                object.__setattr__(obj, str(key), _decode(v, None, depth + 1, found))
-            return obj
-        if "G" in data and remote is None:
-            return data  # the child resolves a master name itself
-        if "H" in data and remote is None:
-            return data
+        for key, decode in _DECODERS:
+            if key in data:
+                return decode(data, remote, depth, found)
     raise ValueError("not plain data")
+
+
+def _decode_container(data, remote, depth, found):
+    if "L" in data:
+        return [_decode(v, remote, depth + 1, found) for v in data["L"]]
+    if "T" in data:
+        return tuple(_decode(v, remote, depth + 1, found) for v in data["T"])
+    if "S" in data:
+        return set(_decode(v, remote, depth + 1, found) for v in data["S"])
+    return {_decode(k, remote, depth + 1, found): _decode(v, remote, depth + 1, found) for k, v in data["D"]}
+
+
+def _torch_dtype(name):
+    import torch
+
+    dtype = getattr(torch, str(name))
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError("not a dtype")
+    return dtype
+
+
+def _decode_tensor(data, remote, depth, found):
+    import base64
+
+    import torch
+
+    dtype = _torch_dtype(data["X"])
+    raw = bytearray(base64.b64decode(data["b"]))
+    flat = torch.frombuffer(raw, dtype=torch.uint8).view(dtype) if raw else torch.empty(0, dtype=dtype)
+    if "sub" in data and found is not None:
+        found.append("returned a tensor of a subclass (compared as a plain tensor)")
+    return flat.reshape([int(s) for s in data["shape"]]).clone()
+
+
+def _decode_numpy(data, remote, depth, found):
+    import base64
+
+    import numpy
+
+    return numpy.frombuffer(base64.b64decode(data["b"]), dtype=numpy.dtype(str(data["N"]))).reshape(
+        [int(s) for s in data["shape"]]).copy()
+
+
+def _decode_size(data, remote, depth, found):
+    import torch
+
+    return torch.Size([int(v) for v in data["Z"]])
+
+
+def _decode_bad(data, remote, depth, found):
+    base = str(data.get("base", ""))
+    what = f"a subclass of {base}" if base in _PLAIN else "a subclass of a plain type"
+    if found is not None:
+        found.append(f"returned {what} (not the plain type: it equals nothing)")
+    return Unconvertible(what)
+
+
+def _decode_handle(data, remote, depth, found):
+    if remote is None:
+        return data  # the child resolves a handle itself
+    kind = data.get("type") if data.get("type") in ("class", "function", "object") else "object"
+    return _Remote(remote, int(data["H"]), kind, bool(data.get("callable")))
+
+
+def _decode_record(data, remote, depth, found):
+    if remote is not None:
+        raise ValueError("not plain data")
+    module, qualname = (str(v) for v in data["O"])  # the child: a kvlab value object the judge sent
+    cls = getattr(sys.modules.get(module), qualname, None)
+    if not _kvlab_record(cls):
+        raise ValueError("not a kvlab record")
+    obj = object.__new__(cls)
+    for key, v in data["f"].items():
+        object.__setattr__(obj, str(key), _decode(v, None, depth + 1, found))
+    return obj
+
+
+def _decode_name(data, remote, depth, found):
+    if remote is not None:
+        raise ValueError("not plain data")
+    return data  # the child resolves a master name itself
+
+
+_DECODERS = (("F", lambda d, r, depth, f: float(d["F"])), ("L", _decode_container), ("T", _decode_container),
+             ("S", _decode_container), ("D", _decode_container), ("Z", _decode_size), ("X", _decode_tensor),
+             ("N", _decode_numpy), ("dtype", lambda d, r, depth, f: _torch_dtype(d["dtype"])), ("bad", _decode_bad),
+             ("H", _decode_handle), ("O", _decode_record), ("G", _decode_name))
 
 
 _PLAIN = ("bool", "int", "float", "str", "list", "tuple", "dict", "set")
@@ -972,9 +1064,7 @@ def _child(job: dict, sub: dict, q: str, ns: dict, pristine: dict, sock) -> None
     and the answer cells of q) and the master's cells up to q's check; then send the judge what it asked for (the
     names q's tests read: plain data, or a handle for a function or an object) and answer its calls until it is
     done. The child never sees a test. Never returns."""
-    snapshot, restore, protected, dumps = _snapshot, _restore, _protected, json.dumps
-    exit_ = os._exit
-    flags, errors = [], []
+    dumps, leftovers, encode, serve, exit_ = json.dumps, _leftover_flags, _encode, _serve, os._exit  # kept
     handles: dict = {}
 
     def write(message):
@@ -985,57 +1075,75 @@ def _child(job: dict, sub: dict, q: str, ns: dict, pristine: dict, sock) -> None
         torch = sys.modules.get("torch")
         if torch is not None:
             torch.set_num_threads(1)  # the zygote may have used OpenMP threads: not safe to reuse after fork
-        parameters = set(job["parameters"])
-        allowed = set(job["rebinds"][q])
-        master_bound = set(ns)
-        guarded = {k: v for k, v in ns.items() if protected(k, v, parameters)}
-        cells = [("your added cell", s, True) for s in sub["extras"]]
-        cells += [(f"your answer to {q}", s, True) for s in sub["answers"]]
-        cells += [("the assignment's cell", source, False) for source in job["given"]]
-        for label, source, student in cells:
-            if student:
-                before = snapshot()
-            else:
-                previous = dict(ns)
-            try:
-                exec(compile(source, f"<{label}>", "exec"), ns)
-            except BaseException as exc:  # noqa: BLE001 - errors are allowed: the tests decide
-                if student:
-                    tb = exc.__traceback__
-                    line = None
-                    while tb is not None:
-                        if tb.tb_frame.f_code.co_filename == f"<{label}>":
-                            line = tb.tb_lineno
-                        tb = tb.tb_next
-                    errors.append([label, type(exc).__name__, line])
-            if student:
-                flags.extend(["replaced", label, name] for name in restore(before))
-                for name, value in guarded.items():
-                    if ns.get(name, _MISSING) is not value and name not in allowed:
-                        flags.append(["rebinds", label, name])
-                        ns[name] = value
-            else:
-                master_bound.update(ns)
-                guarded.update({k: v for k, v in ns.items() if previous.get(k, _MISSING) is not v
-                                and protected(k, v, parameters)})
-        shadowed = sorted(k for k in ns if k in pristine and ns[k] is not pristine[k] and not k.startswith("__")
-                          and k not in master_bound)
-        if shadowed:
-            flags.append(["shadowed", "", ", ".join(shadowed)])
-        changed = [k for k, v in pristine.items() if builtins.__dict__.get(k, _MISSING) is not v]
-        if changed:
-            flags.append(["builtins", "", ", ".join(sorted(changed))])
+        flags, errors, master_bound = _run_cells(job, sub, q, ns)
+        flags.extend(leftovers(ns, pristine, master_bound))
         names = {}
         for name in job["remote"][q]:
             if name in ns:
                 try:
-                    names[name] = _encode(ns[name], handles)
+                    names[name] = encode(ns[name], handles)
                 except BaseException:  # noqa: BLE001 - a value that cannot be sent is missing
                     pass
         write({"names": names, "errors": errors, "flags": flags})
-        _serve(sock, ns, handles, write)
+        serve(sock, ns, handles, write)
     finally:
         exit_(0)
+
+
+def _run_cells(job: dict, sub: dict, q: str, ns: dict) -> tuple[list, list, set]:
+    """In the child: the student's cells then the master's up to q's check, each student cell's changes to the
+    loaded modules, classes and the master's names put back and reported. Returns the flags, the errors (label,
+    type, line) and the names the master's cells bound."""
+    snapshot, restore, protected, line_of = _snapshot, _restore, _protected, _error_line  # before student code
+    flags, errors = [], []
+    parameters = set(job["parameters"])
+    allowed = set(job["rebinds"][q])
+    master_bound = set(ns)
+    guarded = {k: v for k, v in ns.items() if protected(k, v, parameters)}
+    cells = [("your added cell", s, True) for s in sub["extras"]]
+    cells += [(f"your answer to {q}", s, True) for s in sub["answers"]]
+    cells += [("the assignment's cell", source, False) for source in job["given"]]
+    for label, source, student in cells:
+        before = snapshot() if student else dict(ns)
+        try:
+            exec(compile(source, f"<{label}>", "exec"), ns)
+        except BaseException as exc:  # noqa: BLE001 - errors are allowed: the tests decide
+            if student:
+                errors.append([label, type(exc).__name__, line_of(exc, label)])
+        if student:
+            flags.extend(["replaced", label, name] for name in restore(before))
+            for name, value in guarded.items():
+                if ns.get(name, _MISSING) is not value and name not in allowed:
+                    flags.append(["rebinds", label, name])
+                    ns[name] = value
+        else:
+            master_bound.update(ns)
+            guarded.update({k: v for k, v in ns.items() if before.get(k, _MISSING) is not v
+                            and protected(k, v, parameters)})
+    return flags, errors, master_bound
+
+
+def _error_line(exc: BaseException, label: str) -> int | None:
+    """The last line of the student's cell ``label`` in ``exc``'s traceback."""
+    tb, line = exc.__traceback__, None
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename == f"<{label}>":
+            line = tb.tb_lineno
+        tb = tb.tb_next
+    return line
+
+
+def _leftover_flags(ns: dict, pristine: dict, master_bound: set) -> list[list]:
+    """Builtins the student's names shadow, and builtins replaced, after every cell ran."""
+    flags = []
+    shadowed = sorted(k for k in ns if k in pristine and ns[k] is not pristine[k] and not k.startswith("__")
+                      and k not in master_bound)
+    if shadowed:
+        flags.append(["shadowed", "", ", ".join(shadowed)])
+    changed = [k for k, v in pristine.items() if builtins.__dict__.get(k, _MISSING) is not v]
+    if changed:
+        flags.append(["builtins", "", ", ".join(sorted(changed))])
+    return flags
 
 
 # ------------------------------------------------------------------------------------------ the judge
@@ -1234,9 +1342,10 @@ REFERENCE_LIMIT = 600.0  # seconds the reference answer may take (it sets the st
 SLOWDOWN, MIN_LIMIT = 10.0, 5.0  # a student's run of a question may take 10x the reference's, at least 5 s
 IDLE_BUDGET, IDLE_FLOOR = 3.0, 0.5  # seconds a student's runs may wait without computing, over all questions
 # (a run gets what is left of the budget, at least IDLE_FLOOR): sleeping holds a slot but burns no CPU time
-CPU_FACTOR, CPU_MARGIN, CPU_FLOOR = 2.0, 1.0, 1.0  # a student's run of a question may use 2x the reference
-# child's CPU time plus 1 s (at least 1 s, at most its wall limit): a busy student is cut there, not only flagged
-CPU_GRACE = 0.25  # seconds over the CPU budget before the grader kills a group (the kernel's RLIMIT_CPU is first)
+CPU_FACTOR, CPU_MARGIN, CPU_FLOOR = 1.5, 0.25, 0.5  # a student's run of a question may use 1.5x the reference
+# child's CPU time plus 0.25 s (at least 0.5 s, at most its wall limit): a busy student is cut there, not only
+# flagged, so that one busy student costs a class of 8 at most ~20 % (issue 47's bound)
+CPU_GRACE = 0.05  # seconds over the CPU budget before the grader kills a group (read every 20 ms)
 PIDS = 64  # processes and threads one child's control group may hold (its own code fails past it, nobody else's)
 SLOW_FACTOR, SLOW_MARGIN = 3.0, 2.0  # flagged slow: more CPU time than 3x the reference's, plus 2 s
 MEMORY = 4 << 30  # bytes a child may map beyond what the zygote had mapped
@@ -1770,6 +1879,16 @@ def _poll(run: dict, readable: list, idle: dict, owners: list) -> dict | None:
         if done:
             run["child_status"], run["child_cpu"] = status, usage.ru_utime + usage.ru_stime
     now = time.monotonic()
+    _account_idle(run, now)
+    done, _, jusage = os.wait4(run["judge"], os.WNOHANG)
+    stop = None if done else _over(run, now)
+    if not (done or stop):
+        return None
+    return _stop(run, stop, idle, owners, now, jusage if done else None)
+
+
+def _account_idle(run: dict, now: float) -> None:
+    """Add the time since the last look to the run's idle time when its student process and judge both sleep."""
     if run["child_status"] is None and run["allowed_idle"] is not None:
         if run["box"] is not None and run["inner"] is None:
             run["inner"] = _inner(run["child"])
@@ -1777,10 +1896,11 @@ def _poll(run: dict, readable: list, idle: dict, owners: list) -> dict | None:
         if student is not None and _sleeping(student) and _sleeping(run["judge"]):
             run["idle"] += now - run["seen"]
     run["seen"] = now
-    done, _, jusage = os.wait4(run["judge"], os.WNOHANG)
-    stop = None if done else _over(run, now)
-    if not (done or stop):
-        return None
+
+
+def _stop(run: dict, stop: str | None, idle: dict, owners: list, now: float, jusage) -> dict:
+    """End a run (its judge done, or ``stop``: the limit it is over): kill its child's group and sandbox, reap,
+    release, and return its outcome."""
     events = run["group"].events() if run["group"] is not None else {}
     group_cpu = run["group"].cpu_seconds() if run["group"] is not None else 0.0
     _kill_run(run, run["child"])
@@ -1800,7 +1920,7 @@ def _poll(run: dict, readable: list, idle: dict, owners: list) -> dict | None:
         idle[s] = idle.get(s, 0.0) + run["idle"]
     outcome = _outcome(run, stop, events)
     outcome.update(seconds=now - run["t0"], limit=run["limits"]["wall"], cpu_limit=run["limits"]["cpu"],
-                   cpu=run["child_cpu"] + (jusage.ru_utime + jusage.ru_stime if done else 0.0))
+                   cpu=run["child_cpu"] + (jusage.ru_utime + jusage.ru_stime if jusage is not None else 0.0))
     return outcome
 
 

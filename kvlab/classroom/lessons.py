@@ -338,9 +338,7 @@ def grade(assignment: Assignment | pathlib.Path, submissions: pathlib.Path, out:
     grade without the bubblewrap sandbox where none can be made (see :mod:`kvlab.classroom.grading`);
     ``cgroups=False``: the weaker per-process limits where no control group per child can be made. Returns the grades as a pandas DataFrame. ``assignment`` is an :class:`Assignment` or the folder that
     :func:`make` wrote for it."""
-    import pandas as pd
-
-    from kvlab.classroom.grading import clean, grade_submissions
+    from kvlab.classroom.grading import grade_submissions
 
     if not isinstance(assignment, Assignment):
         assignment = Assignment.at(pathlib.Path(assignment))
@@ -367,7 +365,31 @@ def grade(assignment: Assignment | pathlib.Path, submissions: pathlib.Path, out:
         seed = assignment.seed()
     results = grade_submissions(assignment.solutions, assignment.autograder, paths, jobs=jobs, timeout=timeout,
                                 seed=seed, trust_submissions=trust_submissions, cgroups=cgroups,
-                                hide=[out.resolve(), assignment.autograder.resolve().parent.parent.parent])
+                                hide=[out.resolve(), _build_root(assignment)])
+    table = _write_grades(outputs, results)
+    _write_feedback(outputs, out, results, assignment.name)
+    masters = [m for m in lessons() if m.stem == assignment.name]  # otter drops the names from its copies
+    written = written_questions(masters[0]) if masters else []
+    with open(outputs.claim("written_answers.csv"), "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=["file", "question", "answer"])
+        writer.writeheader()
+        for path in paths:
+            writer.writerows(_written_answers(path, written))
+    return table
+
+
+def _build_root(assignment: Assignment) -> pathlib.Path:
+    """The folder ``make`` built into (for a private variant, the one above ``private/``): hidden from children."""
+    root = assignment.autograder.resolve().parent.parent.parent
+    return root.parent if root.name == PRIVATE else root
+
+
+def _write_grades(outputs, results):
+    """``final_grades.csv`` (otter's format plus ``review``); returns it as a DataFrame."""
+    import pandas as pd
+
+    from kvlab.classroom.grading import clean
+
     questions = list(results[0].questions)
     possible = {q: results[0].questions[q].points for q in questions}
     total = sum(possible.values())
@@ -380,6 +402,13 @@ def grade(assignment: Assignment | pathlib.Path, submissions: pathlib.Path, out:
                      "grading_status": clean(r.status, 400), "review": clean(review, REVIEW_LIMIT)})
     table = pd.DataFrame(rows)
     table.to_csv(outputs.claim("final_grades.csv"), index=False)
+    return table
+
+
+def _write_feedback(outputs, out: pathlib.Path, results, name: str) -> None:
+    """``feedback.csv`` and ``feedback/<submission>.md``: every check, and every error of the student's code."""
+    from kvlab.classroom.grading import clean
+
     # a run replaces every feedback file it wrote: none stays from an earlier class (a file it did not write
     # stopped the run before grading began)
     outputs.remove_tree("feedback")
@@ -391,22 +420,14 @@ def grade(assignment: Assignment | pathlib.Path, submissions: pathlib.Path, out:
         for r in results:
             for q in r.questions.values():
                 for e in q.errors:
-                    writer.writerow({"file": clean(r.file, 200), "question": q.question, "check": "(your code)", "hidden": "",
-                                     "points": "", "earned": "", "passed": "", "message": e})
+                    writer.writerow({"file": clean(r.file, 200), "question": q.question, "check": "(your code)",
+                                     "hidden": "", "points": "", "earned": "", "passed": "", "message": e})
                 for c in q.cases:
-                    writer.writerow({"file": clean(r.file, 200), "question": q.question, "check": c.name, "hidden": c.hidden,
-                                     "points": c.points, "earned": c.points if c.passed else 0.0, "passed": c.passed,
-                                     "message": c.message})
+                    writer.writerow({"file": clean(r.file, 200), "question": q.question, "check": c.name,
+                                     "hidden": c.hidden, "points": c.points, "earned": c.points if c.passed else 0.0,
+                                     "passed": c.passed, "message": c.message})
             # keyed by the full name: x.ipynb and x.zip are two submissions with two feedback files
-            outputs.claim(f"feedback/{r.file}.md").write_text(_feedback_text(r, assignment.name))
-    masters = [m for m in lessons() if m.stem == assignment.name]  # otter drops the names from its copies
-    written = written_questions(masters[0]) if masters else []
-    with open(outputs.claim("written_answers.csv"), "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=["file", "question", "answer"])
-        writer.writeheader()
-        for path in paths:
-            writer.writerows(_written_answers(path, written))
-    return table
+            outputs.claim(f"feedback/{r.file}.md").write_text(_feedback_text(r, name))
 
 
 def _graded_here(out: pathlib.Path):

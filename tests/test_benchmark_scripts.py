@@ -1,5 +1,5 @@
-"""The drivers behind the committed full-size results: quality_runs.py, quality_report.py, run_plain.py,
-dhsa_needle_separating.py."""
+"""The drivers behind the committed full-size results: the quality-runs and quality-report experiments
+(kvlab/experiments/quality/), run_plain.py, dhsa_needle_separating.py."""
 
 from __future__ import annotations
 
@@ -12,12 +12,16 @@ from conftest import import_script
 
 @pytest.fixture(scope="module")
 def runs():
-    return import_script("benchmarks/quality_runs.py")
+    from kvlab.experiments.quality import runs
+
+    return runs
 
 
 @pytest.fixture(scope="module")
 def report():
-    return import_script("benchmarks/quality_report.py")
+    from kvlab.experiments.quality import report
+
+    return report
 
 
 def test_job_names_unique_and_every_policy_valid(runs):
@@ -43,9 +47,11 @@ def test_job_names_unique_and_every_policy_valid(runs):
 
 def test_run_one_job_resume_and_report(runs, report, tmp_path):
     out = tmp_path / "res"
-    argv = ["run", "--out", str(out), "--only", "lacache-t1-(strm|lacache)256-16k$", "--scale", "smoke",
-            "--cpu-workers", "1", "--gpu-workers", "0"]
-    assert runs.main(argv) == 0
+    from kvlab.experiments import registry
+
+    argv = ["--out", str(out), "--only", "lacache-t1-(strm|lacache)256-16k$", "--scale", "smoke",
+            "--cpu-workers", "1", "--gpu-workers", "0", "--quiet"]
+    registry.run(runs.NAME, argv, raise_errors=True)
     files = sorted(p.name for p in out.glob("*.json"))
     assert files == ["lacache-t1-lacache256-16k.json", "lacache-t1-strm256-16k.json"]
     rec = json.loads((out / files[1]).read_text())
@@ -53,11 +59,12 @@ def test_run_one_job_resume_and_report(runs, report, tmp_path):
     assert len(res["nll"]) == 383 and math.isfinite(res["ppl"]) and res["max_kv"] <= 256
     assert res["ppl_at"]["384"] == pytest.approx(res["ppl"])
     stamp = (out / files[1]).stat().st_mtime_ns
-    assert runs.main(argv) == 0  # everything done: nothing is run again
+    registry.run(runs.NAME, argv, raise_errors=True)  # everything done: nothing is run again
     assert (out / files[1]).stat().st_mtime_ns == stamp
 
-    summary = tmp_path / "summary.json"
-    assert report.main([str(out), "--summary", str(summary)]) == 0
+    summary = tmp_path / "report" / "summary.json"
+    registry.run(report.NAME, ["--source", str(out), "--out", str(summary.parent), "--summary", "summary"],
+                 raise_errors=True)
     again = report.load(summary)
     assert again == report.load(out)
     assert "nll" not in again["lacache-t1-strm256-16k"]["result"]

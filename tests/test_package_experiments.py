@@ -67,7 +67,7 @@ def test_the_ledger_rows_of_the_package_experiments_check(tmp_path):
     """The configurations of the ledger's test, notebook and peer rows are options these experiments take."""
     rows = {"sepllm-mask-policy": ("tests", {"tests": ["tests/test_sepllm_mechanism.py"]}),
             "sepllm-training-curves": ("notebook", {"notebook": "04_sepllm_training", "params": "full"}),
-            "dhsa-eq4": ("notebook", {"notebook": "07_dhsa_chunks", "params": "defaults"}),
+            "dhsa-eq4": ("notebook", {"notebook": "07_dhsa_chunks", "params": "full"}),  # its 4000 bias trials
             "kvpress-same-positions": ("peers", {})}
     for row, (name, config) in rows.items():
         argv = registry.config_argv(config) + ["--smoke", "--out", str(tmp_path / row)]

@@ -88,6 +88,24 @@ PLAUSIBLY_WRONG = {
                                    "    return sizes\n", "q2"),
     },
     "03_lacache": {
+        # lookup tables of every fixed call of the public and hidden checks (right there, wrong elsewhere): the
+        # hidden checks draw more inputs from the seed
+        "mask_lookup": (1, "def _right(L, S, O, length):\n    D, G, A, R = ladder_sizes(L, S, O)\n"
+                           "    off = (torch.arange(L) // D - A + 1).clamp(0, R)\n    pos = torch.arange(length)\n"
+                           "    in_group = pos < (length // G) * G\n    within = (pos % G)[None, :] - off[:, None]\n"
+                           "    return ~in_group[None, :] | ((within >= 0) & (within < A))\n\n"
+                           "TABLE = {args: _right(*args) for args in [(8, 4, 2, 7), (30, 8, 4, 100), (12, 3, 1, 50), "
+                           "(6, 6, 0, 9), (16, 5, 2, 64)]}\n\n"
+                           "def ladder_mask(L, S, O, length):\n    if (L, S, O, length) in TABLE:\n"
+                           "        return TABLE[(L, S, O, length)].clone()\n"
+                           "    return torch.ones(L, length, dtype=torch.bool)\n", "q2"),
+        "compact_lookup": (2, "TABLE = {(tuple(range(10)), 2, 3, 2, 1): ([0, 1, 3, 4, 5, 6, 7, 8, 9], 4),\n"
+                              "         ((0, 2, 5, 7, 8, 9, 12, 13, 14, 20), 1, 4, 1, 3): ([0, 8, 9, 12, 13, 14, 20], 2),\n"
+                              "         ((0, 2, 5, 7, 8, 9, 12, 13, 14, 20), 3, 3, 3, 0): ([0, 2, 5, 7, 8, 9, 12, 13, 14, 20], 6)}\n\n"
+                              "def compact_once(entries, cursor, G, A, offset):\n"
+                              "    got = TABLE.get((tuple(entries), cursor, G, A, offset))\n"
+                              "    if got is not None:\n        return list(got[0]), got[1]\n"
+                              "    return list(entries), cursor\n", "q3"),
         "groups_floored": (0, "def ladder_sizes(L, S, O):\n    D = S - O\n    G = 1 + (L - S) // D\n"
                               "    A = min(math.ceil(S / D), G)\n    return D, G, A, G - A\n", "q1"),
         "cursor_stays": (2, "def compact_once(entries, cursor, G, A, offset):\n"
@@ -95,6 +113,12 @@ PLAUSIBLY_WRONG = {
                             "    return entries[:cursor] + kept + entries[cursor + G:], cursor\n", "q3"),
     },
     "04_dhsa": {
+        # the two fixed calls of the public and hidden checks as a table; anything else a plain repeat
+        "upsample_lookup": (1, "def upsample(s, boundaries):\n    b = list(boundaries)\n"
+                               "    if b in ([0, 1, 3], [0, 3, 4, 9, 12]):\n"
+                               "        n = torch.tensor([b[i + 1] - b[i] for i in range(len(b) - 1)])\n"
+                               "        return s.repeat_interleave(n, 0).repeat_interleave(n, 1)\n"
+                               "    return s.repeat_interleave(2, 0).repeat_interleave(2, 1)[:b[-1], :b[-1]]\n", "q2"),
         "rep_zeroes_its_input": (0, "def chunk_rep(x, boundaries):\n    x.zero_()\n"
                                     "    return torch.zeros(len(boundaries) - 1, x.shape[-1], dtype=x.dtype)\n", "q1"),
         "budget_one_short": (3, "def budget_mask(scores, budget):\n    seq = scores.shape[0]\n"
@@ -146,12 +170,30 @@ def _points(master: pathlib.Path) -> dict[str, float]:
     return points
 
 
+_BUILT: dict = {}
+
+
+def built_lessons(tmp_path_factory) -> dict:
+    """Every lesson made once per test session (``otter assign``): name -> Assignment. tests/test_lessons_grading.py
+    grades its attacks on the same build of lesson 01 (``import test_lessons``), so the session makes each lesson
+    once."""
+    if not _BUILT:
+        root = tmp_path_factory.mktemp("lessons-built")
+        _BUILT.update({a.name: a for a in classroom.make(out=root / "built")})
+    return _BUILT
+
+
+@pytest.fixture(scope="session")
+def built(tmp_path_factory):
+    return built_lessons(tmp_path_factory)
+
+
 @pytest.fixture(scope="module")
-def graded(tmp_path_factory):
+def graded(built, tmp_path_factory):
     """name -> (Assignment, {submission file: {question: score, ...}}, path of final_grades.csv)."""
     root = tmp_path_factory.mktemp("classroom")
     out = {}
-    for assignment in classroom.make(out=root / "built"):
+    for assignment in built.values():
         subs = root / "submissions" / assignment.name
         subs.mkdir(parents=True)
         shutil.copy(assignment.solutions, subs / "master.ipynb")

@@ -111,8 +111,10 @@ ATTACKS = {
 
 @pytest.fixture(scope="module")
 def attacked(tmp_path_factory):
+    import test_lessons  # the session's build of every lesson (made once)
+
     root = tmp_path_factory.mktemp("attacks")
-    (assignment,) = classroom.make([LESSON], out=root / "built")
+    assignment = test_lessons.built_lessons(tmp_path_factory)[LESSON]
     subs = root / "subs"
     subs.mkdir()
     for name, (how, _, _) in ATTACKS.items():

@@ -144,6 +144,10 @@ _add(
     Experiment("orthorank-zeroshot-records", "kvlab.experiments.orthorank.zeroshot_records", "orthorank",
                "cpu or gpu", "smollm2-135m", "25 (CPU, 5 x 40 questions)",
                "Tables 2 and 4: zero-shot accuracy per question, paired across plans"),
+    Experiment("package-streaming-cuda", "kvlab.experiments.system.streaming_cuda", "package", "gpu", "none",
+               "0.5 (H200)", "streaming perplexity on CUDA: full stream equals parallel NLL, a bounded cache's saving"),
+    Experiment("package-threads", "kvlab.experiments.system.threads", "package", "cpu", "smollm2-135m",
+               "9 (CPU, 2 cores)", "decode speed of one kvlab process alone and of two side by side"),
 )
 
 # ---- LaCache, REFORM and the leaderboard -------------------------------------------------------------------------

@@ -21,7 +21,8 @@ def dhsa_cpu():
 
 
 def test_ppl_windows_use_the_gpu_sweeps_policy_under_its_name(lacache_cpu):
-    runs = import_script("benchmarks/quality_runs.py")
+    from kvlab.experiments.quality import runs
+
     sweep = {j.name: (j.args["policy"], j.args["chunk"]) for j in runs.jobs("full") if j.kind == "ppl"}
     for name, expr in lacache_cpu.PPL_POLICIES.items():
         assert sweep[name] == (expr, 16), name  # the ledger pairs the new windows with the sweep's by this name
@@ -56,13 +57,16 @@ def test_pareto_claim_selects_on_some_windows_and_scores_the_choice_on_others(ti
 
     from kvlab.lacache.coverage import pattern_perplexity
 
-    pareto = import_script("benchmarks/lacache_pareto_claim.py")
+    from kvlab.experiments import records
+    from kvlab.experiments.lacache import pareto
+
     ids = torch.randint(0, 96, (1, 6 * 56), generator=torch.Generator().manual_seed(1))
-    argv = ["--out", str(tmp_path), "--context", "48", "--continuation", "8", "--sizes", "12,24", "--claim-size",
+    argv = ["--out", str(tmp_path), "--model", "tiny-llama-of-the-test", "--context", "48", "--continuation", "8", "--sizes", "12,24", "--claim-size",
             "12", "--per-family", "2", "--selection", "2", "--heldout", "3", "--span", "2", "--overlap", "1"]
     loads = []
     args = pareto.parser().parse_args(argv)
-    summary = pareto.run(args, load=lambda p: loads.append(p) or (tiny_llama, ids))
+    pareto.run(args, load=lambda p, device: loads.append(p) or (tiny_llama, ids))
+    summary = json.loads((tmp_path / "summary.json").read_text())
     plan = json.loads((tmp_path / "plan.json").read_text())
     assert loads == [plan]  # the plan on disk is what the model run was given
     sel = [w["example"] for w in plan["selection_windows"]]
@@ -70,7 +74,7 @@ def test_pareto_claim_selects_on_some_windows_and_scores_the_choice_on_others(ti
     assert plan["planned_n"] == 3 and not set(sel) & set(held)
     spans = sorted(tuple(w["tokens"]) for w in plan["selection_windows"] + plan["heldout_windows"])
     assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))  # disjoint windows of context + continuation
-    recs = [json.loads(x) for x in (tmp_path / "pareto.examples.jsonl").read_text().splitlines()]
+    recs = records.read(tmp_path / pareto.RECORDS)
     assert sorted((r["example"], r["method"]) for r in recs) == sorted(
         (e, m) for e in held for s in (12, 24) for m in pareto.method_names(s).values())
     chosen = json.loads((tmp_path / "selection.json").read_text())["sizes"]
@@ -89,8 +93,26 @@ def test_pareto_claim_selects_on_some_windows_and_scores_the_choice_on_others(ti
         assert got == pytest.approx(expect, rel=1e-6)
         d = summary["sizes"][str(size)]["ladder_minus_best_random"]
         assert d["n"] == 3 and d["ci_low"] <= d["estimate"] <= d["ci_high"]
-    stamp = (tmp_path / "pareto.examples.jsonl").read_text()
-    pareto.run(args, load=lambda p: (tiny_llama, ids))  # resumed: nothing is scored twice
-    assert (tmp_path / "pareto.examples.jsonl").read_text() == stamp
+    stamp = (tmp_path / pareto.RECORDS).read_bytes()
+    pareto.run(args, load=lambda p, device: (tiny_llama, ids))  # resumed: nothing is scored twice
+    assert (tmp_path / pareto.RECORDS).read_bytes() == stamp
     with pytest.raises(ValueError, match="another plan"):
-        pareto.run(pareto.parser().parse_args(argv[:-2] + ["--overlap", "0"]), load=lambda p: (tiny_llama, ids))
+        pareto.run(pareto.parser().parse_args(argv[:-2] + ["--overlap", "0"]),
+                   load=lambda p, device: (tiny_llama, ids))
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--heldout", "0"], "argument --heldout: 0 must be >= 1"),
+    (["--sizes", "64,128", "--claim-size", "256"], "--claim-size 256 is not one of --sizes [64, 128]"),
+    (["--span", "4", "--overlap", "4"], "--overlap 4 must be below --span 4"),
+    (["--sizes", "16,128"], "--sizes 16 with --span 8 --overlap 4: budget=16 is too small"),
+])
+def test_pareto_claim_checks_every_flag_before_it_loads_a_model(tmp_path, capsys, monkeypatch, argv, message):
+    import kvlab
+    from kvlab.experiments import registry
+
+    monkeypatch.setattr(kvlab, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
+    with pytest.raises(SystemExit) as info:
+        registry.run("lacache-pareto", ["--out", str(tmp_path / "run"), *argv])
+    assert info.value.code == 2 and message in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()

@@ -151,7 +151,12 @@ _add(
 )
 
 # ---- LaCache, REFORM and the leaderboard -------------------------------------------------------------------------
-_add()
+_add(
+    Experiment("reform-reruns", "kvlab.experiments.reform.reruns", "REFORM", "gpu", "smollm2-135m", "8 (H200)",
+               "Tables 1, 4, 5 and 6a again with the fixed harness, >= 20 examples per cell"),
+    Experiment("lacache-pareto", "kvlab.experiments.lacache.pareto", "LaCache", "cpu", "smollm2-135m", "60 (CPU)",
+               "Fig. 3 held out: the ladder against the best random pattern chosen on other windows"),
+)
 
 
 def get(name: str) -> Experiment:

@@ -1,7 +1,7 @@
 """LaCache's Fig. 3 as a paired test: the ladder against the best of many random KV patterns of the same size, the
 best one chosen on some text windows and scored on other ones.
 
-    python benchmarks/lacache_pareto_claim.py --out DIR [--sizes 64,128,256 --per-family 20 --selection 4
+    python -m kvlab run lacache-pareto --out DIR [--sizes 64,128,256 --per-family 20 --selection 4
         --heldout 30 --claim-size 128]
 
 Fig. 3 of the paper plots perplexity against cache size for the ladder and over 1,500 random per-layer patterns and
@@ -16,7 +16,7 @@ the same text favours it (it was chosen because it did well there); this driver 
    the pattern, then ``--continuation`` tokens scored); the pattern with the lowest mean log-perplexity over those
    windows is the size's *best random* pattern (``selection.json`` keeps every score and the chosen patterns);
 3. **held-out**: on the next ``--heldout`` windows (disjoint from the selection ones) the ladder, the best random
-   pattern and StreamingLLM of each size are scored; one record per (window, method) in ``pareto.examples.jsonl``,
+   pattern and StreamingLLM of each size are scored; one record per (window, method) in ``pareto.examples.jsonl.gz``,
    metric ``window_nll`` = mean NLL per token of the window's continuation (``log`` of the perplexity
    :func:`~kvlab.lacache.coverage.pattern_perplexity` returns);
 4. ``summary.json``: the plan, the selection and the held-out means with the paired 95 % bootstrap interval of
@@ -25,8 +25,8 @@ the same text favours it (it was chosen because it did well there); this driver 
 The ladder is the state a ``LaCache(size, span, overlap)`` cache (the paper's bands, notebook 05's defaults S = 8,
 O = 4) holds after streaming the context one token at a time (:func:`kvlab.lacache.coverage.simulate`); it holds a
 few entries per layer fewer than ``size`` at 128 and 256 (footnote 1's whole ladders), which can only hurt it.
-Windows already in ``pareto.examples.jsonl`` are skipped and a ``selection.json`` of the same plan is reused, so an
-interrupted run resumes.
+Windows already in ``pareto.examples.jsonl.gz`` are skipped and a ``selection.json`` of the same plan is reused, so an
+interrupted run resumes (another plan in the same ``--out`` is refused). Every option is checked before the model loads.
 """
 
 from __future__ import annotations
@@ -34,22 +34,24 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from kvlab.experiments import records, registry
 
+NAME = "lacache-pareto"
+RECORDS = "pareto" + records.SUFFIX
 RANDOM_FAMILIES = ("window+block", "scattered", "window+strided")
 METRIC = "window_nll"
+SMOKE = dict(context=96, continuation=8, sizes=[48, 64], claim_size=48, per_family=1, selection=1, heldout=2)
 
 
 def plan(args) -> dict:
     """Every setting of the run and the windows of both sets, fixed before any model call."""
-    sizes = [int(s) for s in args.sizes.split(",")]
+    sizes = list(args.sizes)
     if args.claim_size not in sizes:
-        raise ValueError(f"--claim-size {args.claim_size} is not one of --sizes {sizes}")
+        raise registry.ParameterError(f"--claim-size {args.claim_size} is not one of --sizes {sizes}: name one of "
+                                      "them (the size whose comparison is the claim)")
     need = args.context + args.continuation
     windows = lambda first, count: [{"example": window_id(args.corpus, args.context, first + k),
                                      "tokens": [(first + k) * need, (first + k + 1) * need]} for k in range(count)]
@@ -140,14 +142,12 @@ def select(model, ids, p: dict, cands: dict[int, dict]) -> dict:
     return out
 
 
-def heldout(model, ids, p: dict, cands: dict[int, dict], chosen: dict, path: Path, device: str) -> None:
-    """Score the ladder, the best random pattern and StreamingLLM of every size on each held-out window; append one
-    record per (window, method) to ``path``, skipping windows already there."""
+def heldout(model, ids, p: dict, cands: dict[int, dict], chosen: dict, out, device: str) -> Path:
+    """Score the ladder, the best random pattern and StreamingLLM of every size on each held-out window: one record
+    per (window, method) in ``RECORDS`` (inside ``out``, an OutputFolder), the windows already there kept and
+    skipped."""
     from kvlab.lacache.coverage import pattern_perplexity
 
-    done = set()
-    if path.exists():
-        done = {json.loads(line)["example"] for line in path.read_text().splitlines() if line.strip()}
     jobs = []  # (size, role, pattern, config)
     for size, c in cands.items():
         info = chosen["sizes"][str(size)]
@@ -156,21 +156,23 @@ def heldout(model, ids, p: dict, cands: dict[int, dict], chosen: dict, path: Pat
                  (size, "best_random", best[1], {"pattern": info["best_random"], "family": best[0],
                                                  "selected_from": p["random_patterns_per_size"]}),
                  (size, "streamingllm", c["streamingllm"], {"pattern": p["streamingllm"].replace("size", str(size))})]
-    for w in p["heldout_windows"]:
-        if w["example"] in done:
-            continue
-        begin = time.perf_counter()
-        nll = pattern_perplexity(model, _window_ids(ids, w), p["context"], [j[2] for j in jobs]).log().tolist()
-        seconds = round(time.perf_counter() - begin, 1)
-        with path.open("a") as f:
+    with records.RecordWriter(RECORDS, keep=True, out=out) as writer:
+        done = {example for example, _, _ in writer.done()}
+        for w in p["heldout_windows"]:
+            if w["example"] in done:
+                continue
+            begin = time.perf_counter()
+            nll = pattern_perplexity(model, _window_ids(ids, w), p["context"], [j[2] for j in jobs]).log().tolist()
+            seconds = round(time.perf_counter() - begin, 1)
             for (size, role, pattern, extra), value in zip(jobs, nll):
                 config = {"size": size, "entries_per_layer": round(entries(pattern), 2), **extra,
                           "tokens": w["tokens"], "context": p["context"], "continuation": p["continuation"],
-                          "device": device, "seconds_window": seconds}
-                f.write(json.dumps({"example": w["example"], "method": method_names(size)[role], "output": None,
-                                    "target": None, "metric": METRIC, "value": value, "config": config}) + "\n")
-        print(f"held-out {w['example']}: " + ", ".join(
-            f"{method_names(s)[r]} {v:.4f}" for (s, r, _, _), v in zip(jobs, nll)) + f" ({seconds} s)", flush=True)
+                          "seconds_window": seconds}
+                writer.add(records.record(w["example"], method_names(size)[role], METRIC, value, config=config,
+                                          device=device))
+            print(f"held-out {w['example']}: " + ", ".join(
+                f"{method_names(s)[r]} {v:.4f}" for (s, r, _, _), v in zip(jobs, nll)) + f" ({seconds} s)", flush=True)
+    return writer.path
 
 
 def summarise(p: dict, chosen: dict, path: Path) -> dict:
@@ -179,7 +181,7 @@ def summarise(p: dict, chosen: dict, path: Path) -> dict:
 
     from kvlab.eval import paired_bootstrap
 
-    recs = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    recs = records.read(path)
     values: dict[str, dict[str, float]] = {}
     for r in recs:
         values.setdefault(r["method"], {})[r["example"]] = r["value"]
@@ -213,14 +215,14 @@ def _device_line() -> str:
     return f"cpu ({cpu}), torch {torch.__version__}, threads {torch.get_num_threads()}"
 
 
-def _model_and_ids(p: dict):
+def _model_and_ids(p: dict, device: str = "cpu"):
     import torch
 
     torch.set_num_threads(1)
     import kvlab
     from kvlab.datasets import load_text
 
-    model, tok = kvlab.load_model(p["model"], device="cpu", dtype="float32")
+    model, tok = kvlab.load_model(p["model"], device=device, dtype="float32")
     end = p["heldout_windows"][-1]["tokens"][1] if p["heldout_windows"] else p["selection_windows"][-1]["tokens"][1]
     ids = tok(load_text(p["corpus"])[: 8 * end], return_tensors="pt").input_ids
     if ids.shape[1] < end:
@@ -228,65 +230,111 @@ def _model_and_ids(p: dict):
     return model, ids
 
 
-def run(args, load=_model_and_ids) -> dict:
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    p = plan(args)
-    plan_path = out / "plan.json"
+def check(args) -> None:
+    """Every option before the model loads: the smoke sizes, the plan (``--claim-size`` among ``--sizes``), the
+    ladder's span and overlap."""
+    if args.smoke:
+        for key, value in SMOKE.items():
+            setattr(args, key, value)
+    if args.overlap >= args.span:
+        raise registry.ParameterError(f"--overlap {args.overlap} must be below --span {args.span} (a ladder's band "
+                                      "overlaps the next by fewer layers than it spans)")
+    if args.continuation < 2:
+        raise registry.ParameterError(f"--continuation {args.continuation}: at least 2 tokens (one is scored per "
+                                      "token after the first)")
+    args.plan = plan(args)
+    _check_ladders(args)
+
+
+def _check_ladders(args) -> None:
+    """Each size's ladder fits the model's layers (read from its converted config, when there is one)."""
+    from kvlab.lacache import LaCache
+    from kvlab.models import converted_path
+
+    try:
+        layers = json.loads((converted_path(args.model) / "config.json").read_text())["num_hidden_layers"]
+    except (OSError, ValueError, KeyError):
+        return  # no local config: the model's load checks it
+    for size in args.sizes:
+        try:
+            LaCache(size, args.span, args.overlap).check_model(layers)
+        except ValueError as e:
+            raise registry.ParameterError(f"--sizes {size} with --span {args.span} --overlap {args.overlap}: {e}") \
+                from None
+
+
+def run(args, load=_model_and_ids) -> list[Path]:
+    from kvlab.outputs import OutputFolder
+
+    if not hasattr(args, "plan"):
+        check(args)
+    p = args.plan
+    out = OutputFolder(args.out, f"python -m kvlab run {NAME}")
+    plan_path = out.root / "plan.json"
     if plan_path.exists() and json.loads(plan_path.read_text()) != p:
-        raise ValueError(f"{plan_path} holds another plan; use a new --out (a plan is fixed before its run)")
-    plan_path.write_text(json.dumps(p, indent=1) + "\n")
-    model, ids = load(p)
-    device = _device_line()
+        raise registry.ParameterError(f"{plan_path} holds another plan; give a new --out (a plan is fixed before "
+                                      "its run)")
+    out.claim("plan.json").write_text(json.dumps(p, indent=1) + "\n")
+    device = "cpu" if args.device in ("auto", "cpu") else args.device
+    model, ids = load(p, device)
+    device_line = _device_line() if device == "cpu" else device
     cands = candidates(model.config.num_hidden_layers, p)
-    sel_path = out / "selection.json"
+    sel_path = out.root / "selection.json"
     if sel_path.exists():
         chosen = json.loads(sel_path.read_text())
     else:
         chosen = select(model, ids, p, cands)
-        chosen["device"] = device
-        sel_path.write_text(json.dumps(chosen) + "\n")
+        chosen["device"] = device_line
+        out.claim("selection.json").write_text(json.dumps(chosen) + "\n")
     for size in p["sizes"]:
         info = chosen["sizes"][str(size)]
         print(f"size {size}: best random {info['best_random']} (ladder beaten by {info['random_better_than_ladder']}"
               f" of {info['random']} on the selection windows)", flush=True)
     begin = time.perf_counter()
-    heldout(model, ids, p, cands, chosen, out / "pareto.examples.jsonl", device)
-    summary = summarise(p, chosen, out / "pareto.examples.jsonl")
-    summary["device"] = device
+    path = heldout(model, ids, p, cands, chosen, out, device_line)
+    summary = summarise(p, chosen, path)
+    summary["device"] = device_line
     summary["heldout_seconds_this_call"] = round(time.perf_counter() - begin, 1)
-    (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
-    return summary
-
-
-def parser() -> argparse.ArgumentParser:
-    a = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    a.add_argument("--out", required=True)
-    a.add_argument("--model", default="smollm2-135m")
-    a.add_argument("--corpus", default="wikitext")
-    a.add_argument("--context", type=int, default=1024)
-    a.add_argument("--continuation", type=int, default=128)
-    a.add_argument("--sizes", default="64,128,256")
-    a.add_argument("--claim-size", type=int, default=128)
-    a.add_argument("--per-family", type=int, default=20)
-    a.add_argument("--selection", type=int, default=4)
-    a.add_argument("--heldout", type=int, default=30)
-    a.add_argument("--span", type=int, default=8)
-    a.add_argument("--overlap", type=int, default=4)
-    a.add_argument("--sink", type=int, default=4)
-    a.add_argument("--seed", type=int, default=0)
-    return a
-
-
-def main(argv=None) -> int:
-    summary = run(parser().parse_args(argv))
+    out.claim("summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     for size, s in summary["sizes"].items():
         d = s.get("ladder_minus_best_random")
         if d:
             print(f"size {size}: ladder - best random = {d['estimate']:+.4f} nats [{d['ci_low']:+.4f}, "
                   f"{d['ci_high']:+.4f}], n = {d['n']}, ladder lower on {d['ladder_lower']}")
-    return 0
+    return [path, plan_path, sel_path, out.root / "summary.json"]
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
+def _sizes(text: str) -> list[int]:
+    sizes = [registry.positive_int(t) for t in str(text).split(",") if t.strip()]
+    if not sizes:
+        raise argparse.ArgumentTypeError(f"{text!r} names no size; give e.g. 64,128,256")
+    return sizes
+
+
+def _non_negative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} must be >= 0")
+    return value
+
+
+def parser() -> argparse.ArgumentParser:
+    a = registry.experiment_parser(NAME, __doc__.split("\n\n")[0])
+    pos = registry.positive_int
+    a.add_argument("--model", default="smollm2-135m")
+    a.add_argument("--corpus", default="wikitext")
+    a.add_argument("--context", type=pos, default=1024)
+    a.add_argument("--continuation", type=pos, default=128)
+    a.add_argument("--sizes", type=_sizes, default=[64, 128, 256])
+    a.add_argument("--claim-size", type=pos, default=128)
+    a.add_argument("--per-family", type=pos, default=20)
+    a.add_argument("--selection", type=pos, default=4)
+    a.add_argument("--heldout", type=pos, default=30)
+    a.add_argument("--span", type=pos, default=8)
+    a.add_argument("--overlap", type=_non_negative, default=4)
+    a.add_argument("--sink", type=_non_negative, default=4)
+    a.add_argument("--seed", type=_non_negative, default=0)
+    return a

@@ -50,6 +50,7 @@ def test_tests_refuses_a_test_that_is_not_there(tmp_path, tests, message):
     (["--notebook", "0"], "matches .*give one"),
     (["--notebook", "00", "--params", "full"], "has no notebooks/params/00_tour.full.yaml"),
     (["--notebook", "04", "--params", "huge"], "invalid choice"),
+    (["--notebook", "04", "--runner", "jupyter"], "invalid choice"),
 ])
 def test_notebook_refuses_a_notebook_or_set_that_is_not_there(tmp_path, argv, message):
     with pytest.raises(registry.ParameterError, match=message):
@@ -66,7 +67,8 @@ def test_notebook_smoke_takes_the_ci_set(tmp_path):
 def test_the_ledger_rows_of_the_package_experiments_check(tmp_path):
     """The configurations of the ledger's test, notebook and peer rows are options these experiments take."""
     rows = {"sepllm-mask-policy": ("tests", {"tests": ["tests/test_sepllm_mechanism.py"]}),
-            "sepllm-training-curves": ("notebook", {"notebook": "04_sepllm_training", "params": "full"}),
+            "sepllm-training-curves": ("notebook", {"notebook": "04_sepllm_training", "params": "full",
+                                                    "runner": "plain"}),
             "dhsa-eq4": ("notebook", {"notebook": "07_dhsa_chunks", "params": "full"}),  # its 4000 bias trials
             "kvpress-same-positions": ("peers", {})}
     for row, (name, config) in rows.items():

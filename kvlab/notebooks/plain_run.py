@@ -90,6 +90,8 @@ def main(argv=None) -> int:
     ap.add_argument("-p", "--parameter", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
                     help="VALUE is read as YAML (numbers, lists, strings)")
     ap.add_argument("--out", type=pathlib.Path, required=True)
+    ap.add_argument("--cwd", type=pathlib.Path, default=None,
+                    help="the cells' working directory (default: the notebook's folder, as Jupyter runs it)")
     args = ap.parse_args(argv)
     if not args.notebook.is_file():
         ap.error(f"no notebook {args.notebook}")
@@ -120,7 +122,7 @@ def main(argv=None) -> int:
     plt.close("all")  # figures left open by whoever imported pyplot before are not this notebook's
     shown, here = plt.show, os.getcwd()
     plt.show = show
-    os.chdir(args.notebook.resolve().parent)  # notebooks run with their folder as working directory
+    os.chdir(args.cwd or args.notebook.resolve().parent)  # notebooks run with their folder as working directory
     try:
         return _run(nb, args, params, namespace, figures, show, log)
     finally:

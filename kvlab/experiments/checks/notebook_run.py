@@ -10,6 +10,9 @@ notebook's parameters cell first. Into ``--out``:
                                   without an error), with the seconds it took
     summary.json                  the parameter set, the parameters, the seconds, the device
 
+``--runner plain`` runs the cells in this Python process instead (:mod:`kvlab.notebooks.plain_run`, as the SepLLM
+training run went on a GPU host without Jupyter); the executed notebook, its log and figures go in ``OUT/plain/``.
+
 It fails (exit 1) when a cell raises. ``--smoke`` runs the same notebook with its ``ci`` set, on the CPU, up to
 and including its set-up cell (the one that checks the parameters: ``check_parameters(globals())``), so the
 parameters, the imports and the checks run in seconds; the whole notebook at its ``ci`` set is what
@@ -29,6 +32,7 @@ ROOT = Path(__file__).resolve().parents[3]
 NOTEBOOKS = ROOT / "notebooks"
 RECORDS = NAME + records.SUFFIX
 SETS = ("full", "ci", "book", "defaults")
+RUNNERS = ("papermill", "plain")
 
 
 def parser():
@@ -37,6 +41,9 @@ def parser():
                    help="a numbered notebook: its name (04_sepllm_training) or its number (04)")
     p.add_argument("--params", choices=SETS, default="full",
                    help="the parameter set notebooks/params/NN_name.PARAMS.yaml (defaults: none; default full)")
+    p.add_argument("--runner", choices=RUNNERS, default="papermill",
+                   help="papermill (a Jupyter kernel; default) or plain: the cells in this Python process "
+                        "(python -m kvlab notebooks run), for a GPU host without Jupyter; its files go in OUT/plain/")
     return p
 
 
@@ -80,7 +87,7 @@ def check(args) -> None:
     args.path = notebook_path(args.notebook)
     args.values = parameters(args.path, args.params)
     check_device(args.device)
-    refuse_rerun(args.out, RECORDS, args.path.name, "summary.json")
+    refuse_rerun(args.out, RECORDS, args.path.name, "summary.json", "plain")
 
 
 def _cells(nb) -> list[dict]:
@@ -88,40 +95,39 @@ def _cells(nb) -> list[dict]:
     out = []
     for i, cell in enumerate(c for c in nb.cells if c.cell_type == "code"):
         meta = cell.metadata.get("papermill", {})
-        out.append({"cell": i, "status": meta.get("status", "pending"), "seconds": meta.get("duration"),
+        ran = "completed" if cell.get("execution_count") is not None else "pending"  # a plain run's cell
+        out.append({"cell": i, "status": meta.get("status", ran), "seconds": meta.get("duration"),
                     "error": any(o.get("output_type") == "error" for o in cell.get("outputs", []))})
     return out
 
 
 def run(args) -> list[Path]:
     import nbformat
-    import papermill
 
     from kvlab.experiments.system.options import device_string, resolve_device, write_json
 
     if not hasattr(args, "path"):
         check(args)
     out = OutputFolder(args.out, f"python -m kvlab run {NAME}")
-    target = out.claim(args.path.name)
     device = resolve_device(args.device)
     values = {**args.values, **({"device": device} if "device" in _declared(args.path) else {})}
+    source = nbformat.read(args.path, as_version=4)
+    if args.smoke:
+        source = _through_setup(source)
     env_before = os.environ.get("CUDA_VISIBLE_DEVICES")
     if device == "cpu":
         os.environ["CUDA_VISIBLE_DEVICES"] = ""  # the kernel papermill starts inherits it
-    t0, failure = time.monotonic(), None
-    source = _through_setup(nbformat.read(args.path, as_version=4)) if args.smoke else str(args.path)
+    t0 = time.monotonic()
     try:
-        papermill.execute_notebook(source, str(target), parameters=values, kernel_name="python3",
-                                   cwd=str(NOTEBOOKS), progress_bar=False)
-    except papermill.PapermillExecutionError as err:
-        failure = f"{err.ename}: {err.evalue}"
+        run_notebook = _papermill if args.runner == "papermill" else _plain
+        target, failure = run_notebook(args, source, values, out)
     finally:
         if device == "cpu":
             os.environ.pop("CUDA_VISIBLE_DEVICES") if env_before is None else os.environ.update(
                 CUDA_VISIBLE_DEVICES=env_before)
     seconds = round(time.monotonic() - t0, 1)
     cells = _cells(nbformat.read(target, as_version=4))
-    config = {"notebook": args.path.stem, "params": args.params, "smoke": args.smoke}
+    config = {"notebook": args.path.stem, "params": args.params, "runner": args.runner, "smoke": args.smoke}
     recs = [records.record(c["cell"], "notebook", "ran", float(c["status"] == "completed" and not c["error"]),
                            config=config, device=device_string(device), seconds=c["seconds"]) for c in cells]
     written = [records.write(RECORDS, recs, out=out), target]
@@ -130,6 +136,41 @@ def run(args) -> list[Path]:
     if failure:
         raise SystemExit(f"kvlab run {NAME}: {args.path.name} stopped in a cell: {failure}; see {target}")
     return written
+
+
+def _papermill(args, source, values: dict, out) -> tuple[Path, str | None]:
+    """Execute ``source`` through papermill into ``OUT/NN_name.ipynb``: that path and the failure, if any."""
+    import papermill
+
+    target = out.claim(args.path.name)
+    try:
+        papermill.execute_notebook(source, str(target), parameters=values, kernel_name="python3",
+                                   cwd=str(NOTEBOOKS), progress_bar=False)
+    except papermill.PapermillExecutionError as err:
+        return target, f"{err.ename}: {err.evalue}"
+    return target, None
+
+
+def _plain(args, source, values: dict, out) -> tuple[Path, str | None]:
+    """Run ``source``'s cells in this process (:mod:`kvlab.notebooks.plain_run`) into ``OUT/plain/`` (its own
+    output folder): the executed notebook and the failure, if any."""
+    import json
+
+    import nbformat
+
+    from kvlab.notebooks import plain_run
+
+    path = args.path
+    if args.smoke:  # the cut copy, beside the results
+        path = out.claim(f"{args.path.stem}.smoke.ipynb")
+        nbformat.write(source, path)
+    argv = [str(path), "--out", str(out.root / "plain"), "--cwd", str(NOTEBOOKS)]
+    argv += [x for name, value in values.items() for x in ("-p", name, json.dumps(value))]  # JSON is YAML
+    try:
+        code = plain_run.main(argv)
+    except Exception as err:  # a cell raised: what it left is in the executed copy
+        return out.root / "plain" / path.name, f"{type(err).__name__}: {err}"
+    return out.root / "plain" / path.name, None if code == 0 else f"{plain_run.COMMAND} exited {code}"
 
 
 def _through_setup(nb):

@@ -12,7 +12,7 @@ tokens/s alone, 0.43 beside one other kernel). kvlab therefore sizes threads per
   times faster than two (``benchmarks/results/threads/``), and on an idle one two threads gain little;
 * a notebook's ``num_threads`` parameter (0: this default) and scripts call :func:`set_threads`.
 
-``benchmarks/threads_two_processes.py`` measures one process alone against two side by side.
+``python -m kvlab run package-threads`` measures one process alone against two side by side.
 """
 
 from __future__ import annotations

@@ -114,13 +114,14 @@ def _needle_records(values: dict) -> list[dict]:
     for (method, depth), vals in values.items():
         for t, v in enumerate(vals):
             ex = f"niah/m/L8192/d{depth:.2f}/t{t}"
-            out += [{"example": ex, "method": method, "metric": "needle_recall", "value": v},
-                    {"example": ex, "method": method, "metric": "answer_nll", "value": 1 - v}]
+            out += [{"example": ex, "method": method, "metric": "needle_recall", "value": v, "config": {"device": "cpu"}},
+                    {"example": ex, "method": method, "metric": "answer_nll", "value": 1 - v, "config": {"device": "cpu"}}]
     return out
 
 
 def test_needle_grid_keeps_only_depths_that_separate_and_judges_the_control():
-    sep = import_script("benchmarks/dhsa_needle_separating.py")
+    from kvlab.experiments.dhsa import needle_separating as sep
+
     bs = ("block-sparse authors 512", "block-sparse authors 1024")
     recs = _needle_records({("dense", 0.1): [1.0] * 4, (bs[0], 0.1): [0.0] * 4, (bs[1], 0.1): [0.0] * 4,  # prefix
                             ("dense", 0.4): [1.0, 1.0, 0.0, 1.0], (bs[0], 0.4): [0.0] * 4, (bs[1], 0.4): [0.25] * 4,

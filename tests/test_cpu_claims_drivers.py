@@ -17,7 +17,9 @@ def lacache_cpu():
 
 @pytest.fixture(scope="module")
 def dhsa_cpu():
-    return import_script("benchmarks/dhsa_app_d_costs.py")
+    from kvlab.experiments.dhsa import app_d_costs
+
+    return app_d_costs
 
 
 def test_ppl_windows_use_the_gpu_sweeps_policy_under_its_name(lacache_cpu):
@@ -39,11 +41,15 @@ def test_rotated_order_puts_every_cell_once_in_every_position(dhsa_cpu):
 def test_decode_records_pair_by_round_and_the_compressed_cache_stays_small(dhsa_cpu, tiny_llama, monkeypatch, tmp_path):
     import torch
 
-    monkeypatch.setattr(dhsa_cpu, "_model_and_text", lambda tokens, device="cpu": (tiny_llama, torch.randint(0, 90, (1, tokens))))
-    args = type("A", (), dict(out=str(tmp_path), contexts="48,96", cache="16", rounds=3, steps=2,
-                                 device="cpu"))()
-    dhsa_cpu.run_decode(args)
-    recs = [json.loads(x) for x in (tmp_path / "decode.examples.jsonl").read_text().splitlines()]
+    from kvlab.experiments import records
+    from kvlab.outputs import OutputFolder
+
+    monkeypatch.setattr(dhsa_cpu, "_model_and_text", lambda tokens, device="cpu", smoke=False: (
+        tiny_llama, torch.randint(0, 90, (1, tokens))))
+    args = type("A", (), dict(out=str(tmp_path), contexts=[48, 96], cache=[16], rounds=3, steps=2, device="cpu"))()
+    path = dhsa_cpu.run_decode(args, OutputFolder(tmp_path, "test"))
+    recs = records.read(path)
+    assert all(r["config"]["device"] == "cpu" for r in recs)
     cells = {"dense@48", "dense@96", "streamingllm16@48", "streamingllm16@96"}
     for r in range(3):
         got = {x["method"] for x in recs if x["example"] == f"round{r:02d}" and x["metric"] == "decode_latency_ms"}

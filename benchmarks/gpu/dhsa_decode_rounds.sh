@@ -6,31 +6,28 @@
 # Gemma2-2b's (every layer global: Figs. 7, 8, 10) and Gemma3-1b's (a global layer every sixth: Fig. 9).
 #
 #   KVLAB_RESULTS=DIR CUDA_VISIBLE_DEVICES=N bash benchmarks/gpu/dhsa_decode_rounds.sh             # one H200, ~2 min
-#   SMOKE=1 KVLAB_RESULTS=/tmp/x PY=.venv/bin/python bash benchmarks/gpu/dhsa_decode_rounds.sh     # CPU, tiny
+#   SMOKE=1 KVLAB_RESULTS=/tmp/x PY=.venv/bin/python bash benchmarks/gpu/dhsa_decode_rounds.sh     # CPU, --smoke
 #
 # Planned n: 20 rounds (the ledger's minimum); the allocator's peaks do not vary between rounds, and dense decoding
 # at 8K reads 64x the keys of a 128-entry cache. Writes $KVLAB_RESULTS/benchmarks/results/dhsa/decode_rounds_gpu/
-# {gemma2-2b-global,gemma3-1b}/decode.examples.jsonl and run.log.
+# {gemma2-2b-global,gemma3-1b}/decode.examples.jsonl.gz (python -m kvlab run dhsa-app-d-costs decode) and run.log.
 set -uo pipefail
 PY=${PY:-python3}
 : "${KVLAB_RESULTS:?set KVLAB_RESULTS to the results folder}"
 D="$KVLAB_RESULTS/benchmarks/results/dhsa/decode_rounds_gpu"
-mkdir -p "$D"
+mkdir -p "$KVLAB_RESULTS"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 {
   command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name --format=csv,noheader
   t0=$(date +%s)
-  if [ "${SMOKE:-0}" = 1 ]; then
-    runs=("tiny-global|64,128|16,32|2|2" "tiny|64,128|16|2|2"); DEV=cpu
-  else
-    runs=("gemma2-2b-global|1024,4096,8192|128,2048|20|8" "gemma3-1b|1024,4096,8192|128|20|8"); DEV=cuda
-  fi
+  runs=("gemma2-2b-global|1024,4096,8192|128,2048|20|8" "gemma3-1b|1024,4096,8192|128|20|8"); DEV=cuda
+  EXTRA=()
+  if [ "${SMOKE:-0}" = 1 ]; then DEV=cpu; EXTRA=(--smoke); fi
   for r in "${runs[@]}"; do
     IFS='|' read -r shape contexts cache rounds steps <<< "$r"
-    mkdir -p "$D/$shape"
     echo "== $shape"
-    "$PY" benchmarks/dhsa_app_d_costs.py decode --device "$DEV" --shape "$shape" --contexts "$contexts" \
-      --cache "$cache" --rounds "$rounds" --steps "$steps" --out "$D/$shape"
+    "$PY" -m kvlab run dhsa-app-d-costs decode --device "$DEV" --shape "$shape" --contexts "$contexts" \
+      --cache "$cache" --rounds "$rounds" --steps "$steps" "${EXTRA[@]}" --out "$D/$shape"
     echo "$shape: $(( $(date +%s) - t0 )) s"
   done
-} 2>&1 | tee "$D/run.log"
+} 2>&1 | tee "$KVLAB_RESULTS/dhsa_decode_rounds.log"

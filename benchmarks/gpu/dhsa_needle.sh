@@ -14,23 +14,23 @@
 #    change). DHSA's chunks come from the predictor of step 1 at layer 0. Every record stores initial, local, budget, predictor, share_heads, query_block, the
 #    chunks and max_len cuts at the boundary layer and the keys ranked in per query. Stops starting prompts after
 #    NEEDLE_SECONDS (default 330) with the cells balanced (trials run in turn).
-# Writes $KVLAB_RESULTS/benchmarks/results/dhsa/dhsa_needle_authors_smollm2_4k.{examples.jsonl,log} and the
-# predictor; prints progress and a few raw answers per cell.
+# Writes $KVLAB_RESULTS/benchmarks/results/dhsa/dhsa_needle_authors_smollm2_4k.examples.jsonl.gz (python -m kvlab run
+# dhsa-needle), the logs in $KVLAB_RESULTS/logs/ and the predictor; prints progress and a few raw answers per cell.
 # Resuming a grid the time limit stopped: PREDICTOR=FILE (the predictor that grid used; step 1 is skipped),
-# FIRST_TRIAL=K (the haystacks K.. of every depth) and PART=NAME (written to ..._4k.NAME.{examples.jsonl,log}, beside
-# the first part; the claims ledger joins the files with ';').
+# FIRST_TRIAL=K (the haystacks K.. of every depth) and PART=NAME (written to ..._4k.NAME.examples.jsonl.gz, beside
+# the first part; the claims ledger joins the files with ';'). A rerun into the same folder resumes the grid.
 set -uo pipefail
 PY=${PY:-python3}
 : "${KVLAB_RESULTS:?set KVLAB_RESULTS to the results folder}"
 D="$KVLAB_RESULTS/benchmarks/results/dhsa"
 P="$KVLAB_RESULTS/kvlab/dhsa/data"
-mkdir -p "$D" "$P"
+mkdir -p "$P" "$KVLAB_RESULTS/logs"
+L="$KVLAB_RESULTS/logs"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 if [ "${SMOKE:-0}" = 1 ]; then
   TRAIN=(--corpus paul-graham:2 --val-corpus wikitext --val-samples 1 --seq-len 256 --epochs 1 --hidden 32
          --device cpu --threads 1)
-  NEEDLE=(--lengths 512 --depths 0.5 --trials 1 --budgets 96,128 --authors-initial 16 --authors-local 32
-          --query-block 32 --max-new-tokens 8 --device cpu --threads 1)
+  NEEDLE=(--lengths 4096 --depths 0.1,0.5,0.9 --trials 1 --budgets 512,1024 --smoke)
   SECONDS_CAP=60
 else
   TRAIN=(--corpus austen:120,c4-sample:50,paul-graham:100,shakespeare:115,wikitext:115
@@ -50,16 +50,15 @@ else
   echo "== train: predictor on layer-0 labels -> $PRED"
   t0=$(date +%s)
   "$PY" -m kvlab.dhsa.training --model smollm2-135m --layers 0 --heads 8 --window 4 "${TRAIN[@]}" \
-    --compare shipped --out "$PRED" 2>&1 | grep -v "Loading weights" | tee "$D/dhsa_predictor_l0_train.log"
+    --compare shipped --out "$PRED" 2>&1 | grep -v "Loading weights" | tee "$L/dhsa_predictor_l0_train.log"
   [ -f "$PRED" ] || { echo "training wrote no predictor" >&2; exit 1; }
   echo "train: $(( $(date +%s) - t0 )) s"
 fi
 
 echo "== needle: 4K grid, authors' protocol, DHSA vs block-sparse"
 t0=$(date +%s)
-"$PY" -m kvlab.experiments.dhsa needle --model smollm2-135m --predictor "$PRED" "${NEEDLE[@]}" \
+"$PY" -m kvlab run dhsa-needle --model smollm2-135m --predictor "$PRED" "${NEEDLE[@]}" \
   --protocols authors --baselines dense,block-sparse --backend sdpa --max-seconds "$SECONDS_CAP" \
-  --first-trial "${FIRST_TRIAL:-0}" --out "$D/$NAME.examples.jsonl" 2>&1 | grep -v "Loading weights" \
-  | tee "$D/$NAME.log"
+  --first-trial "${FIRST_TRIAL:-0}" --name "$NAME" --out "$D" 2>&1 | grep -v "Loading weights" | tee "$L/$NAME.log"
 echo "needle: $(( $(date +%s) - t0 )) s"
-[ -s "$D/$NAME.examples.jsonl" ] || { echo "needle wrote no records" >&2; exit 1; }
+[ -s "$D/$NAME.examples.jsonl.gz" ] || { echo "needle wrote no records" >&2; exit 1; }

@@ -6,7 +6,7 @@
 #   SMOKE=1 KVLAB_RESULTS=/tmp/x PY=.venv/bin/python bash benchmarks/gpu/dhsa_needle_separating.sh   # tiny, CPU
 #
 # 1. pilot: dense and block-sparse (authors' protocol) at depths 0.2 .. 0.8 of 8,192-token prompts, PILOT_TRIALS
-#    haystacks (default 6); benchmarks/dhsa_needle_separating.py keeps the depths whose needle lies past the keys
+#    haystacks (default 6); `python -m kvlab run dhsa-needle-separating depths` keeps the depths whose needle lies past the keys
 #    every query keeps (token >= 1,152), where dense is below the ceiling (<= 0.95) and >= 0.15 above block-sparse
 #    at both budgets. DEPTHS=0.3,0.5 skips the pilot; LENGTH=4096 runs 4K-token prompts instead (if 8K leaves
 #    dense below the ceiling nowhere above the sparse methods, the pilot says so and the topic stops).
@@ -19,20 +19,21 @@
 # 3. summary: DHSA - block-sparse per budget (paired bootstrap), dense - block-sparse, and the control
 #    block-sparse 1024 - block-sparse 512 (+0.059 in the earlier 4K grid): the grid detects a 0.05 difference when the
 #    control's interval excludes 0.
-# Writes $KVLAB_RESULTS/benchmarks/results/dhsa/dhsa_needle_separating_8k.{pilot.examples.jsonl,examples.jsonl (the shards joined),pilot.log,shardK.log},
-# .depths.txt and .summary.json.
+# Writes $KVLAB_RESULTS/benchmarks/results/dhsa/dhsa_needle_separating_8k.{pilot.examples.jsonl.gz,examples.jsonl.gz (the
+# shards' gzip members joined), depths.txt, summary.json}, the shards' folders shards/K/ and the logs in
+# $KVLAB_RESULTS/logs/ (python -m kvlab run dhsa-needle and dhsa-needle-separating).
 set -uo pipefail
 PY=${PY:-python3}
 : "${KVLAB_RESULTS:?set KVLAB_RESULTS to the results folder}"
 D="$KVLAB_RESULTS/benchmarks/results/dhsa"
-mkdir -p "$D"
+L="$KVLAB_RESULTS/logs"
+mkdir -p "$L"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 NAME=dhsa_needle_separating_8k
 if [ "${SMOKE:-0}" = 1 ]; then
-  COMMON=(--lengths 512 --budgets 96,128 --authors-initial 16 --authors-local 32 --query-block 32
-          --max-new-tokens 8 --device cpu --threads 1)
-  PILOT_DEPTHS=0.3,0.6; PILOT_TRIALS=1; TRIALS=${TRIALS:-2}; CAP=60; SEL=(--min-token 0 --gap -1 --ceiling 1)
-  BUDGETS=96,128
+  COMMON=(--lengths 8192 --budgets 512,1024 --smoke)
+  PILOT_DEPTHS=0.3,0.6; PILOT_TRIALS=1; TRIALS=${TRIALS:-2}; CAP=60; SEL=(--smoke)
+  BUDGETS=512,1024
 else
   COMMON=(--lengths "${LENGTH:-8192}" --budgets 512,1024 --max-new-tokens 16)
   PILOT_DEPTHS=0.2,0.3,0.4,0.5,0.6,0.7,0.8; PILOT_TRIALS=${PILOT_TRIALS:-6}; TRIALS=${TRIALS:-72}
@@ -40,7 +41,7 @@ else
 fi
 IFS=, read -ra GPU_LIST <<< "${GPUS:-${CUDA_VISIBLE_DEVICES:-0}}"  # GPUS=0,1,2,3: one shard of trials per GPU
 SHARDS=${#GPU_LIST[@]}
-RUN=("$PY" -m kvlab.experiments.dhsa needle --model smollm2-135m --predictor shipped --protocols authors
+RUN=("$PY" -m kvlab run dhsa-needle --model smollm2-135m --predictor shipped --protocols authors
      --backend sdpa "${COMMON[@]}")
 
 DEPTHS=${DEPTHS:-}
@@ -48,30 +49,32 @@ if [ -z "$DEPTHS" ]; then
   echo "== pilot: dense and block-sparse at depths $PILOT_DEPTHS, $PILOT_TRIALS haystacks"
   t0=$(date +%s)
   "${RUN[@]}" --depths "$PILOT_DEPTHS" --trials "$PILOT_TRIALS" --baselines dense,block-sparse --max-seconds "$CAP" \
-    --out "$D/$NAME.pilot.examples.jsonl" 2>&1 | grep -v "Loading weights" > "$D/$NAME.pilot.log"
-  tail -8 "$D/$NAME.pilot.log"
+    --name "$NAME.pilot" --out "$D" 2>&1 | grep -v "Loading weights" > "$L/$NAME.pilot.log"
+  tail -8 "$L/$NAME.pilot.log"
   # the pilot's DHSA rows are not used for the choice: only dense and block-sparse decide which depths separate
-  DEPTHS=$("$PY" benchmarks/dhsa_needle_separating.py depths "$D/$NAME.pilot.examples.jsonl" --budgets "$BUDGETS" \
-           "${SEL[@]}") || { echo "no depth separates dense from block-sparse: see $NAME.pilot.log" >&2; exit 1; }
+  "$PY" -m kvlab run dhsa-needle-separating depths --records "$D/$NAME.pilot.examples.jsonl.gz" --budgets "$BUDGETS" \
+    "${SEL[@]}" --name "$NAME" --out "$D" > "$L/$NAME.depths.log" 2>&1
+  DEPTHS=$(cat "$D/$NAME.depths.txt")
+  [ -n "$DEPTHS" ] || { echo "no depth separates dense from block-sparse: see $L/$NAME.pilot.log" >&2; exit 1; }
   echo "pilot: $(( $(date +%s) - t0 )) s; depths $DEPTHS"
 fi
-echo "$DEPTHS" > "$D/$NAME.depths.txt"
 
 echo "== grid: depths $DEPTHS, $TRIALS haystacks, $SHARDS shard(s)"
 t0=$(date +%s)
 pids=(); files=()
 for ((s = 0; s < SHARDS; s++)); do
   first=$(( s * TRIALS / SHARDS )); last=$(( (s + 1) * TRIALS / SHARDS ))
-  f="$D/$NAME.shard$s.examples.jsonl"; files+=("$f")
+  f="$D/shards/$s/$NAME.examples.jsonl.gz"; files+=("$f")
   CUDA_VISIBLE_DEVICES=${GPU_LIST[$s]} "${RUN[@]}" --depths "$DEPTHS" --trials "$TRIALS" --first-trial "$first" \
-    --last-trial "$last" --baselines dense,block-sparse --max-seconds "$CAP" --out "$f" 2>&1 | grep -v "Loading weights" \
-    > "$D/$NAME.shard$s.log" &
+    --last-trial "$last" --baselines dense,block-sparse --max-seconds "$CAP" --name "$NAME" --out "$D/shards/$s" 2>&1 \
+    | grep -v "Loading weights" > "$L/$NAME.shard$s.log" &
   pids+=($!)
 done
 wait "${pids[@]}"
 echo "grid: $(( $(date +%s) - t0 )) s"
-tail -6 "$D/$NAME.shard0.log"
+tail -6 "$L/$NAME.shard0.log"
 joined=$(IFS=,; echo "${files[*]}")
-"$PY" benchmarks/dhsa_needle_separating.py summary "$joined" --budgets "$BUDGETS" --out "$D/$NAME.summary.json"
-# one records file for the ledger (its rows name one file): the shards joined
-cat "${files[@]}" > "$D/$NAME.examples.jsonl" && rm -f "${files[@]}"
+"$PY" -m kvlab run dhsa-needle-separating summary --records "$joined" --budgets "$BUDGETS" "${SEL[@]}" --name "$NAME" \
+  --out "$D"
+# one records file for the ledger (its rows name one file): the shards' gzip members joined (a valid gzip stream)
+cat "${files[@]}" > "$D/$NAME.examples.jsonl.gz"

@@ -6,7 +6,8 @@
 #   bash benchmarks/gpu/dhsa_predictor_training.sh OUTDIR      # plain python, repository root, <= 235 s on one H200
 #   SMOKE=1 bash benchmarks/gpu/dhsa_predictor_training.sh OUTDIR   # tiny CPU run of the same steps (interpreter)
 #
-# Writes flat into OUTDIR: tests.log, bench.log, dhsa_predictor_time.{json,md}, train.log,
+# Writes into OUTDIR: tests.log, bench.log, predictor_time/dhsa_predictor_time.{json,md,examples.jsonl.gz}
+# (python -m kvlab run dhsa-predictor-time), train.log,
 # smollm2-135m-h256.{pt,json} (the predictor and its sidecar: command, sha256, held-out metrics, the shipped
 # predictor's metrics on the same windows), and rc_<step>.txt with each step's exit code.
 set -uo pipefail
@@ -25,7 +26,7 @@ step() {  # step NAME SECONDS CMD...: run with a timeout, log, keep the exit cod
 if [ "${SMOKE:-0}" = 1 ]; then
   export TRITON_INTERPRET=1
   step tests 600 $PY -m pytest tests/test_dhsa_chunking.py -q -x -p no:cacheprovider -k "edge_cases and short"
-  step bench 300 $PY benchmarks/dhsa_predictor_time.py --out "$OUT" --seq 256 --shapes tiny --no-compile
+  step bench 300 $PY -m kvlab run dhsa-predictor-time --out "$OUT/predictor_time" --smoke
   step train 300 $PY -m kvlab.dhsa.training --model smollm2-135m --corpus austen:2,c4-sample:1 \
     --val-corpus austen,c4-sample --val-samples 1 --seq-len 64 --epochs 1 --hidden 16 --cache-keys --label-batch 2 \
     --compare shipped --threads 1 --out "$OUT/smollm2-135m-h256.pt"
@@ -33,7 +34,8 @@ if [ "${SMOKE:-0}" = 1 ]; then
 fi
 nvidia-smi --query-gpu=name,memory.total --format=csv > "$OUT/device.txt" 2>&1
 step tests 40 $PY -m pytest tests/test_dhsa_chunking.py -q -k cuda -p no:cacheprovider
-step bench 70 $PY benchmarks/dhsa_predictor_time.py --out "$OUT" --seq 32768 --shapes gemma2-2b,gemma3-270m --profile
+step bench 70 $PY -m kvlab run dhsa-predictor-time --out "$OUT/predictor_time" --seq 32768 --shapes gemma2-2b,gemma3-270m \
+  --profile
 step train 120 $PY -m kvlab.dhsa.training --model smollm2-135m \
   --corpus austen:120,c4-sample:50,paul-graham:100,shakespeare:115,wikitext:115 \
   --val-corpus austen,c4-sample,paul-graham,shakespeare,wikitext --val-samples 10 --seq-len 1024 \

@@ -10,23 +10,22 @@
 # Planned n: 20 rounds per length (the ledger's minimum; the earlier medians of 3 repeats put DHSA's prefill
 # within a few per cent of SDPA's, so 20 paired rounds decide a gap of that size if the round-to-round noise stays
 # under ~5 %). Writes $KVLAB_RESULTS/benchmarks/results/dhsa/prefill_rounds/{dhsa_prefill_rounds.examples.jsonl,
-# dhsa_prefill_e2e.json,dhsa_prefill_e2e.md,run.log}.
+# dhsa_prefill_e2e.json,dhsa_prefill_e2e.md} (python -m kvlab run dhsa-prefill-e2e) and $KVLAB_RESULTS/dhsa_prefill_rounds.log.
 set -uo pipefail
 PY=${PY:-python3}
 : "${KVLAB_RESULTS:?set KVLAB_RESULTS to the results folder}"
 D="$KVLAB_RESULTS/benchmarks/results/dhsa/prefill_rounds"
-mkdir -p "$D"
+mkdir -p "$KVLAB_RESULTS"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 if [ "${SMOKE:-0}" = 1 ]; then
-  ARGS=(--shapes tiny-global --seqs 256 --budget 64 --initial 4 --local 4 --chunk 16 --max-len 16 --repeats 1
-        --rounds 2 --no-compile)
+  ARGS=(--shapes gemma2-2b-global --seqs 16384,32768 --rounds 20 --smoke)
 else
   ARGS=(--shapes gemma2-2b-global --seqs 16384,32768 --rounds 20)
 fi
 {
   command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name --format=csv,noheader
   t0=$(date +%s)
-  "$PY" benchmarks/dhsa_prefill_e2e.py --out "$D" --methods sdpa,dhsa-pred --kernels packed --share-heads 1 \
+  "$PY" -m kvlab run dhsa-prefill-e2e --out "$D" --methods sdpa,dhsa-pred --kernels packed --share-heads 1 \
     "${ARGS[@]}" 2>&1 | grep --line-buffered -v "profiler_st\|CPUAllocator"
   echo "prefill rounds: $(( $(date +%s) - t0 )) s"
-} 2>&1 | tee "$D/run.log"
+} 2>&1 | tee "$KVLAB_RESULTS/dhsa_prefill_rounds.log"

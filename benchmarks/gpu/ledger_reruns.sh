@@ -31,9 +31,9 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$G/devic
 python -c "import torch, transformers; print(torch.__version__, transformers.__version__)" >> "$G/device.txt"
 case "$phase" in
   dhsa)
-    timeout 240 python benchmarks/dhsa_predictor_time.py --out "$G/dhsa_predictor" > "$G/dhsa_predictor.log" 2>&1
+    timeout 240 python -m kvlab run dhsa-predictor-time --out "$G/dhsa_predictor" > "$G/dhsa_predictor.log" 2>&1
     echo "predictor exit $?" >> "$G/times.txt"
-    timeout 280 python benchmarks/dhsa_prefill_e2e.py --out "$G/dhsa_e2e" > "$G/dhsa_e2e.log" 2>&1
+    timeout 280 python -m kvlab run dhsa-prefill-e2e --out "$G/dhsa_e2e" > "$G/dhsa_e2e.log" 2>&1
     echo "e2e exit $?" >> "$G/times.txt" ;;
   kernels)
     # the Triton kernels against their references on a real GPU (CI runs them in the interpreter)
@@ -47,8 +47,8 @@ case "$phase" in
     timeout $((LIMIT + 90)) python benchmarks/reform_reruns.py run --out "$G/reform" --workers 13 --limit "$LIMIT" \
       > "$G/reform_${phase}_$t0.log" 2>&1 &
     if [ "${NEEDLE:-0}" = 1 ]; then  # 75 s a prompt at 4k (7 patterns): too slow for this session
-      timeout $((LIMIT + 60)) python -m kvlab.experiments.dhsa needle --lengths 4096 --trials 20 --budgets 128,256 \
-        --out "$G/dhsa_needle_4096.examples.jsonl" > "$G/dhsa_needle.log" 2>&1 &
+      timeout $((LIMIT + 60)) python -m kvlab run dhsa-needle --lengths 4096 --trials 20 --budgets 128,256 \
+        --name dhsa_needle_4096 --out "$G/dhsa_needle" > "$G/dhsa_needle.log" 2>&1 &
     fi
     wait
     echo "$phase: $(( $(date +%s) - t0 )) s" >> "$G/times.txt" ;;
@@ -63,8 +63,8 @@ case "$phase" in
     if [ "$phase" = main ]; then
       timeout $((LIMIT + 90)) bash benchmarks/gpu/orthorank_docs_sepllm_gsm8k.sh "$G/o23" > "$G/o23.log" 2>&1 &
     else
-      timeout $((LIMIT + 90)) python -m kvlab.experiments.dhsa needle --lengths 4096 --trials 20 --budgets 128 \
-        --authors-initial 128 --authors-local 128 --out "$G/dhsa_needle_4096.examples.jsonl" \
+      timeout $((LIMIT + 90)) python -m kvlab run dhsa-needle --lengths 4096 --trials 20 --budgets 128 \
+        --authors-initial 128 --authors-local 128 --name dhsa_needle_4096 --out "$G/dhsa_needle" \
         > "$G/dhsa_needle.log" 2>&1 &
     fi
     wait

@@ -11,16 +11,17 @@
 #    routed at 0.5 (greedy search on the 8 x 256 calibration windows).
 # Planned n: all 78 documents; Table 1's windows gave paired SDs of ~0.15 nats, SE ~0.017, against the paper's
 # Table 4 gaps of 2-4 accuracy points and Fig. 4's ppl gaps of 0.1-1 (log-ppl 0.01-0.1).
-# Writes $KVLAB_RESULTS/benchmarks/results/orthorank/claims/{fig4,table4docs}_smollm2.{json,examples.jsonl}, run.log.
+# Writes $KVLAB_RESULTS/benchmarks/results/orthorank/claims/{fig4,table4docs}_smollm2.{json,examples.jsonl.gz}
+# (python -m kvlab run orthorank-fig4 | orthorank-table4docs) and $KVLAB_RESULTS/orthorank_claims.log.
 set -uo pipefail
 PY=${PY:-python3}
 : "${KVLAB_RESULTS:?set KVLAB_RESULTS to the results folder}"
 D="$KVLAB_RESULTS/benchmarks/results/orthorank/claims"
-mkdir -p "$D"
+mkdir -p "$KVLAB_RESULTS"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 NB11=benchmarks/results/orthorank/notebook11_default_smollm2_cpu.json
 if [ "${SMOKE:-0}" = 1 ]; then
-  ARGS=(--doc-len 48 --documents 3 --calib 1x32 --threads 2)
+  ARGS=(--doc-len 256 --calib 8x256 --smoke)
 else
   ARGS=(--doc-len 256 --calib 8x256)
 fi
@@ -29,8 +30,8 @@ fi
   for what in fig4 table4docs; do
     echo "== $what"
     t0=$(date +%s)
-    "$PY" -m kvlab.experiments.orthorank "$what" --layers "$NB11" "${ARGS[@]}" \
-      --out "$D/${what}_smollm2.json" 2>&1 | grep --line-buffered -v "Loading weights"
+    "$PY" -m kvlab run "orthorank-$what" --layers "$NB11" "${ARGS[@]}" \
+      --name "${what}_smollm2" --out "$D" 2>&1 | grep --line-buffered -v "Loading weights"
     echo "$what: $(( $(date +%s) - t0 )) s"
   done
-} 2>&1 | tee "$D/run.log"
+} 2>&1 | tee "$KVLAB_RESULTS/orthorank_claims.log"

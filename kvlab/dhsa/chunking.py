@@ -51,7 +51,7 @@ every offset, a running maximum: one Triton scan kernel writes the offsets mask,
 Entry point: :func:`predict_boundaries_fast` (what ``predict_boundaries(..., backend="triton")`` and
 ``backend="auto"`` on a GPU call). Tests: ``tests/test_dhsa_chunking.py`` (exact offsets against the
 reference on random, tied and edge-case scores, a property test over many seeded random cases; the
-predictor against a float64 evaluation of the reference); benchmark: ``benchmarks/dhsa_predictor_time.py``.
+predictor against a float64 evaluation of the reference); benchmark: ``python -m kvlab run dhsa-predictor-time``.
 """
 from __future__ import annotations
 
@@ -589,7 +589,7 @@ def predict_boundaries_fast(predictor, k: torch.Tensor, *, max_chunks: int, thre
                                max_len=max_len)
 
 
-if __name__ == "__main__":  # the timing lives in benchmarks/dhsa_predictor_time.py
+if __name__ == "__main__":  # the timing lives in python -m kvlab run dhsa-predictor-time
     import sys
 
-    sys.exit("python benchmarks/dhsa_predictor_time.py --out DIR  (times this module beside the reference)")
+    sys.exit("python -m kvlab run dhsa-predictor-time --out DIR  (times this module beside the reference)")

@@ -92,7 +92,7 @@ def _chunkings(n, device, names=("fixed64", "random16-128")):
 def _chunking_ms(k, time_budget):
     """Milliseconds of the learned chunking on one layer's keys: boundary predictor (random weights, the
     paper's sizes, in the keys' dtype, eager) + threshold + NMS on the GPU + at most n/64 chunks
-    (:func:`kvlab.dhsa.boundary_predictor.predict_boundaries`). ``benchmarks/dhsa_predictor_time.py`` adds the
+    (:func:`kvlab.dhsa.boundary_predictor.predict_boundaries`). ``python -m kvlab run dhsa-predictor-time`` adds the
     ``torch.compile`` fast path and the comparison with one layer's SDPA."""
     import torch
 

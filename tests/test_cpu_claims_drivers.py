@@ -12,7 +12,9 @@ from conftest import import_script
 
 @pytest.fixture(scope="module")
 def lacache_cpu():
-    return import_script("benchmarks/lacache_cpu_claims.py")
+    from kvlab.experiments.lacache import cpu_claims
+
+    return cpu_claims
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +30,7 @@ def test_ppl_windows_use_the_gpu_sweeps_policy_under_its_name(lacache_cpu):
     sweep = {j.name: (j.args["policy"], j.args["chunk"]) for j in runs.jobs("full") if j.kind == "ppl"}
     for name, expr in lacache_cpu.PPL_POLICIES.items():
         assert sweep[name] == (expr, 16), name  # the ledger pairs the new windows with the sweep's by this name
-        assert lacache_cpu._policy(expr) is not None
+        assert lacache_cpu.policy(expr) is not None
 
 
 def test_rotated_order_puts_every_cell_once_in_every_position(dhsa_cpu):

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,12 +12,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="module")
 def reruns():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    spec = importlib.util.spec_from_file_location("lacache_reruns", ROOT / "benchmarks" / "lacache_reruns.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["lacache_reruns"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    from kvlab.experiments.lacache import reruns
+
+    return reruns
 
 
 def test_claims_units_streams_first_then_new_passkeys(reruns):
@@ -64,3 +59,26 @@ def test_ppl_records_are_window_means_of_the_stream(reruns, tiny_llama, monkeypa
     for w, r in enumerate(recs):
         assert math.isclose(r["value"], float(nll[w * 64:(w + 1) * 64].mean()), rel_tol=1e-6)
         assert r["metric"] == "window_nll" and r["method"] == "strm-test"
+
+
+def test_reruns_smoke_writes_records_in_the_one_format_and_a_second_call_resumes(tmp_path, monkeypatch):
+    from kvlab.experiments import records, registry
+    from kvlab.experiments.lacache import reruns
+
+    calls = []
+    monkeypatch.setattr(reruns, "_worker", lambda rank, units, args_d: calls.append(units) or _fake(units, args_d))
+
+    def _fake(units, args_d):
+        part = Path(args_d["out"]) / "parts" / f"worker0-1{records.SUFFIX}"
+        length = reruns.SCALES[args_d["scale"]]["length"]
+        records.write(part, [records.record(reruns._unit_id(u, length).split("|")[0], u[3], m, 0.5,
+                                            config={"table": "t"}, device="cpu", output="x", target=None,
+                                            unit=reruns._unit_id(u, length)) for u in units
+                             for m in ("passkey_found", "answer_nll")])
+
+    out = tmp_path / "run"
+    registry.run("lacache-reruns", ["--smoke", "--scale", "passkey", "--out", str(out)])
+    recs = records.read(out / reruns.RECORDS)
+    assert len(recs) == 2 and {r["config"]["device"] for r in recs} == {"cpu"} and not (out / "parts").exists()
+    registry.run("lacache-reruns", ["--smoke", "--scale", "passkey", "--out", str(out)])
+    assert len(calls) == 1 and records.read(out / reruns.RECORDS) == recs  # resumed: nothing run twice

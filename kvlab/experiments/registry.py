@@ -156,6 +156,10 @@ _add(
                "Tables 1, 4, 5 and 6a again with the fixed harness, >= 20 examples per cell"),
     Experiment("lacache-pareto", "kvlab.experiments.lacache.pareto", "LaCache", "cpu", "smollm2-135m", "60 (CPU)",
                "Fig. 3 held out: the ladder against the best random pattern chosen on other windows"),
+    Experiment("lacache-cpu-claims", "kvlab.experiments.lacache.cpu_claims", "LaCache", "cpu", "smollm2-135m",
+               "40 (CPU)", "Table 1 / Fig. 10 perplexity windows (ppl) and Fig. 7 decode throughput (throughput)"),
+    Experiment("lacache-reruns", "kvlab.experiments.lacache.reruns", "LaCache", "gpu", "smollm2-135m", "7 (H200)",
+               "Tables 5-6 RULER tasks, the passkey grid and Table 1 / Fig. 10 streams, >= 20 prompts per cell"),
 )
 
 

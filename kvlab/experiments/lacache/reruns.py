@@ -2,16 +2,16 @@
 with the fixed answer loop (kvlab.eval.retrieval.greedy_answer: RULER's token counts, no stop at a newline), at
 >= 20 prompts per cell, on SmolLM2-135M (float32).
 
-    python benchmarks/lacache_reruns.py --out DIR [--workers 10] [--limit 540] [--scale smoke]
+    python -m kvlab run lacache-reruns --out DIR [--workers 10] [--limit 540] [--scale smoke]
 
-Cells: the five RULER kinds (seeds 0..19, ~2,048-token prompts) x the policies of ``quality_runs.lacache_policies``
+Cells: the five RULER kinds (seeds 0..19, ~2,048-token prompts) x the policies of :func:`kvlab.experiments.quality.runs.lacache_policies`
 that Tables 5 and 6 use (Full; official protocol: full prefill, compact once, 64 sinks, 50 % budget, LaCache S=15
 O=0 / StreamingLLM; ours: streamed in chunks of 64, 4 sinks; Table 6's overlaps O = 4 and O = 8 at S = 15, which
 give three different ladders on 30 layers: G/A = 2/1, 3/2, 4/3); passkey (5 depths x 4 seeds = 20 prompts of
-2,048 tokens) under the official protocol at 50 % and 25 % and Full. Writes ``DIR/lacache.examples.jsonl`` (one
+2,048 tokens) under the official protocol at 50 % and 25 % and Full. Writes ``DIR/lacache.examples.jsonl.gz`` (one
 record per prompt, policy and metric, raw output included), ``DIR/summary.json`` / ``summary.md`` (means, no
-verdicts) and ``DIR/raw_outputs.md`` (five generations per cell). Units done in ``DIR/parts`` are skipped, so a
-run cut by ``--limit`` goes on when called again.
+verdicts) and ``DIR/raw_outputs.md`` (five generations per cell). Units already in the records (or in ``DIR/parts``) are skipped,
+so a run cut by ``--limit`` goes on when called again.
 """
 
 from __future__ import annotations
@@ -19,13 +19,16 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
+from kvlab.experiments import records, registry
+from kvlab.experiments.lacache.common import policy as _policy
+from kvlab.experiments.lacache.common import window_records
+
+NAME = "lacache-reruns"
+RECORDS = "lacache" + records.SUFFIX
+SUMMARIES = ("summary.json", "summary.md", "raw_outputs.md")
 
 RULER_POLICIES = ("full", "official-lacache50", "official-strm50", "ours-lacache50", "ours-strm50",
                   "official-lacache50-o4", "official-lacache50-o8")
@@ -66,13 +69,6 @@ PPL_POLICIES = {
 CLAIMS_PASSKEY = ("official-lacache50", "official-strm50")
 
 
-def _policy(expr: str, **values):
-    from kvlab.lacache.policy import LaCache
-    from kvlab.policies import Full, StreamingLLM
-
-    return eval(expr, {"__builtins__": {}}, {"Full": Full, "StreamingLLM": StreamingLLM, "LaCache": LaCache, **values})
-
-
 def _units(scale: dict) -> list[tuple]:
     from kvlab.experiments.quality.runs import LACACHE_RULER
 
@@ -110,21 +106,39 @@ def _ppl_records(model, tok, unit: tuple, device: str, window: int = 1024) -> li
     ids = tok(load_text(corpus)[: 8 * end], return_tensors="pt").input_ids[:, segment * tokens:end]
     if ids.shape[1] < tokens:
         raise ValueError(f"corpus {corpus!r} has fewer than {end} tokens in its first {8 * end} characters")
-    policy = _policy(PPL_POLICIES[slug])
+    pol = _policy(PPL_POLICIES[slug])
     begin = time.perf_counter()
-    r = chunked_perplexity(model, tok, ids, policy, max_tokens=None, chunk_size=16)
-    nll = r.nll.double()
-    config = {"table": "1 / Fig. 10 (PPL)", "policy": repr(policy), "chunk": 16, "tokens": tokens, "segment": segment,
-              "device": device,
+    r = chunked_perplexity(model, tok, ids, pol, max_tokens=None, chunk_size=16)
+    config = {"table": "1 / Fig. 10 (PPL)", "policy": repr(pol), "chunk": 16, "tokens": tokens, "segment": segment,
               "mean_kv": float(r.kv_trace_per_layer.float().mean()), "seconds": round(time.perf_counter() - begin, 2)}
-    if hasattr(policy, "settings"):
-        config["settings"] = policy.settings(model.config.num_hidden_layers)
-    out = []
-    for w in range(0, len(nll) // window):
-        out.append({"example": f"ppl-{corpus}/{tokens}/seg{segment}/w{w}", "method": slug, "output": None, "target": None,
-                    "config": config, "metric": "window_nll", "value": float(nll[w * window:(w + 1) * window].mean()),
-                    "unit": _unit_id(unit, 0)})
-    return out
+    if hasattr(pol, "settings"):
+        config["settings"] = pol.settings(model.config.num_hidden_layers)
+    return window_records(r.nll, window, lambda w: f"ppl-{corpus}/{tokens}/seg{segment}/w{w}", slug, config, device,
+                          output=None, target=None, unit=_unit_id(unit, 0))
+
+
+def _answer(model, tok, unit: tuple, scale: dict, exprs: dict, built: dict) -> tuple:
+    """``(said, nll, score, target, metric, tokens, policy, chunk)`` of one RULER or passkey unit."""
+    from kvlab.eval.retrieval import ask, passkey
+    from kvlab.eval.tasks import ruler_task, task_score
+    from kvlab.experiments.quality.runs import LACACHE_RULER
+
+    table, what, seed, slug = unit
+    length = scale["length"]
+    if table == "ruler":
+        if (what, seed) not in built:
+            built.clear()
+            built[(what, seed)] = ruler_task(tok, length, what, seed=seed)
+        task = built[(what, seed)]
+        expr, chunk = exprs[slug]
+        n = tok(task.prompt, return_tensors="pt").input_ids.shape[1]
+        pol = _policy(expr, n=n, sink=scale["sink"])
+        said, nll = ask(model, tok, task.prompt, task.answer, pol, chunk_size=chunk, max_new_tokens=LACACHE_RULER[what])
+        return said, nll, task_score(said, task), task.info["answers"], "string_match_all", n, pol, chunk
+    expr, chunk = PASSKEY_POLICIES[slug]
+    pol = _policy(expr, length=length)
+    r = passkey(model, tok, pol, lengths=[length], depths=[what], seed=seed * 7919, chunk_size=chunk, progress=False)
+    return r.answers[0][0], float(r.answer_nll[0, 0]), float(r.accuracy[0, 0]), None, "passkey_found", None, pol, chunk
 
 
 def _worker(rank: int, units: list, args_d: dict) -> None:
@@ -132,80 +146,60 @@ def _worker(rank: int, units: list, args_d: dict) -> None:
 
     torch.set_num_threads(1)
     import kvlab
-    from kvlab.eval.retrieval import ask, passkey
-    from kvlab.eval.tasks import task_score
-    from kvlab.eval.tasks import ruler_task
-    from kvlab.experiments.quality.runs import LACACHE_RULER, lacache_policies
+    from kvlab.experiments.quality.runs import lacache_policies
 
     scale = SCALES[args_d["scale"]]
     length = scale["length"]
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    model, tok = kvlab.load_model("smollm2-135m", device=device, dtype="float32")
+    model, tok = kvlab.load_model("smollm2-135m", device=args_d["device"], dtype="float32")
     layers = model.config.num_hidden_layers
     exprs = lacache_policies()
-    out = Path(args_d["out"]) / "parts" / f"worker{rank}.jsonl"
+    device = args_d["device_name"]
     built: dict = {}
-    with out.open("a") as f:
+    part = Path(args_d["out"]) / "parts" / f"worker{rank}-{int(time.time())}{records.SUFFIX}"
+    with records.RecordWriter(part) as writer:
         for unit in units:
             if time.time() > args_d["deadline"]:
                 break
-            table, what, seed, slug = unit
             begin = time.perf_counter()
-            if table == "ppl":
+            if unit[0] == "ppl":
                 for rec in _ppl_records(model, tok, unit, device):
-                    f.write(json.dumps(rec) + "\n")
-                f.flush()
+                    writer.add(rec)
                 continue
-            if table == "ruler":
-                if (what, seed) not in built:
-                    built = {(what, seed): ruler_task(tok, length, what, seed=seed)}
-                task = built[(what, seed)]
-                expr, chunk = exprs[slug]
-                n = tok(task.prompt, return_tensors="pt").input_ids.shape[1]
-                policy = _policy(expr, n=n, sink=scale["sink"])
-                said, nll = ask(model, tok, task.prompt, task.answer, policy, chunk_size=chunk,
-                                max_new_tokens=LACACHE_RULER[what])
-                score, target, metric = task_score(said, task), task.info["answers"], "string_match_all"
-            else:
-                expr, chunk = PASSKEY_POLICIES[slug]
-                policy = _policy(expr, length=length)
-                r = passkey(model, tok, policy, lengths=[length], depths=[what], seed=seed * 7919, chunk_size=chunk,
-                            progress=False)
-                said, nll, score = r.answers[0][0], float(r.answer_nll[0, 0]), float(r.accuracy[0, 0])
-                target, metric, n = None, "passkey_found", None
-            config = {"table": "5/6" if table == "ruler" else "passkey (Fig. 9)", "policy": repr(policy),
-                      "chunk": chunk, "length": length, "tokens": n, "device": device}
-            if hasattr(policy, "settings"):
-                config["settings"] = policy.settings(layers)
-            common = {"example": _unit_id(unit, length).split("|")[0], "method": slug, "output": said,
-                      "target": target, "config": config, "seconds": round(time.perf_counter() - begin, 3),
-                      "unit": _unit_id(unit, length)}
-            f.write(json.dumps({**common, "metric": metric, "value": float(score)}) + "\n")
-            f.write(json.dumps({**common, "metric": "answer_nll", "value": float(nll)}) + "\n")
-            f.flush()
+            said, nll, score, target, metric, n, pol, chunk = _answer(model, tok, unit, scale, exprs, built)
+            config = {"table": "5/6" if unit[0] == "ruler" else "passkey (Fig. 9)", "policy": repr(pol),
+                      "chunk": chunk, "length": length, "tokens": n}
+            if hasattr(pol, "settings"):
+                config["settings"] = pol.settings(layers)
+            extra = {"output": said, "target": target, "seconds": round(time.perf_counter() - begin, 3),
+                     "unit": _unit_id(unit, length)}
+            example = _unit_id(unit, length).split("|")[0]
+            writer.add(records.record(example, unit[3], metric, float(score), config=config, device=device, **extra))
+            writer.add(records.record(example, unit[3], "answer_nll", float(nll), config=config, device=device,
+                                      **extra))
 
 
+# --------------------------------------------------------------------------------------------- the records
 def _records(out: Path) -> list[dict]:
-    seen, records = set(), []
-    for p in sorted((out / "parts").glob("*.jsonl")):
-        for line in p.read_text().splitlines():
-            try:
-                r = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a line cut by the time limit
-            if (r["unit"], r["example"], r["metric"]) not in seen:  # a stream's windows share its unit
-                seen.add((r["unit"], r["example"], r["metric"]))
-                records.append(r)
-    return records
+    """The merged records of an earlier call (their unit rebuilt), then the parts', one per (unit, example, metric)."""
+    recs = []
+    if (out / RECORDS).is_file():
+        for r in records.read(out / RECORDS):
+            slug = r["method"]
+            unit = (r["example"].rsplit("/w", 1)[0] if r["example"].startswith("ppl-") else r["example"]) + f"|{slug}"
+            recs.append({**r, "unit": unit})
+    for part in sorted((out / "parts").glob("*" + records.SUFFIX)):
+        recs += records.read(part)
+    seen, unique = set(), []
+    for r in recs:
+        if (r["unit"], r["example"], r["metric"]) not in seen:  # a stream's windows share its unit
+            seen.add((r["unit"], r["example"], r["metric"]))
+            unique.append(r)
+    return unique
 
 
-def _summarise(out: Path) -> None:
-    records = sorted(_records(out), key=lambda r: (r["example"].split("/")[0], r["method"], r["example"], r["metric"]))
-    with (out / "lacache.examples.jsonl").open("w") as f:
-        for r in records:
-            f.write(json.dumps({k: v for k, v in r.items() if k != "unit"}) + "\n")
+def _cells(recs: list[dict]) -> dict:
     cells: dict = {}
-    for r in records:
+    for r in recs:
         task = r["example"].split("/")[0]
         cell = cells.setdefault(task, {}).setdefault(r["method"], {"score": [], "answer_nll": [], "outputs": []})
         if r["metric"] in ("answer_nll", "window_nll"):
@@ -213,72 +207,118 @@ def _summarise(out: Path) -> None:
         else:
             cell["score"].append(r["value"])
             cell["outputs"].append((r["example"], r["output"], r["target"]))
-    summary = {t: {m: {"n": len(c["score"]), "score_mean": round(100 * sum(c["score"]) / max(len(c["score"]), 1), 2),
-                       "answer_nll_mean": round(sum(c["answer_nll"]) / max(len(c["answer_nll"]), 1), 3)}
-                   for m, c in by_m.items()} for t, by_m in cells.items()}
-    (out / "summary.json").write_text(json.dumps(summary, indent=1))
-    methods = [*RULER_POLICIES, *(m for m in PASSKEY_POLICIES if m not in RULER_POLICIES)]
-    lines = ["# LaCache re-run: mean score % / mean answer NLL (n prompts); intervals: the claims ledger, "
-             "from lacache.examples.jsonl", "", "| task | " + " | ".join(methods) + " |", "|---" * (len(methods) + 1) + "|"]
-    ppl_cells = {t: by_m for t, by_m in cells.items() if t.startswith("ppl-")}
-    ppl_lines = ["", "Perplexity streams: mean window NLL -> perplexity (windows)", ""] if ppl_cells else []
+    return cells
+
+
+def _ppl_lines(ppl_cells: dict) -> list[str]:
+    lines = ["", "Perplexity streams: mean window NLL -> perplexity (windows)", ""] if ppl_cells else []
     for t, by_m in sorted(ppl_cells.items()):
         for m, c in sorted(by_m.items()):
             nll = sum(c["answer_nll"]) / len(c["answer_nll"])
-            ppl_lines.append(f"- {t} {m}: {nll:.4f} -> {math.exp(nll):.2f} ({len(c['answer_nll'])})")
+            lines.append(f"- {t} {m}: {nll:.4f} -> {math.exp(nll):.2f} ({len(c['answer_nll'])})")
+    return lines
+
+
+def _summarise(out: Path, folder) -> None:
+    recs = sorted(_records(out), key=lambda r: (r["example"].split("/")[0], r["method"], r["example"], r["metric"]))
+    records.write(RECORDS, [{k: v for k, v in r.items() if k != "unit"} for r in recs], out=folder)
+    cells = _cells(recs)
+    summary = {t: {m: {"n": len(c["score"]), "score_mean": round(100 * sum(c["score"]) / max(len(c["score"]), 1), 2),
+                       "answer_nll_mean": round(sum(c["answer_nll"]) / max(len(c["answer_nll"]), 1), 3)}
+                   for m, c in by_m.items()} for t, by_m in cells.items()}
+    methods = [*RULER_POLICIES, *(m for m in PASSKEY_POLICIES if m not in RULER_POLICIES)]
+    lines = ["# LaCache re-run: mean score % / mean answer NLL (n prompts); intervals: the claims ledger, "
+             f"from {RECORDS}", "", "| task | " + " | ".join(methods) + " |", "|---" * (len(methods) + 1) + "|"]
     raw = ["# First five generations per policy and task (repr; references after the arrow)", ""]
     for t, by_m in sorted(cells.items()):
-        if t in ppl_cells:
+        if t.startswith("ppl-"):
             continue
         lines.append(f"| {t} | " + " | ".join(
             "-" if m not in summary[t] else
             f"{summary[t][m]['score_mean']:.1f} / {summary[t][m]['answer_nll_mean']:.2f} ({summary[t][m]['n']})"
             for m in methods) + " |")
-        for m in methods:
-            if m in by_m:
-                raw.append(f"- {t}, {m}: " + "; ".join(f"{e}: {o!r} -> {g!r}"
-                                                        for e, o, g in sorted(by_m[m]["outputs"])[:5]))
-    lines += ppl_lines
-    (out / "summary.md").write_text("\n".join(lines) + "\n")
-    (out / "raw_outputs.md").write_text("\n".join(raw) + "\n")
+        raw += [f"- {t}, {m}: " + "; ".join(f"{e}: {o!r} -> {g!r}" for e, o, g in sorted(by_m[m]["outputs"])[:5])
+                for m in methods if m in by_m]
+    lines += _ppl_lines({t: by_m for t, by_m in cells.items() if t.startswith("ppl-")})
+    folder.claim("summary.json").write_text(json.dumps(summary, indent=1))
+    folder.claim("summary.md").write_text("\n".join(lines) + "\n")
+    folder.claim("raw_outputs.md").write_text("\n".join(raw) + "\n")
     print("\n".join(lines))
 
 
-def main(argv=None) -> int:
+# --------------------------------------------------------------------------------------------- the command
+def check(args) -> None:
+    if args.smoke:
+        args.scale = args.scale if args.scale.endswith("smoke") else "claims-smoke" if args.scale == "claims" \
+            else "passkey-smoke" if args.scale == "passkey" else "smoke"
+        args.workers = 1
+    scale = SCALES[args.scale]
+    args.units = _units(scale)[:1] if args.smoke else _units(scale)
+    if not args.units and not args.summary_only:
+        raise registry.ParameterError(f"--scale {args.scale} plans no unit; choose another --scale")
+
+
+def _start(units: list, args, out: Path) -> bool:
+    """Run ``units`` on ``args.workers`` workers (in this process for one); whether a worker process failed."""
     import multiprocessing as mp
 
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", required=True)
-    p.add_argument("--scale", choices=sorted(SCALES), default="full")
-    p.add_argument("--workers", type=int, default=10, help="worker processes (one model copy each)")
-    p.add_argument("--limit", type=float, default=480, help="seconds; units not started by then wait for a rerun")
-    p.add_argument("--summary-only", action="store_true")
-    args = p.parse_args(argv)
-    out = Path(args.out)
-    (out / "parts").mkdir(parents=True, exist_ok=True)
+    groups: dict = {}  # the units of one example stay together (its input is built once)
+    for u in units:
+        groups.setdefault(u if u[0] == "ppl" else u[:3], []).append(u)
+    shards = [[u for g in list(groups.values())[i::args.workers] for u in g] for i in range(args.workers)]
+    args_d = {"scale": args.scale, "out": str(out), "deadline": time.time() + args.limit, "device": args.device,
+              "device_name": args.device_name}
+    if args.workers == 1:
+        if shards[0]:
+            _worker(0, shards[0], args_d)
+        return False
+    procs = [mp.get_context("spawn").Process(target=_worker, args=(i, s, args_d)) for i, s in enumerate(shards) if s]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join()
+    return any(proc.exitcode for proc in procs)
+
+
+def run(args) -> list[Path]:
+    import torch
+
+    from kvlab.experiments.lacache.common import device_line
+    from kvlab.outputs import OutputFolder
+
+    if not hasattr(args, "units"):
+        check(args)
+    if args.device == "auto":
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    args.device_name = device_line(args.device)
+    folder = OutputFolder(args.out, f"python -m kvlab run {NAME}")
+    out = folder.root
+    folder.claim("parts/")
+    failed = False
     if not args.summary_only:
-        scale = SCALES[args.scale]
+        length = SCALES[args.scale]["length"]
         done = {r["unit"] for r in _records(out)}
-        units = [u for u in _units(scale) if _unit_id(u, scale["length"]) not in done]
+        units = [u for u in args.units if _unit_id(u, length) not in done]
         print(f"{len(units)} units to run ({len(done)} done before), {args.workers} workers", flush=True)
         begin = time.time()
-        groups: dict = {}  # the units of one example stay together (its input is built once)
-        for u in units:
-            groups.setdefault(u if u[0] == "ppl" else u[:3], []).append(u)
-        shards = [[u for g in list(groups.values())[i::args.workers] for u in g] for i in range(args.workers)]
-        ctx = mp.get_context("spawn")
-        args_d = {"scale": args.scale, "out": str(out), "deadline": begin + args.limit}
-        procs = [ctx.Process(target=_worker, args=(i, s, args_d)) for i, s in enumerate(shards) if s]
-        for proc in procs:
-            proc.start()
-        for proc in procs:
-            proc.join()
+        failed = _start(units, args, out)
         left = len(units) - (len({r["unit"] for r in _records(out)}) - len(done))
         print(f"{time.time() - begin:.0f} s; {left} units left" + (" (run again to finish)" if left else ""),
               flush=True)
-    _summarise(out)
-    return 0
+    if not _records(out):
+        raise RuntimeError(f"no unit finished in {out}, so no records were written; the log says why")
+    _summarise(out, folder)
+    folder.remove_tree("parts")  # merged into the records file, which the next call resumes from
+    if failed:
+        raise RuntimeError("a worker process failed; the log says why; run again to resume")
+    return [out / RECORDS] + [out / name for name in SUMMARIES]
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
+def parser() -> argparse.ArgumentParser:
+    p = registry.experiment_parser(NAME, __doc__.split("\n\n")[0])
+    p.add_argument("--scale", choices=sorted(SCALES), default="full")
+    p.add_argument("--workers", type=registry.positive_int, default=10, help="worker processes (one model copy each)")
+    p.add_argument("--limit", type=registry.positive_int, default=480,
+                   help="seconds; units not started by then wait for a rerun")
+    p.add_argument("--summary-only", action="store_true", help="merge and summarise what is there, run nothing")
+    return p

@@ -408,23 +408,13 @@ def repo_ids(args, folder) -> list[Path]:
     return [folder.root / RECORDS] + [folder.root / name for name in SUMMARIES]
 
 
-def _positive_seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{value} must be > 0 seconds")
-    return value
-
-
 def parser() -> argparse.ArgumentParser:
     p = registry.experiment_parser(NAME, __doc__.split("\n\n")[0])
     p.add_argument("what", nargs="?", default="run", choices=WHAT,
                    help="run (default): the plan's units; tasks: the code inputs; summary; repo-ids")
     p.add_argument("--scale", choices=sorted(SCALES), default="full")
     p.add_argument("--workers", type=registry.positive_int, default=12, help="worker processes (one model copy each)")
-    p.add_argument("--limit", type=_positive_seconds, default=480.0,
+    p.add_argument("--limit", type=registry.positive_int, default=480,
                    help="seconds; units not started by then wait for a rerun")
     p.add_argument("--repo-file", default=REPO_FILE, help="the code-completion inputs (`tasks` writes them)")
     p.add_argument("--kinds", type=registry.names_list(KINDS, what="kind"), default=None,

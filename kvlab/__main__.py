@@ -13,7 +13,7 @@ commands:
   sweep GRID.yaml  run a grid of calls or notebooks on a Dask cluster (see `python -m kvlab sweep --help`)
   worker-env ADDRESS  print this host's `dask worker` lines, one pinned to each GPU (`| bash` starts them)
   leaderboard      every method on the same tasks at matched mean KV / FLOPs, on Dask (`leaderboard --help`)
-  lessons make|grade  student versions of the assignments, grading to a CSV (see `python -m kvlab lessons -h`)
+  lessons make|grade|class|attacks|time  student versions, grading to a CSV, test classes and timing (see `python -m kvlab lessons -h`)
   claims           the claims ledger: --counts, --update, --write-readme, --check, --table PAPER (`claims -h`)
   notebooks prepare|record|book|stale|markers|run|times  the notebooks' copies for nbval and the book, a plain run
                    without Jupyter, their timings (`python -m kvlab notebooks --help`)

@@ -228,7 +228,7 @@ def test_the_sandbox_leaves_nothing_on_the_machine(graded):
 def test_a_sleeper_is_stopped_on_its_budget_and_flagged_slow(graded):
     rows, _, _, _, _ = graded
     review = rows["sleeper.ipynb"]["review"]
-    assert "q2: slow" in review and "without computing" in review, review
+    assert "q1: slow" in review and "q2: slow" in review and "without computing" in review, review
     review = rows["long_sleeper.ipynb"]["review"]
     assert "q1: slow" in review and "q2: slow" in review and "without computing" in review, review
 

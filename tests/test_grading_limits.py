@@ -244,6 +244,7 @@ def test_a_private_variant_builds_apart_from_the_public_build(tmp_path):
     (made,) = classroom.make([str(variant)], out=out, seed=5)
     assert made.student.parent.parent == out / classroom.PRIVATE / name
     assert made.seed() == 5 and made.stale() is None
+    assert json.loads((made.autograder.parent / classroom.WRITTEN_FILE).read_text()) == []  # the variant's own
     assert (public / f"{name}.ipynb").read_text() == before
     assert (out / classroom.BUNDLE / f"{name}.ipynb").read_text() == before  # the bundle has the public one
     with zipfile.ZipFile(out / f"{classroom.BUNDLE}.zip") as z:

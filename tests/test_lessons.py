@@ -28,8 +28,8 @@ MASTERS = classroom.lessons()
 WRONG = {
     # q1 raises before defining anything; q2 and q3 are right: an error in one question costs only it
     "01_streaming_llm": {"q1": 0, "q2": 2, "q3": 3},
-    # q2 pops the oldest separator before appending (one too few kept: public passes, hidden fails)
-    "02_sepllm": {"q1": 3, "q2": 1, "q3": 2},
+    # q2 pops the oldest separator before appending (one too few kept: public passes, but pays nothing; hidden fails)
+    "02_sepllm": {"q1": 3, "q2": 0, "q3": 2},
     # q2 forgets to clamp the offsets at R (public test passes, hidden fails); q4 counts StreamingLLM wrong
     "03_lacache": {"q1": 2, "q2": 1, "q3": 2, "q4": 0},
     # q1 uses the plain mean (Eq. 4 without sqrt|c|), yet q3, which calls it, is graded with the reference;

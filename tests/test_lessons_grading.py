@@ -90,12 +90,13 @@ ATTACKS = {
                                      "_real = torch.as_tensor\n"
                                      "torch.as_tensor = lambda *a, **k: _real([0, 4, 5, 6])\n"}),
                     {"q1": 3, "q2": 0, "q3": 3}, "torch.as_tensor"),
-    # a global over a builtin the hidden tests use: abs() == 0 passed both hidden checks (3/3 under otter run)
+    # a global over a builtin the hidden tests use: abs() == 0 passed both hidden checks (3/3 under otter run);
+    # the typed perplexities pass q3's public check, which pays nothing (the points are on the hidden checks)
     "builtin_shadow": (dict(answers={2: SINK_WINDOW_CLASS + FAKE_PPL + "abs = lambda x: 0.0\n"}),
-                       {"q1": 3, "q2": 2, "q3": 1}, "defines abs over the builtins"),
+                       {"q1": 3, "q2": 2, "q3": 0}, "defines abs over the builtins"),
     "builtin_module": (dict(answers={2: SINK_WINDOW_CLASS + FAKE_PPL +
                                         "import builtins\nbuiltins.abs = lambda x: 0.0\n"}),
-                       {"q1": 3, "q2": 2, "q3": 1}, "builtins.abs"),
+                       {"q1": 3, "q2": 2, "q3": 0}, "builtins.abs"),
     # check cells deleted, the parameters edited, the tests in the metadata replaced: graded as the master
     "check_cells": (dict(edit=_drop_checks_edit_parameters_and_metadata), {"q1": 3, "q2": 2, "q3": 3},
                     "stream_tokens"),

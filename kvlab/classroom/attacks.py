@@ -196,11 +196,10 @@ SANDBOX_ATTACKS = {
                         "for fd in range(3, 64):\n    try:\n        s = socket.socket(fileno=os.dup(fd))\n"
                         "        body = b'[' * (63 << 20)\n        s.sendall(len(body).to_bytes(8, 'big') + body)\n"
                         "    except OSError:\n        pass\n" + GOOD[0]}, (0, 2), "oversize"),
-    # correct answers, then asleep until 85 % of the CPU limit read from /proc/self/limits (that limit is the
-    # question's CPU budget, about 2 s here: the first sleep fits in the 3 s idle budget, the second is cut)
+    # correct answers, then asleep until 85 % of the CPU limit read from /proc/self/limits
     "sleeper": ({i: GOOD[i] + "import random, time\nwith open('/proc/self/limits') as f:\n"
                               "    cpu = next(int(line.split()[3]) for line in f if line.startswith('Max cpu time'))\n"
-                              "time.sleep(0.85 * cpu)\n" for i in (0, 1)}, (2, 0), "slow"),
+                              "time.sleep(0.85 * cpu)\n" for i in (0, 1)}, (0, 0), "slow"),
     # asleep for longer than the whole idle budget in each answer: both cut
     "long_sleeper": ({i: GOOD[i] + "import time\ntime.sleep(4)\n" for i in (0, 1)}, (0, 0), "slow"),
     # threads are allowed: the answer computed in one

@@ -1799,8 +1799,10 @@ def _start_run(job: dict, q: str, i: int, ns: dict, pristine: dict, limits: dict
                 run["group"].join()
             if run["box"] is not None:
                 _enter(run["box"].pid)
-            _confine(theirs.fileno(), limits["cpu"], mine_only["memory"], WORKDIR if run["box"] is not None
-                     else run["workdir"], mine_only["nproc"])
+            # the kernel's RLIMIT_CPU: the wall limit as a backstop where the group counts the CPU budget (the
+            # grader cuts there), the budget itself where there is no group
+            _confine(theirs.fileno(), limits["wall"] if run["group"] is not None else limits["cpu"],
+                     mine_only["memory"], WORKDIR if run["box"] is not None else run["workdir"], mine_only["nproc"])
             _child(mine_only, sub, q, ns, pristine, theirs)
         finally:
             os._exit(1)

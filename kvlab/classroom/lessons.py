@@ -88,6 +88,7 @@ class Assignment:
 
 SEED_FILE = "hidden_seed"  # in the private autograder folder: the seed the hidden tests draw their inputs from
 MASTER_HASH_FILE = "master_sha256"  # in the private autograder folder: the master's hash when it was made
+WRITTEN_FILE = "written_questions.json"  # in the private autograder folder: the questions graded by hand
 
 
 def lessons(names: list[str] | None = None, root: pathlib.Path = LESSONS_DIR) -> list[pathlib.Path]:
@@ -142,6 +143,8 @@ def make(names: list[str] | None = None, out: pathlib.Path = pathlib.Path("build
             otter_assign(str(master.resolve()), str(folder), no_run_tests=not run_tests, no_pdfs=True)
         (folder / "autograder").chmod(0o700)  # the tests and the solutions: only the instructor reads them
         (folder / "autograder" / MASTER_HASH_FILE).write_text(hashlib.sha256(master.read_bytes()).hexdigest() + "\n")
+        # the questions graded by hand, from the master this build was made from (a private variant's own)
+        (folder / "autograder" / WRITTEN_FILE).write_text(json.dumps(written_questions(master)) + "\n")
         if seed is not None:
             (folder / "autograder" / SEED_FILE).write_text(f"{int(seed)}\n")
             (folder / "autograder" / SEED_FILE).chmod(0o600)
@@ -367,15 +370,25 @@ def grade(assignment: Assignment | pathlib.Path, submissions: pathlib.Path, out:
                                 seed=seed, trust_submissions=trust_submissions, cgroups=cgroups,
                                 hide=[out.resolve(), _build_root(assignment)])
     table = _write_grades(outputs, results)
+    table.attrs["results"] = results  # per question: score, seconds and CPU time of its run (timing reads them)
     _write_feedback(outputs, out, results, assignment.name)
-    masters = [m for m in lessons() if m.stem == assignment.name]  # otter drops the names from its copies
-    written = written_questions(masters[0]) if masters else []
+    written = _written_of(assignment)
     with open(outputs.claim("written_answers.csv"), "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=["file", "question", "answer"])
         writer.writeheader()
         for path in paths:
             writer.writerows(_written_answers(path, written))
     return table
+
+
+def _written_of(assignment: Assignment) -> list[str]:
+    """The manually graded questions of the master ``make`` built the assignment from (kept beside its autograder
+    zip; an older build without that file: the lesson of that name in lessons/)."""
+    kept = assignment.autograder.parent / WRITTEN_FILE
+    if kept.exists():
+        return [str(q) for q in json.loads(kept.read_text())]
+    masters = [m for m in lessons() if m.stem == assignment.name]  # otter drops the names from its copies
+    return written_questions(masters[0]) if masters else []
 
 
 def _build_root(assignment: Assignment) -> pathlib.Path:

@@ -89,6 +89,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--no-attacks", action="store_true", help="skip the class with the attack submissions")
     p.add_argument("--out", type=pathlib.Path, default=pathlib.Path("build/runs/grading-sandbox"),
                    help="folder of the results file (default build/runs/grading-sandbox)")
+    p.add_argument("--name", default=None, help="the results file's name (default tiny.json or lessonNN.json)")
     return p
 
 
@@ -100,17 +101,25 @@ def _check(args) -> str:
         raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
     if args.jobs < 1:
         raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
+    if args.name is not None and (not args.name.endswith(".json") or "/" in args.name):
+        raise ValueError(f"--name must be a file name ending in .json, got {args.name!r}")
     if args.assignment == "tiny":
-        return "tiny.json"
+        return args.name or "tiny.json"
     stem = classroom.lessons([args.assignment])[0].stem  # an unknown lesson is refused here
-    return f"lesson{stem[:2]}.json"
+    return args.name or f"lesson{stem[:2]}.json"
+
+
+def _paired(runs: list[dict], label: str, key: str) -> list[float]:
+    """Per repeat, ``key`` of class ``label`` over that of the honest class alone in the same repeat."""
+    base = {r["repeat"]: r.get(key) for r in runs if r["class"] == "alone"}
+    return [r[key] / base[r["repeat"]] for r in runs if r["class"] == label and base.get(r["repeat"])]
 
 
 def summarise(runs: list[dict]) -> dict:
-    """Per class: gradings, mean/min/max wall time, per submission, and the ratio to the honest class alone
-    paired by repeat (``vs_alone``: mean of the per-repeat ratios)."""
+    """Per class: gradings, mean/min/max wall time, per submission, and its ratios to the honest class alone
+    paired by repeat (``vs_alone``: mean of the per-repeat wall-time ratios; ``slot_s_vs_alone``,
+    ``runs_cpu_s_vs_alone``: the same for the slot time and the CPU time of the students' runs)."""
     summary = {}
-    alone = {r["repeat"]: r["wall_s"] for r in runs if r["class"] == "alone"}
     for label in dict.fromkeys(r["class"] for r in runs):
         mine = [r for r in runs if r["class"] == label]
         walls = [r["wall_s"] for r in mine]
@@ -119,9 +128,16 @@ def summarise(runs: list[dict]) -> dict:
                           "wall_min_s": min(walls), "wall_max_s": max(walls),
                           "wall_per_submission_s": round(statistics.mean(walls) / n, 2), "submissions": n,
                           "cpu_mean_s": round(statistics.mean(r["cpu_s"] for r in mine), 2)}
-        ratios = [r["wall_s"] / alone[r["repeat"]] for r in mine if alone.get(r["repeat"])]
-        if ratios and label != "alone":
-            summary[label]["vs_alone"] = round(statistics.mean(ratios), 3)
+        for key in ("slot_s", "runs_cpu_s"):
+            if key in mine[0]:
+                summary[label][f"{key[:-2]}_mean_s"] = round(statistics.mean(r[key] for r in mine), 2)
+        if label == "alone":
+            continue
+        for key, name in (("wall_s", "vs_alone"), ("slot_s", "slot_s_vs_alone"), ("runs_cpu_s", "runs_cpu_s_vs_alone")):
+            ratios = _paired(runs, label, key) if key in mine[0] else []
+            if ratios:
+                summary[label][name] = round(statistics.mean(ratios), 3)
+                summary[label][name + "_min_max"] = [round(min(ratios), 3), round(max(ratios), 3)]
     return summary
 
 
@@ -136,17 +152,25 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="kvlab-bench-") as tmp:
         root = pathlib.Path(tmp)
         assignment, folders = classes(args.assignment, root, not args.no_attacks)
+        order = list(folders.items())
         for repeat in range(args.repeats):
-            for label, folder in folders.items():
+            # each repeat starts with another class: the first grading of a repeat is not always the same one
+            for label, folder in order[repeat % len(order):] + order[:repeat % len(order)]:
                 before = resource.getrusage(resource.RUSAGE_CHILDREN)
                 load = os.getloadavg()[0]
                 start = time.monotonic()
-                classroom.grade(assignment, folder, root / "grades" / f"{label}{repeat}", jobs=args.jobs)
+                table = classroom.grade(assignment, folder, root / "grades" / f"{label}{repeat}", jobs=args.jobs)
                 wall = time.monotonic() - start
                 after = resource.getrusage(resource.RUSAGE_CHILDREN)
                 cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+                questions = [q for r in table.attrs.get("results", []) for q in r.questions.values()]
                 run = {"class": label, "repeat": repeat, "wall_s": round(wall, 2), "cpu_s": round(cpu, 2),
-                       "submissions": len(list(folder.glob("*.ipynb"))), "load_at_start": round(load, 2)}
+                       "submissions": len(list(folder.glob("*.ipynb"))), "load_at_start": round(load, 2),
+                       # the students' runs: wall seconds they held a --jobs slot, and their CPU seconds (the
+                       # child's control group and the judge), summed over every question
+                       "slot_s": round(sum(q.seconds for q in questions), 2),
+                       "runs_cpu_s": round(sum(q.cpu for q in questions), 2),
+                       "total": sum(r.total for r in table.attrs.get("results", []))}
                 print(json.dumps(run), flush=True)
                 runs.append(run)
     summary = summarise(runs)

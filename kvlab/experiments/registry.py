@@ -59,7 +59,7 @@ def _add(*exps: Experiment) -> None:
 # ---- package-wide experiments (the ledger's tests, notebooks) --------------------------------------------------
 # (entries: Experiment(name, module, paper, needs, model, minutes, summary))
 _add(
-    Experiment("tests", "kvlab.experiments.checks.pytest_run", "package", "cpu", "none", "1 (CPU)",
+    Experiment("tests", "kvlab.experiments.checks.pytest_run", "package", "cpu", "none", "1-3 (CPU, by test file)",
                "the ledger's exact rows: pytest on the named tests, one record per test"),
     Experiment("notebook", "kvlab.experiments.checks.notebook_run", "package", "cpu or gpu", "smollm2-135m",
                "1-60 (CPU or H200, by notebook and set)",

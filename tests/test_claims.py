@@ -322,8 +322,8 @@ def test_write_readme_writes_both_and_a_stale_one_is_named(tmp_path, rows):
 
 
 def test_examples_files_match_their_sources():
-    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "claims_examples.py"), "--check"],
-                       capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-m", "kvlab", "run", "quality-claims-examples", "--check"],
+                       capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0, r.stdout + r.stderr
 
 

@@ -1,27 +1,16 @@
-"""LaCache Tables 3-6 at our scale (issue 14): the ``longtask`` jobs of quality_runs.py and their report tables."""
+"""LaCache Tables 3-6 at our scale (issue 14): the ``longtask`` jobs of the quality-runs experiment (kvlab.experiments.quality.runs) and their report tables."""
 
 from __future__ import annotations
 
-import importlib
 import math
-import sys
-from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def _module(name: str):
-    folder = str(ROOT / "benchmarks")
-    if folder not in sys.path:
-        sys.path.insert(0, folder)
-    return importlib.import_module(name)
 
 
 @pytest.fixture(scope="module")
 def runs():
-    mod = _module("quality_runs")
+    from kvlab.experiments.quality import runs as mod
+
     mod._STATE.setdefault("seps", [])  # the longtask policies use no separators
     mod._STATE.setdefault("seps_broad", [])
     return mod
@@ -55,7 +44,8 @@ def test_every_table_cell_has_all_policies_with_the_papers_settings(runs):
 
 
 def test_a_smoke_job_answers_and_renders_beside_the_paper(runs):
-    report = _module("quality_report")
+    from kvlab.experiments.quality import report
+
     job = next(j for j in runs.jobs("smoke") if j.name == "lacache-ruler-single-official-lacache50-512")
     res = runs.run_job(job.kind, job.args, job.device)
     (row,) = res["examples"]

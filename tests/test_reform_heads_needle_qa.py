@@ -1,10 +1,8 @@
-"""benchmarks/reform_heads_needle_qa.py: the candidates are fixed from the committed grids (best, median), the
+"""kvlab.experiments.reform.heads_needle_qa: the candidates are fixed from the committed grids (best, median), the
 needle and QA prompts split into REFORM's context / query / answer prefix without changing a character."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,12 +12,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="module")
 def mod():
-    spec = importlib.util.spec_from_file_location("reform_heads_needle_qa",
-                                                  ROOT / "benchmarks" / "reform_heads_needle_qa.py")
-    m = importlib.util.module_from_spec(spec)
-    sys.modules["reform_heads_needle_qa"] = m
-    spec.loader.exec_module(m)
-    return m
+    from kvlab.experiments.reform import heads_needle_qa
+
+    return heads_needle_qa
 
 
 @pytest.fixture(scope="module")

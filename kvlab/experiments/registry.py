@@ -160,6 +160,8 @@ _add(
                "40 (CPU)", "Table 1 / Fig. 10 perplexity windows (ppl) and Fig. 7 decode throughput (throughput)"),
     Experiment("lacache-reruns", "kvlab.experiments.lacache.reruns", "LaCache", "gpu", "smollm2-135m", "7 (H200)",
                "Tables 5-6 RULER tasks, the passkey grid and Table 1 / Fig. 10 streams, >= 20 prompts per cell"),
+    Experiment("reform-heads-needle-qa", "kvlab.experiments.reform.heads_needle_qa", "REFORM", "cpu", "smollm2-135m",
+               "60 (CPU)", "Figs. 2-4 / Tables 2, 7 head MNR (mnr), Fig. 3 needle depths (needle), Table 3 QA (qa)"),
 )
 
 

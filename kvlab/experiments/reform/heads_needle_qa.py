@@ -1,8 +1,8 @@
 """REFORM's Figs. 2-4 and Tables 2/3/7 on SmolLM2-135M at CPU sizes, with one record per example.
 
-    python benchmarks/reform_heads_needle_qa.py mnr    --out benchmarks/results/reform/mnr_per_example [--samples 20]
-    python benchmarks/reform_heads_needle_qa.py needle --out benchmarks/results/reform/needle_depth
-    python benchmarks/reform_heads_needle_qa.py qa     --out benchmarks/results/reform/longdoc_qa [--samples 30]
+    python -m kvlab run reform-heads-needle-qa mnr    --out benchmarks/results/reform/mnr_per_example [--samples 20]
+    python -m kvlab run reform-heads-needle-qa needle --out benchmarks/results/reform/needle_depth
+    python -m kvlab run reform-heads-needle-qa qa     --out benchmarks/results/reform/longdoc_qa [--samples 30]
 
 ``mnr`` (Figs. 2 and 4, Tables 2 and 7): Mean Normalized Rank (App. C.2, :func:`kvlab.reform.heads.task_mnr`) of
 every Q/K/V head, attention head and hidden-state layer on fresh synthetic multi-hop QA and key-value ("pattern
@@ -26,20 +26,22 @@ truncation; token F1 of the answer's first line (:func:`kvlab.experiments.dhsa.m
 
 Settings of ``needle`` / ``qa`` (the paper's beside ours): eviction budget = chunk = REFORM's recompute budget
 512 (paper 32k / 8k), initial / recent / final 64 tokens (paper 256: 256 + 256 would be all of a 512 budget),
-REFORM's four committed heads, greedy answers of 24 / 16 tokens. Every command appends to
-``OUT/*.examples.jsonl`` and skips the (example, method) pairs already there, so a cut run goes on.
+REFORM's four committed heads, greedy answers of 24 / 16 tokens. Every command writes ``OUT/<what>.examples.jsonl.gz``
+(:mod:`kvlab.experiments.records`), keeping and skipping the (example, method) pairs already there, so a cut run goes
+on.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from kvlab.experiments import records, registry
+
+NAME = "reform-heads-needle-qa"
+HEADS_FILE = Path(__file__).resolve().parents[2] / "reform" / "heads" / "smollm2-135m.json"  # the committed grids
 
 NIAH_PHRASES = ("eat a sandwich", "sit in Dolores Park", "a sunny day")  # App. D.1's rule
 NEEDLE_LENGTHS = (1024, 2048)
@@ -47,6 +49,8 @@ NEEDLE_DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
 SETTINGS = dict(budget=512, chunk_size=512, n_initial=64, n_recent=64, n_final=64)
 MNR_SETTINGS = dict(chunk_size=1024, budget=256, n_initial=16, n_recent=64)  # as the committed heads file
 MNR_TASKS = {"multihop_qa": "multihop", "pattern_matching": "kv"}
+SMOKE = {"mnr": dict(samples=1, tokens=256, chunk_size=128, tasks=["pattern_matching"]),
+         "needle": dict(offsets=1, lengths=[256], depths=[0.5]), "qa": dict(samples=1, tokens=384)}
 QA_TAIL = "\n\nAnswer the question with a short phrase from the text."
 
 
@@ -112,150 +116,145 @@ def candidates(grids: dict) -> dict[str, tuple[str, int, int]]:
 
 
 # ------------------------------------------------------------------------------------------------ running
-def _done(path: Path) -> set[tuple[str, str]]:
-    if not path.is_file():
-        return set()
-    out = set()
-    for line in path.read_text().splitlines():
-        try:
-            r = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a line cut by a kill
-        out.add((r["example"], r["method"]))
-    return out
-
-
-def _load():
+def _load(device: str = "cpu"):
     import torch
 
     import kvlab
 
     torch.set_num_threads(1)
-    return kvlab.load_model("smollm2-135m", device="cpu", dtype="float32")
+    return kvlab.load_model("smollm2-135m", device=device, dtype="float32")
 
 
-def run_mnr(args) -> int:
+def _device(args) -> str:
+    return "cpu" if args.device in ("auto", "cpu") else args.device
+
+
+def _mean_grids(totals: dict, counts: dict) -> dict:
+    return {t: {"examples": counts[t], "mean": {k: [[round(float(x), 3) for x in row] for row in (v / max(counts[t], 1))]
+                                                for k, v in g.items()}} for t, g in totals.items()}
+
+
+def run_mnr(args, out) -> list[Path]:
     import torch
 
-    from kvlab.reform.heads import task_mnr
     from kvlab.eval.tasks import kv_task, multihop_task
+    from kvlab.reform.heads import task_mnr
 
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / "mnr.examples.jsonl"
-    done = _done(path)
-    committed = json.loads((ROOT / "kvlab" / "reform" / "heads" / "smollm2-135m.json").read_text())
+    committed = json.loads(HEADS_FILE.read_text())
     picks = {t: candidates(committed["mnr"][t]["grids"]) for t in MNR_TASKS}
     settings = {**MNR_SETTINGS, "chunk_size": args.chunk_size or MNR_SETTINGS["chunk_size"]}
-    model, tok = _load()
-    totals: dict = {}
-    grids_path = out / "grids.json"
-    if grids_path.is_file():
-        saved = json.loads(grids_path.read_text())
-        totals = {t: {k: torch.tensor(v) * g["examples"] for k, v in g["mean"].items()} for t, g in saved.items()}
-    counts = {t: int(json.loads(grids_path.read_text())[t]["examples"]) if t in totals else 0 for t in MNR_TASKS}
+    model, tok = _load(_device(args))
+    grids_path = out.root / "grids.json"
+    saved = json.loads(grids_path.read_text()) if grids_path.is_file() else {}
+    totals = {t: {k: torch.tensor(v) * g["examples"] for k, v in g["mean"].items()} for t, g in saved.items()}
+    counts = {t: int(saved[t]["examples"]) if t in saved else 0 for t in MNR_TASKS}
     make = {"multihop_qa": lambda s: multihop_task(tok, args.tokens, seed=s),
             "pattern_matching": lambda s: kv_task(tok, args.tokens, seed=s)}
-    for t in args.tasks.split(","):
-        for seed in range(args.seed, args.seed + args.samples):
-            example = f"{MNR_TASKS[t]}/{args.tokens}/{seed}"  # the length in the id: pairs never mix lengths
-            if all((example, name) in done for name in picks[t]):
-                continue
-            begin = time.perf_counter()
-            task = make[t](seed)
-            grid = task_mnr(model, tok, task, **settings)
-            with path.open("a") as f:
+    with records.RecordWriter("mnr" + records.SUFFIX, keep=True, out=out) as writer:
+        done = {(e, m) for e, m, _ in writer.done()}
+        for t in args.tasks:
+            for seed in range(args.seed, args.seed + args.samples):
+                example = f"{MNR_TASKS[t]}/{args.tokens}/{seed}"  # the length in the id: pairs never mix lengths
+                if all((example, name) in done for name in picks[t]):
+                    continue
+                begin = time.perf_counter()
+                grid = task_mnr(model, tok, make[t](seed), **settings)
                 for name, (kind, layer, head) in picks[t].items():
                     mnr = float(grid[kind][layer, head])
-                    f.write(json.dumps({"example": example, "method": name, "metric": "retrieval_auc",
-                                        "value": round(1 - mnr / 100, 6), "task": t, "mnr": round(mnr, 4),
-                                        "head": f"{kind}:{layer}:{head}",
-                                        "seconds": round(time.perf_counter() - begin, 1),
-                                        "config": {"tokens": args.tokens, **settings, "neighbours": 20}}) + "\n")
-            for kind in ("v", "hidden", "q", "k", "attention"):
-                totals.setdefault(t, {})[kind] = totals.get(t, {}).get(kind, 0) + grid[kind]
-            counts[t] += 1
-            grids_path.write_text(json.dumps({tt: {"examples": counts[tt], "mean": {
-                k: [[round(float(x), 3) for x in row] for row in (v / max(counts[tt], 1))] for k, v in g.items()}}
-                for tt, g in totals.items()}))
-            print(f"{example}: {time.perf_counter() - begin:.1f} s; " + ", ".join(
-                f"{n} {float(grid[k][l, h]):.2f}" for n, (k, l, h) in picks[t].items()), flush=True)
-    return 0
+                    writer.add(records.record(example, name, "retrieval_auc", round(1 - mnr / 100, 6),
+                                              config={"tokens": args.tokens, **settings, "neighbours": 20},
+                                              device=_device(args), task=t, mnr=round(mnr, 4),
+                                              head=f"{kind}:{layer}:{head}",
+                                              seconds=round(time.perf_counter() - begin, 1)))
+                for kind in ("v", "hidden", "q", "k", "attention"):
+                    totals.setdefault(t, {})[kind] = totals.get(t, {}).get(kind, 0) + grid[kind]
+                counts[t] += 1
+                out.claim("grids.json").write_text(json.dumps(_mean_grids(totals, counts)))
+                print(f"{example}: {time.perf_counter() - begin:.1f} s; " + ", ".join(
+                    f"{n} {float(grid[k][l, h]):.2f}" for n, (k, l, h) in picks[t].items()), flush=True)
+    return [writer.path, grids_path]
 
 
-def _run_rows(args, tasks, methods, max_new_tokens, extra) -> int:
-    """Every method on every task through :func:`kvlab.experiments.reform.tables.run_table` (the harness of the other
-    REFORM tables), records appended to ``OUT/<what>.examples.jsonl`` with the extra metrics of ``extra``."""
-    from kvlab.reform.api import heads_file, load_heads
+def _run_rows(args, out, tasks, methods, max_new_tokens, extra) -> list[Path]:
+    """Every method on every task through :func:`kvlab.experiments.reform.tables.run_table` (the harness of the
+    other REFORM tables), records in ``OUT/<what>.examples.jsonl.gz`` with the extra metric of ``extra``."""
     from kvlab.experiments.reform.tables import example_records, run_table
+    from kvlab.reform.api import heads_file, load_heads
 
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"{args.what}.examples.jsonl"
-    done = _done(path)
-    model, tok = _load()
+    model, tok = _load(_device(args))
     heads = load_heads(str(heads_file(model)), model)
     settings = {**SETTINGS, "heads": heads, "max_new_tokens": max_new_tokens}
-    for task, length in tasks(tok):
-        for method in methods:
-            example = f"{task.kind}/{length}/{task.info['seed']}"
-            if (example, method) in done:
-                continue
-            part = run_table(model, tok, {task.kind: [task]}, {method: (method, {})}, length=length, **settings)
-            config = {"length": length, "device": "cpu", **{k: v for k, v in settings.items() if k != "heads"},
-                      "heads": [str(h) for h in heads], **{k: task.info[k] for k in ("depth", "offset", "tokens")
-                                                            if k in task.info}}
-            recs = example_records(part["results"], config)
-            recs.append({**recs[0], **extra(recs[0]["output"], task)})
-            with path.open("a") as f:
+    with records.RecordWriter(args.what + records.SUFFIX, keep=True, out=out) as writer:
+        done = {(e, m) for e, m, _ in writer.done()}
+        for task, length in tasks(tok):
+            for method in methods:
+                example = f"{task.kind}/{length}/{task.info['seed']}"
+                if (example, method) in done:
+                    continue
+                part = run_table(model, tok, {task.kind: [task]}, {method: (method, {})}, length=length, **settings)
+                config = {"length": length, "device": _device(args),
+                          **{k: v for k, v in settings.items() if k != "heads"}, "heads": [str(h) for h in heads],
+                          **{k: task.info[k] for k in ("depth", "offset", "tokens") if k in task.info}}
+                recs = example_records(part["results"], config)
+                recs.append({**recs[0], **extra(recs[0]["output"], task)})
                 for r in recs:
-                    f.write(json.dumps(r) + "\n")
-            print(f"{example} {method}: {recs[0]['seconds']:.1f} s {recs[-1]['metric']} {recs[-1]['value']:.2f} "
-                  f"{recs[0]['output'][:60]!r}", flush=True)
-    return 0
+                    writer.add(r)
+                print(f"{example} {method}: {recs[0]['seconds']:.1f} s {recs[-1]['metric']} {recs[-1]['value']:.2f} "
+                      f"{recs[0]['output'][:60]!r}", flush=True)
+    return [writer.path]
 
 
-def run_needle(args) -> int:
+def run_needle(args, out) -> list[Path]:
     from kvlab.datasets import load_text
     from kvlab.eval.retrieval import string_match_all
 
     def tasks(tok):
         haystack = load_text("paul-graham")
         for offset in range(args.offsets):
-            for length in NEEDLE_LENGTHS:
-                for depth in NEEDLE_DEPTHS:
+            for length in args.lengths:
+                for depth in args.depths:
                     yield needle_task(tok, length, depth, offset, haystack), length
 
-    return _run_rows(args, tasks, ("reform", "truncation"), 24,
+    return _run_rows(args, out, tasks, ("reform", "truncation"), 24,
                      lambda said, task: {"metric": "correct",
                                          "value": float(string_match_all(said, list(NIAH_PHRASES)) == 1.0)})
 
 
-def run_qa(args) -> int:
+def run_qa(args, out) -> list[Path]:
     from kvlab.eval.qa import qa_f1, qa_items
 
     def tasks(tok):
         for i, item in enumerate(qa_items(tok, "single-doc", args.samples, args.tokens, seed=args.seed)):
             yield qa_task(item, i), args.tokens
 
-    return _run_rows(args, tasks, ("reform", "truncation"), 16,
+    return _run_rows(args, out, tasks, ("reform", "truncation"), 16,
                      lambda said, task: {"metric": "f1", "value": qa_f1(said, task.info["gold_answers"])})
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def check(args) -> None:
+    if args.smoke:
+        for key, value in SMOKE[args.what].items():
+            setattr(args, key, value)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = registry.experiment_parser(NAME, __doc__.split("\n\n")[0])
+    pos = registry.positive_int
     p.add_argument("what", choices=["mnr", "needle", "qa"])
-    p.add_argument("--out", required=True, help="results folder")
-    p.add_argument("--samples", type=int, default=20, help="mnr: examples per task; qa: questions")
-    p.add_argument("--tokens", type=int, default=2048, help="mnr / qa: input tokens")
+    p.add_argument("--samples", type=pos, default=20, help="mnr: examples per task; qa: questions")
+    p.add_argument("--tokens", type=pos, default=2048, help="mnr / qa: input tokens")
     p.add_argument("--seed", type=int, default=1000, help="mnr: first seed (the committed grids used 0-63); qa: rng")
-    p.add_argument("--tasks", default=",".join(MNR_TASKS), help="mnr: of " + ", ".join(MNR_TASKS))
-    p.add_argument("--chunk-size", type=int, default=None,
+    p.add_argument("--tasks", type=registry.names_list(MNR_TASKS, what="task"), default=list(MNR_TASKS),
+                   help="mnr: of " + ", ".join(MNR_TASKS))
+    p.add_argument("--chunk-size", type=pos, default=None,
                    help="mnr: tokens per chunk of the recurrent forwarding (default 1,024, as the committed grids)")
-    p.add_argument("--offsets", type=int, default=2, help="needle: haystack rotations")
-    args = p.parse_args(argv)
-    return {"mnr": run_mnr, "needle": run_needle, "qa": run_qa}[args.what](args)
+    p.add_argument("--offsets", type=pos, default=2, help="needle: haystack rotations")
+    p.set_defaults(lengths=list(NEEDLE_LENGTHS), depths=list(NEEDLE_DEPTHS))
+    return p
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
+def run(args) -> list[Path]:
+    from kvlab.outputs import OutputFolder
+
+    out = OutputFolder(args.out, f"python -m kvlab run {NAME} {args.what}")
+    return {"mnr": run_mnr, "needle": run_needle, "qa": run_qa}[args.what](args, out)

@@ -228,9 +228,6 @@ def needle_records(model, tokenizer, methods: dict, layers, lengths, depths, *, 
     trusting a score). Examples in ``skip`` (an earlier run's, resumed) are not run again.
     """
     from kvlab import datasets
-    from kvlab.baselines import Full
-    from kvlab.eval import ask
-    from kvlab.eval.retrieval import needle_score
 
     check_int("trials", trials, 1)
     text = haystack if haystack is not None else datasets.load_text("paul-graham")
@@ -249,35 +246,52 @@ def needle_records(model, tokenizer, methods: dict, layers, lengths, depths, *, 
         if example in skip:
             continue
         p = datasets.niah_prompt(tokenizer, _rotated_haystack(text, trial, trials), n, depth)
-        tail = question_tail_tokens(tokenizer, p.prompt)
-        n_tok = len(tokenizer(p.prompt).input_ids)
-        ends = None
-        for name, pattern in methods.items():
-            if getattr(pattern, "dense_tail", None) == "question":
-                pattern.question_tokens = tail
-            if getattr(pattern, "newlines", False):
-                if ends is None:
-                    ends = newline_ends(tokenizer, tokenizer(p.prompt).input_ids)
-                pattern.newline_ends = ends
-            t0 = time.perf_counter()
-            with use_pattern(model, pattern, layers) if pattern is not None else nullcontext():
-                said, nll = ask(model, tokenizer, p.prompt, p.answer, Full(), chunk_size=n_tok + 8,
-                                max_new_tokens=max_new_tokens)
-            config = {"model": model_name, "length": n, "depth": depth, "trial": trial, "prompt_tokens": n_tok,
-                      "question_tokens": tail, "pattern": repr(pattern) if pattern is not None else "dense",
-                      "seconds": round(time.perf_counter() - t0, 3)}
-            if pattern is not None and hasattr(pattern, "settings"):
-                config |= pattern.settings() | {k: round(v, 2) if isinstance(v, float) else v
-                                                for k, v in pattern.stats().items()}
-            for metric, value in (("needle_recall", needle_score(said, p.answer)), ("answer_nll", nll)):
-                out.append(record(example, name, metric, float(value), config=config, device=device,
-                                  output=said, target=p.answer))
+        base = {"model": model_name, "length": n, "depth": depth, "trial": trial}
+        out += _needle_prompt(model, tokenizer, methods, layers, p, example, base, max_new_tokens, device)
         if sink is not None:
             sink(out[-2 * len(methods):])
         if progress:
             _show(out[-2 * len(methods)::2], f"[{i + 1}/{len(cells)}] {example} "
                   f"({time.perf_counter() - t_start:.0f} s)", trial < first_trial + show)
     return out
+
+
+def _needle_prompt(model, tokenizer, methods: dict, layers, p, example: str, base: dict, max_new_tokens: int,
+                   device: str) -> list[dict]:
+    """One needle prompt ``p`` under every method: the answer, its needle recall and answer NLL, two records each."""
+    from kvlab.baselines import Full
+    from kvlab.eval import ask
+    from kvlab.eval.retrieval import needle_score
+
+    tail = question_tail_tokens(tokenizer, p.prompt)
+    n_tok = len(tokenizer(p.prompt).input_ids)
+    ends = None
+    out = []
+    for name, pattern in methods.items():
+        if getattr(pattern, "dense_tail", None) == "question":
+            pattern.question_tokens = tail
+        if getattr(pattern, "newlines", False):
+            if ends is None:
+                ends = newline_ends(tokenizer, tokenizer(p.prompt).input_ids)
+            pattern.newline_ends = ends
+        t0 = time.perf_counter()
+        with use_pattern(model, pattern, layers) if pattern is not None else nullcontext():
+            said, nll = ask(model, tokenizer, p.prompt, p.answer, Full(), chunk_size=n_tok + 8,
+                            max_new_tokens=max_new_tokens)
+        config = base | {"prompt_tokens": n_tok, "question_tokens": tail,
+                         "pattern": repr(pattern) if pattern is not None else "dense",
+                         "seconds": round(time.perf_counter() - t0, 3)} | _pattern_settings(pattern)
+        for metric, value in (("needle_recall", needle_score(said, p.answer)), ("answer_nll", nll)):
+            out.append(record(example, name, metric, float(value), config=config, device=device, output=said,
+                              target=p.answer))
+    return out
+
+
+def _pattern_settings(pattern) -> dict:
+    """Every setting of a DHSA pattern and its statistics of the last prefill (floats rounded); {} otherwise."""
+    if pattern is None or not hasattr(pattern, "settings"):
+        return {}
+    return pattern.settings() | {k: round(v, 2) if isinstance(v, float) else v for k, v in pattern.stats().items()}
 
 
 def _show(recs: list[dict], head: str, raw: bool) -> None:
@@ -461,9 +475,7 @@ def qa_records(model, tokenizer, methods: dict, layers, items: list[QAItem], *, 
             config = {"model": model_name, "task": it.task, "prompt_tokens": it.tokens, "question_tokens": tail,
                       "pattern": repr(pattern) if pattern is not None else "dense",
                       "seconds": round(time.perf_counter() - t0, 3)}
-            if pattern is not None and hasattr(pattern, "settings"):
-                config |= pattern.settings() | {k: round(v, 2) if isinstance(v, float) else v
-                                                for k, v in pattern.stats().items()}
+            config |= _pattern_settings(pattern)
             for metric, value in (("f1", qa_f1(said, it.answers)), ("answer_nll", nll)):
                 recs.append(record(f"qa/{model_name}/{it.task}/{i}", name, metric, float(value), config=config,
                                    device=device, output=said, target=it.answers[0]))

@@ -131,6 +131,33 @@ def windows(tok, text: str, plan: dict[int, int]) -> dict[int, list[torch.Tensor
     return out
 
 
+def _agreement(r: dict, got: set, labels: set, ends: set, n: int, draws: int, seed: int) -> None:
+    """(b) and (c) of one input for one predictor, beside ``draws`` random placements of as many boundaries."""
+    r["count"].append(len(got) * 1000 / n)
+    r["precision"].append(near(got, labels, TOL))
+    r["recall"].append(near(labels, got, TOL))
+    r["sentence"].append(near(got, ends, 1))
+    rs = random_sets(len(got), n, draws, seed=seed)
+    r["rand_precision"].append(sum(near(s, labels, TOL) for s in rs) / draws)
+    r["rand_recall"].append(sum(near(labels, s, TOL) for s in rs) / draws)
+    r["rand_sentence"].append(sum(near(s, ends, 1) for s in rs) / draws)
+
+
+def _alone_vs_inside(model, ids, pred, thr, got: set) -> dict:
+    """(a): the last 1,024 tokens of a 4K input alone against their boundaries inside it."""
+    k_alone, _ = layer0(model, ids[3072:])
+    alone = {t for t in predicted(pred, k_alone, thr) if 8 <= t < 1016}
+    inside = {t - 3072 for t in got if 3072 + 8 <= t < 4096 - 8}
+    return {"alone": len(alone), "inside": len(inside), "alone_in_inside": near(alone, inside, TOL),
+            "inside_in_alone": near(inside, alone, TOL)}
+
+
+def _a_summary(a: list[dict]) -> dict:
+    both = [(x["alone_in_inside"] + x["inside_in_alone"]) / 2 for x in a]
+    return {"agree_mean_of_both_directions": mean_ci(both), "alone_in_inside": mean_ci([x["alone_in_inside"] for x in a]),
+            "inside_in_alone": mean_ci([x["inside_in_alone"] for x in a])}
+
+
 def evaluate(model, tok, preds: dict, wins: dict[int, list[torch.Tensor]], draws: int,
              recs: list | None = None) -> dict:
     """(a)-(c) for every predictor on every window; ``recs`` (a list) receives one record per (input, predictor,
@@ -149,22 +176,9 @@ def evaluate(model, tok, preds: dict, wins: dict[int, list[torch.Tensor]], draws
             lab_count.append(len(labels) * 1000 / n)
             for name, (pred, thr) in preds.items():
                 got = predicted(pred, k, thr)
-                r = per[name]
-                r["count"].append(len(got) * 1000 / n)
-                r["precision"].append(near(got, labels, TOL))
-                r["recall"].append(near(labels, got, TOL))
-                r["sentence"].append(near(got, ends, 1))
-                rs = random_sets(len(got), n, draws, seed=1000 * n + i)
-                r["rand_precision"].append(sum(near(s, labels, TOL) for s in rs) / draws)
-                r["rand_recall"].append(sum(near(labels, s, TOL) for s in rs) / draws)
-                r["rand_sentence"].append(sum(near(s, ends, 1) for s in rs) / draws)
+                _agreement(per[name], got, labels, ends, n, draws, seed=1000 * n + i)
                 if n == 4096:  # (a): the last 1,024 tokens alone against their boundaries inside the 4K input
-                    k_alone, _ = layer0(model, ids[3072:])
-                    alone = {t for t in predicted(pred, k_alone, thr) if 8 <= t < 1016}
-                    inside = {t - 3072 for t in got if 3072 + 8 <= t < 4096 - 8}
-                    rows[name]["a"].append({"alone": len(alone), "inside": len(inside),
-                                            "alone_in_inside": near(alone, inside, TOL),
-                                            "inside_in_alone": near(inside, alone, TOL)})
+                    rows[name]["a"].append(_alone_vs_inside(model, ids, pred, thr, got))
                     rows[name]["per_1k"].append([sum(1 for t in got if 1024 * j <= t < 1024 * (j + 1))
                                                  for j in range(4)])
             print(f"  n={n} input {i}: {time.perf_counter() - t0:.0f} s", flush=True)
@@ -177,12 +191,8 @@ def evaluate(model, tok, preds: dict, wins: dict[int, list[torch.Tensor]], draws
         labels_c[n] = {"sentence": mean_ci(lab_sent), "per_1k_tokens": mean_ci(lab_count)}
         random_c[n] = None
     for name in preds:
-        a = rows[name]["a"]
-        if a:
-            both = [(x["alone_in_inside"] + x["inside_in_alone"]) / 2 for x in a]
-            rows[name]["a_summary"] = {"agree_mean_of_both_directions": mean_ci(both),
-                                       "alone_in_inside": mean_ci([x["alone_in_inside"] for x in a]),
-                                       "inside_in_alone": mean_ci([x["inside_in_alone"] for x in a])}
+        if rows[name]["a"]:
+            rows[name]["a_summary"] = _a_summary(rows[name]["a"])
     return {"predictors": rows, "labels": labels_c}
 
 

@@ -21,14 +21,7 @@ ROUND=${2:-${ROUND:-2}}
 mkdir -p "$OUT"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 PY=${PY:-python}
-step() {  # step NAME SECONDS CMD...: run with a timeout, log, keep the exit code, go on whatever happens
-  local name=$1 limit=$2; shift 2
-  local t0=$(date +%s)
-  timeout -k 5 "$limit" "$@" > "$OUT/$name.log" 2>&1
-  local rc=$?
-  echo "$rc" > "$OUT/rc_$name.txt"
-  echo "$name: exit $rc, $(( $(date +%s) - t0 )) s" | tee -a "$OUT/times.txt"
-}
+source benchmarks/gpu/step.sh  # step NAME SECONDS CMD...: a time limit, a log, the exit code kept
 $PY -c "import torch, transformers; print(torch.__version__, transformers.__version__,
 torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu')" > "$OUT/device.txt" 2>&1
 X=($PY -m kvlab run)

@@ -15,14 +15,7 @@ OUT=${1:?usage: dhsa-pred.sh OUTDIR}
 mkdir -p "$OUT"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 PY=${PY:-python}
-step() {  # step NAME SECONDS CMD...: run with a timeout, log, keep the exit code, go on whatever happens
-  local name=$1 limit=$2; shift 2
-  local t0=$(date +%s)
-  timeout -k 5 "$limit" "$@" > "$OUT/$name.log" 2>&1
-  local rc=$?
-  echo "$rc" > "$OUT/rc_$name.txt"
-  echo "$name: exit $rc, $(( $(date +%s) - t0 )) s" | tee -a "$OUT/times.txt"
-}
+source benchmarks/gpu/step.sh  # step NAME SECONDS CMD...: a time limit, a log, the exit code kept
 if [ "${SMOKE:-0}" = 1 ]; then
   export TRITON_INTERPRET=1
   step tests 600 $PY -m pytest tests/test_dhsa_chunking.py -q -x -p no:cacheprovider -k "edge_cases and short"

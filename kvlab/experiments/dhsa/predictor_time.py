@@ -45,7 +45,6 @@ from kvlab.dhsa.boundary_predictor import BoundaryPredictor, key_features, label
 from kvlab.dhsa.reference import split_long_chunks
 from kvlab.experiments import records, registry
 from kvlab.experiments.system import options
-from kvlab.outputs import OutputFolder
 
 __all__ = ["parser", "check", "run", "SHAPES", "timed"]
 
@@ -239,11 +238,7 @@ def check(args) -> None:
 
 
 def run(args) -> list[Path]:
-    out = OutputFolder(args.out, f"python -m kvlab run {NAME}")
-    device = torch.device(options.resolve_device(args.device))
-    info = {"device": options.device_string(device), "torch": torch.__version__,
-            "date": time.strftime("%Y-%m-%d %H:%M:%S"), "command": f"python -m kvlab run {NAME}"}
-    print(json.dumps(info), flush=True)
+    out, device, info = options.start(args, NAME)
     rows, files = [], []
     for name in args.shapes:
         try:

@@ -53,7 +53,6 @@ from kvlab.experiments.dhsa.measures import MODEL_SHAPES, prefill_cost, random_m
 from kvlab.experiments.dhsa.predictor_time import row_records
 from kvlab.experiments.registry import ParameterError
 from kvlab.experiments.system import options
-from kvlab.outputs import OutputFolder
 
 __all__ = ["parser", "check", "run", "METHODS"]
 
@@ -249,11 +248,7 @@ def _relative(rows: list[dict]) -> None:
 
 
 def run(args) -> list[Path]:
-    out = OutputFolder(args.out, f"python -m kvlab run {NAME}")
-    device = torch.device(options.resolve_device(args.device))
-    info = {"device": options.device_string(device), "torch": torch.__version__,
-            "date": time.strftime("%Y-%m-%d %H:%M:%S"), "command": f"python -m kvlab run {NAME}"}
-    print(json.dumps(info), flush=True)
+    out, device, info = options.start(args, NAME)
     rows, rounds, t_start = [], [], time.perf_counter()
     for shape in args.shapes:
         model = random_model(shape, attn_implementation="sdpa", device=device)

@@ -15,7 +15,7 @@ from pathlib import Path
 from kvlab.experiments import records
 from kvlab.experiments.registry import ParameterError
 
-__all__ = ["number_list", "nonnegative_int", "stem", "resolve_device", "device_string", "check_model",
+__all__ = ["number_list", "nonnegative_int", "start", "stem", "resolve_device", "device_string", "check_model",
            "check_device", "refuse_rerun", "records_name", "write_json", "write_text"]
 
 
@@ -41,14 +41,15 @@ def number_list(kind=int, *, low: float | None = None, high: float | None = None
     return parse
 
 
+_NONNEGATIVE = number_list(int, low=0, what="integer")
+
+
 def nonnegative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value} must be >= 0")
-    return value
+    """An argparse ``type``: one integer >= 0."""
+    values = _NONNEGATIVE(text)
+    if len(values) != 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give one integer >= 0")
+    return values[0]
 
 
 def stem(text: str) -> str:
@@ -114,6 +115,23 @@ def refuse_rerun(out: str | Path, *names: str) -> None:
                 raise ParameterError(f"{path} is there already (an earlier run of this experiment wrote it); "
                                      "kvlab does not replace a run's results: give another --out, or move that "
                                      "file away to run again")
+
+
+def start(args, name: str):
+    """``(out, device, info)`` of a benchmark run: its OutputFolder, the torch device and the header its JSON
+    carries (device string, torch version, date, command)."""
+    import time
+
+    import torch
+
+    from kvlab.outputs import OutputFolder
+
+    out = OutputFolder(args.out, f"python -m kvlab run {name}")
+    device = torch.device(resolve_device(args.device))
+    info = {"device": device_string(device), "torch": torch.__version__, "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+            "command": f"python -m kvlab run {name}" + (" --smoke" if args.smoke else "")}
+    print(json.dumps(info), flush=True)
+    return out, device, info
 
 
 def write_json(out, rel: str, obj) -> Path:

@@ -36,8 +36,8 @@ from kvlab.core import check_int, kv_ratio
 from kvlab.eval.stats import paired_bootstrap, sign_test
 from kvlab.experiments import records
 from kvlab.experiments.registry import ParameterError, experiment_parser, names_list, positive_int
-from kvlab.experiments.sepllm.common import (device_label, int_list, open_out, resolve_device, write_summary)
-from kvlab.experiments.sepllm.gsm8k_matched import matched_window, problem_ids, records_of
+from kvlab.experiments.sepllm.common import (device_label, int_list, open_out, start_model, write_summary)
+from kvlab.experiments.sepllm.gsm8k_matched import matched_window, problem_ids, records_of, score_methods
 from kvlab.sepllm.pattern import FixLLMPattern, HeadwisePattern, SepLLMPattern, StreamingPattern
 from kvlab.sepllm.separators import SEPARATOR_SETS, separator_ids
 
@@ -129,8 +129,6 @@ def compare_on_gsm8k(model, tokenizer, selected: list[tuple[int, dict]], exempla
 
     Returns ``{"methods": {name: {"mean_answer_nll", "mean_r_kv", "seconds"}}, "pairs": [...], "examples": [...]}``.
     """
-    from kvlab.eval.gsm8k import gsm8k_answer_nll
-
     unknown = sorted({m for pair in pairs for m in pair} - set(methods))
     if unknown:
         raise ValueError(f"pairs name methods that are not in methods: {unknown}; methods are {list(methods)}")
@@ -139,18 +137,9 @@ def compare_on_gsm8k(model, tokenizer, selected: list[tuple[int, dict]], exempla
     ids = [f"gsm8k-test-{i:04d}" for i, _ in selected]
     problems = [p for _, p in selected]
     config = dict(config or {}, problems=len(problems))
-    out: dict[str, Any] = {"methods": {}, "pairs": [], "examples": []}
-    nll: dict[str, list[float]] = {}
-    for name, pattern in methods.items():
-        t0 = time.perf_counter()
-        r = gsm8k_answer_nll(model, tokenizer, problems, exemplars, pattern=pattern, name=name, progress=False)
-        nll[name] = r.answer_nll
-        out["methods"][name] = {"pattern": repr(pattern), "mean_answer_nll": r.mean_answer_nll,
-                                "mean_r_kv": r.mean_kv_ratio, "seconds": time.perf_counter() - t0}
-        out["examples"] += records_of(ids, name, "answer_nll", r.answer_nll, config, device)
-        out["examples"] += records_of(ids, name, "r_kv", r.kv_ratio, config, device)
-        if progress:
-            print(f"  {name:40s} answer NLL {r.mean_answer_nll:.4f}  r.KV {r.mean_kv_ratio:6.3f}", flush=True)
+    out, nll = score_methods(model, tokenizer, ids, problems, exemplars, methods, config, device,
+                             info=lambda pattern: {"pattern": repr(pattern)},
+                             progress="  {name:40s} answer NLL {nll:.4f}  r.KV {kv:6.3f}" if progress else "")
     for a, b in pairs:
         out["pairs"].append({"metric": "answer_nll", "a": a, "b": b, **pair_statistics(nll[a], nll[b])})
     return out
@@ -321,14 +310,8 @@ def _stems(args) -> list[str]:
 
 
 def run(args):
-    import kvlab
-
     out = open_out(args, NAME, [stem + records.SUFFIX for stem in _stems(args)])
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
-    device = resolve_device(args.device)
-    model, tokenizer = kvlab.load_model(args.model, device=device)
+    device, model, tokenizer = start_model(args)
     label = device_label(device)
     base = {"model": args.model, "device": label, "command": f"python -m kvlab run {NAME} {args.what}"}
     tables = _gsm8k_tables if args.what == "gsm8k" else _needles

@@ -34,7 +34,8 @@ from kvlab.eval.gsm8k import cot_prompt, gsm8k_answer_nll, gsm8k_generate, load_
 from kvlab.eval.stats import paired_bootstrap
 from kvlab.experiments import records
 from kvlab.experiments.registry import experiment_parser, positive_int
-from kvlab.experiments.sepllm.common import device_label, nonnegative_int, open_out, resolve_device, write_summary
+from kvlab.experiments.sepllm.common import (device_label, nonnegative_int, open_out, smallest_reaching, start_model,
+                                             write_summary)
 from kvlab.sepllm.pattern import SepLLMPattern, StreamingPattern
 
 __all__ = ["long_problems", "problem_ids", "matched_window", "matched_methods", "matched_gsm8k", "records_of",
@@ -83,13 +84,7 @@ def matched_window(make: Callable[[int], Any], target: float, sequences: list[to
     def mean_kept(n: int) -> float:
         return sum(kv_ratio(make(n), s) for s in sequences) / len(sequences)
 
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if mean_kept(mid) < target:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo
+    return smallest_reaching(mean_kept, target, lo, hi)
 
 
 def matched_methods(separators, sequences: list[torch.Tensor], *, init: int = 3,
@@ -112,6 +107,27 @@ def records_of(ids: list[str], method: str, metric: str, values: list, config: d
             for j, (example, value) in enumerate(zip(ids, values))]
 
 
+def score_methods(model, tokenizer, ids: list[str], problems: list[dict], exemplars: list[dict],
+                  methods: dict[str, Any], config: dict, device: str, *, info: Callable[[Any], dict],
+                  progress: str = "") -> tuple[dict[str, Any], dict[str, list[float]]]:
+    """The answer NLL and r.KV of every method (``{name: pattern or None}``) on ``problems``: ``({"methods": {name:
+    {**info(pattern), "mean_answer_nll", "mean_r_kv", "seconds"}}, "pairs": [], "examples": [records]}, {name:
+    per-problem NLLs})``. ``progress``: a format of ``name``, ``nll`` and ``kv`` printed per method ("": quiet)."""
+    out: dict[str, Any] = {"methods": {}, "pairs": [], "examples": []}
+    nll: dict[str, list[float]] = {}
+    for name, pattern in methods.items():
+        t0 = time.perf_counter()
+        r = gsm8k_answer_nll(model, tokenizer, problems, exemplars, pattern=pattern, name=name, progress=False)
+        nll[name] = r.answer_nll
+        out["methods"][name] = {**info(pattern), "mean_answer_nll": r.mean_answer_nll, "mean_r_kv": r.mean_kv_ratio,
+                                "seconds": time.perf_counter() - t0}
+        out["examples"] += records_of(ids, name, "answer_nll", r.answer_nll, config, device)
+        out["examples"] += records_of(ids, name, "r_kv", r.kv_ratio, config, device)
+        if progress:
+            print(progress.format(name=name, nll=r.mean_answer_nll, kv=r.mean_kv_ratio), flush=True)
+    return out, nll
+
+
 def matched_gsm8k(model, tokenizer, selected: list[tuple[int, dict]], exemplars: list[dict], separators, *,
                   init: int = 3, neighbors: int = 256, generate: int = 0, max_new_tokens: int = 256,
                   device: str = "cpu", progress: bool = False) -> dict[str, Any]:
@@ -126,19 +142,9 @@ def matched_gsm8k(model, tokenizer, selected: list[tuple[int, dict]], exemplars:
     ids = [f"gsm8k-test-{i:04d}" for i, _ in selected]
     problems = [p for _, p in selected]
     config = {"init": init, "neighbors": neighbors, "problems": len(problems)}
-    out: dict[str, Any] = {"methods": {}, "pairs": [], "examples": []}
-    nll: dict[str, list[float]] = {}
-    for name, pattern in methods.items():
-        t0 = time.perf_counter()
-        r = gsm8k_answer_nll(model, tokenizer, problems, exemplars, pattern=pattern, name=name, progress=False)
-        nll[name] = r.answer_nll
-        out["methods"][name] = {"neighbors": getattr(pattern, "neighbors", None),
-                                "mean_answer_nll": r.mean_answer_nll, "mean_r_kv": r.mean_kv_ratio,
-                                "seconds": time.perf_counter() - t0}
-        out["examples"] += records_of(ids, name, "answer_nll", r.answer_nll, config, device)
-        out["examples"] += records_of(ids, name, "r_kv", r.kv_ratio, config, device)
-        if progress:
-            print(f"  {name:34s} answer NLL {r.mean_answer_nll:.4f}  r.KV {r.mean_kv_ratio:5.1f} %", flush=True)
+    out, nll = score_methods(model, tokenizer, ids, problems, exemplars, methods, config, device,
+                             info=lambda pattern: {"neighbors": getattr(pattern, "neighbors", None)},
+                             progress="  {name:34s} answer NLL {nll:.4f}  r.KV {kv:5.1f} %" if progress else "")
     sep_name = f"SepLLM (n={neighbors})"
     for other in methods:
         if other != sep_name:
@@ -200,17 +206,12 @@ def check(args) -> None:
 
 
 def run(args):
-    import kvlab
     from kvlab.sepllm.separators import separator_ids
 
     stem = f"gsm8k_matched_n{args.neighbors}"
     out = open_out(args, NAME, [stem + records.SUFFIX])
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
-    device = resolve_device(args.device)
     started = time.perf_counter()
-    model, tokenizer = kvlab.load_model(args.model, device=device)
+    device, model, tokenizer = start_model(args)
     problems, exemplars = load_gsm8k(None)
     min_tokens = args.min_tokens or math.ceil(1.5 * args.neighbors)
     selected = long_problems(tokenizer, problems, min_tokens, args.problems)

@@ -44,7 +44,7 @@ import torch
 from kvlab.experiments import records
 from kvlab.experiments.registry import ParameterError, experiment_parser, positive_int
 from kvlab.experiments.sepllm.common import (device_label, nonnegative_int, open_out, positive_float,
-                                             resolve_device, write_summary)
+                                             smallest_reaching, start_model, write_summary)
 from kvlab.experiments.sepllm.gsm8k_matched import records_of
 
 NAME = "sepllm-headline"
@@ -55,7 +55,7 @@ MMLU_ONLY = tuple(f"hw{k}" for k in range(1, 65))
 BOTH = ("vanilla", "sepllm", "matched", "strm256", "fix4", "fix5")
 METHODS = BOTH + GSM8K_ONLY + MMLU_ONLY
 SMOKE = {"gsm8k": 2, "shots": 1, "max_new_tokens": 4, "batch": 2, "h2o": 1, "h2o_seconds": 1.0,
-         "mmlu_subjects": 1, "mmlu_questions": 1, "model": "smollm2-135m"}
+         "mmlu_subjects": 1, "mmlu_questions": 1, "mmlu_shots": 1, "model": "smollm2-135m"}
 
 
 def method_list(text: str) -> list[str]:
@@ -87,13 +87,7 @@ def matched_budget(target: float, lengths: list[tuple[int, int]], lo: int = 1, h
             per.append(sum(min(s + 1, k) / (s + 1) for s in steps) / len(steps) if len(steps) else 1.0)
         return sum(per) / len(per)
 
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if mean_kv(mid) < target:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo
+    return smallest_reaching(mean_kv, target, lo, hi)
 
 
 class Run:
@@ -198,7 +192,7 @@ class Gsm8kRun:
         lengths = [(prefix + len(self.tokenizer(f"Q: {p['question']}\nA:", add_special_tokens=False).input_ids),
                     max(len(self.tokenizer(x, add_special_tokens=False).input_ids), 1))
                    for p, x in zip(self.problems, self.results[sep].raw)]
-        return matched_budget(self.results[sep].mean_kv_ratio / 100, lengths)
+        return matched_budget(self.results[sep].mean_kv_ratio / 100, lengths, lo=INIT + 1)  # a window of >= 1
 
     def pair(self, a: str, b: str, n: int | None = None) -> None:
         for metric in ("flexible", "strict"):
@@ -290,14 +284,14 @@ def mmlu_patterns(run: Run, model, tokenizer, prompts, separators, args) -> dict
 def mmlu_methods(run: Run, model, tokenizer, separators, args) -> None:
     from kvlab.experiments.sepllm.mmlu import mmlu_prompts, mmlu_scores
 
-    prompts = mmlu_prompts(subjects=args.mmlu_subjects, questions=args.mmlu_questions, shots=5)
+    prompts = mmlu_prompts(subjects=args.mmlu_subjects, questions=args.mmlu_questions, shots=args.mmlu_shots)
     sep = f"SepLLM (n={args.neighbors})"
     hits = {}
     for name, pattern in mmlu_patterns(run, model, tokenizer, prompts, separators, args).items():
         t0 = time.perf_counter()
         rows = mmlu_scores(model, tokenizer, prompts, pattern)
         ids = [f"mmlu-{r['subject']}-{r['index']:04d}" for r in rows]
-        config = {"init": INIT, "neighbors": args.neighbors, "pattern": repr(pattern), "shots": 5}
+        config = {"init": INIT, "neighbors": args.neighbors, "pattern": repr(pattern), "shots": args.mmlu_shots}
         run.add(ids, name, "mmlu_correct", [r["correct"] for r in rows], config, pred=[r["pred"] for r in rows],
                 gold=[r["gold"] for r in rows])
         run.add(ids, name, "r_kv", [r["r_kv"] for r in rows], config)
@@ -324,6 +318,7 @@ def parser():
     p.add_argument("--batch", type=positive_int, default=1319, help="GSM8K streams a pass of the static engine")
     p.add_argument("--mmlu-subjects", type=positive_int, default=57, help="MMLU subjects spread over the 57")
     p.add_argument("--mmlu-questions", type=positive_int, default=20, help="scored questions per subject")
+    p.add_argument("--mmlu-shots", type=nonnegative_int, default=5, help="MMLU exemplars per prompt (the paper: 5)")
     p.add_argument("--h2o", type=nonnegative_int, default=128, help="H2O: the first N problems (0: skip)")
     p.add_argument("--h2o-seconds", type=positive_float, default=90.0,
                    help="H2O stops after the problem that passes this")
@@ -364,17 +359,12 @@ def check(args) -> None:
 
 
 def run(args):
-    import kvlab
     from kvlab.eval.gsm8k import load_gsm8k
     from kvlab.sepllm.separators import separator_ids
 
     out = open_out(args, NAME, [args.stem + records.SUFFIX])
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
-    device = resolve_device(args.device)
     started = time.perf_counter()
-    model, tokenizer = kvlab.load_model(args.model, device=device)
+    device, model, tokenizer = start_model(args)
     separators = separator_ids(tokenizer)
     label = device_label(device)
     planned = ({"gsm8k": args.gsm8k, "h2o": args.h2o} if args.part == "gsm8k"

@@ -8,7 +8,7 @@ import torch
 
 from kvlab.experiments import records
 from kvlab.experiments.registry import ParameterError, positive_int
-from kvlab.experiments.sepllm.common import device_label, nonnegative_int, open_out, resolve_device
+from kvlab.experiments.sepllm.common import device_label, load_model, nonnegative_int, open_out, resolve_device
 
 __all__ = ["add_stream_options", "check_stream_options", "wikitext_pieces", "window_nll_records", "run_streams"]
 
@@ -74,7 +74,6 @@ def window_nll_records(model, tokenizer, rows: list[torch.Tensor], methods: dict
 def run_streams(args, name: str, stem: str, models: list[str], policies, *, prefix_model: bool) -> list:
     """Stream ``args.texts`` pieces of each model in ``models`` under ``policies(separator_ids)`` and write the
     records as ``stem.examples.jsonl.gz``."""
-    import kvlab
     from kvlab.sepllm import separator_ids
 
     rel = stem + records.SUFFIX
@@ -83,7 +82,7 @@ def run_streams(args, name: str, stem: str, models: list[str], policies, *, pref
     device = resolve_device(args.device)
     recs = []
     for model_name in models:
-        model, tok = kvlab.load_model(model_name, device=device)
+        model, tok = load_model(model_name, device, smoke=args.smoke)
         rows = wikitext_pieces(tok, args.texts, args.tokens, whole=not args.smoke)
         config = {"model": model_name, "texts": args.texts, "tokens": args.tokens, "skip": args.skip}
         print(f"{model_name}: {args.texts} pieces of {args.tokens} tokens", flush=True)

@@ -249,3 +249,20 @@ def test_a_private_variant_builds_apart_from_the_public_build(tmp_path):
     assert (out / classroom.BUNDLE / f"{name}.ipynb").read_text() == before  # the bundle has the public one
     with zipfile.ZipFile(out / f"{classroom.BUNDLE}.zip") as z:
         assert not any("private" in n for n in z.namelist())
+
+
+def test_lessons_time_checks_its_options_before_any_work(tmp_path, capsys):
+    """`lessons time`: a bad option, an unknown lesson or a results folder holding someone's file is refused at
+    once (exit 2, nothing graded, nothing written)."""
+    assert classroom.main(["time", "tiny", "--repeats", "0", "--out", str(tmp_path / "a")]) == 2
+    assert "--repeats" in capsys.readouterr().err and not (tmp_path / "a").exists()
+    assert classroom.main(["time", "99", "--out", str(tmp_path / "b")]) == 2
+    assert "99" in capsys.readouterr().err
+    assert classroom.main(["time", "tiny", "--name", "../x.json", "--out", str(tmp_path / "c")]) == 2
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "tiny.json").write_text("someone's results")
+    assert classroom.main(["time", "tiny", "--out", str(theirs)]) == 2
+    assert "tiny.json" in capsys.readouterr().err and (theirs / "tiny.json").read_text() == "someone's results"
+    with pytest.raises(SystemExit):
+        classroom.main(["time", "tiny", "--rep", "3"])  # no prefixes of options

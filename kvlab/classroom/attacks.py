@@ -20,7 +20,6 @@ Every folder follows kvlab's output rule (:class:`kvlab.outputs.OutputFolder`): 
 
 from __future__ import annotations
 
-import json
 import pathlib
 
 import nbformat

@@ -104,13 +104,24 @@ def test_sweep_task_names_cannot_write_outside_out(tmp_path, value):
     assert not (tmp_path / "out").exists()
 
 
+def _committed_ppl_cells(into: Path) -> None:
+    """The committed tiny grid's SmolLM2 perplexity cells (kept in one file, ``cells.jsonl.gz``), written into
+    ``into`` as the files a run leaves in ``cells/``."""
+    from kvlab.experiments import leaderboard
+
+    into.mkdir(parents=True)
+    found = leaderboard._packed_cells(REPO / "benchmarks/results/leaderboard")
+    for name, _, rec in found:
+        if name.startswith("smollm2-135m-s0-ppl-"):
+            (into / f"{name}.json").write_text(json.dumps(rec, indent=1))
+    assert any(name.startswith("smollm2-135m-s0-ppl-") for name, _, _ in found)
+
+
 def test_leaderboard_report_only_never_rewrites_the_committed_table(tmp_path, monkeypatch, capsys):
     from kvlab.experiments import leaderboard
 
     committed = tmp_path / "benchmarks" / "results" / "leaderboard"
-    (committed / "cells").mkdir(parents=True)
-    for cell in (REPO / "benchmarks/results/leaderboard/cells").glob("smollm2-135m-s0-ppl-*.json"):
-        (committed / "cells" / cell.name).write_bytes(cell.read_bytes())
+    _committed_ppl_cells(committed / "cells")
     (committed / "leaderboard.md").write_text("the committed table\n")
     monkeypatch.chdir(tmp_path)
     assert leaderboard.main(["--report-only", "--methods", "Full,StreamingLLM", "--tasks", "ppl"]) == 0
@@ -316,9 +327,7 @@ def test_leaderboard_truncated_cell_is_named_and_other_grids_are_not_read(tmp_pa
     from kvlab.experiments import leaderboard
 
     cells = tmp_path / "cells"
-    cells.mkdir()
-    for cell in (REPO / "benchmarks/results/leaderboard/cells").glob("smollm2-135m-s0-ppl-*.json"):
-        (cells / cell.name).write_bytes(cell.read_bytes())
+    _committed_ppl_cells(cells)
     (cells / "another-grid-cell.json").write_text("{not json")  # another grid's file: never read
     assert leaderboard.main(["--report-only", "--out", str(tmp_path), "--methods", "Full", "--tasks", "ppl"]) == 0
     broken = cells / "smollm2-135m-s0-ppl-Full-b0.json"

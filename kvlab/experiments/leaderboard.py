@@ -695,22 +695,40 @@ def _without_kvpress(params: dict) -> str:
 
 
 def collect(out, cells=None) -> list[dict]:
-    """The rows of the tidy table from the cell records under ``out/cells``; with ``cells`` (the grid's
+    """The rows of the tidy table from the cell records under ``out/cells`` (a committed run: ``out/cells.jsonl.gz``,
+    :func:`_packed_cells`); with ``cells`` (the grid's
     :class:`kvlab.experiments.sweep.Task` s) only theirs, made by this kvlab and these model files. A kvpress cell run where
     kvpress imports (``.venv-peers``) replaces the same cell marked n/a where it does not."""
-    paths = sorted(Path(out, "cells").glob("*.json"))
+    found = [(p.stem, p, None) for p in sorted(Path(out, "cells").glob("*.json"))] or _packed_cells(out)
     if cells is not None:  # only this grid's cell files and their twins (NAME-no-kvpress, NAME-...); not others'
         bases = {t.name.removesuffix("-no-kvpress") for t in cells}
-        paths = [p for p in paths if p.stem in bases or any(p.stem.startswith(b + "-") for b in bases)]
-    records = [_cell_record(path) for path in paths]
+        found = [f for f in found if f[0] in bases or any(f[0].startswith(b + "-") for b in bases)]
+    records = [_cell_record(path, rec) for _, path, rec in found]
     if cells is not None:
         records = _grid_records(records, cells)
     return [_row(rec) for rec in records]
 
 
-def _cell_record(path: Path) -> dict:
+#: a committed run keeps its cells in one file beside its table (benchmarks/results holds no cells/ folder)
+CELLS_PACK = "cells.jsonl.gz"
+
+
+def _packed_cells(out) -> list[tuple[str, str, dict]]:
+    """(name, where, record) of each cell in ``out/cells.jsonl.gz``: one line ``{"file": "NAME.json", "cell": ...}``
+    per file that the run wrote into ``cells/``; empty when there is no such file."""
+    import gzip
+
+    path = Path(out, CELLS_PACK)
+    if not path.is_file():
+        return []
+    with gzip.open(path, "rt", encoding="utf-8") as fh:
+        lines = [(i, json.loads(line)) for i, line in enumerate(fh, start=1) if line.strip()]
+    return [(Path(d["file"]).stem, f"{path}:{i}", d["cell"]) for i, d in lines]
+
+
+def _cell_record(path, rec: dict | None = None) -> dict:
     try:
-        rec = json.loads(path.read_text())
+        rec = json.loads(Path(path).read_text()) if rec is None else rec
         rec["params"]["method"], rec["result"]["status"], rec["key"]  # noqa: B018 - the fields rows need
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ValueError(f"leaderboard cell file {path} is damaged or not a cell record ({type(exc).__name__}: "

@@ -86,7 +86,7 @@ def test_paper_page(book_url, browser, screenshots):
 @pytest.mark.parametrize("paper", ["sepllm", "lacache", "dhsa", "reform", "orthorank"])
 def test_every_paper_page_opens_with_its_title_and_claims_table(book_url, browser, screenshots, paper):
     """Each paper's page: its title on screen and its claims table drawn with rows; a screenshot of the top of
-    the page and one of the table, the ones the book's results keep (benchmarks/results/book_screenshots)."""
+    the page and one of the table (build/screenshots/, made again by every run; not tracked)."""
     h1 = _open(browser, f"{book_url}/papers/{paper}.html")
     visible_box(browser, h1)
     browser.execute_script("window.scrollTo(0, 0);")

@@ -50,6 +50,7 @@ def test_a_misspelt_name_is_refused_with_the_nearest_one(name, argv, hint, tmp_p
     ("dhsa-app-d-costs", ["prefill", "--shape", "gemma3-1b"], ("--shape goes with decode",)),
     ("dhsa-app-d-costs", ["decode", "--contexts", "512,4x"], ("not a context",)),
     ("dhsa-needle-separating", ["summary"], ("--records",)),
+    ("dhsa-needle-separating", [], ("--records",)),
     ("dhsa-needle-separating", ["summary", "--records", "missing.examples.jsonl.gz"], ("no such records file",)),
     ("dhsa-predictor-position", ["--files", "no-such-predictor.pt"], ("no predictor file",)),
     ("dhsa-predictor-position", ["--corpus", "botchn"], ("not a kvlab corpus",)),

@@ -52,7 +52,8 @@ NAME = "dhsa-app-d-costs"
 
 def parser():
     p = registry.experiment_parser(NAME, __doc__.split("\n\n")[0])
-    p.add_argument("what", choices=["decode", "prefill"])
+    p.add_argument("what", nargs="?", choices=["decode", "prefill"], default="decode",
+                   help="decode (default) or prefill")
     p.add_argument("--contexts", type=options.number_list(int, low=8, what="context"), default=[512, 4096],
                    help="decode: context lengths")
     p.add_argument("--cache", type=options.number_list(int, low=8, what="cache size"), default=[128],

@@ -128,7 +128,8 @@ def summary(recs, budgets) -> dict:
 
 def parser():
     p = registry.experiment_parser(NAME, __doc__.split("\n\n")[0])
-    p.add_argument("what", choices=["depths", "summary"])
+    p.add_argument("what", nargs="?", choices=["depths", "summary"], default="summary",
+                   help="depths (from a pilot) or summary (default: judge a grid)")
     p.add_argument("--records", type=options.number_list(str, what="records file"), default=None,
                    help="the pilot's (depths) or the grid's (summary) records files, comma separated")
     p.add_argument("--name", type=options.stem, default="dhsa_needle_separating",

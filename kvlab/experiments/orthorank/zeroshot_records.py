@@ -60,6 +60,8 @@ def check(args) -> None:
     options.check_device(args.device)
     if len(args.token_ratio) != 1:
         raise ParameterError("--token-ratio takes one ratio")
+    if args.smoke and not (args.layers or args.table4):  # the committed plans of notebook 11
+        args.layers = "benchmarks/results/orthorank/notebook11_default_smollm2_cpu.json"
     if bool(args.layers) == bool(args.table4):
         raise ParameterError("give one of --layers (Table 2: SLEB and OrthoRank from notebook 11's orders) or "
                              "--table4 (Table 4's plans)")

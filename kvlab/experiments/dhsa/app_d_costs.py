@@ -156,15 +156,18 @@ def run_decode_fresh(args, out, device: str) -> Path:
     cells = [(ctx, name) for ctx in args.contexts for name in methods]
     model_name = f"random {args.shape}" if args.shape else "smollm2-135m"
     dev = options.device_string(device)
+    # --smoke: at most 256 tokens of each context are run; the records keep the context asked for (their config says)
+    tokens = {ctx: min(ctx, 256) if args.smoke else ctx for ctx in args.contexts}
     with torch.no_grad():
         for ctx, name in cells:  # warm-up, not recorded
-            _fresh_cell(model, ids, methods[name](), ctx, args.steps, device)
+            _fresh_cell(model, ids, methods[name](), tokens[ctx], args.steps, device)
         with records.RecordWriter(f"decode{records.SUFFIX}", out=out) as w:
             for r in range(args.rounds):
                 order = rotated(cells, r)
                 for ctx, name in order:
-                    res, policy = _fresh_cell(model, ids, methods[name](), ctx, args.steps, device)
-                    config = {"model": model_name, "context": ctx, "policy": policy, "steps": args.steps,
+                    res, policy = _fresh_cell(model, ids, methods[name](), tokens[ctx], args.steps, device)
+                    config = {"model": model_name, "context": ctx, "tokens": tokens[ctx], "policy": policy,
+                              "steps": args.steps,
                               "position_in_round": order.index((ctx, name)), "machine": _device_line(device)}
                     for metric, value in res.items():
                         w.add(records.record(f"round{r:02d}", f"{name}@{ctx}", metric, value, config=config,

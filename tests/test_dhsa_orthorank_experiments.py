@@ -44,6 +44,8 @@ def test_a_misspelt_name_is_refused_with_the_nearest_one(name, argv, hint, tmp_p
     ("dhsa-needle", ["--budgets", ","], ("empty list",)),
     ("dhsa-boundaries", ["--depths", "0.5,1.5"], ("outside",)),
     ("dhsa-needle", ["--baselines", "none,dense"], ("'none' stands alone",)),
+    ("dhsa-needle", ["--budgets", "128,512", "--protocols", "authors"], ("--budgets 128", "--authors-local")),
+    ("dhsa-qa", ["--budgets", "4", "--protocols", "app_a"], ("exceed --initial",)),
     ("dhsa-needle", ["--max-seconds", "0"], ("--max-seconds",)),
     ("dhsa-needle", ["--predictor", "no/such/predictor.pt"], ("--predictor",)),
     ("dhsa-table2", ["--needle-file", "no/such.examples.jsonl"], ("--needle-file",)),

@@ -44,7 +44,8 @@ def parser(what: str):
                    help="stem of the files written (NAME.examples.jsonl.gz; default %(default)s)")
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--predictor", default="shipped", help="'shipped', a predictor file, or 'oracle'")
-    p.add_argument("--budgets", type=options.number_list(int, low=1, what="budget"), default=[128])
+    p.add_argument("--budgets", type=options.number_list(int, low=1, what="budget"), default=[512],
+                   help="keys per query (N_b); under the authors' protocol at least --authors-initial + --authors-local")
     p.add_argument("--chunk-size", type=registry.positive_int, default=32,
                    help="fixed chunk length; dynamic chunks are cut at twice it")
     p.add_argument("--initial", type=options.nonnegative_int, default=4, help="app_a: initial keys")
@@ -98,6 +99,13 @@ def check(args) -> None:
     if args.predictor not in ("shipped", "oracle") and not Path(args.predictor).is_file():
         raise ParameterError(f"--predictor {args.predictor!r}: give 'shipped', 'oracle' or a predictor file "
                              "(kvlab/dhsa/data/*.pt)")
+    small = [b for b in args.budgets if b < args.authors_initial + args.authors_local]
+    if "authors" in args.protocols and small:
+        raise ParameterError(f"--budgets {','.join(map(str, small))}: under the authors' protocol a budget holds the "
+                             f"--authors-initial {args.authors_initial} + --authors-local {args.authors_local} keys "
+                             "every query block keeps; raise the budget or lower those")
+    if "app_a" in args.protocols and any(b <= args.initial for b in args.budgets):
+        raise ParameterError(f"--budgets must exceed --initial {args.initial} (App. A keeps the initial keys)")
     if "none" in args.baselines and len(args.baselines) > 1:
         raise ParameterError(f"--baselines {','.join(args.baselines)}: 'none' stands alone")
     if getattr(args, "max_seconds", None) is not None and args.max_seconds <= 0:

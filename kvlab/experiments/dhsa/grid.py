@@ -99,6 +99,18 @@ def check(args) -> None:
     if args.predictor not in ("shipped", "oracle") and not Path(args.predictor).is_file():
         raise ParameterError(f"--predictor {args.predictor!r}: give 'shipped', 'oracle' or a predictor file "
                              "(kvlab/dhsa/data/*.pt)")
+    _check_methods(args)
+    _check_selection(args)
+    if args.what == "table2":
+        options.refuse_rerun(args.out, options.records_name(args.name), args.name + ".json", args.name + ".md")
+    else:  # the grid resumes: records already in OUT/NAME are kept and their examples not run again
+        options.refuse_rerun(args.out, options.records_name(args.name) + ".partial")
+    if args.smoke:  # the same code at tiny size: one short prompt per method, a few new tokens
+        _shrink(args)
+
+
+def _check_methods(args) -> None:
+    """The budgets hold the keys each protocol always keeps; 'none' is the only baseline when given."""
     small = [b for b in args.budgets if b < args.authors_initial + args.authors_local]
     if "authors" in args.protocols and small:
         raise ParameterError(f"--budgets {','.join(map(str, small))}: under the authors' protocol a budget holds the "
@@ -108,6 +120,10 @@ def check(args) -> None:
         raise ParameterError(f"--budgets must exceed --initial {args.initial} (App. A keeps the initial keys)")
     if "none" in args.baselines and len(args.baselines) > 1:
         raise ParameterError(f"--baselines {','.join(args.baselines)}: 'none' stands alone")
+
+
+def _check_selection(args) -> None:
+    """The prompts to run are not empty; the needle files to read are there."""
     if getattr(args, "max_seconds", None) is not None and args.max_seconds <= 0:
         raise ParameterError("--max-seconds must be > 0 (leave it out for no limit)")
     if args.what == "needle":
@@ -120,12 +136,6 @@ def check(args) -> None:
             records.resolve(f)
         except FileNotFoundError:
             raise ParameterError(f"--needle-file {f}: no such records file") from None
-    if args.what == "table2":
-        options.refuse_rerun(args.out, options.records_name(args.name), args.name + ".json", args.name + ".md")
-    else:  # the grid resumes: records already in OUT/NAME are kept and their examples not run again
-        options.refuse_rerun(args.out, options.records_name(args.name) + ".partial")
-    if args.smoke:  # the same code at tiny size: one short prompt per method, a few new tokens
-        _shrink(args)
 
 
 def _shrink(args) -> None:

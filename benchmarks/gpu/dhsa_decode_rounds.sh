@@ -9,7 +9,7 @@
 #   SMOKE=1 KVLAB_RESULTS=/tmp/x PY=.venv/bin/python bash benchmarks/gpu/dhsa_decode_rounds.sh     # CPU, --smoke
 #
 # Planned n: 20 rounds (the ledger's minimum); the allocator's peaks do not vary between rounds, and dense decoding
-# at 8K reads 64x the keys of a 128-entry cache. Writes $KVLAB_RESULTS/benchmarks/results/dhsa/decode_rounds_gpu/
+# at 8K reads 64x the keys of a 128-entry cache. Writes $KVLAB_RESULTS/benchmarks/results/dhsa/decode_rounds_gpu_
 # {gemma2-2b-global,gemma3-1b}/decode.examples.jsonl.gz (python -m kvlab run dhsa-app-d-costs decode) and run.log.
 set -uo pipefail
 PY=${PY:-python3}
@@ -27,7 +27,7 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
     IFS='|' read -r shape contexts cache rounds steps <<< "$r"
     echo "== $shape"
     "$PY" -m kvlab run dhsa-app-d-costs decode --device "$DEV" --shape "$shape" --contexts "$contexts" \
-      --cache "$cache" --rounds "$rounds" --steps "$steps" "${EXTRA[@]}" --out "$D/$shape"
+      --cache "$cache" --rounds "$rounds" --steps "$steps" "${EXTRA[@]}" --out "${D}_$shape"
     echo "$shape: $(( $(date +%s) - t0 )) s"
   done
 } 2>&1 | tee "$KVLAB_RESULTS/dhsa_decode_rounds.log"

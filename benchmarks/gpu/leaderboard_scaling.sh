@@ -12,10 +12,10 @@
 # that the fixed start of a run weighs little), SKIP_RECIPE=1, RUNS (one, two or both, default both: a grid too long
 # for one call of the device tool runs "one" in a call and "two" in the next of the same lease; the runs are kept
 # in /tmp/kvlab-leaderboard-runs between them, and the report is written once both are there).
-# NAME: the results' subfolder (gpus/NAME). SMOKE=1: the tiny grid on the CPU, one "GPU" lane.
+# NAME: another grid size's results (leaderboard/gpus_NAME). SMOKE=1: the tiny grid on the CPU, one "GPU" lane.
 set -uo pipefail
 PY=${PY:-python3}
-D="$KVLAB_RESULTS/benchmarks/results/leaderboard/gpus${NAME:+/$NAME}"  # NAME: a subfolder for another grid size
+D="$KVLAB_RESULTS/benchmarks/results/leaderboard/gpus${NAME:+_$NAME}"  # each run beside it: ${D}_one_gpu ...
 W=${RUNS_DIR:-/tmp/kvlab-leaderboard-runs}
 RUNS=${RUNS:-both}
 case "$RUNS" in one|two|both) ;; *) echo "RUNS must be one, two or both, got $RUNS" >&2; exit 2 ;; esac
@@ -85,9 +85,10 @@ fi
 
 for run in one_gpu two_gpus recipe; do
   [ -d "$W/$run" ] || continue
-  mkdir -p "$D/$run"
-  cp -r "$W/$run/cells" "$D/$run/" 2>/dev/null
-  cp "$W/$run/leaderboard.md" "$W/$run/leaderboard.csv" "$W/$run/pareto.png" "$D/$run/" 2>/dev/null
+  mkdir -p "${D}_$run"  # the results keep a run's cells in one file (kvlab.experiments.leaderboard.pack_cells)
+  "$PY" -c "import sys; from kvlab.experiments.leaderboard import pack_cells; pack_cells(*sys.argv[1:])" \
+    "$W/$run" "${D}_$run"
+  cp "$W/$run/leaderboard.md" "$W/$run/leaderboard.csv" "$W/$run/pareto.png" "${D}_$run/" 2>/dev/null
 done
 cp "$W/scheduler.log" "$W/workers.log" "$W/gpu_util.csv" "$D/" 2>/dev/null
 if [ ! -f "$W/one_gpu.seconds" ] || [ ! -f "$W/two_gpus.seconds" ]; then

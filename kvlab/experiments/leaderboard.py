@@ -726,6 +726,20 @@ def _packed_cells(out) -> list[tuple[str, str, dict]]:
     return [(Path(d["file"]).stem, f"{path}:{i}", d["cell"]) for i, d in lines]
 
 
+def pack_cells(out, into) -> Path:
+    """``into/cells.jsonl.gz`` from the cell files of ``out/cells`` (what :func:`_packed_cells` reads back): a run's
+    cells as one file, the way the committed results keep them."""
+    import gzip
+
+    path = Path(into, CELLS_PACK)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as gz:
+        for f in sorted(Path(out, "cells").glob("*.json")):
+            cell = {"file": f.name, "cell": json.loads(f.read_text())}
+            gz.write((json.dumps(cell, separators=(",", ":")) + "\n").encode())
+    return path
+
+
 def _cell_record(path, rec: dict | None = None) -> dict:
     try:
         rec = json.loads(Path(path).read_text()) if rec is None else rec

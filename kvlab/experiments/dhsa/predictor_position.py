@@ -17,7 +17,7 @@ Boundaries as the experiments take them under the authors' protocol: layer 0's k
 ``8 * ceil(n / 128)`` chunks, no cut; threshold ``p > sigmoid(1.1)`` (the authors' logit > 1.1) and each file's
 own calibrated threshold. Intervals: 95 % bootstrap over inputs (``kvlab.eval.stats.paired_bootstrap``).
 
-    python -m kvlab run dhsa-predictor-position --out benchmarks/results/dhsa_predictor_position   # CPU, ~10 min
+    python -m kvlab run dhsa-predictor-position --out benchmarks/results/dhsa/predictor_position   # CPU, ~10 min
     python -m kvlab run dhsa-predictor-position --out /tmp/x --smoke                                # seconds
 
 Writes ``OUT/position.json`` and ``OUT/position.examples.jsonl.gz``: per input and predictor, the precision,

@@ -8,7 +8,7 @@
 # Needs the model and corpora, which are not in git: stage .devw/st/01, 02 (model pieces), 03 (paul-graham, squad,
 # wheels incl. dask/distributed) and 04 (hotpotqa) as for gpujobs/fidelity2.sh, one call each:
 #   run(carry=[".devw/st/NN"], command="mkdir -p /tmp/devw && cp -a .devw/st/NN/. /tmp/devw/")
-# then:  bash benchmarks/results/lacache_tables/run.sh
+# then:  bash benchmarks/results/lacache/tables/run.sh
 # Results: one JSON per job in /tmp/devw/lct (finished jobs are skipped on a re-run, so a second call continues),
 # copied to $OUT/lacache_tables/, plus run.log and the rendered tables (tables.md).
 #   GPUW: GPU worker processes (default 8); LIMIT: seconds (default 480); ONLY: regex (default every new job).

@@ -111,7 +111,7 @@ def convert_longstream(folder: Path) -> list[dict]:
 
 
 def convert_longtask(folder: Path) -> list[dict]:
-    """``lacache_tables/lacache-<task>-<method>-<length>.json``: one record per prompt (RULER-style / QA)."""
+    """``lacache/tables/lacache-<task>-<method>-<length>.json``: one record per prompt (RULER-style / QA)."""
     records = []
     for path in sorted(folder.glob("lacache-*.json")):
         d = json.loads(path.read_text())
@@ -158,8 +158,8 @@ SOURCES = {
     "benchmarks/results/fidelity/fidelity_gpu_h100_sweep.json": (
         convert_job_dict, "benchmarks/results/fidelity/fidelity_gpu_h100_sweep.examples.jsonl"),
     "benchmarks/results/longstream": (convert_longstream, "benchmarks/results/longstream/segments.examples.jsonl"),
-    "benchmarks/results/lacache_tables": (convert_longtask,
-                                          "benchmarks/results/lacache_tables/longtask.examples.jsonl"),
+    "benchmarks/results/lacache/tables": (convert_longtask,
+                                          "benchmarks/results/lacache/tables/longtask.examples.jsonl"),
     "benchmarks/results/reform/table1.json": (convert_reform, "benchmarks/results/reform/table1.examples.jsonl"),
     "benchmarks/results/reform/qwen2.5-coder-0.5b/table1_ruler.json": (
         convert_reform, "benchmarks/results/reform/qwen2.5-coder-0.5b/table1_ruler.examples.jsonl"),

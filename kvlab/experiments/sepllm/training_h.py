@@ -2,13 +2,13 @@
 trained exactly like notebook 04's full-size run (``notebooks/params/04_sepllm_training.full.yaml``: 20M characters
 of Shakespeare, compact vocabulary 16,384, 512 wide x 8 layers, sequences of 2,048, batch 16, 600 steps, lr 1e-3,
 flex backend, seed 0, the broad separator set of that run), so its numbers sit beside
-``benchmarks/results/sepllm_training_h200/run.log``'s five rows (same data, same seed). ``--anchor`` also retrains
+``benchmarks/results/sepllm/training_h200/run.log``'s five rows (same data, same seed). ``--anchor`` also retrains
 SepLLM(n=64), to check the old row reproduces on this machine (+~100 s on an H100).
 
 Writes ``training_h.examples.jsonl.gz`` (one record per variant and metric: final and held-out loss, FLOPs and
 attention share) and ``result.json`` (what notebook 04 reads)::
 
-    python -m kvlab run sepllm-training-h --device cuda --out benchmarks/results/sepllm_table2_h
+    python -m kvlab run sepllm-training-h --device cuda --out benchmarks/results/sepllm/table2_h
 """
 from __future__ import annotations
 

@@ -155,11 +155,11 @@ def check(args) -> None:
 
 
 def _synthetic(budgets) -> list[dict]:
-    """A tiny grid for --smoke: dense, DHSA and block-sparse at two depths of 1,024 tokens, 6 prompts each."""
+    """A tiny grid for --smoke: dense, DHSA and block-sparse at two depths of 8,192 tokens, 6 prompts each."""
     recs = []
     for d in (0.25, 0.75):
         for t in range(6):
-            ex = f"niah/smoke/L1024/d{d:.2f}/t{t}"
+            ex = f"niah/smoke/L8192/d{d:.2f}/t{t}"
             values = {"dense": 0.8 - 0.1 * (t % 2)}
             for nb in budgets:
                 values[f"block-sparse authors {nb}"] = 0.2 + 0.1 * (t % 3) + nb / 1e4

@@ -235,7 +235,6 @@ def run_tests(spec: str, root: str | Path | None = None) -> dict[str, dict]:
     typo) has ``collected == 0`` and no skip reason."""
     import subprocess
     import tempfile
-    import xml.etree.ElementTree as ET
 
     root = Path(root) if root is not None else ROOT
     tests = _split_tests(spec)
@@ -252,32 +251,39 @@ def run_tests(spec: str, root: str | Path | None = None) -> dict[str, dict]:
         if not xml.is_file():
             raise RuntimeError(f"pytest did not run the tests {spec!r} (exit {proc.returncode}):\n"
                                + (proc.stdout + proc.stderr)[-2000:])
-        cases = ET.parse(xml).getroot().iter("testcase")
-        module_skips = {}
-        for case in cases:
-            file = case.get("file") or ""
-            name = (case.get("name") or "").split("[")[0]
-            skipped = case.find("skipped")
-            key = f"{file}::{name}"
-            if key not in out:
-                if skipped is not None and file in files:  # the whole module was skipped: the reason is in the text
-                    found = re.search(r"Skipped: ([^\"')]+)", skipped.text or "")
-                    module_skips[file] = found.group(1).strip() if found else skipped.get("message", "skipped")
-                continue
-            o = out[key]
-            o["collected"] += 1
-            if skipped is not None:
-                o["skipped"] += 1
-                o["reason"] = skipped.get("message", "skipped")
-            elif case.find("failure") is not None or case.find("error") is not None:
-                o["failed"] += 1
-            else:
-                o["passed"] += 1
-        for key, o in out.items():
-            file = key.split("::")[0]
-            if not o["collected"] and file in module_skips:
-                o["skipped"], o["reason"] = 1, module_skips[file]
+        _count_cases(xml, out, files)
     return out
+
+
+def _count_cases(report: Path, out: dict[str, dict], files: list[str]) -> None:
+    """Add the test cases of pytest's JUnit report ``report`` to ``out`` (see :func:`run_tests`); a named test of a
+    module that pytest skipped whole counts as one skip, with the module's reason."""
+    import xml.etree.ElementTree as ET
+
+    module_skips = {}
+    for case in ET.parse(report).getroot().iter("testcase"):
+        file = case.get("file") or ""
+        name = (case.get("name") or "").split("[")[0]
+        skipped = case.find("skipped")
+        key = f"{file}::{name}"
+        if key not in out:
+            if skipped is not None and file in files:  # the whole module was skipped: the reason is in the text
+                found = re.search(r"Skipped: ([^\"')]+)", skipped.text or "")
+                module_skips[file] = found.group(1).strip() if found else skipped.get("message", "skipped")
+            continue
+        o = out[key]
+        o["collected"] += 1
+        if skipped is not None:
+            o["skipped"] += 1
+            o["reason"] = skipped.get("message", "skipped")
+        elif case.find("failure") is not None or case.find("error") is not None:
+            o["failed"] += 1
+        else:
+            o["passed"] += 1
+    for key, o in out.items():
+        file = key.split("::")[0]
+        if not o["collected"] and file in module_skips:
+            o["skipped"], o["reason"] = 1, module_skips[file]
 
 
 def exact_columns(row: dict, root: str | Path | None = None) -> dict:
@@ -353,103 +359,161 @@ def validate(rows: list[dict]) -> None:
     seen = set()
     by_id = {str(r.get("id")): r for r in rows}
     for i, r in enumerate(rows, start=2):
-        where = f"row {i} ({r.get('id') or '?'})"
-        bad = [k for k in FIELDS if not isinstance(r.get(k, ""), str)]
-        if bad:  # a row built in Python: every ledger value is text, as load() reads it
-            problems.append(f"{where}: columns {bad} must be strings (as kvlab.experiments.claims.load reads the CSV), got "
-                            f"{[type(r[k]).__name__ for k in bad]}")
-            continue
-        if not r["id"] or r["id"] in seen:
-            problems.append(f"{where}: id must be unique and non-empty")
-        seen.add(r["id"])
-        verdict = r["verdict"]
-        if not _known_verdict(verdict):
-            problems.append(f"{where}: verdict {verdict!r} is not one of {VERDICT_WORDS()} (exactly, in lower case; "
-                            "a reason may follow in parentheses): run `python -m kvlab claims --update` rather than "
-                            "typing it")
-        if r["paper"] not in PAPERS:
-            problems.append(f"{where}: paper must be one of {PAPERS}, got {r['paper']!r}")
-        if r["kind"] not in KINDS:
-            problems.append(f"{where}: kind must be one of {KINDS}, got {r['kind']!r}")
-            continue
-        for col in ("item", "claim", "paper_value", "model", "differs", "where"):
-            if not r[col].strip():
-                problems.append(f"{where}: {col} is empty (write 'none' where nothing differs)")
-        if r["kind"] == "statistical":
-            for col in ("results_file", "metric", "method_a", "method_b", "command"):
-                if not r[col].strip():
-                    problems.append(f"{where}: a statistical row needs {col}")
-            if r["direction"] not in ("a>b", "a<b"):
-                problems.append(f"{where}: direction must be 'a>b' or 'a<b' (the paper's ordering of A and B)")
-            if r["method_a"].strip() and r["method_a"].strip() == r["method_b"].strip():
-                problems.append(f"{where}: method_a and method_b are both {r['method_a']!r}: a comparison needs two "
-                                "distinct methods (or method_b '=x' for a constant)")
-            for f in r["results_file"].split(";"):
-                if f.strip() and not (ROOT / f.strip()).is_file():
-                    problems.append(f"{where}: results_file {f.strip()} does not exist")
-                elif f.strip() and not f.strip().endswith(".examples.jsonl.gz"):
-                    problems.append(f"{where}: results_file of a statistical row must be a records file "
-                                    f"*.examples.jsonl.gz (kvlab.experiments.records), got {f.strip()}")
-            for check in (_systematic, _constant_b, _filter):
-                try:
-                    check(r)
-                except ValueError as e:
-                    problems.append(str(e))
-            if r["role"] in ("claim", "sensitivity"):  # a sensitivity row reads the same paper cell
-                try:
-                    expected = paper_direction(r)
-                except ValueError as e:
-                    problems.append(str(e))
-                else:
-                    if expected is None:
-                        problems.append(f"{where}: a statistical paper claim needs paper_cell, the paper's own cell "
-                                        "('X vs Y (higher is better; Table N, ...)' or 'A better, no number (...)')")
-                    elif expected != r["direction"]:
-                        problems.append(f"{where}: direction {r['direction']} contradicts the paper's cell "
-                                        f"{r['paper_cell']!r} for metric {r['metric']!r} (which gives {expected})")
-        elif r["kind"] == "exact":
-            tests = _split_tests(r["test"])
-            if not tests:
-                problems.append(f"{where}: an exact row needs test = tests/test_x.py::test_name")
-            for file, name in tests:
-                if not name or not (ROOT / file).is_file():
-                    problems.append(f"{where}: test {file}::{name} does not exist (column test: "
-                                    "tests/test_x.py::test_name, several joined with ';')")
-                elif name.split("[")[0] not in _test_functions(ROOT / file):
-                    problems.append(f"{where}: {file} defines no test function {name.split('[')[0]!r} (a name "
-                                    "mentioned only in a docstring or comment is not a test); name a `def test_...` "
-                                    "of that file")
-        elif r["kind"] == "summary":
-            wanted = SUPERSEDED if r["superseded"].strip() else NO_DATA
-            if r["verdict"] != wanted:
-                problems.append(f"{where}: a summary row's verdict is {wanted!r}")
-            for f in r["results_file"].split(";"):
-                if f.strip() and not (ROOT / f.strip()).exists():
-                    problems.append(f"{where}: results_file {f.strip()} does not exist")
-            if not r["results_file"].strip() and not r["where"].strip():
-                problems.append(f"{where}: a summary row names its results file or notebook")
-        elif r["kind"] == "not run":
-            if r["verdict"] != "not run" or not r["note"].strip():
-                problems.append(f"{where}: a 'not run' row has verdict 'not run' and a note saying why")
-        elif r["kind"] == "not testable":
-            if r["verdict"] != NOT_TESTABLE or not r["note"].strip():
-                problems.append(f"{where}: a 'not testable' row has verdict {NOT_TESTABLE!r} and a note giving the "
-                                "concrete reason (model size, training time, hardware)")
-        if r["role"] not in ROLES:
-            problems.append(f"{where}: role must be one of {ROLES} ('claim': the paper says it; 'check': kvlab's "
-                            f"own implementation check), got {r['role']!r}")
-        if r["proxy_of"].strip():
-            target = by_id.get(r["proxy_of"].strip())
-            if target is None:
-                problems.append(f"{where}: proxy_of names {r['proxy_of']!r}, which is no row's id")
-            elif target["proxy_of"].strip() or target["paper"] != r["paper"]:
-                problems.append(f"{where}: proxy_of must name a score row of the same paper that is not itself "
-                                f"a proxy, got {r['proxy_of']!r}")
-        if r["superseded"].strip() and r["kind"] not in ("statistical", "summary"):
-            problems.append(f"{where}: only a statistical or summary row is marked superseded (its run is kept for "
-                            "the record)")
+        problems += _row_problems(r, f"row {i} ({r.get('id') or '?'})", seen, by_id)
     if problems:
         raise ValueError("claims ledger:\n  " + "\n  ".join(problems))
+
+
+def _row_problems(r: dict, where: str, seen: set, by_id: dict) -> list[str]:
+    """What one row breaks (:func:`validate`); adds its id to ``seen``."""
+    bad = [k for k in FIELDS if not isinstance(r.get(k, ""), str)]
+    if bad:  # a row built in Python: every ledger value is text, as load() reads it
+        return [f"{where}: columns {bad} must be strings (as kvlab.experiments.claims.load reads the CSV), got "
+                f"{[type(r[k]).__name__ for k in bad]}"]
+    problems = []
+    if not r["id"] or r["id"] in seen:
+        problems.append(f"{where}: id must be unique and non-empty")
+    seen.add(r["id"])
+    verdict = r["verdict"]
+    if not _known_verdict(verdict):
+        problems.append(f"{where}: verdict {verdict!r} is not one of {VERDICT_WORDS()} (exactly, in lower case; "
+                        "a reason may follow in parentheses): run `python -m kvlab claims --update` rather than "
+                        "typing it")
+    if r["paper"] not in PAPERS:
+        problems.append(f"{where}: paper must be one of {PAPERS}, got {r['paper']!r}")
+    if r["kind"] not in KINDS:
+        problems.append(f"{where}: kind must be one of {KINDS}, got {r['kind']!r}")
+        return problems
+    for col in ("item", "claim", "paper_value", "model", "differs", "where"):
+        if not r[col].strip():
+            problems.append(f"{where}: {col} is empty (write 'none' where nothing differs)")
+    problems += _KIND_PROBLEMS[r["kind"]](r, where)
+    problems += _role_problems(r, where, by_id)
+    problems += _rerun_problems(r, where)
+    return problems
+
+
+def _statistical_problems(r: dict, where: str) -> list[str]:
+    problems = []
+    for col in ("results_file", "metric", "method_a", "method_b", "command"):
+        if not r[col].strip():
+            problems.append(f"{where}: a statistical row needs {col}")
+    if r["direction"] not in ("a>b", "a<b"):
+        problems.append(f"{where}: direction must be 'a>b' or 'a<b' (the paper's ordering of A and B)")
+    if r["method_a"].strip() and r["method_a"].strip() == r["method_b"].strip():
+        problems.append(f"{where}: method_a and method_b are both {r['method_a']!r}: a comparison needs two "
+                        "distinct methods (or method_b '=x' for a constant)")
+    for f in r["results_file"].split(";"):
+        if f.strip() and not (ROOT / f.strip()).is_file():
+            problems.append(f"{where}: results_file {f.strip()} does not exist")
+        elif f.strip() and not f.strip().endswith(".examples.jsonl.gz"):
+            problems.append(f"{where}: results_file of a statistical row must be a records file "
+                            f"*.examples.jsonl.gz (kvlab.experiments.records), got {f.strip()}")
+    for check in (_systematic, _constant_b, _filter):
+        try:
+            check(r)
+        except ValueError as e:
+            problems.append(str(e))
+    if r["role"] in ("claim", "sensitivity"):  # a sensitivity row reads the same paper cell
+        problems += _direction_problems(r, where)
+    return problems
+
+
+def _direction_problems(r: dict, where: str) -> list[str]:
+    """A statistical paper claim's direction is the one its paper cell gives (:func:`paper_direction`)."""
+    try:
+        expected = paper_direction(r)
+    except ValueError as e:
+        return [str(e)]
+    if expected is None:
+        return [f"{where}: a statistical paper claim needs paper_cell, the paper's own cell "
+                "('X vs Y (higher is better; Table N, ...)' or 'A better, no number (...)')"]
+    if expected != r["direction"]:
+        return [f"{where}: direction {r['direction']} contradicts the paper's cell "
+                f"{r['paper_cell']!r} for metric {r['metric']!r} (which gives {expected})"]
+    return []
+
+
+def _exact_problems(r: dict, where: str) -> list[str]:
+    problems = []
+    tests = _split_tests(r["test"])
+    if not tests:
+        problems.append(f"{where}: an exact row needs test = tests/test_x.py::test_name")
+    for file, name in tests:
+        if not name or not (ROOT / file).is_file():
+            problems.append(f"{where}: test {file}::{name} does not exist (column test: "
+                            "tests/test_x.py::test_name, several joined with ';')")
+        elif name.split("[")[0] not in _test_functions(ROOT / file):
+            problems.append(f"{where}: {file} defines no test function {name.split('[')[0]!r} (a name "
+                            "mentioned only in a docstring or comment is not a test); name a `def test_...` "
+                            "of that file")
+    return problems
+
+
+def _summary_problems(r: dict, where: str) -> list[str]:
+    problems = []
+    wanted = SUPERSEDED if r["superseded"].strip() else NO_DATA
+    if r["verdict"] != wanted:
+        problems.append(f"{where}: a summary row's verdict is {wanted!r}")
+    for f in r["results_file"].split(";"):
+        if f.strip() and not (ROOT / f.strip()).exists():
+            problems.append(f"{where}: results_file {f.strip()} does not exist")
+    if not r["results_file"].strip() and not r["where"].strip():
+        problems.append(f"{where}: a summary row names its results file or notebook")
+    return problems
+
+
+def _not_run_problems(r: dict, where: str) -> list[str]:
+    if r["verdict"] != "not run" or not r["note"].strip():
+        return [f"{where}: a 'not run' row has verdict 'not run' and a note saying why"]
+    return []
+
+
+def _not_testable_problems(r: dict, where: str) -> list[str]:
+    if r["verdict"] != NOT_TESTABLE or not r["note"].strip():
+        return [f"{where}: a 'not testable' row has verdict {NOT_TESTABLE!r} and a note giving the "
+                "concrete reason (model size, training time, hardware)"]
+    return []
+
+
+_KIND_PROBLEMS = {"statistical": _statistical_problems, "exact": _exact_problems, "summary": _summary_problems,
+                  "not run": _not_run_problems, "not testable": _not_testable_problems}
+
+
+def _role_problems(r: dict, where: str, by_id: dict) -> list[str]:
+    """Every kind of row: its role, the row it is a proxy of, whether it may be superseded."""
+    problems = []
+    if r["role"] not in ROLES:
+        problems.append(f"{where}: role must be one of {ROLES} ('claim': the paper says it; 'check': kvlab's "
+                        f"own implementation check), got {r['role']!r}")
+    if r["proxy_of"].strip():
+        target = by_id.get(r["proxy_of"].strip())
+        if target is None:
+            problems.append(f"{where}: proxy_of names {r['proxy_of']!r}, which is no row's id")
+        elif target["proxy_of"].strip() or target["paper"] != r["paper"]:
+            problems.append(f"{where}: proxy_of must name a score row of the same paper that is not itself "
+                            f"a proxy, got {r['proxy_of']!r}")
+    if r["superseded"].strip() and r["kind"] not in ("statistical", "summary"):
+        problems.append(f"{where}: only a statistical or summary row is marked superseded (its run is kept for "
+                        "the record)")
+    return problems
+
+
+def _rerun_problems(r: dict, where: str) -> list[str]:
+    """A row naming its experiment: the experiment exists, the config is JSON, and ``command`` is the one written
+    from them (:func:`kvlab.experiments.rerun.command_text`), so the text cannot drift from the data."""
+    if not r.get("experiment", "").strip():
+        return [f"{where}: config without experiment"] if r.get("config", "").strip() else []
+    from kvlab.experiments import registry, rerun
+
+    try:
+        command = rerun.command_text(r)
+    except (rerun.RerunError, registry.ParameterError) as e:
+        return [f"{where}: {e}"]
+    if r["command"] != command:
+        return [f"{where}: command must be the one written from experiment and config ({command!r}); run "
+                "kvlab.experiments.claims.save after setting experiment/config and command = rerun.command_text(row)"]
+    return []
 
 
 def VERDICT_WORDS() -> tuple[str, ...]:
@@ -620,6 +684,28 @@ def _sorted_examples(ids, row: dict) -> list:
 def _paired(row: dict) -> tuple[list[str], np.ndarray, np.ndarray | float, int]:
     """The examples, A's and B's values (or B's constant) and the number of suspect generations."""
     recs = _records(row["results_file"])
+    values, outputs = _metric_values(row, recs)
+    a = values.get(row["method_a"], {})
+    if not a:
+        raise ValueError(f"claim {row['id']}: no {row['metric']!r} records of method {row['method_a']!r} in "
+                         f"{row['results_file']} (filter {row['filter']!r})")
+    if row["method_b"].startswith("="):
+        examples, b, methods = _against_constant(row, a)
+    else:
+        bv = values.get(row["method_b"], {})
+        _sorted_examples(list(a) + list(bv), row)
+        examples = sorted(set(a) & set(bv))
+        if not examples:
+            raise ValueError(f"claim {row['id']}: methods {row['method_a']!r} and {row['method_b']!r} share no "
+                             f"example with metric {row['metric']!r} in {row['results_file']}")
+        b = np.array([bv[e] for e in examples])
+        methods = [row["method_a"], row["method_b"]]
+    return examples, np.array([a[e] for e in examples]), b, _suspect(row, outputs, examples, methods)
+
+
+def _metric_values(row: dict, recs: list[tuple[dict, str]]) -> tuple[dict, dict]:
+    """Per method, the row's metric per example (records passing the row's filter), and the generated outputs
+    per (example, method); ValueError for a value that is no number or an example recorded twice."""
     pattern = _filter(row)
     wanted = {row["method_a"], row["method_b"]}
     values: dict = defaultdict(dict)
@@ -642,27 +728,22 @@ def _paired(row: dict) -> tuple[list[str], np.ndarray, np.ndarray | float, int]:
         raise ValueError(f"claim {row['id']}: {len(duplicates)} duplicate records (the same example and method "
                          f"twice for metric {row['metric']!r}): " + "; ".join(duplicates[:5])
                          + ("; ..." if len(duplicates) > 5 else "") + ". Keep one record per example and method")
-    a = values.get(row["method_a"], {})
-    if not a:
-        raise ValueError(f"claim {row['id']}: no {row['metric']!r} records of method {row['method_a']!r} in "
-                         f"{row['results_file']} (filter {row['filter']!r})")
-    if row["method_b"].startswith("="):
-        examples = _sorted_examples(list(a), row)
-        b: np.ndarray | float = _constant_b(row)
-        methods = [row["method_a"]]
-        av = np.array(list(a.values()))
-        if np.all((av == 0) | (av == 1)) and not 0.0 <= b <= 1.0:
-            raise ValueError(f"claim {row['id']}: {row['metric']!r} is a 0/1 outcome, so the constant in column "
-                             f"method_b must lie in [0, 1], got {row['method_b']!r}")
-    else:
-        bv = values.get(row["method_b"], {})
-        _sorted_examples(list(a) + list(bv), row)
-        examples = sorted(set(a) & set(bv))
-        if not examples:
-            raise ValueError(f"claim {row['id']}: methods {row['method_a']!r} and {row['method_b']!r} share no "
-                             f"example with metric {row['metric']!r} in {row['results_file']}")
-        b = np.array([bv[e] for e in examples])
-        methods = [row["method_a"], row["method_b"]]
+    return values, outputs
+
+
+def _against_constant(row: dict, a: dict) -> tuple[list, float, list[str]]:
+    """Method A's examples against the constant of column method_b (``=x``): examples, constant, methods."""
+    examples = _sorted_examples(list(a), row)
+    b = _constant_b(row)
+    av = np.array(list(a.values()))
+    if np.all((av == 0) | (av == 1)) and not 0.0 <= b <= 1.0:
+        raise ValueError(f"claim {row['id']}: {row['metric']!r} is a 0/1 outcome, so the constant in column "
+                         f"method_b must lie in [0, 1], got {row['method_b']!r}")
+    return examples, b, [row["method_a"]]
+
+
+def _suspect(row: dict, outputs: dict, examples: list, methods: list[str]) -> int:
+    """How many of the compared generations look like the harness bug (see below)."""
     said = [outputs[(e, m)].strip() for e in examples for m in methods if (e, m) in outputs]
     colon, empty = said.count(":"), said.count("")
     # ':' is the known harness bug: any such answer counts; an empty answer can be the model's own choice (it
@@ -670,8 +751,7 @@ def _paired(row: dict) -> tuple[list[str], np.ndarray, np.ndarray | float, int]:
     # teacher-forced metric (the gold answer's NLL is scored whatever the model generated).
     if teacher_forced(row["metric"]):
         empty = 0
-    suspect = colon + (empty if empty > 0.1 * max(1, len(said)) else 0)
-    return examples, np.array([a[e] for e in examples]), b, suspect
+    return colon + (empty if empty > 0.1 * max(1, len(said)) else 0)
 
 
 def derive_verdict(low: float, high: float, direction: str, n: int, *, p_binary: float | None = None,
@@ -691,29 +771,17 @@ def derive_verdict(low: float, high: float, direction: str, n: int, *, p_binary:
     inside ``+-|paper_effect|`` (the paper's effect in the row's units; for 0/1 outcomes also the exact upper
     bound of the discordant share, ``discordant_bound``, which bounds ``|A - B|``, must lie below it);
     otherwise *inconclusive*."""
-    if direction not in ("a>b", "a<b"):
-        raise ValueError(f"direction must be 'a>b' or 'a<b', got {direction!r}")
-    if isinstance(systematic, bool) or not (isinstance(systematic, (int, float)) and math.isfinite(systematic)
-                                            and systematic >= 0):
-        raise ValueError(f"systematic must be a finite number >= 0 (a bias bound), got {systematic!r}")
-    if paper_effect is not None and not (math.isfinite(paper_effect) and paper_effect != 0):
-        raise ValueError(f"paper_effect must be a finite non-zero number (the paper's A - B), got {paper_effect!r}")
-    if suspect:
-        return f"inconclusive (harness bug: {suspect} answers ':' or empty)"
-    if planned_n is not None and n > planned_n:
-        return f"inconclusive (topped up from the planned n = {planned_n} to {n}; not decided by the top-up)"
-    if n < MIN_N:
-        return f"inconclusive (n < {MIN_N})"
+    _check_verdict_args(direction, systematic, paper_effect)
+    early = _undecided(n, suspect, planned_n)
+    if early:
+        return early
     low, high = low - systematic, high + systematic
     if not (math.isfinite(low) and math.isfinite(high)):
         raise ValueError(f"the interval [{low}, {high}] is not finite; check the per-example values")
     reason = ""
     if not low <= 0 <= high:
-        if p_binary is not None and p_binary >= 0.05:
-            reason = f" (McNemar p = {p_binary:.2g})"
-        elif p_sign is not None and p_sign >= 0.05:
-            reason = f" (sign test p = {p_sign:.2g})"
-        else:
+        reason = _exact_test_disagrees(p_binary, p_sign)
+        if not reason:
             positive = low > 0
             return "agrees" if positive == (direction == "a>b") else "does not agree"
     if at_floor:
@@ -723,6 +791,36 @@ def derive_verdict(low: float, high: float, direction: str, n: int, *, p_binary:
         if -bound < low and high < bound and (discordant_bound is None or discordant_bound < bound):
             return "excluded"
     return "inconclusive" + reason
+
+
+def _check_verdict_args(direction: str, systematic, paper_effect) -> None:
+    if direction not in ("a>b", "a<b"):
+        raise ValueError(f"direction must be 'a>b' or 'a<b', got {direction!r}")
+    if isinstance(systematic, bool) or not (isinstance(systematic, (int, float)) and math.isfinite(systematic)
+                                            and systematic >= 0):
+        raise ValueError(f"systematic must be a finite number >= 0 (a bias bound), got {systematic!r}")
+    if paper_effect is not None and not (math.isfinite(paper_effect) and paper_effect != 0):
+        raise ValueError(f"paper_effect must be a finite non-zero number (the paper's A - B), got {paper_effect!r}")
+
+
+def _undecided(n: int, suspect: int, planned_n: int | None) -> str:
+    """The inconclusive verdict that no interval can change (suspect answers, a top-up, n < MIN_N), or ''."""
+    if suspect:
+        return f"inconclusive (harness bug: {suspect} answers ':' or empty)"
+    if planned_n is not None and n > planned_n:
+        return f"inconclusive (topped up from the planned n = {planned_n} to {n}; not decided by the top-up)"
+    if n < MIN_N:
+        return f"inconclusive (n < {MIN_N})"
+    return ""
+
+
+def _exact_test_disagrees(p_binary: float | None, p_sign: float | None) -> str:
+    """The reason an interval that excludes 0 decides nothing (its exact test's p >= 0.05), or ''."""
+    if p_binary is not None and p_binary >= 0.05:
+        return f" (McNemar p = {p_binary:.2g})"
+    if p_sign is not None and p_sign >= 0.05:
+        return f" (sign test p = {p_sign:.2g})"
+    return ""
 
 
 def _fmt(x: float) -> str:
@@ -1192,20 +1290,7 @@ def summary(rows: list[dict] | None = None) -> dict[str, dict[str, int | str]]:
         mine = [r for r in rows if r["paper"] == paper]
         if not mine and not INVENTORY.get(paper):
             continue
-        items = _items(rows, paper)
-        claims_ = [r for r in mine if _counted_claim(r)]
-        c = Counter(_bucket(r["verdict"]) for r in claims_)
-        live = [r for r in mine if not r["proxy_of"].strip() and not r["superseded"].strip()]
-        n_items = len(INVENTORY.get(paper, ()))
-        row = {"items": n_items, "not testable": len(items["not testable"]),
-               "testable": n_items - len(items["not testable"]), "tested": len(items["tested"]),
-               "decided n>=30": len(items["decided"]),
-               "claims tested": sum(_tested(r) for r in claims_),
-               **{b: c[b] for b in BUCKETS},
-               "checks": sum(r["role"] == "check" for r in live),
-               "sensitivity": sum(r["role"] == "sensitivity" for r in live),
-               "proxies": sum(bool(r["proxy_of"].strip()) and not r["superseded"].strip() for r in mine),
-               "superseded": sum(bool(r["superseded"].strip()) for r in mine)}
+        row = _paper_summary(rows, paper, mine)
         total.update(row)
         out[paper] = row
     out["all"] = dict(total)
@@ -1213,6 +1298,24 @@ def summary(rows: list[dict] | None = None) -> dict[str, dict[str, int | str]]:
         row["coverage"] = f"{100 * row['tested'] / row['testable']:.0f} %" if row["testable"] else "-"
         row["decided %"] = f"{100 * row['decided n>=30'] / row['tested']:.0f} %" if row["tested"] else "-"
     return {p: {k: row[k] for k, _ in SUMMARY_COLUMNS} for p, row in out.items()}
+
+
+def _paper_summary(rows: list[dict], paper: str, mine: list[dict]) -> dict:
+    """One paper's counts of :func:`summary` (``mine``: its rows), before the percentages."""
+    items = _items(rows, paper)
+    claims_ = [r for r in mine if _counted_claim(r)]
+    c = Counter(_bucket(r["verdict"]) for r in claims_)
+    live = [r for r in mine if not r["proxy_of"].strip() and not r["superseded"].strip()]
+    n_items = len(INVENTORY.get(paper, ()))
+    return {"items": n_items, "not testable": len(items["not testable"]),
+            "testable": n_items - len(items["not testable"]), "tested": len(items["tested"]),
+            "decided n>=30": len(items["decided"]),
+            "claims tested": sum(_tested(r) for r in claims_),
+            **{b: c[b] for b in BUCKETS},
+            "checks": sum(r["role"] == "check" for r in live),
+            "sensitivity": sum(r["role"] == "sensitivity" for r in live),
+            "proxies": sum(bool(r["proxy_of"].strip()) and not r["superseded"].strip() for r in mine),
+            "superseded": sum(bool(r["superseded"].strip()) for r in mine)}
 
 
 def untested_items(rows: list[dict] | None = None) -> dict[str, list[str]]:
@@ -1248,7 +1351,7 @@ def counts_text(rows: list[dict] | None = None, *, fmt: str = "text") -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser():
     import argparse
 
     p = argparse.ArgumentParser(prog="python -m kvlab claims", description=__doc__.split("\n\n")[0],
@@ -1271,17 +1374,51 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--smoke", action="store_true", help="with --rerun: the same code at tiny size on the CPU")
     p.add_argument("--list-experiments", action="store_true",
                    help="every experiment: CPU/GPU, model, minutes, and the ledger rows it reruns")
+    return p
+
+
+def _unknown_paper(table_arg: str) -> bool:
+    """``--table PAPER`` names no paper of the ledger: say so (with a did-you-mean) on stderr."""
+    if table_arg.lower() in {x.lower() for x in PAPERS}:
+        return False
+    import difflib
+
+    near = difflib.get_close_matches(table_arg, PAPERS, n=1, cutoff=0.5)
+    print(f"kvlab claims: --table {table_arg!r} is not a paper of the ledger; the papers are {list(PAPERS)}"
+          + (f" (did you mean {near[0]!r}?)" if near else ""), file=sys.stderr)
+    return True
+
+
+def _check_stale(rows: list[dict], skip_exact: bool) -> int:
+    """``--check``: print every stale row and page; 1 if there is one, else 0."""
+    status = 0
+    for r in rows:
+        if r["kind"] == "statistical":
+            new = recompute(r)
+            stale = [k for k in COMPUTED if new[k] != r[k]]
+            if stale:
+                print(f"{r['id']}: stale {stale} (run python -m kvlab claims --update)")
+                status = 1
+        elif r["kind"] == "exact" and not skip_exact:
+            new = exact_columns(r)
+            stale = [k for k in new if new[k] != r[k]]
+            if stale:
+                print(f"{r['id']}: stale {stale}: its tests now give {new} (run python -m kvlab claims --update)")
+                status = 1
+    for stale in stale_pages(rows):
+        print(f"{stale} is stale (run {WRITE_COMMAND})")
+        status = 1
+    return status
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = _parser()
     args = p.parse_args(argv)
     if args.rerun is None and (args.out or args.device or args.smoke):
         p.error("--out, --device and --smoke go with --rerun ROW")
     if args.list_experiments or args.rerun:
         return _rerun_main(args)
-    if args.table is not None and args.table.lower() not in {x.lower() for x in PAPERS}:
-        import difflib
-
-        near = difflib.get_close_matches(args.table, PAPERS, n=1, cutoff=0.5)
-        print(f"kvlab claims: --table {args.table!r} is not a paper of the ledger; the papers are {list(PAPERS)}"
-              + (f" (did you mean {near[0]!r}?)" if near else ""), file=sys.stderr)
+    if args.table is not None and _unknown_paper(args.table):
         return 2
     if args.update:
         update(run_exact=not args.skip_exact)
@@ -1290,24 +1427,7 @@ def main(argv: list[str] | None = None) -> int:
               "rewritten" if write_readme() else "already up to date")
     rows = load()
     validate(rows)
-    status = 0
-    if args.check:
-        for r in rows:
-            if r["kind"] == "statistical":
-                new = recompute(r)
-                stale = [k for k in COMPUTED if new[k] != r[k]]
-                if stale:
-                    print(f"{r['id']}: stale {stale} (run python -m kvlab claims --update)")
-                    status = 1
-            elif r["kind"] == "exact" and not args.skip_exact:
-                new = exact_columns(r)
-                stale = [k for k in new if new[k] != r[k]]
-                if stale:
-                    print(f"{r['id']}: stale {stale}: its tests now give {new} (run python -m kvlab claims --update)")
-                    status = 1
-        for stale in stale_pages(rows):
-            print(f"{stale} is stale (run {WRITE_COMMAND})")
-            status = 1
+    status = _check_stale(rows, args.skip_exact) if args.check else 0
     if args.table:
         print(table(args.table, fmt="text"))
     if args.counts:

@@ -162,6 +162,8 @@ _add(
                "Tables 5-6 RULER tasks, the passkey grid and Table 1 / Fig. 10 streams, >= 20 prompts per cell"),
     Experiment("reform-heads-needle-qa", "kvlab.experiments.reform.heads_needle_qa", "REFORM", "cpu", "smollm2-135m",
                "60 (CPU)", "Figs. 2-4 / Tables 2, 7 head MNR (mnr), Fig. 3 needle depths (needle), Table 3 QA (qa)"),
+    Experiment("lacache-longstream", "kvlab.experiments.lacache.longstream", "LaCache", "gpu", "smollm2-135m",
+               "9 (H100)", "Figs. 5-6 / SepLLM Table 4: perplexity over a 0.8M-2M-token stream, per segment"),
 )
 
 

@@ -362,16 +362,10 @@ def _check_torch_sees(devices: list[str]) -> None:
                          "run on the GPU machine, fix CUDA_VISIBLE_DEVICES, or give the tasks device: cpu")
 
 
-def run_sweep(tasks: list[Task], out, *, scheduler: str | None = None, workers: int | None = None,
-              gpu_workers: int | str = 0, workers_per_gpu: int = 1, retries: int = 1,
-              python_path: list[str] | None = None, progress: bool = True) -> SweepReport:
-    """Run every unfinished task on a Dask cluster (``scheduler`` address, or a local one of ``workers`` CPU and
-    ``gpu_workers`` GPU processes, see :func:`local_cluster`; ``workers=None``: none where GPU workers take every
-    task, else cores - 1) and report. A ``device="gpu"`` task runs only on a worker holding the ``GPU`` resource:
-    with none in the cluster, ValueError before anything runs."""
-    from distributed import Client, as_completed
-    from tqdm.auto import tqdm
-
+def _check_sweep_args(tasks: list[Task], workers, gpu_workers, workers_per_gpu: int, retries: int,
+                      python_path: list[str] | None) -> list[str]:
+    """Refuse repeated task names and bad counts; put ``python_path`` on ``sys.path`` and check every target.
+    Returns ``python_path`` resolved."""
     names = [check_name(t.name) for t in tasks]
     if len(set(names)) != len(names):
         twice = sorted({n for n in names if names.count(n) > 1})
@@ -388,6 +382,80 @@ def run_sweep(tasks: list[Task], out, *, scheduler: str | None = None, workers: 
         check_target(target)
         if target.endswith(".ipynb"):
             check_notebook_params(target, [t for t in tasks if t.target == target])
+    return python_path
+
+
+def _start_local_cluster(todo: list[Task], gpu_tasks: list[Task], workers, gpu_workers, workers_per_gpu: int):
+    """A local cluster for ``todo``: ValueError where GPU tasks would find no GPU worker."""
+    devices = gpu_worker_devices(gpu_workers, workers_per_gpu)
+    if gpu_workers == "auto" and gpu_tasks and devices:
+        _check_torch_sees(devices)
+    if gpu_tasks and not devices:
+        raise _no_gpu_worker(gpu_tasks, "no local worker" + (" (gpu_workers='auto' found no GPU)"
+                                                             if gpu_workers == "auto" else ""))
+    if workers is None:
+        workers = 0 if devices and len(gpu_tasks) == len(todo) else max((os.cpu_count() or 2) - 1, 1)
+    return local_cluster(workers, len(devices), workers_per_gpu=workers_per_gpu)
+
+
+def _connect(scheduler: str):
+    """A client of the running scheduler at ``scheduler``, or ConnectionError naming how to start one."""
+    from distributed import Client
+
+    try:
+        return Client(scheduler, timeout=SCHEDULER_TIMEOUT)
+    except (OSError, TimeoutError, ValueError) as exc:
+        raise ConnectionError(f"no Dask scheduler answers at {scheduler} within {SCHEDULER_TIMEOUT} s "
+                              f"({type(exc).__name__}): start one with `dask scheduler` and `dask worker "
+                              f"{scheduler} --nthreads 1`, or leave out --scheduler for a local cluster"
+                              ) from None
+
+
+def _wait_for_gpu_worker(client, gpu_tasks: list[Task], scheduler: str) -> None:
+    deadline = time.time() + SCHEDULER_TIMEOUT  # a worker may still be joining
+    while not any("GPU" in (w.get("resources") or {})
+                  for w in client.scheduler_info(n_workers=-1)["workers"].values()):
+        if time.time() > deadline:
+            raise _no_gpu_worker(gpu_tasks, f"no worker of the cluster at {scheduler}")
+        time.sleep(0.2)
+
+
+def _submit_and_collect(client, todo: list[Task], out: Path, python_path: list[str], retries: int,
+                        report: SweepReport, progress: bool) -> None:
+    """Submit every task of ``todo`` and note each one done or failed in ``report`` as it ends."""
+    from distributed import as_completed
+    from tqdm.auto import tqdm
+
+    futures = {}
+    for t in todo:
+        resources = {"GPU": 1} if t.device == "gpu" else None
+        fut = client.submit(call_task, t, str(out.resolve()), python_path, key=f"{t.name}-{task_key(t)}",
+                            retries=retries, resources=resources, pure=False)
+        futures[fut] = t
+    bar = tqdm(total=len(todo), desc="sweep", disable=not progress)
+    for fut in as_completed(futures):
+        task = futures[fut]
+        if fut.status == "finished":
+            report.done.append(task.name)
+        else:
+            exc = fut.exception()
+            tb = "".join(traceback.format_tb(fut.traceback())) if fut.traceback() else ""
+            report.failed.append((task, f"{tb}{type(exc).__name__}: {exc}"))
+            bar.write(f"FAILED {task.name} {json.dumps(task.params, default=str)}: {type(exc).__name__}: {exc}")
+        bar.update()
+    bar.close()
+
+
+def run_sweep(tasks: list[Task], out, *, scheduler: str | None = None, workers: int | None = None,
+              gpu_workers: int | str = 0, workers_per_gpu: int = 1, retries: int = 1,
+              python_path: list[str] | None = None, progress: bool = True) -> SweepReport:
+    """Run every unfinished task on a Dask cluster (``scheduler`` address, or a local one of ``workers`` CPU and
+    ``gpu_workers`` GPU processes, see :func:`local_cluster`; ``workers=None``: none where GPU workers take every
+    task, else cores - 1) and report. A ``device="gpu"`` task runs only on a worker holding the ``GPU`` resource:
+    with none in the cluster, ValueError before anything runs."""
+    from distributed import Client
+
+    python_path = _check_sweep_args(tasks, workers, gpu_workers, workers_per_gpu, retries, python_path)
     out = Path(out)
     _keep_other_results(tasks, out, open_results(tasks, out))
     report = SweepReport(skipped=[t.name for t in tasks if task_finished(t, out)])
@@ -397,50 +465,14 @@ def run_sweep(tasks: list[Task], out, *, scheduler: str | None = None, workers: 
     gpu_tasks = [t for t in todo if t.device == "gpu"]
     cluster = None
     if scheduler is None:
-        devices = gpu_worker_devices(gpu_workers, workers_per_gpu)
-        if gpu_workers == "auto" and gpu_tasks and devices:
-            _check_torch_sees(devices)
-        if gpu_tasks and not devices:
-            raise _no_gpu_worker(gpu_tasks, "no local worker" + (" (gpu_workers='auto' found no GPU)"
-                                                                 if gpu_workers == "auto" else ""))
-        if workers is None:
-            workers = 0 if devices and len(gpu_tasks) == len(todo) else max((os.cpu_count() or 2) - 1, 1)
-        cluster = local_cluster(workers, len(devices), workers_per_gpu=workers_per_gpu)
+        cluster = _start_local_cluster(todo, gpu_tasks, workers, gpu_workers, workers_per_gpu)
         client = Client(cluster)
     else:
-        try:
-            client = Client(scheduler, timeout=SCHEDULER_TIMEOUT)
-        except (OSError, TimeoutError, ValueError) as exc:
-            raise ConnectionError(f"no Dask scheduler answers at {scheduler} within {SCHEDULER_TIMEOUT} s "
-                                  f"({type(exc).__name__}): start one with `dask scheduler` and `dask worker "
-                                  f"{scheduler} --nthreads 1`, or leave out --scheduler for a local cluster"
-                                  ) from None
+        client = _connect(scheduler)
     try:
         if gpu_tasks and scheduler is not None:
-            deadline = time.time() + SCHEDULER_TIMEOUT  # a worker may still be joining
-            while not any("GPU" in (w.get("resources") or {})
-                          for w in client.scheduler_info(n_workers=-1)["workers"].values()):
-                if time.time() > deadline:
-                    raise _no_gpu_worker(gpu_tasks, f"no worker of the cluster at {scheduler}")
-                time.sleep(0.2)
-        futures = {}
-        for t in todo:
-            resources = {"GPU": 1} if t.device == "gpu" else None
-            fut = client.submit(call_task, t, str(out.resolve()), python_path, key=f"{t.name}-{task_key(t)}",
-                                retries=retries, resources=resources, pure=False)
-            futures[fut] = t
-        bar = tqdm(total=len(todo), desc="sweep", disable=not progress)
-        for fut in as_completed(futures):
-            task = futures[fut]
-            if fut.status == "finished":
-                report.done.append(task.name)
-            else:
-                exc = fut.exception()
-                tb = "".join(traceback.format_tb(fut.traceback())) if fut.traceback() else ""
-                report.failed.append((task, f"{tb}{type(exc).__name__}: {exc}"))
-                bar.write(f"FAILED {task.name} {json.dumps(task.params, default=str)}: {type(exc).__name__}: {exc}")
-            bar.update()
-        bar.close()
+            _wait_for_gpu_worker(client, gpu_tasks, scheduler)
+        _submit_and_collect(client, todo, out, python_path, retries, report, progress)
     finally:
         client.close()
         if cluster is not None:
@@ -454,13 +486,7 @@ def _check_count(name: str, value, minimum: int) -> int:
     return value
 
 
-def grid_tasks(target: str, grid: dict, *, fixed: dict | None = None, name: str | None = None,
-               device: str = "cpu") -> list[Task]:
-    """Every combination of ``grid`` (a dict of lists) as a task; ``name`` formats the parameters.
-
-    Raises ValueError (naming the entry and the fix) for a grid that is not a dict of non-empty lists, a
-    ``name`` pattern with a field the parameters lack, a name that is not a plain file name, and two tasks of
-    the same name."""
+def _check_grid(grid, fixed, device: str) -> None:
     if not isinstance(grid, dict):
         raise ValueError(f"grid must be a mapping of parameter -> list of values, got {type(grid).__name__}")
     if fixed is not None and not isinstance(fixed, dict):
@@ -474,22 +500,35 @@ def grid_tasks(target: str, grid: dict, *, fixed: dict | None = None, name: str 
     if both:
         raise ValueError(f"{both} given both in fixed and in grid: the grid's values would silently replace the fixed "
                          "one; keep each parameter in one of them")
+
+
+def _task_label(name: str | None, params: dict, keys: list, combo: tuple) -> str:
+    """The task's name: ``name`` formatted with ``params``, or ``KEYVALUE-...`` of the grid's values."""
+    if not name:
+        return "-".join(f"{k}{v}" for k, v in zip(keys, combo)) or "task"
+    try:
+        return str(name).format(**params)
+    except KeyError as exc:
+        raise ValueError(f"name {name!r} uses {{{exc.args[0]}}}, which is not a parameter; the parameters "
+                         f"are {sorted(params)}") from None
+    except (IndexError, ValueError) as exc:
+        raise ValueError(f"name {name!r} is not a format pattern of the parameters ({exc}); write fields "
+                         f"as {{parameter}}, from {sorted(params)}") from None
+
+
+def grid_tasks(target: str, grid: dict, *, fixed: dict | None = None, name: str | None = None,
+               device: str = "cpu") -> list[Task]:
+    """Every combination of ``grid`` (a dict of lists) as a task; ``name`` formats the parameters.
+
+    Raises ValueError (naming the entry and the fix) for a grid that is not a dict of non-empty lists, a
+    ``name`` pattern with a field the parameters lack, a name that is not a plain file name, and two tasks of
+    the same name."""
+    _check_grid(grid, fixed, device)
     keys = list(grid)
     tasks = []
     for combo in itertools.product(*(grid[k] for k in keys)):
         params = {**(fixed or {}), **dict(zip(keys, combo))}
-        if name:
-            try:
-                label = str(name).format(**params)
-            except KeyError as exc:
-                raise ValueError(f"name {name!r} uses {{{exc.args[0]}}}, which is not a parameter; the parameters "
-                                 f"are {sorted(params)}") from None
-            except (IndexError, ValueError) as exc:
-                raise ValueError(f"name {name!r} is not a format pattern of the parameters ({exc}); write fields "
-                                 f"as {{parameter}}, from {sorted(params)}") from None
-        else:
-            label = "-".join(f"{k}{v}" for k, v in zip(keys, combo)) or "task"
-        tasks.append(Task(check_name(label), target, params, device))
+        tasks.append(Task(check_name(_task_label(name, params, keys, combo)), target, params, device))
     names = [t.name for t in tasks]
     if len(set(names)) != len(names):
         twice = sorted({n for n in names if names.count(n) > 1})

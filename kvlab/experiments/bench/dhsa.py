@@ -332,6 +332,33 @@ def _tune_one(row, plan, variant, cfg, q, k, v, bd, budget, ref):
         row["error"] = f"{type(exc).__name__}: {exc}"[:120]
 
 
+def _tune_grid(args, bms, bns, warps_, stages_) -> list:
+    """The configs to time: tuples of the ``--grid`` axes (``packed`` adds ``--pack``, ``--long-rows``,
+    ``--runs``), or the dicts of ``--configs``."""
+    if args.variant == "packed":  # BLOCK_M values are rows per head; --pack, --long-rows add two axes
+        grid = [(bm, bn, w, st, p, lr, ru) for bm in bms for bn in bns for w in warps_ for st in stages_
+                for p in args.pack for lr in args.long_rows for ru in args.runs]
+    else:
+        grid = [(bm, bn, w, st, 1, 0, 0) for bm in bms for bn in bns for w in warps_ for st in stages_]
+    if args.configs:  # explicit configs (JSON list of dicts) instead of the grid
+        grid = [json.loads(args.configs)] if args.configs.lstrip().startswith("{") else json.loads(args.configs)
+    return grid
+
+
+def _tune_config(item, variant: str) -> dict:
+    """One item of :func:`_tune_grid` as the launch config of ``variant``."""
+    if isinstance(item, dict):
+        cfg = dict(item)
+        if variant == "packed":
+            cfg.setdefault("BLOCK_M", cfg["ROWS"] * cfg.get("PACK", 1))
+        return cfg
+    bm, bn, warps, stages, pack, long_rows, runs = item
+    if variant == "packed":
+        return dict(ROWS=bm, PACK=pack, BLOCK_M=bm * pack, BLOCK_N=bn, num_warps=warps, num_stages=stages,
+                    LONG_ROWS=long_rows, LONG_WARPS=8, RUNS=runs)
+    return dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages)
+
+
 def run_tune(args) -> dict:
     """Tile-size sweep of one Triton variant at one length (how :func:`~kvlab.dhsa.triton.default_config`
     was chosen)."""
@@ -348,29 +375,8 @@ def run_tune(args) -> dict:
     for name, bd in _chunkings(n, q.device, args.chunkings).items():
         plan = chunk_plan(q, k, bd, budget, initial=args.initial, share_heads=share)
         ref = dhsa_attention_triton(q, k, v, bd, budget, plan=plan, variant="ranges")
-        if args.variant == "packed":  # BLOCK_M values are rows per head; --pack, --long-rows add two axes
-            grid = [(bm, bn, w, st, p, lr, ru) for bm in bms for bn in bns for w in warps_ for st in stages_
-                    for p in args.pack for lr in args.long_rows for ru in args.runs]
-        else:
-            grid = [(bm, bn, w, st, 1, 0, 0) for bm in bms for bn in bns for w in warps_ for st in stages_]
-        if args.configs:  # explicit configs (JSON list of dicts) instead of the grid
-            grid = [json.loads(args.configs)] if args.configs.lstrip().startswith("{") else json.loads(args.configs)
-        for item in grid:
-            if isinstance(item, dict):
-                cfg = dict(item)
-                if args.variant == "packed":
-                    cfg.setdefault("BLOCK_M", cfg["ROWS"] * cfg.get("PACK", 1))
-                row = {"chunks": name, "variant": args.variant, "share_heads": share, **cfg}
-                _tune_one(row, plan, args.variant, cfg, q, k, v, bd, budget, ref)
-                rows.append(row)
-                print(json.dumps(row), flush=True)
-                continue
-            bm, bn, warps, stages, pack, long_rows, runs = item
-            if args.variant == "packed":
-                cfg = dict(ROWS=bm, PACK=pack, BLOCK_M=bm * pack, BLOCK_N=bn, num_warps=warps, num_stages=stages,
-                           LONG_ROWS=long_rows, LONG_WARPS=8, RUNS=runs)
-            else:
-                cfg = dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages)
+        for item in _tune_grid(args, bms, bns, warps_, stages_):
+            cfg = _tune_config(item, args.variant)
             row = {"chunks": name, "variant": args.variant, "share_heads": share, **cfg}
             _tune_one(row, plan, args.variant, cfg, q, k, v, bd, budget, ref)
             rows.append(row)
@@ -432,7 +438,32 @@ def _prefill(argv: list[str]) -> int:
     return _run(["prefill", *argv])
 
 
-def _run(argv: list[str]) -> int:
+def _tune_table(rec: dict) -> str:
+    ok = sorted((r for r in rec["rows"] if "ms" in r), key=lambda r: (r["chunks"], r["ms"]))
+    return fmt_table(ok[:12] + [r for r in ok if r["chunks"] != ok[0]["chunks"]][:12],
+                     [("chunks", "chunks", ""), ("variant", "variant", ""),
+                      ("BLOCK_M", "BLOCK_M", ""), ("PACK", "pack", ""), ("LONG_ROWS", "long rows", ""),
+                      ("RUNS", "runs", ""),
+                      ("BLOCK_N", "BLOCK_N", ""),
+                      ("num_warps", "warps", ""), ("num_stages", "stages", ""), ("ms", "ms", "{:.2f}"),
+                      ("max_diff", "max diff", "{:.2g}")])
+
+
+def _prefill_table(rec: dict) -> str:
+    return fmt_table(rec["rows"], [("shape", "model", ""), ("attn", "dense attn", ""), ("seq", "N", ""),
+                                   ("method", "method", ""), ("ms", "ms", "{:.1f}"),
+                                   ("peak_gib", "peak GiB above weights", "{:.3f}"), ("error", "", "")])
+
+
+def _decode_table(rec: dict) -> str:
+    return fmt_table(rec["rows"], [("shape", "model", ""), ("seq", "prompt N", ""), ("method", "method", ""),
+                                   ("prefill_ms", "prefill ms", "{:.1f}"), ("step_ms", "ms / token", "{:.2f}"),
+                                   ("cache_mib", "cache MiB", "{:.1f}"),
+                                   ("step_peak_mib", "step peak MiB", "{:.1f}"), ("error", "", "")])
+
+
+def _parse_args(argv: list[str]) -> argparse.Namespace:
+    """The options of ``argv``, comma lists split."""
     args = build_parser().parse_args(argv)
     args.kv_heads = args.kv_heads or args.heads
     args.share = [bool(int(s)) for s in args.share.split(",") if s]
@@ -440,6 +471,11 @@ def _run(argv: list[str]) -> int:
     args.variants = [s for s in args.variants.split(",") if s]
     args.chunkings = [s for s in args.chunkings.split(",") if s]
     args.attn = [s for s in args.attn.split(",") if s]
+    return args
+
+
+def _run(argv: list[str]) -> int:
+    args = _parse_args(argv)
     out = Path(args.out)
     tag = f"_{args.tag}" if args.tag else ""
     info = device_info() if args.what in ("ops", "tune") or _device().type == "cuda" else _cpu_info()
@@ -453,25 +489,13 @@ def _run(argv: list[str]) -> int:
         table = table_ops(rec)
     elif args.what == "tune":
         rec = run_tune(args) | {"info": info}
-        ok = sorted((r for r in rec["rows"] if "ms" in r), key=lambda r: (r["chunks"], r["ms"]))
-        table = fmt_table(ok[:12] + [r for r in ok if r["chunks"] != ok[0]["chunks"]][:12],
-                          [("chunks", "chunks", ""), ("variant", "variant", ""),
-                           ("BLOCK_M", "BLOCK_M", ""), ("PACK", "pack", ""), ("LONG_ROWS", "long rows", ""),
-                           ("RUNS", "runs", ""),
-                           ("BLOCK_N", "BLOCK_N", ""),
-                           ("num_warps", "warps", ""), ("num_stages", "stages", ""), ("ms", "ms", "{:.2f}"),
-                           ("max_diff", "max diff", "{:.2g}")])
+        table = _tune_table(rec)
     elif args.what == "prefill":
         rec = run_prefill(args) | {"info": info}
-        table = fmt_table(rec["rows"], [("shape", "model", ""), ("attn", "dense attn", ""), ("seq", "N", ""),
-                                         ("method", "method", ""), ("ms", "ms", "{:.1f}"),
-                                         ("peak_gib", "peak GiB above weights", "{:.3f}"), ("error", "", "")])
+        table = _prefill_table(rec)
     else:
         rec = run_decode(args) | {"info": info}
-        table = fmt_table(rec["rows"], [("shape", "model", ""), ("seq", "prompt N", ""), ("method", "method", ""),
-                                         ("prefill_ms", "prefill ms", "{:.1f}"), ("step_ms", "ms / token", "{:.2f}"),
-                                         ("cache_mib", "cache MiB", "{:.1f}"),
-                                         ("step_peak_mib", "step peak MiB", "{:.1f}"), ("error", "", "")])
+        table = _decode_table(rec)
     write_outputs(out, f"dhsa_{args.what}{tag}", rec, table, info)
     return 0
 

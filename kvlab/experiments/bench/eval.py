@@ -136,13 +136,70 @@ def _static_steady(model, policy, ids, device, compile: bool = False) -> tuple[f
     return seconds, keep / reps
 
 
-def run(args) -> dict:
+def _run_dtypes(args, cuda: bool) -> list:
+    """``--dtypes``: ``auto`` is float32 and bfloat16 on a GPU, float32 on the CPU."""
+    if args.dtypes == "auto":
+        return [torch.float32, torch.bfloat16] if cuda else [torch.float32]
+    return [getattr(torch, d) for d in args.dtypes.split(",")]
+
+
+def _policy_row(args, model, plain, policy, ids, plain_ids, hook_ids, name: str, device) -> dict:
+    """One policy's row of tokens/s: plain loop, hooks, the static engine (and compiled), paired ratios."""
     from kvlab.eval import streaming_perplexity
 
+    # plain and static timed back to back, `repeats` times: a shared machine's load changes slowly
+    pairs = []
+    for _ in range(args.repeats):
+        plain_s = _timed(lambda: _plain_loop(plain, plain_ids), device) / (plain_ids.shape[1] - 1)
+        steady, keep_s = _static_steady(model, policy, ids, device)
+        pairs.append((plain_s, steady / (args.tokens - 1), keep_s))
+    plain_s, static_s, keep_s = (min(p[i] for p in pairs) for i in range(3))
+    ratio = sorted(p[1] / p[0] for p in pairs)[len(pairs) // 2]  # median of the paired ratios
+    hooks_s = min(streaming_perplexity(model, None, hook_ids, policy, None, progress=False,
+                                       engine="hooks").seconds for _ in range(args.repeats))
+    e2e = streaming_perplexity(model, None, ids, policy, None, progress=False, engine="static")
+    hooks_tps = (hook_ids.shape[1] - 1) / hooks_s
+    row = dict(dtype=name, policy=type(policy).__name__, plain=1 / plain_s, hooks=hooks_tps,
+               static=1 / static_s, static_e2e=(args.tokens - 1) / e2e.seconds,
+               x_hooks=1 / static_s / hooks_tps, time_vs_plain=ratio, policy_share=keep_s / static_s)
+    if args.compile:
+        compiled_s = _static_steady(model, policy, ids, device, compile=True)[0] / (args.tokens - 1)
+        row.update(compiled=1 / compiled_s, x_hooks_compiled=1 / compiled_s / hooks_tps,
+                   compiled_share=keep_s / compiled_s)
+    return row
+
+
+def _add_generate(plain, ids, rows: list[dict], name: str, tokens: int, device) -> None:
+    """Time transformers' generate and add it (and the ratios to it) to ``rows``."""
+    _generate(plain, ids)  # warm-up (and whatever compilation transformers does)
+    gen_tps = (tokens - 1) / _timed(lambda: _generate(plain, ids), device)
+    print(json.dumps(dict(dtype=name, generate=gen_tps)), flush=True)
+    for row in rows:
+        row.update(generate=gen_tps, x_generate=row["static"] / gen_tps)
+        if "compiled" in row:
+            row["x_generate_compiled"] = row["compiled"] / gen_tps
+
+
+def _many_streams(args, device, dtype, gen) -> list[dict]:
+    """Aggregate tokens/s of ``--streams`` streams at once, per policy."""
+    streams = []
+    model, _ = _models(device, dtype)
+    many = torch.randint(0, SMOLLM2_SHAPE["vocab_size"], (args.streams, args.tokens), generator=gen).to(device)
+    for policy in _policies(args.tokens):
+        steady, _ = _static_steady(model, policy, many, device)
+        streams.append(dict(dtype=str(dtype).replace("torch.", ""), policy=type(policy).__name__,
+                            streams=args.streams, tokens_per_s=args.streams * (args.tokens - 1) / steady))
+        if args.compile:
+            steady, _ = _static_steady(model, policy, many, device, compile=True)
+            streams[-1]["compiled_tokens_per_s"] = args.streams * (args.tokens - 1) / steady
+        print(json.dumps(streams[-1]), flush=True)
+    return streams
+
+
+def run(args) -> dict:
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     cuda = device.type == "cuda"
-    dtypes = [torch.float32, torch.bfloat16] if cuda and args.dtypes == "auto" else (
-        [torch.float32] if args.dtypes == "auto" else [getattr(torch, d) for d in args.dtypes.split(",")])
+    dtypes = _run_dtypes(args, cuda)
     rows = []
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(0, SMOLLM2_SHAPE["vocab_size"], (1, args.tokens), generator=gen).to(device)
@@ -154,47 +211,12 @@ def run(args) -> dict:
         plain_ids = ids[:, :args.plain_tokens]
         first = len(rows)
         for policy in _policies(args.tokens):
-            # plain and static timed back to back, `repeats` times: a shared machine's load changes slowly
-            pairs = []
-            for _ in range(args.repeats):
-                plain_s = _timed(lambda: _plain_loop(plain, plain_ids), device) / (plain_ids.shape[1] - 1)
-                steady, keep_s = _static_steady(model, policy, ids, device)
-                pairs.append((plain_s, steady / (args.tokens - 1), keep_s))
-            plain_s, static_s, keep_s = (min(p[i] for p in pairs) for i in range(3))
-            ratio = sorted(p[1] / p[0] for p in pairs)[len(pairs) // 2]  # median of the paired ratios
-            hooks_s = min(streaming_perplexity(model, None, hook_ids, policy, None, progress=False,
-                                               engine="hooks").seconds for _ in range(args.repeats))
-            e2e = streaming_perplexity(model, None, ids, policy, None, progress=False, engine="static")
-            hooks_tps = (hook_ids.shape[1] - 1) / hooks_s
-            rows.append(dict(dtype=name, policy=type(policy).__name__, plain=1 / plain_s, hooks=hooks_tps,
-                             static=1 / static_s, static_e2e=(args.tokens - 1) / e2e.seconds,
-                             x_hooks=1 / static_s / hooks_tps, time_vs_plain=ratio, policy_share=keep_s / static_s))
-            if args.compile:
-                compiled_s = _static_steady(model, policy, ids, device, compile=True)[0] / (args.tokens - 1)
-                rows[-1].update(compiled=1 / compiled_s, x_hooks_compiled=1 / compiled_s / hooks_tps,
-                                compiled_share=keep_s / compiled_s)
+            rows.append(_policy_row(args, model, plain, policy, ids, plain_ids, hook_ids, name, device))
             print(json.dumps(rows[-1]), flush=True)
         if cuda and not args.no_generate:  # last: its compilation may take long (rows above are printed)
-            _generate(plain, ids)  # warm-up (and whatever compilation transformers does)
-            gen_tps = (args.tokens - 1) / _timed(lambda: _generate(plain, ids), device)
-            print(json.dumps(dict(dtype=name, generate=gen_tps)), flush=True)
-            for row in rows[first:]:
-                row.update(generate=gen_tps, x_generate=row["static"] / gen_tps)
-                if "compiled" in row:
-                    row["x_generate_compiled"] = row["compiled"] / gen_tps
+            _add_generate(plain, ids, rows[first:], name, args.tokens, device)
         del model, plain
-    streams = []
-    if args.streams:
-        model, _ = _models(device, dtypes[-1])
-        many = torch.randint(0, SMOLLM2_SHAPE["vocab_size"], (args.streams, args.tokens), generator=gen).to(device)
-        for policy in _policies(args.tokens):
-            steady, _ = _static_steady(model, policy, many, device)
-            streams.append(dict(dtype=str(dtypes[-1]).replace("torch.", ""), policy=type(policy).__name__,
-                                streams=args.streams, tokens_per_s=args.streams * (args.tokens - 1) / steady))
-            if args.compile:
-                steady, _ = _static_steady(model, policy, many, device, compile=True)
-                streams[-1]["compiled_tokens_per_s"] = args.streams * (args.tokens - 1) / steady
-            print(json.dumps(streams[-1]), flush=True)
+    streams = _many_streams(args, device, dtypes[-1], gen) if args.streams else []
     return dict(rows=rows, streams=streams, tokens=args.tokens, hooks_tokens=hook_ids.shape[1],
                 plain_tokens=args.plain_tokens, repeats=args.repeats)
 
@@ -445,27 +467,49 @@ def _tune_kernel(batch: int, kv_heads: int, heads: int, dim: int, capacity: int,
     return rows
 
 
+def _streams_tune(args, device) -> list[dict]:
+    """``--tune`` on a GPU: the Triton kernel's tile sweep (else none)."""
+    if not (args.tune and device.type == "cuda"):
+        return []
+    shape = SMOLLM2_SHAPE
+    return _tune_kernel(max(int(b) for b in args.batches.split(",")), shape["num_key_value_heads"],
+                        shape["num_attention_heads"], shape["head_dim"], args.cache + 1,
+                        [getattr(torch, d) for d in args.dtypes.split(",")], device)
+
+
+def _streams_model(args, dtype, device):
+    import kvlab
+
+    if args.model == "random":
+        return random_smollm2(device, dtype), None
+    return kvlab.load_model(args.model, dtype=dtype, device=device)
+
+
+def _stream_row(args, model, plain, policy, policy_name: str, ids, kernel: str, fill: int, batch: int, device):
+    """One engine's (or generate's) row at ``batch`` streams; None where generate is not timed (it knows no
+    policy: once per dtype and batch); an error is a row."""
+    try:
+        if kernel.startswith("generate"):
+            if plain is None or policy_name != args.policies.split(",")[0]:
+                return None  # generate knows no policy: once per dtype and batch
+            return _generate_run(plain, ids, fill + args.steps, device, compile=kernel == "generate")
+        return _engine_run(model, policy, ids, kernel, fill, args.steps, device,
+                           profile=batch in args.profile_batches)
+    except Exception as err:  # a failure is a row of the table, not the end of the run
+        return dict(error=f"{type(err).__name__}: {err}"[:400])
+
+
 def streams(args, save=None) -> dict:
     """Tokens/s of the static engine's layouts and of transformers' static generate at several batch sizes;
     ``save(record)`` is called after every row (a run stopped by a time limit keeps what it measured)."""
-    import kvlab
-
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     deadline = time.perf_counter() + args.budget_s
     gen = torch.Generator().manual_seed(0)
     rows, skipped = [], []
-    tune = []
-    if args.tune and device.type == "cuda":
-        shape = SMOLLM2_SHAPE
-        tune = _tune_kernel(max(int(b) for b in args.batches.split(",")), shape["num_key_value_heads"],
-                            shape["num_attention_heads"], shape["head_dim"], args.cache + 1,
-                            [getattr(torch, d) for d in args.dtypes.split(",")], device)
+    tune = _streams_tune(args, device)
     for dtype_name in args.dtypes.split(",") if args.kernels else ():  # --kernels "": the kernel tuning only
         dtype = getattr(torch, dtype_name)
-        if args.model == "random":
-            model, tok = random_smollm2(device, dtype), None
-        else:
-            model, tok = kvlab.load_model(args.model, dtype=dtype, device=device)
+        model, tok = _streams_model(args, dtype, device)
         vocab = model.config.vocab_size
         plain = _plain_copy(model) if "generate" in args.kernels and device.type == "cuda" else None
         for policy_name in args.policies.split(","):
@@ -479,16 +523,9 @@ def streams(args, save=None) -> dict:
                         skipped.append(label)
                         print(json.dumps(dict(label, skipped="time budget")), flush=True)
                         continue
-                    try:
-                        if kernel.startswith("generate"):
-                            if plain is None or policy_name != args.policies.split(",")[0]:
-                                continue  # generate knows no policy: once per dtype and batch
-                            row = _generate_run(plain, ids, fill + args.steps, device, compile=kernel == "generate")
-                        else:
-                            row = _engine_run(model, policy, ids, kernel, fill, args.steps, device,
-                                              profile=batch in args.profile_batches)
-                    except Exception as err:  # a failure is a row of the table, not the end of the run
-                        row = dict(error=f"{type(err).__name__}: {err}"[:400])
+                    row = _stream_row(args, model, plain, policy, policy_name, ids, kernel, fill, batch, device)
+                    if row is None:
+                        continue
                     row.update(label)
                     rows.append(row)
                     print(json.dumps({k: v for k, v in row.items() if k not in ("profile", "phases", "kernel_timings")}),

@@ -385,143 +385,205 @@ def run_train(args) -> dict:
 # ---------------------------------------------------------------------------------------------
 # tune: tile-size sweep (used to pick kvlab.sepllm.triton.default_config)
 # ---------------------------------------------------------------------------------------------
-def run_tune(args) -> dict:
-    torch = require_cuda()
-    import torch.nn.functional as F
+def _tune_fwd_choices(var: str, parts: list[str]) -> list[tuple]:
+    """The forward tiles (BLOCK_M, BLOCK_N, BLOCK_F, warps, stages[, warp_spec, extra]) that ``--parts`` fwd
+    (round 1) or fwd-near (round 2, tma only) sweep for ``var``."""
+    choices = []
+    if "fwd" in parts:
+        if var == "tma":
+            split = {"window_split": True}
+            choices = [(128, 64, 128, 8, 3, False, split), (128, 64, 128, 8, 2), (128, 64, 128, 8, 4),
+                       (128, 128, 128, 8, 3), (128, 64, 64, 4, 3), (128, 32, 64, 4, 2), (64, 64, 128, 4, 3),
+                       (128, 32, 128, 8, 3, False, split), (128, 64, 128, 8, 3, True), (128, 64, 64, 4, 3, True)]
+        else:
+            choices = [(128, 32, 64, 4, 2), (128, 64, 128, 8, 3)]
+    if "fwd-near" in parts and var == "tma":  # round 2: around the round-1 winner (128 x 32 / 64, 4 warps)
+        split, ws = {"window_split": True}, True
+        choices = [(128, 32, 64, 4, 3), (128, 32, 64, 8, 2), (128, 64, 64, 4, 2), (128, 32, 128, 4, 2),
+                   (128, 16, 64, 4, 2), (128, 32, 64, 4, 2, ws, split)]
+    return choices
 
-    from kvlab.sepllm import triton as st
 
-    n, h, hk, d, a, w = args.seq, args.heads, args.kv_heads, args.dim, args.init, args.neighbors
-    q, k, v = random_qkv(n, h, hk, d)
-    dtype = q.dtype
-    do = torch.randn_like(q)
-    scale = d ** -0.5
-    causal_flops = 4 * d * h * n * (n + 1) / 2
-    rows = []
+def _with_kind(base, kind, bm, bn, bf, nw, ns, ws=False, extra=None):
+    """``base`` with the tiles of kernel ``kind`` replaced, and the row's name."""
+    cfg = {key: dict(val) if isinstance(val, dict) else val for key, val in base.items()}
+    cfg[kind] = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_F=bf, num_warps=nw, num_stages=ns, warp_spec=ws) | (extra or {})
+    more = "".join(f" {key}" for key, val in (extra or {}).items() if val)
+    return f"{cfg['variant']} {kind} {bm}x{bn}/{bf} w{nw} s{ns}{' ws' if ws else ''}{more}", cfg
 
-    def record(name, fn, flop=None, **extra):
+
+def _rel(x, ref):
+    return ((x.float() - ref.float()).norm() / ref.float().norm()).item()
+
+
+class _Tune:
+    """One ``tune`` run: the inputs, the first release's outputs to check against, the rows timed so far."""
+
+    def __init__(self, args):
+        self.torch = torch = require_cuda()
+        from kvlab.sepllm import triton as st
+
+        self.args, self.st = args, st
+        self.n, self.h, self.hk, self.d = args.seq, args.heads, args.kv_heads, args.dim
+        self.a, self.w = args.init, args.neighbors
+        self.q, self.k, self.v = random_qkv(self.n, self.h, self.hk, self.d)
+        self.dtype = self.q.dtype
+        self.do = torch.randn_like(self.q)
+        self.scale = self.d ** -0.5
+        self.causal_flops = 4 * self.d * self.h * self.n * (self.n + 1) / 2
+        self.rows = []
+
+    def record(self, name, fn, flop=None, **extra):
+        rows = self.rows
         try:
-            ms = bench_ms(fn, args.budget)["ms"]
+            ms = bench_ms(fn, self.args.budget)["ms"]
             rows.append({"variant": name, "ms": ms, **extra} | ({"TFLOPs": flop / ms / 1e9} if flop else {}))
         except Exception as exc:  # noqa: BLE001 - out of shared memory, unsupported option, etc.
             rows.append({"variant": name, "error": str(exc)[:300]})
         print(rows[-1], flush=True)
 
-    def with_kind(base, kind, bm, bn, bf, nw, ns, ws=False, extra=None):
-        cfg = {key: dict(val) if isinstance(val, dict) else val for key, val in base.items()}
-        cfg[kind] = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_F=bf, num_warps=nw, num_stages=ns, warp_spec=ws) | (extra or {})
-        more = "".join(f" {key}" for key, val in (extra or {}).items() if val)
-        return f"{cfg['variant']} {kind} {bm}x{bn}/{bf} w{nw} s{ns}{' ws' if ws else ''}{more}", cfg
+    def sdpa(self):
+        """PyTorch's causal SDPA, forward and forward + backward."""
+        import torch.nn.functional as F
 
-    qg, kg, vg = (x.detach().clone().requires_grad_() for x in (q, k, v))
-    record("sdpa causal fwd", lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=h != hk),
-           causal_flops)
+        torch, q, k, v, do, h, hk = self.torch, self.q, self.k, self.v, self.do, self.h, self.hk
+        qg, kg, vg = (x.detach().clone().requires_grad_() for x in (q, k, v))
+        self.record("sdpa causal fwd",
+                    lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=h != hk),
+                    self.causal_flops)
 
-    def sdpa_fb():
-        out = F.scaled_dot_product_attention(qg, kg, vg, is_causal=True, enable_gqa=h != hk)
-        torch.autograd.grad(out, (qg, kg, vg), do)
+        def sdpa_fb():
+            out = F.scaled_dot_product_attention(qg, kg, vg, is_causal=True, enable_gqa=h != hk)
+            torch.autograd.grad(out, (qg, kg, vg), do)
 
-    record("sdpa causal fwd+bwd", sdpa_fb, 3.5 * causal_flops)
-    is_sep = load_separators("random8", n)
-    kept, idx, cnt = st.compact_kept_keys(is_sep, a)
-    # every timed variant is also checked against the first release's kernels (relative L2 error)
-    ref_cfg = st.default_config(d, dtype, variant="gather")
-    o_ref, lse_ref = st._forward(q, k, v, kept, idx, cnt, w, scale, ref_cfg, False)
-    dq_ref = st._backward(do, q, k, v, o_ref, lse_ref, kept, idx, cnt, w, scale, ref_cfg, False, ("dq",))[0]
+        self.record("sdpa causal fwd+bwd", sdpa_fb, 3.5 * self.causal_flops)
 
-    def _rel(x, ref):
-        return ((x.float() - ref.float()).norm() / ref.float().norm()).item()
+    def prepare(self):
+        """The separators, the kept keys and the reference outputs; times the compaction."""
+        st, q, k, v, a = self.st, self.q, self.k, self.v, self.a
+        self.is_sep = is_sep = load_separators("random8", self.n)
+        self.kept, self.idx, self.cnt = kept, idx, cnt = st.compact_kept_keys(is_sep, a)
+        # every timed variant is also checked against the first release's kernels (relative L2 error)
+        ref_cfg = st.default_config(self.d, self.dtype, variant="gather")
+        self.o_ref, lse_ref = st._forward(q, k, v, kept, idx, cnt, self.w, self.scale, ref_cfg, False)
+        self.dq_ref = st._backward(self.do, q, k, v, self.o_ref, lse_ref, kept, idx, cnt, self.w, self.scale, ref_cfg,
+                                   False, ("dq",))[0]
+        self.record("compact_kept_keys", lambda: st.compact_kept_keys(is_sep, a))
+        self.record("compact_kv (gather kept K/V rows)", lambda: st.compact_kv(k, v, idx, cnt))
 
-    record("compact_kept_keys", lambda: st.compact_kept_keys(is_sep, a))
-    record("compact_kv (gather kept K/V rows)", lambda: st.compact_kv(k, v, idx, cnt))
-    for var in args.variants:
-        base = st.default_config(d, dtype, variant=var)
-        work = tile_work(is_sep, a, w, base, h, hk, d)
-        o, lse = st._forward(q, k, v, kept, idx, cnt, w, scale, base, False)
-        record(f"{var} fwd default", lambda: st._forward(q, k, v, kept, idx, cnt, w, scale, base, False),  # noqa: B023
-               work["useful_flop"], TFLOPs_computed=None)
+    def fwd(self, cfg, kept=None, idx=None, cnt=None):
+        kept, idx, cnt = (self.kept, self.idx, self.cnt) if kept is None else (kept, idx, cnt)
+        return self.st._forward(self.q, self.k, self.v, kept, idx, cnt, self.w, self.scale, cfg, False)
+
+    def bwd(self, cfg, part):
+        return self.st._backward(self.do, self.q, self.k, self.v, self.o, self.lse, self.kept, self.idx, self.cnt,
+                                 self.w, self.scale, cfg, False, (part,))
+
+    def variant(self, var):
+        """Every sweep of ``--parts`` for one Triton variant."""
+        parts = self.args.parts
+        base = self.defaults(var)
+        if var == "tma" and "parts" in parts:
+            self.fwd_parts(base)
+        self.fwd_tiles(base, _tune_fwd_choices(var, parts))
+        if "dq" in parts:
+            self.dq_tiles(base, var)
+        if "dkdv" in parts:
+            self.dkdv_tiles(base)
+        if "far" in parts and "far" in base:  # the tma variant's far dK/dV kernel has its own tiles
+            self.far_tiles(base)
+        if "splits" in parts:
+            for per in (128, 256, 1 << 20):
+                cfg = dict(base, far_splits_per=per)
+                self.record(f"bwd far_splits_per={per}", lambda: self.bwd(cfg, "far"))  # noqa: B023
+
+    def defaults(self, var):
+        """The variant's default config: forward, and each part of the backward."""
+        base = self.st.default_config(self.d, self.dtype, variant=var)
+        work = tile_work(self.is_sep, self.a, self.w, base, self.h, self.hk, self.d)
+        self.o, self.lse = self.fwd(base)
+        rows = self.rows
+        self.record(f"{var} fwd default", lambda: self.fwd(base), work["useful_flop"], TFLOPs_computed=None)
         rows[-1]["TFLOPs_computed"] = work["computed_flop"] / rows[-1]["ms"] / 1e9 if "ms" in rows[-1] else None
         print("   ", {"TFLOPs_computed": rows[-1]["TFLOPs_computed"], "work": work}, flush=True)
         for part in ("dq", "window", "far"):
-            record(f"{var} bwd part {part} (default)",
-                   lambda: st._backward(do, q, k, v, o, lse, kept, idx, cnt, w, scale, base, False, (part,)))  # noqa: B023
-        if var == "tma" and "parts" in args.parts:  # where the forward time goes, and the core loop's dense rate
-            for parts, label in ((1, "far keys only"), (2, "window only"), (0, "neither (compaction, q, o, lse)")):
-                cfg = {key: dict(val) if isinstance(val, dict) else val for key, val in base.items()}
-                cfg["fwd"]["parts"] = parts
-                record(f"tma fwd {label}", lambda: st._forward(q, k, v, kept, idx, cnt, w, scale, cfg, False))  # noqa: B023
-            all_sep = torch.ones_like(is_sep)
-            kept1, idx1, cnt1 = st.compact_kept_keys(all_sep, a)
-            record("tma fwd, every key kept (causal through the far loop)",
-                   lambda: st._forward(q, k, v, kept1, idx1, cnt1, w, scale, base, False), causal_flops)  # noqa: B023
-        choices = []
-        if "fwd" in args.parts:
-            if var == "tma":
-                split = {"window_split": True}
-                choices = [(128, 64, 128, 8, 3, False, split), (128, 64, 128, 8, 2), (128, 64, 128, 8, 4),
-                           (128, 128, 128, 8, 3), (128, 64, 64, 4, 3), (128, 32, 64, 4, 2), (64, 64, 128, 4, 3),
-                           (128, 32, 128, 8, 3, False, split), (128, 64, 128, 8, 3, True), (128, 64, 64, 4, 3, True)]
-            else:
-                choices = [(128, 32, 64, 4, 2), (128, 64, 128, 8, 3)]
-        if "fwd-near" in args.parts and var == "tma":  # round 2: around the round-1 winner (128 x 32 / 64, 4 warps)
-            split, ws = {"window_split": True}, True
-            choices = [(128, 32, 64, 4, 3), (128, 32, 64, 8, 2), (128, 64, 64, 4, 2), (128, 32, 128, 4, 2),
-                       (128, 16, 64, 4, 2), (128, 32, 64, 4, 2, ws, split)]
-        if ("fwd" in args.parts) or ("fwd-near" in args.parts and var == "tma"):
-            for choice in choices:
-                name, cfg = with_kind(base, "fwd", *choice)
-                wk = tile_work(is_sep, a, w, cfg, h, hk, d)
-                record(name, lambda: st._forward(q, k, v, kept, idx, cnt, w, scale, cfg, False), wk["useful_flop"],  # noqa: B023
-                       TFLOPs_computed=None)
-                if "ms" in rows[-1]:
-                    rows[-1]["TFLOPs_computed"] = wk["computed_flop"] / rows[-1]["ms"] / 1e9
-                    rows[-1]["rel_err_vs_ref"] = _rel(st._forward(q, k, v, kept, idx, cnt, w, scale, cfg, False)[0],
-                                                      o_ref)
-                    print("   ", {key: rows[-1][key] for key in ("TFLOPs_computed", "rel_err_vs_ref")}, flush=True)
-        if "dq" in args.parts:
-            choices = ([(64, 64, 64, 4, 3), (128, 64, 64, 8, 3), (64, 32, 128, 4, 3), (128, 64, 128, 8, 2),
-                        (64, 32, 64, 4, 3, True)] if var == "tma" else [])
-            for choice in choices:
-                name, cfg = with_kind(base, "dq", *choice)
-                record("bwd " + name, lambda: st._backward(do, q, k, v, o, lse, kept, idx, cnt, w, scale, cfg, False, ("dq",)))  # noqa: B023
-                if "ms" in rows[-1]:
-                    rows[-1]["rel_err_vs_ref"] = _rel(
-                        st._backward(do, q, k, v, o, lse, kept, idx, cnt, w, scale, cfg, False, ("dq",))[0], dq_ref)
-                    print("    rel_err_vs_ref", rows[-1]["rel_err_vs_ref"], flush=True)
-        if "dkdv" in args.parts:
-            for choice in [(64, 128, 128, 8, 3), (32, 128, 128, 8, 3), (64, 64, 64, 4, 3), (32, 64, 128, 4, 3),
-                           (64, 64, 128, 8, 3)]:
-                name, cfg = with_kind(base, "dkdv", *choice)
-                for part in ("window",) + (() if "far" in base else ("far",)):
-                    record(f"bwd {name} [{part}]", lambda: st._backward(do, q, k, v, o, lse, kept, idx, cnt, w, scale, cfg, False, (part,)))  # noqa: B023
-        if "far" in args.parts and "far" in base:  # the tma variant's far dK/dV kernel has its own tiles
-            for choice in [(64, 64, 128, 8, 3), (128, 64, 128, 8, 3), (64, 64, 64, 4, 3), (32, 64, 128, 4, 4),
-                           (64, 64, 128, 8, 2)]:
-                name, cfg = with_kind(base, "far", *choice)
-                record(f"bwd {name}", lambda: st._backward(do, q, k, v, o, lse, kept, idx, cnt, w, scale, cfg, False, ("far",)))  # noqa: B023
-        if "splits" in args.parts:
-            for per in (128, 256, 1 << 20):
-                cfg = dict(base, far_splits_per=per)
-                record(f"bwd far_splits_per={per}",
-                       lambda: st._backward(do, q, k, v, o, lse, kept, idx, cnt, w, scale, cfg, False, ("far",)))  # noqa: B023
-    if "decode" not in args.parts:
-        return {"seq": n, "heads": h, "kv_heads": hk, "dim": d, "rows": rows}
-    # decode kernel
-    from kvlab.kernels.decode.triton import ragged_decode_triton
+            self.record(f"{var} bwd part {part} (default)", lambda: self.bwd(base, part))  # noqa: B023
+        return base
 
-    g = torch.Generator(device="cuda").manual_seed(0)
-    lens = torch.randint(6144, 8193, (16,), device="cuda", generator=g)
-    cu = torch.zeros(17, dtype=torch.int32, device="cuda")
-    cu[1:] = torch.cumsum(lens, 0)
-    qd = torch.randn(16, 32, 128, device="cuda", dtype=dtype)
-    kd = torch.randn(int(cu[-1]), 8, 128, device="cuda", dtype=dtype)
-    vd = torch.randn_like(kd)
-    for bn, per_sm, nw, ns in [(64, 3, 4, 3), (64, 2, 4, 3), (64, 4, 4, 2), (32, 4, 4, 4), (32, 6, 4, 3),
-                               (128, 1, 8, 3), (64, 3, 4, 4)]:
-        cfg = dict(BLOCK_N=bn, chunks=None, programs_per_sm=per_sm, num_warps=nw, num_stages=ns)
-        record(f"decode {bn} {per_sm}/SM w{nw} s{ns}",
-               lambda: ragged_decode_triton(qd, kd, vd, cu, max_seqlen=8192, config=cfg))  # noqa: B023
-    return {"seq": n, "heads": h, "kv_heads": hk, "dim": d, "rows": rows}
+    def fwd_parts(self, base):
+        """Where the forward time goes, and the core loop's dense rate."""
+        for parts, label in ((1, "far keys only"), (2, "window only"), (0, "neither (compaction, q, o, lse)")):
+            cfg = {key: dict(val) if isinstance(val, dict) else val for key, val in base.items()}
+            cfg["fwd"]["parts"] = parts
+            self.record(f"tma fwd {label}", lambda: self.fwd(cfg))  # noqa: B023
+        all_sep = self.torch.ones_like(self.is_sep)
+        kept1, idx1, cnt1 = self.st.compact_kept_keys(all_sep, self.a)
+        self.record("tma fwd, every key kept (causal through the far loop)",
+                    lambda: self.fwd(base, kept1, idx1, cnt1), self.causal_flops)
+
+    def fwd_tiles(self, base, choices):
+        rows = self.rows
+        for choice in choices:
+            name, cfg = _with_kind(base, "fwd", *choice)
+            wk = tile_work(self.is_sep, self.a, self.w, cfg, self.h, self.hk, self.d)
+            self.record(name, lambda: self.fwd(cfg), wk["useful_flop"], TFLOPs_computed=None)  # noqa: B023
+            if "ms" in rows[-1]:
+                rows[-1]["TFLOPs_computed"] = wk["computed_flop"] / rows[-1]["ms"] / 1e9
+                rows[-1]["rel_err_vs_ref"] = _rel(self.fwd(cfg)[0], self.o_ref)
+                print("   ", {key: rows[-1][key] for key in ("TFLOPs_computed", "rel_err_vs_ref")}, flush=True)
+
+    def dq_tiles(self, base, var):
+        rows = self.rows
+        choices = ([(64, 64, 64, 4, 3), (128, 64, 64, 8, 3), (64, 32, 128, 4, 3), (128, 64, 128, 8, 2),
+                    (64, 32, 64, 4, 3, True)] if var == "tma" else [])
+        for choice in choices:
+            name, cfg = _with_kind(base, "dq", *choice)
+            self.record("bwd " + name, lambda: self.bwd(cfg, "dq"))  # noqa: B023
+            if "ms" in rows[-1]:
+                rows[-1]["rel_err_vs_ref"] = _rel(self.bwd(cfg, "dq")[0], self.dq_ref)
+                print("    rel_err_vs_ref", rows[-1]["rel_err_vs_ref"], flush=True)
+
+    def dkdv_tiles(self, base):
+        for choice in [(64, 128, 128, 8, 3), (32, 128, 128, 8, 3), (64, 64, 64, 4, 3), (32, 64, 128, 4, 3),
+                       (64, 64, 128, 8, 3)]:
+            name, cfg = _with_kind(base, "dkdv", *choice)
+            for part in ("window",) + (() if "far" in base else ("far",)):
+                self.record(f"bwd {name} [{part}]", lambda: self.bwd(cfg, part))  # noqa: B023
+
+    def far_tiles(self, base):
+        for choice in [(64, 64, 128, 8, 3), (128, 64, 128, 8, 3), (64, 64, 64, 4, 3), (32, 64, 128, 4, 4),
+                       (64, 64, 128, 8, 2)]:
+            name, cfg = _with_kind(base, "far", *choice)
+            self.record(f"bwd {name}", lambda: self.bwd(cfg, "far"))  # noqa: B023
+
+    def decode(self):
+        """The ragged decode kernel's tiles (16 sequences of 6-8k keys)."""
+        from kvlab.kernels.decode.triton import ragged_decode_triton
+
+        torch, dtype = self.torch, self.dtype
+        g = torch.Generator(device="cuda").manual_seed(0)
+        lens = torch.randint(6144, 8193, (16,), device="cuda", generator=g)
+        cu = torch.zeros(17, dtype=torch.int32, device="cuda")
+        cu[1:] = torch.cumsum(lens, 0)
+        qd = torch.randn(16, 32, 128, device="cuda", dtype=dtype)
+        kd = torch.randn(int(cu[-1]), 8, 128, device="cuda", dtype=dtype)
+        vd = torch.randn_like(kd)
+        for bn, per_sm, nw, ns in [(64, 3, 4, 3), (64, 2, 4, 3), (64, 4, 4, 2), (32, 4, 4, 4), (32, 6, 4, 3),
+                                   (128, 1, 8, 3), (64, 3, 4, 4)]:
+            cfg = dict(BLOCK_N=bn, chunks=None, programs_per_sm=per_sm, num_warps=nw, num_stages=ns)
+            self.record(f"decode {bn} {per_sm}/SM w{nw} s{ns}",
+                        lambda: ragged_decode_triton(qd, kd, vd, cu, max_seqlen=8192, config=cfg))  # noqa: B023
+
+
+def run_tune(args) -> dict:
+    t = _Tune(args)
+    t.sdpa()
+    t.prepare()
+    for var in args.variants:
+        t.variant(var)
+    if "decode" in args.parts:
+        t.decode()
+    return {"seq": t.n, "heads": t.h, "kv_heads": t.hk, "dim": t.d, "rows": t.rows}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -555,6 +617,47 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _main_ops(args, info, out, tag):
+    args.kv_heads = args.kv_heads or args.heads
+    args.seqs = args.seqs or [4096, 16384, 32768, 65536]
+    rec = run_ops(args) | {"info": info}
+    table = print_ops(rec)
+    out.mkdir(parents=True, exist_ok=True)
+    plot_ops(rec, out / f"ops{tag}.png")
+    return rec, table
+
+
+def _main_prefill(args, info, out, tag):
+    args.seq = args.seq or 32768
+    rec = run_prefill(args) | {"info": info}
+    table = fmt_table(rec["rows"], [("method", "method", ""), ("ms", "ms", "{:.1f}"),
+                                     ("tokens_per_s", "tokens/s", "{:.0f}")])
+    table += f"\nspeedup {rec['speedup']:.2f}x, kept density {rec['density']:.3f}"
+    return rec, table
+
+
+def _main_train(args, info, out, tag):
+    args.seqs = args.seqs or [4096, 8192]
+    rec = run_train(args) | {"info": info}
+    table = (f"{rec['params'] / 1e6:.0f}M parameters\n" +
+             fmt_table(rec["rows"], [("seq", "seq", ""), ("batch", "batch", ""), ("sdpa_ms", "SDPA ms", "{:.1f}"),
+                                      ("sepllm_triton_ms", "SepLLM Triton ms", "{:.1f}"),
+                                      ("speedup", "speedup", "{:.2f}")]))
+    return rec, table
+
+
+def _main_tune(args, info, out, tag):
+    args.kv_heads = args.kv_heads or args.heads
+    args.seq = args.seq or 32768
+    args.budget = args.budget or 0.4
+    rec = run_tune(args) | {"info": info}
+    table = "\n".join(f"{r['variant']}: {r.get('ms', r.get('error'))}" for r in rec["rows"])
+    return rec, table
+
+
+_MAIN = {"ops": _main_ops, "prefill": _main_prefill, "train": _main_train, "tune": _main_tune}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.seps = [s for s in args.seps.split(",") if s]
@@ -565,34 +668,8 @@ def main(argv: list[str] | None = None) -> int:
     tag = f"_{args.tag}" if args.tag else ""
     info = device_info()
     print(json.dumps(info), flush=True)
-    for what in [args.what]:
-        if what == "ops":
-            args.kv_heads = args.kv_heads or args.heads
-            args.seqs = args.seqs or [4096, 16384, 32768, 65536]
-            rec = run_ops(args) | {"info": info}
-            table = print_ops(rec)
-            out.mkdir(parents=True, exist_ok=True)
-            plot_ops(rec, out / f"ops{tag}.png")
-        elif what == "prefill":
-            args.seq = args.seq or 32768
-            rec = run_prefill(args) | {"info": info}
-            table = fmt_table(rec["rows"], [("method", "method", ""), ("ms", "ms", "{:.1f}"),
-                                             ("tokens_per_s", "tokens/s", "{:.0f}")])
-            table += f"\nspeedup {rec['speedup']:.2f}x, kept density {rec['density']:.3f}"
-        elif what == "train":
-            args.seqs = args.seqs or [4096, 8192]
-            rec = run_train(args) | {"info": info}
-            table = (f"{rec['params'] / 1e6:.0f}M parameters\n" +
-                     fmt_table(rec["rows"], [("seq", "seq", ""), ("batch", "batch", ""), ("sdpa_ms", "SDPA ms", "{:.1f}"),
-                                              ("sepllm_triton_ms", "SepLLM Triton ms", "{:.1f}"),
-                                              ("speedup", "speedup", "{:.2f}")]))
-        else:  # tune
-            args.kv_heads = args.kv_heads or args.heads
-            args.seq = args.seq or 32768
-            args.budget = args.budget or 0.4
-            rec = run_tune(args) | {"info": info}
-            table = "\n".join(f"{r['variant']}: {r.get('ms', r.get('error'))}" for r in rec["rows"])
-        write_outputs(out, what + tag, rec, table, info)
+    rec, table = _MAIN[args.what](args, info, out, tag)
+    write_outputs(out, args.what + tag, rec, table, info)
     return 0
 
 

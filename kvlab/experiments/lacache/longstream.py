@@ -1,187 +1,229 @@
-#!/usr/bin/env bash
-# Issue 14, very long streams: SepLLM Table 4 (PG19 1M-4M tokens, c=324, a=4, w=224, s=32/64) and LaCache Figs. 5-6
-# (LaCache vs StreamingLLM on concatenated PG19) on SmolLM2-135M, one H100, from the repo root, < 9 minutes.
-#
-# Stream: kvlab.datasets.load_text("austen") + "\n\n" + load_text("shakespeare") (2.96M SmolLM2 tokens), our PG19
-# stand-in. kvlab.eval.long_stream_perplexity cuts it into SEGMENTS contiguous segments decoded side by side as the
-# rows of one static-engine batch (CUDA graph); row r = the stream's first 4 tokens (sinks), WARMUP
-# tokens before the segment (decoded, not scored), then the segment (scored). An approximation: keys/values of
-# layers > 0 know nothing from before the warm-up, and SepLLM's / LaCache's compaction cycle may be in another phase
-# than in one sequential pass (see docs/guide/engine.md, "Very long streams"); step 4 measures the effect.
-#
-#   1. load SmolLM2-135M in float32 (on the CPU, 640 tokens, bf16 moved perplexity by 0.2-0.3% and the
-#      SepLLM-StreamingLLM gap by 0.1 point; the paper's gaps are 4-6%: fp32 costs little here), tokenize the stream
-#   2. calibrate: time 40 steady-state steps of the batch; choose the segment length so that the four policies and
-#      the check fit in BUDGET_S seconds (at most the whole stream, at most MAX_TOKENS)
-#   3. StreamingLLM(4, cache_size=324); SepLLMStreaming(4, 32, 224, 324); LaCache.official(324, 16, 0);
-#      SepLLMStreaming(4, 64, 224, 324) (official-style separators: kvlab.sepllm.separator_ids, 17 ids), each the
-#      same tokens, segments and warm-up; a policy that would overrun the time left is skipped (said in the log)
-#   4. deviation checks (CHECK_POLICIES, default SepLLM s=32 and LaCache: the two whose kept set depends on more than
-#      the last window): segmented vs one sequential pass on the first CHECK_TOKENS tokens (2 segments, same warm-up)
-# Results: $OUT/longstream/<policy>.json (perplexity at every REPORT_EVERY tokens, cumulative and per window, at
-# 1M / 1.5M / 2M, per-segment perplexity, mean KV, tokens, segments, warm-up, seconds), deviation_<policy>.json,
-# run.json (the plan and calibration), log.txt. Knobs (env): POLICIES (a subset of the four names), DTYPE=float32,
-# SEGMENTS=256 WARMUP=2048 MAX_TOKENS=2000001
-# CHECK_TOKENS=8193 CHECK_POLICIES="sepllm_s32 lacache_official_s16o0" MIN_TOKENS=1000000 BUDGET_S=460 LIMIT=530
-# REPORT_EVERY=131072.
-# Runtime: ~30 s load + tokenize + calibration; 2 checks x ~75 s (8,193 steps at batch 1 at ~4.4 ms, 6.2K at batch 2);
-# 4 policies x (L + ~2,100) steps at batch 256. The plan fills BUDGET_S=460 s (hard limit 530 s): at 10 ms per step
-# (a guess for 256 rows, c=325, fp32; 5.3 ms was measured for 32 rows, c=128, bf16) L is ~4K, ~1.0M tokens; at 6 ms
-# the whole 2M. Below MIN_TOKENS the LaCache check is dropped first. Each policy's JSON is written when it finishes.
-# Smoke test on a CPU (a few hundred tokens, small caches): SMOKE=1 OUT=/tmp/kv/out_longstream bash benchmarks/longstream.sh
-# (the lead sources gpujobs/setup_devw.sh before this on the GPU machine: KVLAB_CACHE, PYTHONPATH).
-set -uo pipefail
-OUT=${OUT:-$PWD/out}
-R="$OUT/longstream"
-mkdir -p "$R"
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-unset TRITON_INTERPRET
-if [ "${SMOKE:-0}" = 1 ]; then
-  export DEVICE=cpu SEGMENTS=${SEGMENTS:-4} WARMUP=${WARMUP:-16} MAX_TOKENS=${MAX_TOKENS:-301} \
-    CHECK_TOKENS=${CHECK_TOKENS:-129} REPORT_EVERY=${REPORT_EVERY:-100} BUDGET_S=${BUDGET_S:-330} CAPACITY=48 LOCAL=24 \
-    SEP_SMALL=8 SEP_LARGE=12 MIN_TOKENS=0 OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} MKL_NUM_THREADS=${MKL_NUM_THREADS:-1}
-fi
-PY=${PYTHON:-python}
-begin=$(date +%s)
-{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null || echo "no nvidia-smi"; } > "$R/device.txt"
-timeout ${LIMIT:-530} $PY - <<'EOF' 2>&1 | tee "$R/log.txt"
-import json, math, os, time
+"""Very long streams: SepLLM Table 4 (PG19 1M-4M tokens, c=324, a=4, w=224, s=32/64) and LaCache Figs. 5-6
+(LaCache vs StreamingLLM on concatenated PG19) on SmolLM2-135M, one GPU, in under 9 minutes.
+
+    python -m kvlab run lacache-longstream --out DIR [--policies lacache_official_s16o0,sepllm_s64] [--segments 128]
+
+Stream: ``kvlab.datasets.load_text("austen") + "\\n\\n" + load_text("shakespeare")`` (2.96M SmolLM2 tokens), our PG19
+stand-in. :func:`kvlab.eval.long_stream_perplexity` cuts it into ``--segments`` contiguous segments decoded side by
+side as the rows of one static-engine batch (CUDA graph); row r = the stream's first 4 tokens (sinks), ``--warmup``
+tokens before the segment (decoded, not scored), then the segment (scored). An approximation: keys/values of layers
+> 0 know nothing from before the warm-up, and SepLLM's / LaCache's compaction cycle may be in another phase than in
+one sequential pass (see docs/guide/engine.md, "Very long streams"); step 4 measures the effect.
+
+1. load SmolLM2-135M in float32 (bf16 moved perplexity by 0.2-0.3 % on the CPU; the paper's gaps are 4-6 %),
+   tokenize the stream;
+2. calibrate: time 40 steady-state steps of the batch; choose the segment length so that the policies and the
+   checks fit in ``--budget-s`` seconds (at most the whole stream, at most ``--max-tokens``);
+3. StreamingLLM(4, cache_size=324); SepLLMStreaming(4, 32, 224, 324); LaCache.official(324, 16, 0);
+   SepLLMStreaming(4, 64, 224, 324) (official-style separators: :func:`kvlab.sepllm.separator_ids`), each the same
+   tokens, segments and warm-up; a policy that would overrun the time left is skipped (said in the log);
+4. deviation checks (``--check-policies``, default SepLLM s=32 and LaCache): segmented vs one sequential pass on the
+   first ``--check-tokens`` tokens (2 segments, same warm-up).
+
+Results in ``--out``: ``segments.examples.jsonl.gz`` (per policy and segment its mean NLL, the ledger's records),
+``<policy>.json`` (perplexity at every ``--report-every`` tokens, cumulative and per window, at the paper's lengths,
+per-segment perplexity, mean KV), ``deviation_<policy>.json``, ``run.json`` (the plan and calibration). Below
+``--min-tokens`` the deviation checks beyond the first are dropped before the stream gets shorter.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
 from pathlib import Path
 
-import torch
+from kvlab.experiments import records, registry
 
-import kvlab
-from kvlab.eval import FastDecoder, long_stream_deviation, long_stream_perplexity, ppl_at_lengths
-from kvlab.policies import LaCache, SepLLMStreaming, StreamingLLM
-from kvlab.sepllm import separator_ids
-
-env = os.environ.get
-R = Path(env("OUT", "out")) / "longstream"
-device = env("DEVICE", "cuda")
-segments, warmup = int(env("SEGMENTS", "256")), int(env("WARMUP", "2048"))
-max_tokens, check_tokens = int(env("MAX_TOKENS", "2000001")), int(env("CHECK_TOKENS", "8193"))
-report_every, budget_s = int(env("REPORT_EVERY", "131072")), float(env("BUDGET_S", "460"))
-min_tokens = int(env("MIN_TOKENS", "1000000"))  # checks beyond the first are dropped before the stream gets shorter
-C, local, s_small, s_large = (int(env(k, d)) for k, d in
-                              (("CAPACITY", "324"), ("LOCAL", "224"), ("SEP_SMALL", "32"), ("SEP_LARGE", "64")))
-t0 = time.perf_counter()
-torch.manual_seed(0)
-
-# 1. model (float32) and the stream
-dtype = getattr(torch, env("DTYPE", "float32"))
-model, tok = kvlab.load_model("smollm2-135m", dtype=dtype, device=device)
-text = kvlab.datasets.load_text("austen") + "\n\n" + kvlab.datasets.load_text("shakespeare")
-stream = tok(text, return_tensors="pt").input_ids[0]
-print(f"stream: {stream.numel():,} tokens (austen + shakespeare); load + tokenize {time.perf_counter() - t0:.0f} s",
-      flush=True)
-seps = separator_ids(tok)
-policies = {  # priority order: the Table 4 pair first
-    "streamingllm": StreamingLLM(4, cache_size=C),
-    f"sepllm_s{s_small}": SepLLMStreaming(4, s_small, local, C, separators=seps),
-    "lacache_official_s16o0": LaCache.official(C, 16, 0),
-    f"sepllm_s{s_large}": SepLLMStreaming(4, s_large, local, C, separators=seps),
-}
-if env("POLICIES"):  # a subset (one device call may not hold all four at 1M+ tokens)
-    policies = {name: policies[name] for name in env("POLICIES").split()}
+NAME = "lacache-longstream"
+RECORDS = "segments" + records.SUFFIX
+SMOKE = dict(segments=2, warmup=8, max_tokens=49, check_tokens=33, report_every=16, budget_s=60, capacity=24,
+             local=12, sep_small=4, sep_large=6, min_tokens=0, policies=["streamingllm", "lacache_official_s16o0"],
+             check_policies=["lacache_official_s16o0"])
+OVERHEAD = 1.15  # SepLLM / LaCache steps and graph captures cost a little more than StreamingLLM's
 
 
-# 2. calibration: steady-state seconds per step at this batch (and at batch 1, for the sequential check)
-def step_seconds(batch: int, steps: int = 40) -> float:
-    dec = FastDecoder(model, StreamingLLM(4, cache_size=C), batch)
+def policy_names(args) -> list[str]:
+    """The four policies' names, the Table 4 pair first (the separator counts name SepLLM's)."""
+    return ["streamingllm", f"sepllm_s{args.sep_small}", "lacache_official_s16o0", f"sepllm_s{args.sep_large}"]
+
+
+def _policies(args, tok) -> dict:
+    from kvlab.policies import LaCache, SepLLMStreaming, StreamingLLM
+    from kvlab.sepllm import separator_ids
+
+    seps = separator_ids(tok)
+    c = args.capacity
+    every = dict(zip(policy_names(args), (StreamingLLM(4, cache_size=c),
+                                          SepLLMStreaming(4, args.sep_small, args.local, c, separators=seps),
+                                          LaCache.official(c, 16, 0),
+                                          SepLLMStreaming(4, args.sep_large, args.local, c, separators=seps))))
+    return {name: every[name] for name in args.policies}, len(seps)
+
+
+def _step_seconds(model, stream, capacity: int, batch: int, device: str, steps: int = 40) -> float:
+    """Steady-state seconds per step of a batch of ``batch`` rows (the cache full: eviction every step)."""
+    import torch
+
+    from kvlab.eval import FastDecoder
+    from kvlab.policies import StreamingLLM
+
+    dec = FastDecoder(model, StreamingLLM(4, cache_size=capacity), batch)
     ids = stream[:batch].view(batch, 1).to(dec.device)
-    for _ in range(C + 8):  # fill the cache: eviction every step from here on
+    for _ in range(capacity + 8):
         dec.step(ids)
-    if device == "cuda":
+    if device.startswith("cuda"):
         torch.cuda.synchronize()
     start = time.perf_counter()
     for _ in range(steps):
         dec.step(ids)
-    if device == "cuda":
+    if device.startswith("cuda"):
         torch.cuda.synchronize()
     return (time.perf_counter() - start) / steps
 
 
-t_batch, t_one = step_seconds(segments), step_seconds(1)
-overhead = 1.15  # SepLLM / LaCache steps and graph captures cost a little more than StreamingLLM's
-checks = [n for n in env("CHECK_POLICIES", f"sepllm_s{s_small} lacache_official_s16o0").split() if n in policies]
-one_check = 0.0 if not checks else None
-one_check = one_check if one_check is not None else \
-    overhead * (check_tokens * t_one + ((check_tokens - 1) // 2 + warmup) * step_seconds(2))
-spent = time.perf_counter() - t0
+def _plan(args, model, stream, n_policies: int, t0: float) -> dict:
+    """Calibrate, then the segment length that fits the policies and the checks in ``--budget-s``."""
+    t_batch = _step_seconds(model, stream, args.capacity, args.segments, args.device)
+    t_one = _step_seconds(model, stream, args.capacity, 1, args.device)
+    checks = list(args.check_policies)
+    one_check = 0.0 if not checks else OVERHEAD * (args.check_tokens * t_one + ((args.check_tokens - 1) // 2
+                                                                                + args.warmup)
+                                                   * _step_seconds(model, stream, args.capacity, 2, args.device))
+    spent = time.perf_counter() - t0
+
+    def segment_length(n_checks: int) -> int:  # tokens per segment that fit beside n_checks deviation checks
+        steps = int((args.budget_s - spent - n_checks * one_check) / (n_policies * t_batch * OVERHEAD))
+        return min((min(args.max_tokens, stream.numel()) - 1) // args.segments, steps - args.warmup)
+
+    while len(checks) > 1 and args.segments * segment_length(len(checks)) < args.min_tokens:
+        print(f"dropping the deviation check of {checks.pop()} to reach {args.min_tokens:,} tokens", flush=True)
+    seg_len = segment_length(len(checks))
+    if seg_len < 1:
+        raise RuntimeError(f"no time for even one token per segment: {t_batch * 1e3:.1f} ms per step at batch "
+                           f"{args.segments}; raise --budget-s or lower --segments")
+    return dict(segment_tokens=seg_len, ms_per_step_batch=t_batch * 1e3, ms_per_step_one=t_one * 1e3,
+                expected_seconds_per_policy=(seg_len + args.warmup) * t_batch * OVERHEAD,
+                expected_check_seconds=one_check * len(checks), one_check=one_check, check_policies=checks)
 
 
-def segment_length(n_checks: int) -> int:  # tokens per segment that fit beside n_checks deviation checks
-    steps = int((budget_s - spent - n_checks * one_check) / (len(policies) * t_batch * overhead))
-    return min((min(max_tokens, stream.numel()) - 1) // segments, steps - warmup)
+def _result_json(name, policy, result, segments: int, num_layers: int) -> dict:
+    from kvlab.eval import ppl_at_lengths
+    from kvlab.policies import LaCache
 
-
-while len(checks) > 1 and segments * segment_length(len(checks)) < min_tokens:
-    print(f"dropping the deviation check of {checks.pop()} to reach {min_tokens:,} tokens", flush=True)
-check_s = one_check * len(checks)
-seg_len = segment_length(len(checks))
-if seg_len < 1:
-    raise SystemExit(f"no time for even one token per segment: {t_batch * 1e3:.1f} ms per step at batch {segments}")
-ids = stream[: segments * seg_len + 1]
-plan = dict(device=torch.cuda.get_device_name() if device == "cuda" else "cpu", dtype=str(dtype)[6:],
-            tokens=ids.numel(), corpus_tokens=stream.numel(), segments=segments, segment_tokens=seg_len,
-            warmup=warmup, sink=4, capacity=C, ms_per_step_batch=t_batch * 1e3,
-            ms_per_step_one=t_one * 1e3, expected_seconds_per_policy=(seg_len + warmup) * t_batch * overhead,
-            expected_check_seconds=check_s, check_policies=checks, check_tokens=check_tokens,
-            separators=len(seps), torch=torch.__version__)
-print("plan:", json.dumps(plan), flush=True)
-(R / "run.json").write_text(json.dumps(plan, indent=1))
-
-
-# 3. the policies, the same segmented stream each
-def record(name, policy, result):
     bounds = [1 + r * (result.tokens - 1) // segments for r in range(segments + 1)]
     out = result.summary()
     out.update(name=name, policy_after_run=repr(policy), ppl_at_paper_lengths=ppl_at_lengths(
         result, [k * 500_000 for k in range(1, 9)]), window_ppl_16k=result.window_ppl(16384),
                segment_ppl=[math.exp(float(result.nll[a - 1:b - 1].mean())) for a, b in zip(bounds, bounds[1:])])
     if isinstance(policy, LaCache):
-        out["lacache_settings"] = policy.settings(len(model.model.layers))
-    (R / f"{name}.json").write_text(json.dumps(out, indent=1))
+        out["lacache_settings"] = policy.settings(num_layers)
     return out
 
 
-done = {}
-for name, policy in policies.items():
-    elapsed = time.perf_counter() - t0
-    if elapsed + plan["expected_seconds_per_policy"] + check_s > budget_s + 30:
-        print(f"SKIP {name}: {elapsed:.0f} s elapsed, {plan['expected_seconds_per_policy']:.0f} s needed", flush=True)
-        continue
-    result = long_stream_perplexity(model, ids, policy, segments=segments, warmup=warmup, sink=4,
-                                    report_every=report_every, progress=True)
-    done[name] = record(name, policy, result)
-    print(f"{name}: ppl {result.ppl:.3f}, mean KV {result.mean_kv:.1f}, {result.seconds:.0f} s "
-          f"({(result.tokens - 1) / result.seconds:,.0f} scored tok/s); cumulative "
-          + ", ".join(f"{n:,}: {p:.3f}" for n, p in result.cumulative_ppl().items()), flush=True)
+def _device_name(device: str) -> str:
+    import torch
 
-# 4. how far the segmented numbers are from one sequential pass (first CHECK_TOKENS tokens)
-for name in checks:
-    if time.perf_counter() - t0 + one_check > budget_s + 30:
-        print(f"SKIP deviation check {name}: no time left", flush=True)
-        continue
-    dev = long_stream_deviation(model, stream[:check_tokens], policies[name], segments=2, warmup=warmup,
-                                sink=4, progress=True)
-    dev["policy"] = name
-    (R / f"deviation_{name}.json").write_text(json.dumps(dev, indent=1))
-    print(f"deviation {name}:", json.dumps(dev), flush=True)
+    return f"cuda ({torch.cuda.get_device_name()})" if device.startswith("cuda") else "cpu"
 
-if done:
-    base = done.get("streamingllm")
-    points = lambda out: out["ppl_at_paper_lengths"] or out["cumulative_ppl"]  # 0.5M steps, else every report
-    print(f"\n| policy | tokens | mean KV | " + " | ".join(f"ppl @{n:,}" for n in points(next(iter(done.values()))))
-          + " |")
-    for name, out in done.items():
-        print(f"| {name} | {out['tokens']:,} | {out['mean_kv']:.1f} | "
-              + " | ".join(f"{p:.3f}" for p in points(out).values()) + " |")
-    if base:
-        for name, out in done.items():
-            wins = sum(a < b for a, b in zip(out["segment_ppl"], base["segment_ppl"]))
-            if name != "streamingllm":
-                print(f"{name}: lower perplexity than StreamingLLM in {wins} of {segments} segments")
-print(f"total {time.perf_counter() - t0:.0f} s", flush=True)
-EOF
-echo "done in $(( $(date +%s) - begin )) s; results in $R"
+
+def check(args) -> None:
+    if args.smoke:
+        for key, value in SMOKE.items():
+            setattr(args, key, value)
+    names = policy_names(args)
+    args.policies = args.policies or names
+    args.check_policies = [] if args.check_policies == ["none"] else (
+        args.check_policies if args.check_policies is not None else [names[1], names[2]])
+    for option, chosen in (("--policies", args.policies), ("--check-policies", args.check_policies)):
+        wrong = [p for p in chosen if p not in names]
+        if wrong:
+            raise registry.ParameterError(f"{option} {','.join(wrong)}: the policies are {names} (SepLLM's named by "
+                                          "--sep-small / --sep-large)")
+    args.check_policies = [p for p in args.check_policies if p in args.policies]
+
+
+def _policy_runs(args, model, ids, policies, plan, t0, out, writer) -> list[Path]:
+    from kvlab.eval import long_stream_perplexity
+
+    written = []
+    for name, policy in policies.items():
+        elapsed = time.perf_counter() - t0
+        if elapsed + plan["expected_seconds_per_policy"] + plan["expected_check_seconds"] > args.budget_s + 30:
+            print(f"SKIP {name}: {elapsed:.0f} s elapsed, {plan['expected_seconds_per_policy']:.0f} s needed")
+            continue
+        result = long_stream_perplexity(model, ids, policy, segments=args.segments, warmup=args.warmup, sink=4,
+                                        report_every=args.report_every, progress=True)
+        summary = _result_json(name, policy, result, args.segments, model.config.num_hidden_layers)
+        out.claim(f"{name}.json").write_text(json.dumps(summary, indent=1))
+        written.append(out.root / f"{name}.json")
+        config = {"policy": summary["policy"], "segments": args.segments, "warmup": args.warmup,
+                  "segment_tokens": plan["segment_tokens"], "dtype": args.dtype}
+        for i, ppl in enumerate(summary["segment_ppl"]):
+            writer.add(records.record(f"segment-{i:03d}", name, "segment_nll", math.log(ppl), config=config,
+                                      device=_device_name(args.device), tokens=summary["segment_tokens"]))
+        print(f"{name}: ppl {result.ppl:.3f}, mean KV {result.mean_kv:.1f}, {result.seconds:.0f} s", flush=True)
+    return written
+
+
+def run(args) -> list[Path]:
+    import torch
+
+    import kvlab
+    from kvlab.eval import long_stream_deviation
+    from kvlab.outputs import OutputFolder
+
+    if args.device == "auto":
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    out = OutputFolder(args.out, f"python -m kvlab run {NAME}")
+    if (out.root / RECORDS).exists():
+        raise registry.ParameterError(f"{out.root / RECORDS} holds an earlier run's segments; give a new --out")
+    t0 = time.perf_counter()
+    torch.manual_seed(0)
+    model, tok = kvlab.load_model("smollm2-135m", dtype=getattr(torch, args.dtype), device=args.device)
+    text = kvlab.datasets.load_text("austen") + "\n\n" + kvlab.datasets.load_text("shakespeare")
+    stream = tok(text, return_tensors="pt").input_ids[0]
+    policies, n_seps = _policies(args, tok)
+    plan = _plan(args, model, stream, len(policies), t0)
+    ids = stream[: args.segments * plan["segment_tokens"] + 1]
+    run_json = dict(device=_device_name(args.device), dtype=args.dtype, tokens=ids.numel(),
+                    corpus_tokens=stream.numel(), segments=args.segments, warmup=args.warmup, sink=4,
+                    capacity=args.capacity, check_tokens=args.check_tokens, separators=n_seps,
+                    torch=torch.__version__, **{k: v for k, v in plan.items() if k != "one_check"})
+    print("plan:", json.dumps(run_json), flush=True)
+    out.claim("run.json").write_text(json.dumps(run_json, indent=1))
+    with records.RecordWriter(RECORDS, out=out) as writer:
+        written = _policy_runs(args, model, ids, policies, plan, t0, out, writer)
+    for name in plan["check_policies"]:  # 4. the segmented numbers against one sequential pass
+        if time.perf_counter() - t0 + plan["one_check"] > args.budget_s + 30:
+            print(f"SKIP deviation check {name}: no time left", flush=True)
+            continue
+        dev = long_stream_deviation(model, stream[:args.check_tokens], policies[name], segments=2,
+                                    warmup=args.warmup, sink=4, progress=True)
+        out.claim(f"deviation_{name}.json").write_text(json.dumps({**dev, "policy": name}, indent=1))
+        written.append(out.root / f"deviation_{name}.json")
+    print(f"total {time.perf_counter() - t0:.0f} s", flush=True)
+    return [writer.path, out.root / "run.json", *written]
+
+
+def parser() -> argparse.ArgumentParser:
+    p = registry.experiment_parser(NAME, __doc__.split("\n\n")[0])
+    pos = registry.positive_int
+    p.add_argument("--policies", type=lambda t: [x.strip() for x in t.split(",") if x.strip()], default=None,
+                   help="a subset of the four (default all): streamingllm, sepllm_s32, lacache_official_s16o0, "
+                        "sepllm_s64")
+    p.add_argument("--check-policies", type=lambda t: [x.strip() for x in t.split(",") if x.strip()], default=None,
+                   help="the deviation checks ('none': none; default sepllm_s32,lacache_official_s16o0)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
+    p.add_argument("--segments", type=pos, default=256)
+    p.add_argument("--warmup", type=pos, default=2048)
+    p.add_argument("--max-tokens", type=pos, default=2000001)
+    p.add_argument("--check-tokens", type=pos, default=8193)
+    p.add_argument("--min-tokens", type=int, default=1000000)
+    p.add_argument("--budget-s", type=pos, default=460, help="seconds the plan fills")
+    p.add_argument("--report-every", type=pos, default=131072)
+    p.add_argument("--capacity", type=pos, default=324)
+    p.add_argument("--local", type=pos, default=224)
+    p.add_argument("--sep-small", type=pos, default=32)
+    p.add_argument("--sep-large", type=pos, default=64)
+    return p

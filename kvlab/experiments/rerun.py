@@ -2,7 +2,8 @@
 
 Each live row of ``benchmarks/claims.csv`` names, as data, the experiment that produced its results (column
 ``experiment``, a name of :mod:`kvlab.experiments.registry`) and that experiment's options (column ``config``: a JSON
-object, or a JSON list of objects when the committed records came from several runs). A rerun
+object, or a JSON list of objects when the committed records came from several runs; ``a;b`` in ``experiment``
+names a different experiment for each of them, in order). A rerun
 
 1. turns the configuration into options (:func:`kvlab.experiments.registry.config_argv`) and checks them all before
    anything runs (a ledger cell that the experiment refuses is reported as the ledger's fault);
@@ -25,7 +26,7 @@ from pathlib import Path
 
 from kvlab.experiments import registry
 
-__all__ = ["plan", "rerun", "rerun_text", "list_experiments_text", "RerunError"]
+__all__ = ["plan", "command_text", "rerun", "rerun_text", "list_experiments_text", "RerunError"]
 
 DEFAULT_OUT = "build/reruns"
 
@@ -64,8 +65,24 @@ def plan(row: dict) -> list[tuple[str, dict]]:
     configs = configs if isinstance(configs, list) else [configs]
     if not all(isinstance(c, dict) for c in configs):
         raise RerunError(f"ledger row {row['id']}: config must be a JSON object of options or a list of them")
-    registry.get(name)
-    return [(name, c) for c in configs]
+    names = [n.strip() for n in name.split(";")]  # runs of several experiments, one config each, in order
+    if len(names) == 1:
+        names = names * len(configs)
+    elif len(names) != len(configs):
+        raise RerunError(f"ledger row {row['id']}: experiment names {len(names)} runs ({name!r}) but config holds "
+                         f"{len(configs)}; give one config object per run, in the same order")
+    for n in set(names):
+        registry.get(n)
+    return list(zip(names, configs))
+
+
+def command_text(row: dict) -> str:
+    """The ``command`` cell of a row that names its experiment: the ``python -m kvlab run`` lines of its runs
+    (written from ``experiment`` and ``config``, so the two cannot disagree)."""
+    import shlex
+
+    return "; ".join(f"python -m kvlab run {name} " + " ".join(shlex.quote(a) for a in registry.config_argv(c))
+                     for name, c in plan(row)).replace(" ; ", "; ").strip()
 
 
 def _argv(config: dict, out: Path, device: str | None, smoke: bool) -> list[str]:

@@ -12,7 +12,8 @@ commands:
   bench METHOD WHAT  GPU benchmarks of a method (see `python -m kvlab bench --help`)
   sweep GRID.yaml  run a grid of calls or notebooks on a Dask cluster (see `python -m kvlab sweep --help`)
   worker-env ADDRESS  print this host's `dask worker` lines, one pinned to each GPU (`| bash` starts them)
-  leaderboard      every method on the same tasks at matched mean KV / FLOPs, on Dask (`leaderboard --help`)
+  leaderboard      every method on the same tasks at matched mean KV / FLOPs, on Dask (`leaderboard --help`);
+                   `leaderboard scaling report --run ...` compares a 1-GPU run with a several-GPU run of one grid
   lessons make|grade|class|attacks|time  student versions, grading to a CSV, test classes and timing (see `python -m kvlab lessons -h`)
   claims           the claims ledger: --counts, --update, --write-readme, --check, --table PAPER (`claims -h`)
   notebooks prepare|record|book|stale|markers|run|times  the notebooks' copies for nbval and the book, a plain run
@@ -47,6 +48,10 @@ def main(argv: list[str] | None = None) -> int:
         from kvlab.experiments.sweep import worker_env_main
 
         return worker_env_main(rest) or 0
+    if command == "leaderboard" and rest[:1] == ["scaling"]:
+        from kvlab.experiments.leaderboard_scaling import main as scaling_main
+
+        return scaling_main(rest[1:]) or 0
     if command == "leaderboard":
         from kvlab.experiments.leaderboard import main as leaderboard_main
 

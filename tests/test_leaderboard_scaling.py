@@ -1,5 +1,5 @@
 """The leaderboard's grid options for sizing a multi-GPU run, and the report that compares a 1-GPU run with a
-2-GPU run (benchmarks/leaderboard_scaling.py): cells per device from the records, identical cells, differences."""
+2-GPU run (`python -m kvlab leaderboard scaling report`): cells per device from the records, identical cells, differences."""
 import json
 import subprocess
 import sys
@@ -10,7 +10,6 @@ import pytest
 from kvlab.experiments.leaderboard import GRIDS, cell_tasks, sized_grid
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "benchmarks" / "leaderboard_scaling.py"
 
 
 def test_sized_grid_subsets_models_and_sets_examples():
@@ -57,7 +56,7 @@ def _cells(folder: Path, results: dict, devices: dict):
 
 
 def _report(*runs, extra=()):
-    return subprocess.run([sys.executable, str(SCRIPT), "report", *extra,
+    return subprocess.run([sys.executable, "-m", "kvlab", "leaderboard", "scaling", "report", *extra,
                            *[a for r in runs for a in ("--run", r)]], capture_output=True, text=True)
 
 

@@ -100,11 +100,11 @@ s1=$(cat "$W/one_gpu.seconds"); s2=$(cat "$W/two_gpus.seconds")
 [ "${SKIP_RECIPE:-0}" = 1 ] || s4=$("$PY" -c "print(round($t4 - $t3, 1))")
 cmd="KVLAB_RESULTS=DIR CUDA_VISIBLE_DEVICES=$all bash benchmarks/gpu/leaderboard_scaling.sh (WPG=$WPG${EXAMPLES:+ EXAMPLES=$EXAMPLES}${SEEDS:+ SEEDS=$SEEDS}$([ "$RUNS" = both ] || echo "; the two runs in separate calls of one lease, RUNS=one and RUNS=two"))"
 dev=$(head -2 "$D/device.txt" 2>/dev/null | tail -1 | cut -d, -f1)
-"$PY" benchmarks/leaderboard_scaling.py report --run "1 GPU=$W/one_gpu:$s1" --run "2 GPUs=$W/two_gpus:$s2" \
+"$PY" -m kvlab leaderboard scaling report --run "1 GPU=$W/one_gpu:$s1" --run "2 GPUs=$W/two_gpus:$s2" \
   --util "$W/gpu_util.csv" --command "$cmd" --device "$(nvidia-smi -L 2>/dev/null | wc -l) x ${dev:-CPU}" \
   > "$D/scaling.md"
 [ "${SKIP_RECIPE:-0}" = 1 ] || echo "recipe (scheduler + worker-env workers as separate processes, perplexity cells): $s4 s" >> "$D/scaling.md"
-[ "${SKIP_RECIPE:-0}" = 1 ] || "$PY" benchmarks/leaderboard_scaling.py report --subset --run "2 GPUs=$W/two_gpus:$s2" --run "recipe=$W/recipe:$s4" \
+[ "${SKIP_RECIPE:-0}" = 1 ] || "$PY" -m kvlab leaderboard scaling report --subset --run "2 GPUs=$W/two_gpus:$s2" --run "recipe=$W/recipe:$s4" \
   > "$D/recipe_vs_two_gpus.md" || true
 cat "$D/scaling.md" "$D/recipe_vs_two_gpus.md" 2>/dev/null
 rm -rf "$W"

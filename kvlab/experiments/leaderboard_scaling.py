@@ -1,7 +1,7 @@
 """The leaderboard on one GPU against the same grid on several GPUs of one host: wall time, cells per device, GPU
 utilisation per device while each run ran, and whether every cell's numbers are identical.
 
-    python benchmarks/leaderboard_scaling.py report --run 1gpu=DIR1:SECONDS --run 2gpu=DIR2:SECONDS \
+    python -m kvlab leaderboard scaling report --run 1gpu=DIR1:SECONDS --run 2gpu=DIR2:SECONDS \
         [--util gpu_util.csv] [--command "..."] [--device "..."] > scaling.md
 
 Each DIR is a leaderboard ``--out`` folder (``DIR/cells/*.json``, one record per cell, as :mod:`kvlab.experiments.sweep`
@@ -105,7 +105,7 @@ def report(runs: list[dict], command: str, device: str, subset: bool = False) ->
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m kvlab leaderboard scaling", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("report")
     r.add_argument("--run", action="append", required=True, help="NAME=DIR:SECONDS (the first is the reference)")

@@ -127,7 +127,13 @@ def test_leaderboard_report_only_never_rewrites_the_committed_table(tmp_path, mo
     assert leaderboard.main(["--report-only", "--methods", "Full,StreamingLLM", "--tasks", "ppl"]) == 0
     assert (committed / "leaderboard.md").read_text() == "the committed table\n"
     assert not (committed / "leaderboard.csv").exists()
-    # named explicitly, it is written
+    # named explicitly, a table kvlab did not write is still the user's: refused, untouched
+    assert leaderboard.main(["--report-only", "--methods", "Full,StreamingLLM", "--tasks", "ppl",
+                             "--out", str(committed)]) == 2
+    assert "leaderboard.md was not written by kvlab" in capsys.readouterr().err
+    assert (committed / "leaderboard.md").read_text() == "the committed table\n"
+    # once the folder's manifest lists it (an earlier leaderboard run wrote it), the report rewrites it
+    (committed / ".kvlab-outputs").write_text("leaderboard.md\n")
     assert leaderboard.main(["--report-only", "--methods", "Full,StreamingLLM", "--tasks", "ppl",
                              "--out", str(committed)]) == 0
     assert "StreamingLLM" in (committed / "leaderboard.md").read_text()

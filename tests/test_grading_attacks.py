@@ -24,8 +24,9 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
 def _nobody_processes() -> set[int]:
-    """Processes of the user nobody that no grading zygote owns (a child of a class graded at the same time is
-    owned by its zygote; a grandchild that outlived its run is not)."""
+    """Live processes of the user nobody that no grading zygote owns (a child of a class graded at the same time is
+    owned by its zygote; a grandchild that outlived its run is not; a killed one left as a zombie under an init
+    that does not reap, as on some CI machines, is not alive)."""
     found = set()
     for status in pathlib.Path("/proc").glob("[0-9]*/status"):
         try:
@@ -33,7 +34,8 @@ def _nobody_processes() -> set[int]:
         except OSError:
             continue
         uid = next((line.split()[1] for line in text.splitlines() if line.startswith("Uid:")), None)
-        if uid == str(grading.NOBODY):
+        state = next((line.split()[1] for line in text.splitlines() if line.startswith("State:")), "")
+        if uid == str(grading.NOBODY) and state != "Z":  # a zombie is dead: killed, waiting for init to reap it
             ppid = next((line.split()[1] for line in text.splitlines() if line.startswith("PPid:")), "0")
             try:
                 parent = (pathlib.Path("/proc") / ppid / "cmdline").read_bytes()

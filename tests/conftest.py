@@ -30,8 +30,37 @@ def import_script(rel: str):
     return importlib.import_module(path.stem)
 
 
+def pytest_addoption(parser):
+    parser.addoption("--max-test-seconds", type=float, default=None, metavar="S",
+                     help="fail the run when one test (its setup, call and teardown together) takes more than S "
+                          "seconds; the README's test command sets it (scripts/test.sh)")
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "triton: runs Triton kernels (on CUDA, or in the interpreter on CPU)")
+
+
+_SECONDS: dict[str, float] = {}  # test id -> seconds of its setup, call and teardown
+
+
+def pytest_runtest_logreport(report):
+    """Sum each test's phases (with pytest-xdist the controller receives every worker's reports)."""
+    _SECONDS[report.nodeid] = _SECONDS.get(report.nodeid, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """The time guard: every test over --max-test-seconds is named, and the run fails."""
+    limit = session.config.getoption("--max-test-seconds")
+    if limit is None or hasattr(session.config, "workerinput"):
+        return
+    over = sorted(((s, n) for n, s in _SECONDS.items() if s > limit), reverse=True)
+    if over:
+        lines = "\n".join(f"  {s:7.1f} s  {n}" for s, n in over)
+        session.config.get_terminal_writer().line(
+            f"kvlab: {len(over)} test(s) took more than {limit:g} s (setup + call + teardown); make them faster "
+            f"with a smaller fixture on the same code path, or move them to the GPU suite:\n{lines}", red=True)
+        if session.exitstatus == 0:
+            session.exitstatus = 1
 
 
 def pytest_collection_modifyitems(config, items):

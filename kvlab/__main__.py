@@ -21,6 +21,35 @@ commands:
 """
 
 
+def _fetch(rest: list[str]) -> int:
+    from kvlab.assets import main as fetch_main
+    from kvlab.models import verify_converted
+
+    return fetch_main(rest, verify_model=verify_converted) or 0
+
+
+def _leaderboard(rest: list[str]) -> int:
+    if rest[:1] == ["scaling"]:
+        from kvlab.experiments.leaderboard_scaling import main as scaling_main
+
+        return scaling_main(rest[1:]) or 0
+    from kvlab.experiments.leaderboard import main as leaderboard_main
+
+    return leaderboard_main(rest) or 0
+
+
+# command -> (module, function) of the commands that take their arguments as they are
+_COMMANDS = {
+    "run": ("kvlab.experiments.registry", "main"),
+    "bench": ("kvlab.experiments.bench", "main"),
+    "sweep": ("kvlab.experiments.sweep", "main"),
+    "worker-env": ("kvlab.experiments.sweep", "worker_env_main"),
+    "lessons": ("kvlab.classroom.lessons", "main"),
+    "claims": ("kvlab.experiments.claims", "main"),
+    "notebooks": ("kvlab.notebooks.cli", "main"),
+}
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
@@ -28,46 +57,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     command, rest = argv[0], argv[1:]
     if command == "fetch":
-        from kvlab.assets import main as fetch_main
-        from kvlab.models import verify_converted
-
-        return fetch_main(rest, verify_model=verify_converted) or 0
-    if command == "run":
-        from kvlab.experiments.registry import main as run_main
-
-        return run_main(rest) or 0
-    if command == "bench":
-        from kvlab.experiments.bench import main as bench_main
-
-        return bench_main(rest) or 0
-    if command == "sweep":
-        from kvlab.experiments.sweep import main as sweep_main
-
-        return sweep_main(rest) or 0
-    if command == "worker-env":
-        from kvlab.experiments.sweep import worker_env_main
-
-        return worker_env_main(rest) or 0
-    if command == "leaderboard" and rest[:1] == ["scaling"]:
-        from kvlab.experiments.leaderboard_scaling import main as scaling_main
-
-        return scaling_main(rest[1:]) or 0
+        return _fetch(rest)
     if command == "leaderboard":
-        from kvlab.experiments.leaderboard import main as leaderboard_main
+        return _leaderboard(rest)
+    if command in _COMMANDS:
+        import importlib
 
-        return leaderboard_main(rest) or 0
-    if command == "lessons":
-        from kvlab.classroom.lessons import main as lessons_main
-
-        return lessons_main(rest) or 0
-    if command == "claims":
-        from kvlab.experiments.claims import main as claims_main
-
-        return claims_main(rest) or 0
-    if command == "notebooks":
-        from kvlab.notebooks.cli import main as notebooks_main
-
-        return notebooks_main(rest) or 0
+        module, function = _COMMANDS[command]
+        return getattr(importlib.import_module(module), function)(rest) or 0
     print(f"unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
     return 2
 

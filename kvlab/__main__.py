@@ -45,7 +45,7 @@ _COMMANDS = {
     "sweep": ("kvlab.experiments.sweep", "main"),
     "worker-env": ("kvlab.experiments.sweep", "worker_env_main"),
     "lessons": ("kvlab.classroom.lessons", "main"),
-    "claims": ("kvlab.experiments.claims", "main"),
+    "claims": ("kvlab.experiments.ledger_cli", "main"),
     "notebooks": ("kvlab.notebooks.cli", "main"),
 }
 

@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-from kvlab.experiments import claims
+from kvlab.experiments import claims, ledger_cli
 from kvlab.eval import mcnemar_exact, paired_bootstrap, proportion_interval, sign_test
 
 ROOT = claims.ROOT
@@ -351,6 +351,6 @@ def test_notebook_table_and_counts(rows):
 
 
 def test_cli_counts_and_check(capsys):
-    assert claims.main(["--counts", "--check", "--skip-exact"]) == 0  # exact rows: test_every_exact_row_records...
+    assert ledger_cli.main(["--counts", "--check", "--skip-exact"]) == 0  # exact rows: test_every_exact_row_records...
     out = capsys.readouterr().out
     assert "agrees" in out and "LaCache" in out and "coverage" in out and "stale" not in out

@@ -24,7 +24,7 @@ import pytest
 import torch
 import yaml
 
-from kvlab.experiments import claims
+from kvlab.experiments import claims, ledger_cli
 from kvlab.core.checks import check_notebook_parameters, check_parameters, declared_parameters
 from kvlab.outputs import MANIFEST, OutputFolder, OutputRefused
 
@@ -560,9 +560,9 @@ def test_lessons_cli_errors_are_one_sentence(tmp_path, capsys):
 
 
 def test_claims_table_of_an_unknown_paper_is_a_message(capsys):
-    assert claims.main(["--table", "Nope"]) == 2
+    assert ledger_cli.main(["--table", "Nope"]) == 2
     assert "--table 'Nope' is not a paper of the ledger" in capsys.readouterr().err
-    assert claims.main(["--table", "lacach"]) == 2
+    assert ledger_cli.main(["--table", "lacach"]) == 2
     assert "did you mean 'LaCache'?" in capsys.readouterr().err
 
 

@@ -501,18 +501,18 @@ def _role_problems(r: dict, where: str, by_id: dict) -> list[str]:
 
 def _rerun_problems(r: dict, where: str) -> list[str]:
     """A row naming its experiment: the experiment exists, the config is JSON, and ``command`` is the one written
-    from them (:func:`kvlab.experiments.rerun.command_text`), so the text cannot drift from the data."""
+    from them (:func:`kvlab.experiments.ledger_runs.command_text`), so the text cannot drift from the data."""
     if not r.get("experiment", "").strip():
         return [f"{where}: config without experiment"] if r.get("config", "").strip() else []
-    from kvlab.experiments import registry, rerun
+    from kvlab.experiments import ledger_runs, registry
 
     try:
-        command = rerun.command_text(r)
-    except (rerun.RerunError, registry.ParameterError) as e:
+        command = ledger_runs.command_text(r)
+    except (ledger_runs.RerunError, registry.ParameterError) as e:
         return [f"{where}: {e}"]
     if r["command"] != command:
         return [f"{where}: command must be the one written from experiment and config ({command!r}); run "
-                "kvlab.experiments.claims.save after setting experiment/config and command = rerun.command_text(row)"]
+                "kvlab.experiments.claims.save after setting experiment/config and command = ledger_runs.command_text(row)"]
     return []
 
 
@@ -1349,106 +1349,3 @@ def counts_text(rows: list[dict] | None = None, *, fmt: str = "text") -> str:
     lines += ["", "testable items no strict row tests (a live claim row with an interval, n >= 20, naming at most two items):"]
     lines += [f"  {p}: {', '.join(m)}" for p, m in missing.items() if m]
     return "\n".join(lines)
-
-
-def _parser():
-    import argparse
-
-    p = argparse.ArgumentParser(prog="python -m kvlab claims", description=__doc__.split("\n\n")[0],
-                                allow_abbrev=False)
-    p.add_argument("--counts", action="store_true",
-                   help="per paper: items covered, claims tested and decided, checks, proxies, superseded rows")
-    p.add_argument("--update", action="store_true",
-                   help="recompute the statistical rows, run the exact rows' tests, and write the results back")
-    p.add_argument("--write-readme", action="store_true",
-                   help="regenerate README.md's counts block and docs/results.md (every row)")
-    p.add_argument("--check", action="store_true",
-                   help="exit 1 if a computed column, README.md or docs/results.md is stale")
-    p.add_argument("--skip-exact", action="store_true",
-                   help="with --update or --check: do not run the exact rows' tests (keep what is recorded)")
-    p.add_argument("--table", metavar="PAPER", help="print one paper's rows (as a notebook would)")
-    p.add_argument("--rerun", metavar="ROW", help="rerun one row's experiment from its ledger configuration and "
-                   "print the committed and rerun n, estimate, interval and verdict (kvlab.experiments.rerun)")
-    p.add_argument("--out", help="with --rerun: the output folder (default build/reruns/ROW)")
-    p.add_argument("--device", help="with --rerun: cpu, cuda, cuda:N (default: the experiment's auto)")
-    p.add_argument("--smoke", action="store_true", help="with --rerun: the same code at tiny size on the CPU")
-    p.add_argument("--list-experiments", action="store_true",
-                   help="every experiment: CPU/GPU, model, minutes, and the ledger rows it reruns")
-    return p
-
-
-def _unknown_paper(table_arg: str) -> bool:
-    """``--table PAPER`` names no paper of the ledger: say so (with a did-you-mean) on stderr."""
-    if table_arg.lower() in {x.lower() for x in PAPERS}:
-        return False
-    import difflib
-
-    near = difflib.get_close_matches(table_arg, PAPERS, n=1, cutoff=0.5)
-    print(f"kvlab claims: --table {table_arg!r} is not a paper of the ledger; the papers are {list(PAPERS)}"
-          + (f" (did you mean {near[0]!r}?)" if near else ""), file=sys.stderr)
-    return True
-
-
-def _check_stale(rows: list[dict], skip_exact: bool) -> int:
-    """``--check``: print every stale row and page; 1 if there is one, else 0."""
-    status = 0
-    for r in rows:
-        if r["kind"] == "statistical":
-            new = recompute(r)
-            stale = [k for k in COMPUTED if new[k] != r[k]]
-            if stale:
-                print(f"{r['id']}: stale {stale} (run python -m kvlab claims --update)")
-                status = 1
-        elif r["kind"] == "exact" and not skip_exact:
-            new = exact_columns(r)
-            stale = [k for k in new if new[k] != r[k]]
-            if stale:
-                print(f"{r['id']}: stale {stale}: its tests now give {new} (run python -m kvlab claims --update)")
-                status = 1
-    for stale in stale_pages(rows):
-        print(f"{stale} is stale (run {WRITE_COMMAND})")
-        status = 1
-    return status
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = _parser()
-    args = p.parse_args(argv)
-    if args.rerun is None and (args.out or args.device or args.smoke):
-        p.error("--out, --device and --smoke go with --rerun ROW")
-    if args.list_experiments or args.rerun:
-        return _rerun_main(args)
-    if args.table is not None and _unknown_paper(args.table):
-        return 2
-    if args.update:
-        update(run_exact=not args.skip_exact)
-    if args.write_readme:
-        print("README.md claims block and docs/results.md",
-              "rewritten" if write_readme() else "already up to date")
-    rows = load()
-    validate(rows)
-    status = _check_stale(rows, args.skip_exact) if args.check else 0
-    if args.table:
-        print(table(args.table, fmt="text"))
-    if args.counts:
-        print(counts_text(rows))
-    return status
-
-
-def _rerun_main(args) -> int:
-    from kvlab.experiments import rerun
-
-    if args.list_experiments:
-        print(rerun.list_experiments_text())
-        return 0
-    try:
-        report = rerun.rerun(args.rerun, out=args.out, device=args.device, smoke=args.smoke)
-    except (rerun.RerunError, ValueError) as e:
-        print(f"kvlab claims --rerun: {e}", file=sys.stderr)
-        return 2
-    print(rerun.rerun_text(report))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

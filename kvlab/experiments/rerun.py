@@ -25,64 +25,11 @@ import json
 from pathlib import Path
 
 from kvlab.experiments import registry
+from kvlab.experiments.ledger_runs import RerunError, command_text, find_row, plan
 
-__all__ = ["plan", "command_text", "rerun", "rerun_text", "list_experiments_text", "RerunError"]
+__all__ = ["plan", "command_text", "rerun", "rerun_text", "list_experiments_text", "RerunError", "find_row"]
 
 DEFAULT_OUT = "build/reruns"
-
-
-class RerunError(ValueError):
-    """The row cannot be rerun (no experiment, a configuration the experiment refuses); the message says why."""
-
-
-def _row(row_id: str, rows: list[dict]) -> dict:
-    by_id = {r["id"]: r for r in rows}
-    if row_id in by_id:
-        return by_id[row_id]
-    import difflib
-
-    near = difflib.get_close_matches(row_id, list(by_id), n=1, cutoff=0.6)
-    raise RerunError(f"no ledger row {row_id!r}" + (f" (did you mean {near[0]!r}?)" if near else "")
-                     + "; the ids are column `id` of benchmarks/claims.csv")
-
-
-def plan(row: dict) -> list[tuple[str, dict]]:
-    """The runs that make ``row``'s results: ``[(experiment, config), ...]`` from its ``experiment`` and ``config``
-    cells (an exact row without them runs its tests)."""
-    name = (row.get("experiment") or "").strip()
-    if not name:
-        if row["kind"] == "exact" and row.get("test", "").strip():
-            return [("tests", {"tests": [t.strip() for t in row["test"].split(";") if t.strip()]})]
-        why = row.get("superseded", "").strip() and "it is superseded (its run no longer measures the method)"
-        raise RerunError(f"ledger row {row['id']} names no experiment: "
-                         + (why or f"its results ({row['kind']}) are not produced by a kvlab command")
-                         + (f"; how they were made: {row['command']}" if row.get("command", "").strip() else ""))
-    text = (row.get("config") or "").strip()
-    try:
-        configs = json.loads(text) if text else {}
-    except json.JSONDecodeError as e:
-        raise RerunError(f"ledger row {row['id']}: config {text!r} is not JSON ({e.msg})") from None
-    configs = configs if isinstance(configs, list) else [configs]
-    if not all(isinstance(c, dict) for c in configs):
-        raise RerunError(f"ledger row {row['id']}: config must be a JSON object of options or a list of them")
-    names = [n.strip() for n in name.split(";")]  # runs of several experiments, one config each, in order
-    if len(names) == 1:
-        names = names * len(configs)
-    elif len(names) != len(configs):
-        raise RerunError(f"ledger row {row['id']}: experiment names {len(names)} runs ({name!r}) but config holds "
-                         f"{len(configs)}; give one config object per run, in the same order")
-    for n in set(names):
-        registry.get(n)
-    return list(zip(names, configs))
-
-
-def command_text(row: dict) -> str:
-    """The ``command`` cell of a row that names its experiment: the ``python -m kvlab run`` lines of its runs
-    (written from ``experiment`` and ``config``, so the two cannot disagree)."""
-    import shlex
-
-    return "; ".join(f"python -m kvlab run {name} " + " ".join(shlex.quote(a) for a in registry.config_argv(c))
-                     for name, c in plan(row)).replace(" ; ", "; ").strip()
 
 
 def _argv(config: dict, out: Path, device: str | None, smoke: bool) -> list[str]:
@@ -109,7 +56,8 @@ def _recomputed(row: dict, out: Path) -> dict:
             raise RerunError(f"the rerun wrote no {base} in {out} (the row reads {f}); the experiment's records "
                              "must keep the name the ledger's results_file gives")
         found.append(str(hits[0]))
-    return claims.recompute({**row, "results_file": ";".join(found)})
+    # a row pooling two committed folders' files of one name reads one file here: the runs merged into it
+    return claims.recompute({**row, "results_file": ";".join(dict.fromkeys(found))})
 
 
 def rerun(row_id: str, *, out: str | Path | None = None, device: str | None = None, smoke: bool = False,
@@ -118,7 +66,7 @@ def rerun(row_id: str, *, out: str | Path | None = None, device: str | None = No
     from kvlab.experiments import claims
 
     rows = claims.load() if rows is None else rows
-    row = _row(row_id, rows)
+    row = find_row(row_id, rows)
     runs = plan(row)
     out = Path(out) if out is not None else Path(DEFAULT_OUT) / row_id
     argvs = [(name, _argv(cfg, out, device, smoke)) for name, cfg in runs]

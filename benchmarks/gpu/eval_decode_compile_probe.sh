@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# issue 16: FastDecoder with and without torch.compile of the layers, bf16 and fp32, 512 tokens; compile time.
+# FastDecoder with and without torch.compile of the layers, bf16 and fp32, 512 tokens; compile time.
 export PYTHONPATH=$PWD
-python - <<'PY'
+"${PY:-python}" - <<'PY'
 import time, torch, kvlab
-from kvlab.eval.bench import _models, _static_steady, SMOLLM2_SHAPE
+from kvlab.experiments.bench.eval import _models, _static_steady, SMOLLM2_SHAPE
 dev = torch.device("cuda")
 ids = torch.randint(0, SMOLLM2_SHAPE["vocab_size"], (1, 512), device=dev)
 P = kvlab.policies

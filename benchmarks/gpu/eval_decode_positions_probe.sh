@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Why the bounded policies replay slower than Full (issue 16): the same policies with positions="original"
+# Why the bounded policies replay slower than Full: the same policies with positions="original"
 # (no re-rotation of kept keys each step) beside positions="cache"; static engine, bf16, 512 tokens.
 export PYTHONPATH=$PWD
-python - <<'PY'
+"${PY:-python}" - <<'PY'
 import torch, kvlab
-from kvlab.eval.bench import _models, _static_steady, SMOLLM2_SHAPE
+from kvlab.experiments.bench.eval import _models, _static_steady, SMOLLM2_SHAPE
 dev = torch.device("cuda")
 model, _ = _models(dev, torch.bfloat16)
 ids = torch.randint(0, SMOLLM2_SHAPE["vocab_size"], (1, 512), device=dev)

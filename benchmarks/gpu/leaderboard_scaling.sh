@@ -63,12 +63,13 @@ port=$(( 8786 + RANDOM % 500 ))
 setsid "${DASK[@]}" scheduler --port "$port" --no-dashboard > "$W/scheduler.log" 2>&1 &
 SCHED=$!
 sleep 5
-"$PY" -m kvlab worker-env "tcp://127.0.0.1:$port" ${SMOKE:+--cpu-workers 2} > "$D/recipe_workers.sh" 2> "$W/worker-env.err" \
-  || { [ "${SMOKE:-0}" = 1 ] && "$PY" -m kvlab worker-env "tcp://127.0.0.1:$port" --cpu-workers 2 > "$D/recipe_workers.sh"; }
-cat "$D/recipe_workers.sh"
-setsid bash "$D/recipe_workers.sh" > "$W/workers.log" 2>&1 &
+"$PY" -m kvlab worker-env "tcp://127.0.0.1:$port" ${SMOKE:+--cpu-workers 2} > "$W/recipe_workers.sh" 2> "$W/worker-env.err" \
+  || { [ "${SMOKE:-0}" = 1 ] && "$PY" -m kvlab worker-env "tcp://127.0.0.1:$port" --cpu-workers 2 > "$W/recipe_workers.sh"; }
+cp "$W/recipe_workers.sh" "$D/recipe_workers.txt"  # what worker-env printed, kept with the results as text
+cat "$W/recipe_workers.sh"
+setsid bash "$W/recipe_workers.sh" > "$W/workers.log" 2>&1 &
 WORKERS=$!
-n=$(grep -c "dask worker" "$D/recipe_workers.sh")
+n=$(grep -c "dask worker" "$W/recipe_workers.sh")
 "$PY" -c "from distributed import Client; c = Client('tcp://127.0.0.1:$port', timeout=60); c.wait_for_workers($n, timeout=120); print(len(c.scheduler_info()['workers']), 'workers up'); c.close()"
 t3=$(date +%s.%N)
 if [ "${SMOKE:-0}" = 1 ]; then

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from kvlab.experiments import claims, records, registry, rerun
+from kvlab.experiments import claims, ledger_cli, records, registry, rerun
 
 ROWS = claims.load()
 LIVE = [r for r in ROWS if not r["superseded"].strip()]
@@ -36,19 +36,11 @@ def test_every_ledger_experiment_is_registered_and_its_config_is_json():
             assert runs and all(isinstance(c, dict) for _, c in runs)
 
 
-# Live statistical rows whose experiment and configuration are not yet written into the ledger (LaCache's and
-# REFORM's drivers moved into kvlab/experiments/lacache and reform; their rows' configurations are still to be
-# read off their launchers). The list may only shrink: a new row must name its experiment.
-NOT_YET_MAPPED = set(__import__("json").loads((Path(__file__).parent / "fixtures" / "rows_not_yet_mapped.json")
-                                             .read_text()))
-
-
 def test_every_live_measured_row_names_its_experiment():
     """A live row with results (statistical, exact) is rerun by one command; the others say why they cannot be."""
-    missing = {r["id"] for r in LIVE if r["kind"] == "statistical" and not r["experiment"].strip()}
-    assert missing <= NOT_YET_MAPPED, f"live statistical rows with no experiment: {sorted(missing - NOT_YET_MAPPED)}"
-    mapped_now = NOT_YET_MAPPED - missing
-    assert not mapped_now, f"these rows name their experiment now: remove them from the list {sorted(mapped_now)}"
+    missing = sorted(r["id"] for r in LIVE if r["kind"] == "statistical" and not r["experiment"].strip())
+    assert not missing, (f"live statistical rows with no experiment: {missing}; write each row's experiment and "
+                         "config columns in benchmarks/claims.csv, so that `claims --rerun ROW` reruns it")
     for r in LIVE:
         if r["kind"] == "exact":
             assert rerun.plan(r)
@@ -110,5 +102,5 @@ def test_rerun_refuses_a_config_the_experiment_refuses(tmp_path):
 
 def test_claims_cli_rerun_options_need_a_row(capsys):
     with pytest.raises(SystemExit):
-        claims.main(["--smoke"])
+        ledger_cli.main(["--smoke"])
     assert "go with --rerun" in capsys.readouterr().err

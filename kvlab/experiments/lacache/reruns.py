@@ -3,6 +3,7 @@ with the fixed answer loop (kvlab.eval.retrieval.greedy_answer: RULER's token co
 >= 20 prompts per cell, on SmolLM2-135M (float32).
 
     python -m kvlab run lacache-reruns --out DIR [--workers 10] [--limit 540] [--scale smoke]
+        [--tables ruler,passkey] [--policies official-lacache50,official-strm50]
 
 Cells: the five RULER kinds (seeds 0..19, ~2,048-token prompts) x the policies of :func:`kvlab.experiments.quality.runs.lacache_policies`
 that Tables 5 and 6 use (Full; official protocol: full prefill, compact once, 64 sinks, 50 % budget, LaCache S=15
@@ -253,9 +254,23 @@ def check(args) -> None:
             else "passkey-smoke" if args.scale == "passkey" else "smoke"
         args.workers = 1
     scale = SCALES[args.scale]
-    args.units = _units(scale)[:1] if args.smoke else _units(scale)
+    args.units = _selected(_units(scale), args)
     if not args.units and not args.summary_only:
-        raise registry.ParameterError(f"--scale {args.scale} plans no unit; choose another --scale")
+        chosen = " ".join(f"--{k} {','.join(v)}" for k, v in (("tables", args.tables), ("policies", args.policies))
+                          if v)
+        raise registry.ParameterError(f"--scale {args.scale} {chosen}".strip() + " plans no unit; its tables are "
+                                      f"{sorted({u[0] for u in _units(scale)})}, its policies "
+                                      f"{sorted({u[3] for u in _units(scale)})}: choose among those")
+
+
+def _selected(units: list[tuple], args) -> list[tuple]:
+    """The units of ``--tables`` and ``--policies`` (unset: all). ``--smoke`` keeps the first unit, or with
+    ``--policies`` (a ledger row's pair) the first example under each of them, so that the row can be recomputed."""
+    units = [u for u in units if (not args.tables or u[0] in args.tables)
+             and (not args.policies or u[3] in args.policies)]
+    if args.smoke and units:
+        return [u for u in units if u[:3] == units[0][:3]] if args.policies else units[:1]
+    return units
 
 
 def _start(units: list, args, out: Path) -> bool:
@@ -320,5 +335,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=registry.positive_int, default=10, help="worker processes (one model copy each)")
     p.add_argument("--limit", type=registry.positive_int, default=480,
                    help="seconds; units not started by then wait for a rerun")
+    p.add_argument("--tables", type=registry.names_list(("ruler", "passkey", "ppl"), what="table"), default=None,
+                   help="only the units of these tables of the plan (ruler, passkey, ppl)")
+    p.add_argument("--policies", default=None, help="only these policies of the plan (comma-separated: "
+                   "official-lacache50,official-strm50)",
+                   type=registry.names_list(dict.fromkeys([*RULER_POLICIES, *PASSKEY_POLICIES, *PPL_POLICIES]),
+                                            what="policy"))
     p.add_argument("--summary-only", action="store_true", help="merge and summarise what is there, run nothing")
     return p

@@ -5,8 +5,9 @@
 Table 3's rows with ``--table3``), ``alignment`` (Figs. 2-3, 6-7 per window), ``fig4`` (layer-wise selection) and
 ``table4docs`` (Table 4 per window). Each writes ``OUT/NAME.json`` (its parameters and summary) and
 ``OUT/NAME.examples.jsonl.gz`` (:mod:`kvlab.experiments.records`); every option is checked before the model loads,
-and a second run into the same ``--out`` with the same ``--name`` is refused. ``--smoke`` runs the same code with
-SmolLM2-135M on a few short windows.
+and a second run into the same ``--out`` with the same ``--name`` is refused. ``--smoke`` runs the same code on a
+few short windows with SmolLM2-135M's tokenizer over a tiny random model of its architecture (4 layers; the layers
+of a ``--layers`` file are folded onto them, :func:`read_layers`).
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from kvlab.experiments.registry import ParameterError
 from kvlab.experiments.system import options
 from kvlab.outputs import OutputFolder
 
-__all__ = ["STUDIES", "PLAN_NAMES", "parser", "check", "run"]
+__all__ = ["STUDIES", "PLAN_NAMES", "parser", "check", "run", "load_model", "read_layers"]
 
 STUDIES = ("zeroshot", "geometry", "model", "table4", "table1", "alignment", "fig4", "table4docs")
 #: The plans table1 can evaluate (``--plans`` picks some): Table 1's and Table 3's rows.
@@ -97,13 +98,40 @@ def check(args) -> None:
     if args.plans and any(p.startswith("T3 ") for p in args.plans) and not args.table3:
         raise ParameterError(f"--plans {','.join(args.plans)} names Table 3's rows: add --table3")
     options.refuse_rerun(args.out, args.name + ".json", options.records_name(args.name))
-    if args.smoke:  # SmolLM2 (in the cache) on a few short windows: the same code in seconds
+    if args.smoke:  # the same code in seconds: a tiny random model (load_model) on a few short windows
         args.model = "smollm2-135m"
         args.doc_len, args.documents = min(args.doc_len, 16), 3
         args.calib, args.eval, args.profile = (1, 16), (2, 16), (2, 16)
         args.calib_offset = min(args.calib_offset, 64)
         args.questions, args.tasks = 2, args.tasks[:1]
         args.threads = 1  # a shared machine: one thread, no spinning against other processes
+
+
+def load_model(args):
+    """``(model, tokenizer)`` of ``args.model`` on ``args.device``; ``--smoke``: its tokenizer over a tiny random
+    model of the same architecture (4 layers), so the layer searches take seconds."""
+    from kvlab.experiments.sepllm.common import load_model as load
+
+    return load(args.model, options.resolve_device(args.device), smoke=args.smoke)
+
+
+def read_layers(path: str | Path, num_layers: int, smoke: bool = False) -> dict:
+    """A results JSON naming layers (notebook 11's ``sleb_order`` / ``orthorank_order`` and ``table`` rows'
+    ``removed`` / ``routed``). ``smoke``: layer ``l`` of the full model becomes ``l mod num_layers`` of the tiny
+    one (orders keep each layer's first place), so the plans stay of their kind on a model with fewer layers."""
+    found = json.loads(Path(path).read_text())
+    if not smoke:
+        return found
+
+    def fold(layers):
+        return list(dict.fromkeys(int(layer) % num_layers for layer in layers))
+
+    for key in ("sleb_order", "orthorank_order"):
+        if key in found:
+            found[key] = fold(found[key])
+    found["table"] = [dict(row, **{k: sorted(fold(row[k])) for k in ("removed", "routed") if k in row})
+                      for row in found.get("table", [])]
+    return found
 
 
 def _load(args):
@@ -115,7 +143,7 @@ def _load(args):
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    model, tokenizer = kvlab.load_model(args.model, device=options.resolve_device(args.device))
+    model, tokenizer = load_model(args)
     calib_text = kvlab.datasets.load_text("wikitext")
     # windows start with BOS where the tokenizer adds one (Gemma3); SmolLM2 and Qwen2.5 add none
     calib = text_windows(tokenizer, calib_text, args.calib[1], args.calib[0], offset=args.calib_offset, bos=None)
@@ -153,8 +181,9 @@ def _zeroshot(args, model, tokenizer, calib, calib_text):
     from kvlab.orthorank.api import after_sink, sink_profile
 
     if args.layers:
-        known = json.loads(Path(args.layers).read_text())
-        plans = studies.plans_from_orders(model.config.get_text_config().num_hidden_layers, known["sleb_order"],
+        num_layers = model.config.get_text_config().num_hidden_layers
+        known = read_layers(args.layers, num_layers, args.smoke)
+        plans = studies.plans_from_orders(num_layers, known["sleb_order"],
                                           known["orthorank_order"], token_ratio=args.token_ratio)
     else:
         sink = sink_profile(model, calib[:1], attention=False).sink_layer
@@ -196,10 +225,10 @@ def _model_study(args, model, tokenizer, calib, calib_text):
     return found, _plan_records(found["table"], args, options.device_string(next(model.parameters()).device))
 
 
-def _known_orders(args) -> dict:
+def _known_orders(args, model) -> dict:
     if not args.layers:
         return {}
-    found = json.loads(Path(args.layers).read_text())
+    found = read_layers(args.layers, model.config.get_text_config().num_hidden_layers, args.smoke)
     return {0.0: found["sleb_order"], args.token_ratio: found["orthorank_order"]}
 
 
@@ -222,7 +251,7 @@ def _table4(args, model, tokenizer, calib, calib_text):
     sink = _sink(model, tokenizer, calib_text, args.smoke)
     rows = studies.layer_token_table(model, calib, evaluation, after_sink(model, sink),
                                      token_ratios=(0.0, args.token_ratio, 0.5), batch_size=args.batch_size,
-                                     known=_known_orders(args), progress=True)
+                                     known=_known_orders(args, model), progress=True)
     table = [dict(r, method=f"T4 layers {r['layer_ratio']:.2f} / tokens {r['token_ratio']:.2f}") for r in rows]
     return {"l_sink": sink, "table4": rows}, _plan_records(table, args,
                                                              options.device_string(next(model.parameters()).device))
@@ -242,7 +271,8 @@ def _table1(args, model, tokenizer, calib, calib_text):
 
     found: dict[str, Any] = {}
     if args.layers:  # the plans notebook 11 found (its results JSON)
-        plans = studies.plans_from_results(json.loads(Path(args.layers).read_text()), args.token_ratio)
+        found_layers = read_layers(args.layers, model.config.get_text_config().num_hidden_layers, args.smoke)
+        plans = studies.plans_from_results(found_layers, args.token_ratio)
         found["plans_from"] = args.layers
     else:  # notebook 11's searches: sink profiled on the first 1,024 tokens, calibration after them
         found["l_sink"] = _sink(model, tokenizer, calib_text, args.smoke)
@@ -295,7 +325,7 @@ def _table4docs(args, model, windows, names, sink, calib):
     from kvlab.orthorank.api import after_sink
 
     plans = studies.table4_plans(model, calib, after_sink(model, sink), token_ratios=(0.0, args.token_ratio, 0.5),
-                                 batch_size=args.batch_size, known=_known_orders(args), progress=True)
+                                 batch_size=args.batch_size, known=_known_orders(args, model), progress=True)
     n = list(plans)
     pairs = [(n[1], n[0]), (n[2], n[0]), (n[1], n[2])]
     config = {"model": args.model, "doc_len": args.doc_len}

@@ -22,7 +22,6 @@ layers; methods are named as there (``"T4 layers 0.30 / tokens 0.33"``). Records
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
@@ -83,11 +82,13 @@ def plans(num_layers: int, known: dict, sparsity: float, token_ratio: float) -> 
     return {f"SLEB {sparsity:.0%}": sleb, f"OrthoRank {sparsity:.0%}": ortho}
 
 
-def table4_from_file(path: str) -> dict:
-    """Table 4's plans as the perplexity run chose them (its JSON's ``table``), by the same method names."""
+def table4_from_file(path: str, num_layers: int = 0, smoke: bool = False) -> dict:
+    """Table 4's plans as the perplexity run chose them (its JSON's ``table``), by the same method names
+    (``smoke``: folded onto the tiny model's ``num_layers``, :func:`commands.read_layers`)."""
+    from kvlab.experiments.orthorank.commands import read_layers
     from kvlab.orthorank.layers import Plan
 
-    table = json.loads(Path(path).read_text())["table"]
+    table = read_layers(path, num_layers, smoke)["table"]
     return {row["method"]: Plan(removed=tuple(row["removed"]), routed=tuple(row["routed"]),
                                 router=dict(row["router"])) for row in table}
 
@@ -95,20 +96,20 @@ def table4_from_file(path: str) -> dict:
 def run(args) -> list[Path]:
     import torch
 
-    import kvlab
     from kvlab.eval import zeroshot
+    from kvlab.experiments.orthorank.commands import load_model, read_layers
     from kvlab.orthorank.layers import use_plan
 
     out = OutputFolder(args.out, f"python -m kvlab run {NAME}")
     torch.set_num_threads(args.threads)
-    model, tok = kvlab.load_model(args.model, device=options.resolve_device(args.device))
+    model, tok = load_model(args)  # --smoke: a tiny random model of the same architecture
     device = options.device_string(next(model.parameters()).device)
     num_layers = model.config.get_text_config().num_hidden_layers
     chosen = {}
     if args.table4:
-        chosen = table4_from_file(args.table4)
+        chosen = table4_from_file(args.table4, num_layers, args.smoke)
     else:
-        known = json.loads(Path(args.layers).read_text())
+        known = read_layers(args.layers, num_layers, args.smoke)
         for sparsity in args.sparsities:
             chosen.update(plans(num_layers, known, sparsity, args.token_ratio[0]))
     begin = time.perf_counter()

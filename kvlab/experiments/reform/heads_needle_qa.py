@@ -49,8 +49,11 @@ NEEDLE_DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
 SETTINGS = dict(budget=512, chunk_size=512, n_initial=64, n_recent=64, n_final=64)
 MNR_SETTINGS = dict(chunk_size=1024, budget=256, n_initial=16, n_recent=64)  # as the committed heads file
 MNR_TASKS = {"multihop_qa": "multihop", "pattern_matching": "kv"}
-SMOKE = {"mnr": dict(samples=1, tokens=256, chunk_size=128, tasks=["pattern_matching"]),
-         "needle": dict(offsets=1, lengths=[256], depths=[0.5]), "qa": dict(samples=1, tokens=384)}
+# --smoke: one example; these tiny inputs unless --tokens is given (a ledger row's example ids hold the length, so its
+# smoke rerun keeps it)
+SMOKE = {"mnr": dict(tokens=256, chunk_size=128, tasks=["pattern_matching"]),
+         "needle": dict(offsets=1, lengths=[256], depths=[0.5]), "qa": dict(tokens=384)}
+DEFAULT_TOKENS = 2048
 QA_TAIL = "\n\nAnswer the question with a short phrase from the text."
 
 
@@ -233,8 +236,12 @@ def run_qa(args, out) -> list[Path]:
 
 def check(args) -> None:
     if args.smoke:
-        for key, value in SMOKE[args.what].items():
-            setattr(args, key, value)
+        args.samples = 1
+        if args.tokens is None:
+            for key, value in SMOKE[args.what].items():
+                setattr(args, key, value)
+    args.tokens = args.tokens or DEFAULT_TOKENS
+    args.tasks = args.tasks or list(MNR_TASKS)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -242,10 +249,10 @@ def parser() -> argparse.ArgumentParser:
     pos = registry.positive_int
     p.add_argument("what", choices=["mnr", "needle", "qa"])
     p.add_argument("--samples", type=pos, default=20, help="mnr: examples per task; qa: questions")
-    p.add_argument("--tokens", type=pos, default=2048, help="mnr / qa: input tokens")
+    p.add_argument("--tokens", type=pos, default=None, help=f"mnr / qa: input tokens (default {DEFAULT_TOKENS:,})")
     p.add_argument("--seed", type=int, default=1000, help="mnr: first seed (the committed grids used 0-63); qa: rng")
-    p.add_argument("--tasks", type=registry.names_list(MNR_TASKS, what="task"), default=list(MNR_TASKS),
-                   help="mnr: of " + ", ".join(MNR_TASKS))
+    p.add_argument("--tasks", type=registry.names_list(MNR_TASKS, what="task"), default=None,
+                   help="mnr: of " + ", ".join(MNR_TASKS) + " (default both)")
     p.add_argument("--chunk-size", type=pos, default=None,
                    help="mnr: tokens per chunk of the recurrent forwarding (default 1,024, as the committed grids)")
     p.add_argument("--offsets", type=pos, default=2, help="needle: haystack rotations")
@@ -255,6 +262,9 @@ def parser() -> argparse.ArgumentParser:
 
 def run(args) -> list[Path]:
     from kvlab.outputs import OutputFolder
+
+    if args.tokens is None or args.tasks is None:
+        check(args)
 
     out = OutputFolder(args.out, f"python -m kvlab run {NAME} {args.what}")
     return {"mnr": run_mnr, "needle": run_needle, "qa": run_qa}[args.what](args, out)

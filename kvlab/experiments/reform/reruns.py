@@ -138,13 +138,24 @@ def _repo_file(args, scale: dict) -> str | None:
 
 
 def _plan_units(args) -> list[tuple[str, int, str, int]]:
-    """The units the options select, in the order they run (``--seeds`` in the order named)."""
+    """The units the options select, in the order they run (``--seeds`` in the order named).
+
+    ``--smoke`` runs the first unit of the plan; with ``--rows`` (a ledger row's pair of methods), the first
+    example the selection names under each of those rows, so that the row can be recomputed from it. A smoke run
+    draws from the full-size plan's kinds and rows at the smoke sizes and ignores ``--seeds`` (its seeds are not
+    the full run's)."""
     scale = SCALES[args.scale]
     plan = args.scale if args.scale in PLANS else None
+    if args.smoke:
+        args.seeds = None
+        plan = plan and plan.removesuffix("-smoke")
     units = [u for u in _units(scale, args.repo is not None, plan) if _selected(u, args)]
     if args.seeds:
         units.sort(key=lambda u: args.seeds.index(u[1]))
-    return units[:1] if args.smoke else units  # smoke: the first unit of the plan
+    if args.smoke and units:
+        first = units[0]
+        return [u for u in units if u[:2] == first[:2]] if args.rows else [first]
+    return units
 
 
 def check(args) -> None:

@@ -44,7 +44,7 @@ _COMMANDS = {
     "bench": ("kvlab.experiments.bench", "main"),
     "sweep": ("kvlab.experiments.sweep", "main"),
     "worker-env": ("kvlab.experiments.sweep", "worker_env_main"),
-    "lessons": ("kvlab.classroom.lessons", "main"),
+    "lessons": ("kvlab.classroom.cli", "main"),
     "claims": ("kvlab.experiments.ledger_cli", "main"),
     "notebooks": ("kvlab.notebooks.cli", "main"),
 }

@@ -549,11 +549,11 @@ def test_sweep_names_the_line_of_a_broken_grid_file(tmp_path):
 
 
 def test_lessons_cli_errors_are_one_sentence(tmp_path, capsys):
-    from kvlab.classroom import lessons
+    from kvlab.classroom import cli, lessons
 
-    assert lessons.main(["grade", "99", str(tmp_path)]) == 2
+    assert cli.main(["grade", "99", str(tmp_path)]) == 2
     assert "lesson '99' matches 0 of" in capsys.readouterr().err
-    assert lessons.main(["grade", "01", str(tmp_path), "--built", str(tmp_path / "nothing")]) == 2
+    assert cli.main(["grade", "01", str(tmp_path), "--built", str(tmp_path / "nothing")]) == 2
     assert "run `python -m kvlab lessons make 01_streaming_llm` first" in capsys.readouterr().err
     with pytest.raises(FileNotFoundError, match="the submissions folder .*missing_dir does not exist"):
         lessons.grade(_lesson_assignment(tmp_path), tmp_path / "missing_dir", tmp_path / "out")

@@ -32,7 +32,9 @@ at ``seq / 64`` so that dynamic and fixed chunks have the same number).
 With ``--rounds R`` (the ledger's Tables 2-3 and Figs. 8-10 rows: 20 rounds), every method is also timed once per
 round, in an order that rotates from round to round, with its peak memory (``torch.cuda.max_memory_allocated``):
 ``dhsa_prefill_rounds.examples.jsonl.gz``, one record per round, method and metric, paired by round (example
-``<shape>/<seq>/round<r>``; under ``--smoke`` the tiny model stands in and its config says so). Also
+``<shape>/<seq>/round<r>``; ``--attention-memory`` adds ``attention_peak_bytes``, the largest peak of one layer's
+attention call above what was allocated when the call began, which sees attention's own workspace where the
+whole prefill's peak is set by the MLP; under ``--smoke`` the tiny model stands in and its config says so). Also
 ``NAME.json`` / ``NAME.md`` (``--name``, default ``dhsa_prefill_e2e``) and, without ``--rounds``,
 ``NAME.examples.jsonl.gz`` with every row's numbers. A second run into the same ``--out`` is refused.
 """
@@ -49,6 +51,7 @@ from kvlab.core import use_pattern
 from kvlab.dhsa.boundary_predictor import BoundaryPredictor
 from kvlab.dhsa.pattern import DHSAPattern, dhsa_layers
 from kvlab.experiments import records, registry
+from kvlab.experiments.dhsa.attention_memory import attention_peak_bytes
 from kvlab.experiments.dhsa.measures import MODEL_SHAPES, prefill_cost, random_model
 from kvlab.experiments.dhsa.predictor_time import row_records
 from kvlab.experiments.registry import ParameterError
@@ -133,7 +136,8 @@ def profiled(model, ids, pattern, layers, device) -> dict:
 def paired_rounds(model, ids, pred, layers, runs, args, device, prefix: str, config: dict) -> list[dict]:
     """``args.rounds`` rounds; in each, one prefill per method (the order rotates by one every round, so a change
     of load falls on every method), timed and with its peak memory: one record per (round, method) and metric
-    (``prefill_latency_ms``, ``prefill_peak_memory_bytes``), paired across methods by round."""
+    (``prefill_latency_ms``, ``prefill_peak_memory_bytes`` and, with ``--attention-memory``,
+    ``attention_peak_bytes`` from :mod:`kvlab.experiments.dhsa.attention_memory`), paired across methods by round."""
     patterns = []
     for method, kern, sh in runs:
         label = method if kern is None else f"{method}@{kern}{'+sh' if sh else ''}"
@@ -152,13 +156,21 @@ def paired_rounds(model, ids, pred, layers, runs, args, device, prefix: str, con
                 cost = prefill_cost(model, ids, pat, layers, repeats=1, memory=device.type == "cuda")
             except torch.OutOfMemoryError:
                 continue
-            ex = f"{prefix}/round{r:02d}"
-            out.append(records.record(ex, label, "prefill_latency_ms", cost["ms"], config=config, device=dev))
-            if cost["peak_bytes"] is not None:
-                out.append(records.record(ex, label, "prefill_peak_memory_bytes", cost["peak_bytes"], config=config,
-                                          device=dev))
+            if args.attention_memory:
+                cost |= attention_peak_bytes(model, ids, pat, layers)
+            out += _round_records(f"{prefix}/round{r:02d}", label, cost, config, dev)
         print(json.dumps({"round": r, "prefix": prefix}), flush=True)
     return out
+
+
+def _round_records(example: str, label: str, cost: dict, config: dict, dev: str) -> list[dict]:
+    """The records of one (round, method): latency, the whole prefill's peak and, measured, attention's own."""
+    metrics = {"prefill_latency_ms": cost["ms"], "prefill_peak_memory_bytes": cost["peak_bytes"],
+               "attention_peak_bytes": cost.get("attention_peak_bytes")}
+    extra = {"per_layer": cost["per_layer"]} if "per_layer" in cost else {}
+    return [records.record(example, label, metric, value, config=config, device=dev,
+                           **(extra if metric == "attention_peak_bytes" else {}))
+            for metric, value in metrics.items() if value is not None]
 
 
 def parser():
@@ -186,6 +198,9 @@ def parser():
     p.add_argument("--no-compile", action="store_true")
     p.add_argument("--rounds", type=options.nonnegative_int, default=0,
                    help="paired rounds for the ledger (dhsa_prefill_rounds.examples.jsonl.gz); 0: none")
+    p.add_argument("--attention-memory", action="store_true",
+                   help="with --rounds: also one prefill per round and method with every attention call measured "
+                        "(attention_peak_bytes: the largest call's peak above what was allocated when it began)")
     return p
 
 
@@ -204,6 +219,8 @@ def _combos(args) -> list[tuple[str, int]]:
 def check(args) -> None:
     options.check_device(args.device)
     _combos(args)
+    if args.attention_memory and not args.rounds:
+        raise ParameterError("--attention-memory measures each round's prefill: give --rounds R (e.g. 20)")
     options.refuse_rerun(args.out, args.name + ".json", options.records_name(args.name), ROUNDS)
     if args.smoke:  # the tiny model at 256 tokens on the torch backend; example names keep the shape asked for
         args.asked = [(shape, n) for shape in args.shapes[:1] for n in args.seqs[:1]]

@@ -7,7 +7,10 @@ Table 3's rows with ``--table3``), ``alignment`` (Figs. 2-3, 6-7 per window), ``
 ``OUT/NAME.examples.jsonl.gz`` (:mod:`kvlab.experiments.records`); every option is checked before the model loads,
 and a second run into the same ``--out`` with the same ``--name`` is refused. ``--smoke`` runs the same code on a
 few short windows with SmolLM2-135M's tokenizer over a tiny random model of its architecture (4 layers; the layers
-of a ``--layers`` file are folded onto them, :func:`read_layers`).
+of a ``--layers`` file are folded onto them, :func:`read_layers`). With a ``--layers`` file, ``fig4`` and
+``table4docs`` size and name their plans on the full model's 30 layers and its ``l_sink`` (the file's) and run them
+folded onto the 4 (:mod:`~kvlab.experiments.orthorank.layer_frame`), so a smoke run writes the full run's method
+names (``Fig4 orthogonal (mean over layers 12-28)``, ``T4 layers 0.30 / tokens 0.33``).
 """
 from __future__ import annotations
 
@@ -225,10 +228,13 @@ def _model_study(args, model, tokenizer, calib, calib_text):
     return found, _plan_records(found["table"], args, options.device_string(next(model.parameters()).device))
 
 
-def _known_orders(args, model) -> dict:
+def _known_orders(args, model, frame=None) -> dict:
+    """The ``--layers`` file's greedy orders by token ratio; folded onto a smoke run's tiny model unless ``frame``
+    folds them itself (:mod:`~kvlab.experiments.orthorank.layer_frame`: the full model's layers are kept)."""
     if not args.layers:
         return {}
-    found = read_layers(args.layers, model.config.get_text_config().num_hidden_layers, args.smoke)
+    fold = args.smoke and not (frame is not None and frame.folded)
+    found = read_layers(args.layers, model.config.get_text_config().num_hidden_layers, fold)
     return {0.0: found["sleb_order"], args.token_ratio: found["orthorank_order"]}
 
 
@@ -303,12 +309,13 @@ def _alignment(args, model, windows, names, sink):
     return found, examples, list(studies.ALIGNMENT_PAIRS), "cos"
 
 
-def _fig4(args, model, windows, names, sink):
+def _fig4(args, model, windows, names, frame):
     from kvlab.experiments.orthorank import studies
-    from kvlab.orthorank.api import after_sink
 
-    layers = after_sink(model, sink)
+    layers = frame.after_sink()  # the full model's layers, also in a smoke run (named as the full run names them)
     plans, pairs = studies.layerwise_plans(layers, args.token_ratio)
+    if frame.folded:
+        plans = {name: frame.plan(plan) for name, plan in plans.items()}
     config = {"model": args.model, "doc_len": args.doc_len}
     study = studies.table1_study(model, windows, names, plans, batch_size=args.batch_size, config=config,
                                  pairs=pairs, progress=True)
@@ -320,12 +327,12 @@ def _fig4(args, model, windows, names, sink):
     return {"table": study["table"]}, examples, pairs + [tuple(pooled)], "nll"
 
 
-def _table4docs(args, model, windows, names, sink, calib):
+def _table4docs(args, model, windows, names, frame, calib):
     from kvlab.experiments.orthorank import studies
-    from kvlab.orthorank.api import after_sink
 
-    plans = studies.table4_plans(model, calib, after_sink(model, sink), token_ratios=(0.0, args.token_ratio, 0.5),
-                                 batch_size=args.batch_size, known=_known_orders(args, model), progress=True)
+    plans = studies.table4_plans(model, calib, frame.after_sink(), token_ratios=(0.0, args.token_ratio, 0.5),
+                                 batch_size=args.batch_size, known=_known_orders(args, model, frame),
+                                 progress=True, num_layers=frame.num_layers)
     n = list(plans)
     pairs = [(n[1], n[0]), (n[2], n[0]), (n[1], n[2])]
     config = {"model": args.model, "doc_len": args.doc_len}
@@ -337,16 +344,20 @@ def _table4docs(args, model, windows, names, sink, calib):
 def _per_window(args, model, tokenizer, calib, calib_text):
     """alignment, fig4, table4docs: one window per C4 document, then the paired differences of the study."""
     from kvlab.experiments.orthorank import studies
+    from kvlab.experiments.orthorank.layer_frame import layer_frame
 
     sink = _sink(model, tokenizer, calib_text, args.smoke)
+    frame = layer_frame(args, model, sink)  # a smoke run: the full model's layers where known, folded
     windows, names = _documents(args, tokenizer)
     if args.what == "alignment":
         found, examples, pairs, metric = _alignment(args, model, windows, names, sink)
     elif args.what == "fig4":
-        found, examples, pairs, metric = _fig4(args, model, windows, names, sink)
+        found, examples, pairs, metric = _fig4(args, model, windows, names, frame)
     else:
-        found, examples, pairs, metric = _table4docs(args, model, windows, names, sink, calib)
+        found, examples, pairs, metric = _table4docs(args, model, windows, names, frame, calib)
     found.update(l_sink=sink, eval_documents=len(names), doc_len=args.doc_len)
+    if frame.folded and args.what != "alignment":
+        found["layer_frame"] = frame.as_dict()  # the plans' layers and l_sink: the full model's, folded
     values: dict[str, dict[str, float]] = {}
     for r in examples:
         if r["metric"] == metric:

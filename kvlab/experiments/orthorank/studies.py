@@ -54,7 +54,7 @@ __all__ = ["standard_plans", "zero_shot", "mean_accuracy", "geometry", "model_st
            "table1_plans", "table3_plans", "document_windows", "window_nll", "paired_ppl_ratio", "TABLE1_PAIRS",
            "TABLE3_PAIRS", "plans_from_results", "table1_study", "sink_alignment", "ALIGNMENT_PAIRS",
            "paired_difference", "layerwise_plans", "pooled_records", "table4_plans",
-           "plans_from_orders"]
+           "plans_from_orders", "shortened_kept_blocks"]
 
 
 def standard_plans(model: torch.nn.Module, calib: torch.Tensor, candidates: list[int], *,
@@ -211,12 +211,28 @@ def table1_plans(model: torch.nn.Module, calib: torch.Tensor, candidates: list[i
     n_route = min(layers_for_sparsity(num_layers, s0, token_ratio), len(candidates))
     plans[f"Shortened LLaMA PPL {s0:.0%}"] = search_layers(model, calib, n_remove, action="remove", search="one-shot",
                                                            batch_size=batch_size).plan(n_remove)
-    plans[f"Shortened LLaMA Taylor+ {s0:.0%}"] = search_layers(model, calib, n_remove, action="remove",
-                                                               search="taylor", batch_size=batch_size).plan(n_remove)
+    keep_first, keep_last = shortened_kept_blocks(num_layers, n_remove)
+    plans[f"Shortened LLaMA Taylor+ {s0:.0%}"] = search_layers(
+        model, calib, n_remove, action="remove", search="taylor", keep_first=keep_first, keep_last=keep_last,
+        batch_size=batch_size).plan(n_remove)
     plans[f"OrthoRank one-shot {s0:.0%}"] = search_layers(
         model, calib, n_route, action="route", search="one-shot", candidates=candidates,
         router={"token_ratio": token_ratio}, batch_size=batch_size).plan(n_route)
     return plans
+
+
+def shortened_kept_blocks(num_layers: int, n_remove: int, keep_first: int = 4, keep_last: int = 2) -> tuple[int, int]:
+    """The first and last blocks Shortened LLaMA's Taylor+ never removes: its ``keep_first`` / ``keep_last``
+    (4 and 2, as in :func:`~kvlab.orthorank.layers.search_layers`), fewer only on a model too shallow to leave
+    ``n_remove`` candidates between them (e.g. a smoke run's 4 layers: first 2 and last 1 kept, the one
+    block between them removed), in the same 2 : 1 proportion."""
+    num_layers = check_int("num_layers", num_layers, 1)
+    n_remove = check_int("n_remove", n_remove, 0, num_layers)
+    spare = num_layers - n_remove  # blocks that can be kept with n_remove candidates left
+    if keep_first + keep_last <= spare:
+        return keep_first, keep_last
+    first = spare * keep_first // (keep_first + keep_last)
+    return first, spare - first
 
 
 def plans_from_results(found: dict[str, Any], token_ratio: float = 0.33) -> dict[str, Plan]:
@@ -485,28 +501,46 @@ def pooled_records(examples: list[dict], methods: list[str], name: str) -> list[
 
 def table4_plans(model: torch.nn.Module, calib: torch.Tensor, candidates: list[int], *, sparsity: float = 0.2,
                  token_ratios=(0.0, 0.33, 0.5), batch_size: int = 4, known: dict[float, list[int]] | None = None,
-                 progress: bool = False) -> dict[str, Plan]:
+                 progress: bool = False, num_layers: int | None = None) -> dict[str, Plan]:
     """Table 4's configurations at ``sparsity`` (see :func:`layer_token_table`) as plans named
-    ``"T4 layers 0.20 / tokens 0.00"`` (layer ratio = layers changed / layers)."""
+    ``"T4 layers 0.20 / tokens 0.00"`` (layer ratio = layers changed / layers).
+
+    ``num_layers``: the depth the plans are sized and named for (default the model's). Deeper than the model (a
+    smoke run's tiny model standing in for the full one, :mod:`kvlab.experiments.orthorank.layer_frame`):
+    ``candidates`` and ``known`` are that depth's layers, layer ``l`` runs as ``l mod`` the model's depth, and a
+    configuration with no known order is searched on the model for its own count of layers at ``sparsity``."""
     sparsity = check_float("sparsity", sparsity, 0.0, 1.0)
-    num_layers = model.config.get_text_config().num_hidden_layers
+    depth = model.config.get_text_config().num_hidden_layers
+    sized = depth if num_layers is None else check_int("num_layers", num_layers, depth)
     known = known or {}
+    folded = sized > depth
+    pool = _fold(candidates, depth) if folded else list(candidates)
     plans = {}
     for ratio in token_ratios:
-        if ratio == 0:
-            n = layers_for_sparsity(num_layers, sparsity)
-        else:
-            n = min(layers_for_sparsity(num_layers, sparsity, ratio), len(candidates))
+        n = _table4_layers(sized, sparsity, ratio, len(candidates))
+        m = _table4_layers(depth, sparsity, ratio, len(pool))  # the same as n unless folded
         if ratio in known and len(known[ratio]) >= n:
-            chosen = tuple(sorted(known[ratio][:n]))
+            chosen = _fold(known[ratio][:n], depth) if folded else tuple(sorted(known[ratio][:n]))
             plan = Plan(removed=chosen) if ratio == 0 else Plan(routed=chosen, router={"token_ratio": ratio})
         elif ratio == 0:
-            plan = search_layers(model, calib, n, action="remove", batch_size=batch_size, progress=progress).plan(n)
+            plan = search_layers(model, calib, m, action="remove", batch_size=batch_size, progress=progress).plan(m)
         else:
-            plan = search_layers(model, calib, n, action="route", candidates=candidates,
-                                 router={"token_ratio": ratio}, batch_size=batch_size, progress=progress).plan(n)
-        plans[f"T4 layers {n / num_layers:.2f} / tokens {ratio:.2f}"] = plan
+            plan = search_layers(model, calib, m, action="route", candidates=pool, router={"token_ratio": ratio},
+                                 batch_size=batch_size, progress=progress).plan(m)
+        plans[f"T4 layers {n / sized:.2f} / tokens {ratio:.2f}"] = plan
     return plans
+
+
+def _table4_layers(num_layers: int, sparsity: float, ratio: float, candidates: int) -> int:
+    """Table 4's layer count: removed (ratio 0) over every layer, routed at most the candidates."""
+    if ratio == 0:
+        return layers_for_sparsity(num_layers, sparsity)
+    return min(layers_for_sparsity(num_layers, sparsity, ratio), candidates)
+
+
+def _fold(layers, num_layers: int) -> tuple[int, ...]:
+    """``layers`` of a model at least as deep as one of ``num_layers`` on it (``l mod num_layers``), sorted, once."""
+    return tuple(sorted({int(layer) % num_layers for layer in layers}))
 
 
 def plans_from_orders(num_layers: int, sleb_order: list[int], ortho_order: list[int], *, token_ratio: float = 0.33,

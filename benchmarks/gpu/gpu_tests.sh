@@ -52,7 +52,8 @@ print("torch", torch.__version__, "triton", triton.__version__,
 EOF
 
 STATIC=(tests/test_static_triton.py tests/test_bad_inputs.py::test_static_triton_opt_in_configs_ignore_dead_slots)
-TRITON=(tests/test_dhsa.py tests/test_dhsa_chunking.py tests/test_dhsa_kernel.py tests/test_dhsa_protocol.py
+TRITON=(tests/test_dhsa.py tests/test_dhsa_chunking.py tests/test_dhsa_kernel.py tests/test_dhsa_fast_selection.py
+        tests/test_dhsa_protocol.py
         tests/test_orthorank.py tests/test_ragged_decode.py tests/test_reform.py tests/test_sep_attention.py)
 CUDA=(tests/test_dhsa_needle_fast.py tests/test_fast_decode.py)  # the kernel files' cuda tests are Triton-marked
 

@@ -10,8 +10,10 @@ Paper: DHSA (Xiong et al., arXiv:2510.24606), Sec. 2.1-2.3 and App. A. The speci
   ``TRITON_INTERPRET=1`` for small tests; forward only),
 * ``"auto"``: ``"triton"`` for CUDA tensors, ``"torch"`` otherwise.
 
-All backends keep the same keys: the selection (chunk similarity, ranking) is computed by the same
-PyTorch code in float32 before any attention. Backends are imported only when used.
+All backends keep the same keys: the selection (chunk similarity, ranking) is computed in float32 before any
+attention, by :func:`kvlab.dhsa.reference.chunk_plan` on a CPU and by :func:`kvlab.dhsa.triton.chunk_plan_fast` and
+:func:`~kvlab.dhsa.triton.launch_tables_fast` (the same plan and tables, without host synchronisations) for the
+``"flex"`` and ``"triton"`` backends on a GPU. Backends are imported only when used.
 """
 from __future__ import annotations
 
@@ -165,7 +167,8 @@ def dhsa_selection(q: torch.Tensor, k: torch.Tensor, *, chunks, budget: int | No
     check_flag("keep_diagonal", keep_diagonal)
     check_flag("causal_query", causal_query)
     bsz, h, n, _ = q.shape
-    per = resolve_chunks(chunks, bsz, n, q.device)
+    fast = backend != "torch" and q.is_cuda  # the selection as GPU work: offsets checked and tabled on the host
+    per = resolve_chunks(chunks, bsz, n, "cpu" if fast else q.device)
     _check_budget(budget, initial, per, keep_diagonal, local)
     kw = dict(initial=initial, aggregation=aggregation, share_heads=share_heads)
     if backend == "torch":
@@ -177,7 +180,12 @@ def dhsa_selection(q: torch.Tensor, k: torch.Tensor, *, chunks, budget: int | No
     if causal_query:
         raise ValueError(f"causal_query=True ranks keys per query row, which backend={backend!r} (one ranked list "
                          "per query chunk) cannot express; use backend='torch' (perplexity evaluation)")
-    from .reference import chunk_plan
+    if fast:  # the same plan and tables without host synchronisations (kvlab.dhsa.triton, issue 53)
+        from .triton import chunk_plan_fast as chunk_plan
+        from .triton import launch_tables_fast as launch_tables
+    else:
+        from .reference import chunk_plan
+        from .triton import launch_tables
 
     if backend == "flex":
         if local:
@@ -187,8 +195,6 @@ def dhsa_selection(q: torch.Tensor, k: torch.Tensor, *, chunks, budget: int | No
 
         plan = chunk_plan(q, k, per, budget, **kw)
         return Selection("flex", n, h, plan=plan, block_mask=dhsa_block_mask(plan), batch=bsz)
-    from .triton import launch_tables
-
     plan = chunk_plan(q, k, per, budget, local=local, **kw)
     return Selection("triton", n, h, plan=plan, tables=launch_tables(plan, TRITON_VARIANT, dtype=q.dtype,
                                                                      head_dim=q.shape[-1], group=h // k.shape[1]),

@@ -132,7 +132,8 @@ from kvlab.kernels.triton_utils import dot, gathered_tile, interpreting, online_
 
 from .reference import ChunkPlan, chunk_plan
 
-__all__ = ["dhsa_attention_triton", "launch_tables", "LaunchTables", "query_tiles", "default_config", "VARIANTS",
+__all__ = ["dhsa_attention_triton", "launch_tables", "launch_tables_fast", "chunk_plan_fast", "host_plan",
+           "LaunchTables", "query_tiles", "default_config", "VARIANTS",
            "kv_bytes", "mma_rows", "lists_are_runs"]
 
 VARIANTS = ("ranges", "lists", "packed")
@@ -249,60 +250,80 @@ def launch_tables(plan: ChunkPlan, variant: str = "lists", config: dict | None =
     the tile visits (list prefix of its first row + diagonal). ``"packed"``: the same tiles, of at
     most ``ROWS`` rows, and (``LONG_ROWS > 0``) chunks longer than ``ROWS`` in tiles of ``LONG_ROWS``
     rows, launched apart; ``head_dim`` and ``group`` (query heads per key/value head) pick its
-    default config.
+    default config. The readable version, on the plan's device (each data-dependent size is a host
+    synchronisation there); :func:`launch_tables_fast` builds the same tables from the host copy of the plan.
     """
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
     cfg = default_config(plan, dtype, variant, head_dim=head_dim, group=group) if config is None else dict(config)
+    tok, ntok = _batched_lists(plan)
+    return _tables(plan, plan, tok, ntok, ntok, variant, cfg, lambda x: x, None)
+
+
+def _batched_lists(plan: ChunkPlan) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(batch, heads | 1, C, L)`` lists and ``(batch, heads | 1, C)`` counts of the plan's sequences."""
     bsz = len(plan.starts)
     if bsz == 1:  # no copy: the plan's tensors as they are (padding slots are never read)
-        tok, ntok = plan.tokens[0][None], plan.n_tokens[0][None]
-    else:  # one padded tensor for the batch
-        c_max = max(t.shape[1] for t in plan.tokens)
-        l_max = max(t.shape[2] for t in plan.tokens)
-        hs = plan.tokens[0].shape[0]
-        dev = plan.tokens[0].device
-        tok = torch.zeros(bsz, hs, c_max, l_max, dtype=torch.int32, device=dev)
-        ntok = torch.zeros(bsz, hs, c_max, dtype=torch.int32, device=dev)
-        for b, (t, c) in enumerate(zip(plan.tokens, plan.n_tokens)):
-            tok[b, :, : t.shape[1], : t.shape[2]] = t
-            ntok[b, :, : c.shape[1]] = c
+        return plan.tokens[0][None], plan.n_tokens[0][None]
+    c_max = max(t.shape[1] for t in plan.tokens)  # one padded tensor for the batch
+    l_max = max(t.shape[2] for t in plan.tokens)
+    hs = plan.tokens[0].shape[0]
+    dev = plan.tokens[0].device
+    tok = torch.zeros(bsz, hs, c_max, l_max, dtype=torch.int32, device=dev)
+    ntok = torch.zeros(bsz, hs, c_max, dtype=torch.int32, device=dev)
+    for b, (t, c) in enumerate(zip(plan.tokens, plan.n_tokens)):
+        tok[b, :, : t.shape[1], : t.shape[2]] = t
+        ntok[b, :, : c.shape[1]] = c
+    return tok, ntok
+
+
+def _tables(plan, tplan, tok, ntok, tntok, variant, cfg, move, local) -> LaunchTables:
+    # The tiles come from ``tplan`` / ``tntok`` (the plan itself, or its host copy) and reach the kernel's
+    # device through ``move``; the lists ``tok`` / ``ntok`` are on the device. ``local``: the plan's local
+    # keys when known (the host copy knows them), for the run check without the lists.
     if variant == "packed":
-        cfg = _check_packed_config(cfg, tok.shape[1])
-        rows, long_rows = cfg["ROWS"], cfg.get("LONG_ROWS", 0)
-        launches = []
-        if long_rows:
-            short = query_tiles(plan, rows, (0, rows))
-            long_ = query_tiles(plan, long_rows, (rows, plan.n))
-            cfg_long = dict(cfg, ROWS=long_rows, BLOCK_M=long_rows * cfg["PACK"],
-                            num_warps=cfg.get("LONG_WARPS", cfg["num_warps"]))
-            parts = [(short, cfg), (long_, cfg_long)]
-        else:
-            parts = [(query_tiles(plan, rows), cfg)]
-        lens = None
-        for tiles_p, cfg_p in parts:
-            if not bool((tiles_p[..., 3] > tiles_p[..., 2]).any()):
-                continue
-            tiles_p, lens = _list_tiles(plan, tiles_p, ntok)
-            launches.append((tiles_p.contiguous(), cfg_p))
-        if not launches:  # cannot happen for a sequence of >= 1 token; keep the tables well formed
-            tiles_p, lens = _list_tiles(plan, parts[0][0], ntok)
-            launches.append((tiles_p.contiguous(), parts[0][1]))
-        if cfg.get("RUNS", 0) == "auto":
-            runs = _auto_runs(plan, tok, lens, cfg["BLOCK_N"])
-            cfg = dict(cfg, RUNS=runs)
-            launches = [(t, dict(c, RUNS=runs)) for t, c in launches]
-        if int(cfg.get("RUNS", 0)) and not lists_are_runs(tok, lens, plan.initial, cfg["BLOCK_N"]):
-            raise ValueError(f"config RUNS={cfg['RUNS']} loads each {cfg['BLOCK_N']}-slot tile of a list as one "
-                             "contiguous run, but some tile of these lists is not (chunks must be fixed, with "
-                             "BLOCK_N dividing the chunk size, initial and local); use RUNS=0 (gathered loads)")
-        return LaunchTables(launches[0][0], tok.contiguous(), lens.contiguous(), variant, launches[0][1],
-                            plan.budget, plan.initial, tuple(launches))
-    tiles = query_tiles(plan, cfg["BLOCK_M"])
+        return _packed_tables(plan, tplan, tok, tntok, cfg, move, local)
+    tiles = query_tiles(tplan, cfg["BLOCK_M"])
     if variant == "lists":
-        tiles, ntok = _list_tiles(plan, tiles, ntok)
-    tiles, tok, ntok = tiles.contiguous(), tok.contiguous(), ntok.contiguous()
+        tiles, tntok = _list_tiles(tplan, tiles, tntok)
+        ntok = move(tntok)
+    tiles, tok, ntok = move(tiles).contiguous(), tok.contiguous(), ntok.contiguous()
     return LaunchTables(tiles, tok, ntok, variant, cfg, plan.budget, plan.initial, ((tiles, cfg),))
+
+
+def _packed_tables(plan, tplan, tok, tntok, cfg, move, local) -> LaunchTables:
+    cfg = _check_packed_config(cfg, tok.shape[1])
+    rows, long_rows = cfg["ROWS"], cfg.get("LONG_ROWS", 0)
+    if long_rows:
+        short = query_tiles(tplan, rows, (0, rows))
+        long_ = query_tiles(tplan, long_rows, (rows, tplan.n))
+        cfg_long = dict(cfg, ROWS=long_rows, BLOCK_M=long_rows * cfg["PACK"],
+                        num_warps=cfg.get("LONG_WARPS", cfg["num_warps"]))
+        parts = [(short, cfg), (long_, cfg_long)]
+    else:
+        parts = [(query_tiles(tplan, rows), cfg)]
+    launches, lens = [], None
+    for tiles_p, cfg_p in parts:
+        if not bool((tiles_p[..., 3] > tiles_p[..., 2]).any()):
+            continue
+        tiles_p, lens = _list_tiles(tplan, tiles_p, tntok)
+        launches.append((tiles_p, cfg_p))
+    if not launches:  # cannot happen for a sequence of >= 1 token; keep the tables well formed
+        tiles_p, lens = _list_tiles(tplan, parts[0][0], tntok)
+        launches.append((tiles_p, parts[0][1]))
+    launches = [(move(t).contiguous(), c) for t, c in launches]
+    lens_dev = move(lens).contiguous()
+    if cfg.get("RUNS", 0) == "auto":
+        runs = _auto_runs(tplan, tok, lens_dev, cfg["BLOCK_N"], local)
+        cfg = dict(cfg, RUNS=runs)
+        launches = [(t, dict(c, RUNS=runs)) for t, c in launches]
+    if int(cfg.get("RUNS", 0)) and not (_aligned_runs(tplan, cfg["BLOCK_N"], local)
+                                        or lists_are_runs(tok, lens_dev, plan.initial, cfg["BLOCK_N"])):
+        raise ValueError(f"config RUNS={cfg['RUNS']} loads each {cfg['BLOCK_N']}-slot tile of a list as one "
+                         "contiguous run, but some tile of these lists is not (chunks must be fixed, with "
+                         "BLOCK_N dividing the chunk size, initial and local); use RUNS=0 (gathered loads)")
+    return LaunchTables(launches[0][0], tok.contiguous(), lens_dev, "packed", launches[0][1],
+                        plan.budget, plan.initial, tuple(launches))
 
 
 def lists_are_runs(tok: torch.Tensor, n_list: torch.Tensor, initial: int, block_n: int) -> bool:
@@ -317,15 +338,35 @@ def lists_are_runs(tok: torch.Tensor, n_list: torch.Tensor, initial: int, block_
     return bool(((step == 1) | ~inner).all())
 
 
-def _auto_runs(plan: ChunkPlan, tok: torch.Tensor, lens: torch.Tensor, block_n: int) -> int:
+def _auto_runs(plan: ChunkPlan, tok: torch.Tensor, lens: torch.Tensor, block_n: int, local: int | None = None) -> int:
     """``RUNS="auto"``: TMA copies (2) where every list tile is one run and the GPU has the copy engine
     (Hopper or later; the interpreter emulates it), else gathered loads (0). Chunks whose starts are not
-    multiples of ``block_n`` never give runs, so the exact check runs only for aligned chunkings."""
+    multiples of ``block_n`` never give runs, so the exact check runs only for aligned chunkings (and not at
+    all where :func:`_aligned_runs` proves it from the chunk offsets)."""
     if plan.initial % block_n or any(bool((st % block_n).any()) for st in plan.starts):
         return 0
     if not interpreting() and not (tok.is_cuda and torch.cuda.get_device_capability(tok.device)[0] >= 9):
         return 0
+    if _aligned_runs(plan, block_n, local):
+        return 2
     return 2 if lists_are_runs(tok, lens, plan.initial, block_n) else 0
+
+
+def _aligned_runs(plan: ChunkPlan, block_n: int, local: int | None) -> bool:
+    """True when the chunk offsets alone prove :func:`lists_are_runs`: a list is ``[0, initial)``, the local
+    range ``[ls_c, b_c)`` and whole candidate ranges ``[max(b_c', initial), min(b_c'+1, ls_c))``; with
+    ``initial``, every ``b_c`` and every ``b_c - ls_c`` multiples of ``block_n`` each piece starts at a slot and a
+    position that are multiples of ``block_n`` and has a multiple of ``block_n`` tokens, so every tile is one run.
+    Needs ``local`` (None: unknown, False)."""
+    from .reference import local_starts
+
+    if local is None or plan.initial % block_n:
+        return False
+    for st, en in zip(plan.starts, plan.ends):
+        bd = torch.cat([st, en[-1:]])
+        if bool((st % block_n).any()) or bool(((st - local_starts(bd, local, plan.initial)) % block_n).any()):
+            return False
+    return True
 
 
 def _check_packed_config(cfg: dict, selection_heads: int) -> dict:
@@ -778,6 +819,238 @@ def dhsa_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bou
                 scale * 1.4426950408889634, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
                 num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **common)
     return o
+
+
+# ---------------------------------------------------------------------------------------------
+# The selection on the GPU: chunk_plan and launch_tables without host synchronisations
+# ---------------------------------------------------------------------------------------------
+# What depends on the scores is GPU work: the chunk sums of Eq. 4 (one Triton pass over q and k in the selection
+# dtype, instead of a float32 copy of both and an index_add_), S = Q_C K_C^T and the stable sort of each row
+# (PyTorch, the reference's own ops), and the lists, written by one Triton program per (query chunk, head) from
+# the sorted row (instead of (heads, C, L) int64 searchsorted / gather tensors). Everything else depends on the
+# chunk offsets alone and is computed on the host from a host copy of them: a list's length is
+# ``min(total_c, room_c)`` with ``total_c = (b_c - ls_c) + max(ls_c - initial, 0)`` (the candidate chunks tile
+# ``[0, b_c)``), so ``L``, the counts, the query tiles and their order, and the TMA run check need no value
+# from the GPU; they travel in pinned, non-blocking copies.
+@triton.jit
+def _chunk_sums_kernel(X, OUT, ST, EN, D, stride_xh, stride_xn, stride_xd, stride_oh, stride_oc,
+                       BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+    # OUT[h, c] = sum of X[h, b_c : b_c+1] over the chunk's rows, accumulated in OUT's dtype (the selection dtype)
+    c = tl.program_id(0)
+    h = tl.program_id(1).to(tl.int64)
+    s = tl.load(ST + c)
+    e = tl.load(EN + c)
+    offs_d = tl.arange(0, BLOCK_D)
+    acc = tl.zeros([BLOCK_R, BLOCK_D], dtype=OUT.dtype.element_ty)
+    for r0 in range(s, e, BLOCK_R):
+        rows = (r0 + tl.arange(0, BLOCK_R)).to(tl.int64)
+        x = tl.load(X + h * stride_xh + rows[:, None] * stride_xn + offs_d[None, :] * stride_xd,
+                    mask=(rows < e)[:, None] & (offs_d < D)[None, :], other=0.0)
+        acc += x.to(OUT.dtype.element_ty)
+    tl.store(OUT + h * stride_oh + c * stride_oc + offs_d, tl.sum(acc, 0), mask=offs_d < D)
+
+
+@triton.jit
+def _fill_lists_kernel(ORDER, CSTART, CEND, LS, ST, NTOK, TOK, C, L, stride_oh, stride_oc, stride_th, stride_tc,
+                       R: tl.constexpr, BLOCK: tl.constexpr):
+    # tok[h, c] = [ls_c, b_c) ++ the candidate tokens of the chunks ORDER[h, c, :] in that order, first NTOK[c]
+    # slots, -1 after. Chunk j gives the tokens [CSTART[j], min(CEND[j], ls_c)) when j < c (none otherwise).
+    c = tl.program_id(0)
+    h = tl.program_id(1).to(tl.int64)
+    n_tok = tl.load(NTOK + c)
+    ls = tl.load(LS + c)
+    out = TOK + h * stride_th + c * stride_tc
+    offs = tl.arange(0, BLOCK)
+    # -- rank 0: the local range before the chunk
+    loc = tl.load(ST + c) - ls
+    for s0 in range(0, loc, BLOCK):
+        s = s0 + offs
+        tl.store(out + s, ls + s, mask=(s < loc) & (s < n_tok))
+    # -- ranks 1..: R sorted chunks at a time; each slot finds its chunk by a prefix sum of the lengths
+    base = loc
+    m0 = c * 0
+    ar = tl.arange(0, R)
+    while (m0 < C) & (base < n_tok):
+        m = m0 + ar
+        j = tl.load(ORDER + h * stride_oh + c * stride_oc + m, mask=m < C, other=0).to(tl.int32)
+        j = tl.where(m < C, j, c)  # past the row: no candidate
+        cs = tl.load(CSTART + j)
+        ln = tl.maximum(tl.minimum(tl.load(CEND + j), ls) - cs, 0)
+        ln = tl.where(j < c, ln, 0)
+        incl = tl.cumsum(ln, 0)
+        shift = cs - (incl - ln)  # token of slot base + x in chunk r: x + shift[r]
+        stop = tl.minimum(base + tl.sum(ln, 0), n_tok)
+        for s0 in range(base, stop, BLOCK):
+            s = s0 + offs
+            rel = s - base
+            r = tl.sum((incl[None, :] <= rel[:, None]).to(tl.int32), 1)  # the chunk whose range holds the slot
+            tokv = rel + tl.sum(tl.where(r[:, None] == ar[None, :], shift[None, :], 0), 1)
+            tl.store(out + s, tokv, mask=s < stop)
+        base = base + tl.sum(ln, 0)
+        m0 += R
+    # -- padding
+    for s0 in range(n_tok, L, BLOCK):
+        s = s0 + offs
+        tl.store(out + s, tl.full([BLOCK], -1, dtype=tl.int32), mask=s < L)
+
+
+def _pinned_to(x: torch.Tensor, device) -> torch.Tensor:
+    """A host tensor on ``device`` without a synchronisation (pinned, non-blocking) where that is CUDA."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return x.pin_memory().to(device, non_blocking=True)
+    return x.to(device)
+
+
+def _host_boundaries(boundaries, bsz: int, n: int) -> list[torch.Tensor]:
+    """Checked offsets per sequence, on the host (one copy of all of them where they are on a GPU)."""
+    from .reference import _per_batch
+
+    if isinstance(boundaries, (list, tuple)) and boundaries and all(isinstance(b, torch.Tensor) for b in boundaries):
+        on_gpu = [b for b in boundaries if b.device.type != "cpu"]
+        if on_gpu:  # one copy for the batch
+            flat = torch.cat([b.reshape(-1).long() for b in boundaries]).cpu()
+            boundaries = list(torch.split(flat, [b.numel() for b in boundaries]))
+    elif isinstance(boundaries, torch.Tensor):
+        boundaries = boundaries.cpu()
+    return _per_batch(boundaries, bsz, n)
+
+
+def _sequence_meta(bd: torch.Tensor, budget: int, initial: int, local: int) -> torch.Tensor:
+    """``(5, C)`` int64 host rows ``b_c, b_{c+1}, max(b_c, initial), ls_c, n_tokens_c`` of one sequence."""
+    from .reference import local_starts, max_forced
+
+    need = max_forced(bd, initial, local=local)
+    if need > budget:
+        raise ValueError(f"budget={budget} is smaller than the always-kept keys of some query ({need} = "
+                         "initial tokens + its diagonal chunk): the budget must be at least initial + the "
+                         "longest chunk; raise budget or use shorter chunks")
+    st, en = bd[:-1], bd[1:]
+    ls = local_starts(bd, local, initial)
+    total = (st - ls) + (ls - initial).clamp(min=0)  # local range + every candidate token of [initial, ls_c)
+    room = budget - (torch.clamp(st, max=initial) + 1)  # room of the chunk's first row
+    return torch.stack([st, en, st.clamp(min=initial), ls, torch.minimum(total, room)])
+
+
+def _chunk_sums(x: torch.Tensor, st: torch.Tensor, en: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``(heads, C, dim)`` chunk sums of ``x`` ``(heads, seq, dim)`` in ``dtype`` (one Triton pass)."""
+    h, _, d = x.shape
+    out = torch.empty(h, st.numel(), d, dtype=dtype, device=x.device)
+    block_d = triton.next_power_of_2(d)
+    _chunk_sums_kernel[(st.numel(), h)](x, out, st, en, d, x.stride(0), x.stride(1), x.stride(2), out.stride(0),
+                                        out.stride(1), BLOCK_R=16 if interpreting() else max(8, 4096 // block_d),
+                                        BLOCK_D=block_d, num_warps=4)
+    return out
+
+
+def _represent(sums: torch.Tensor, lengths: torch.Tensor, aggregation: str) -> torch.Tensor:
+    # the last lines of kvlab.dhsa.reference.chunk_representation, on the chunk sums
+    if aggregation == "sum":
+        return sums
+    if aggregation == "padded_mean":
+        return sums / lengths.max()
+    mean = sums / lengths[:, None]
+    if aggregation == "mean":
+        return mean
+    return mean * lengths.sqrt()[:, None]
+
+
+def _sequence_lists(q, k, meta_dev, length, aggregation, share_heads, score_dtype):
+    """``(heads | 1, C, length)`` int32 ranked lists of one sequence (``q`` ``(heads, n, d)``, ``k`` ``(kv, n, d)``)."""
+    st, en, cstart, ls, n_tok = meta_dev  # int32 rows on the device
+    lengths = (en - st).to(score_dtype)
+    qs, ks = _chunk_sums(q, st, en, score_dtype), _chunk_sums(k, st, en, score_dtype)
+    if share_heads:  # the mean over heads of every token, then its chunk sum: the sum of the head sums / heads
+        qs, ks = qs.sum(0, keepdim=True) / q.shape[0], ks.sum(0, keepdim=True) / k.shape[0]
+    qc, kc = _represent(qs, lengths, aggregation)[None], _represent(ks, lengths, aggregation)[None]
+    kc = kc.repeat_interleave(qc.shape[1] // kc.shape[1], dim=1)
+    s = (qc @ kc.transpose(-1, -2))[0]  # (H, C, C), as chunk_similarity
+    C = st.numel()
+    ci = torch.arange(C, device=q.device)
+    is_cand = (ci[None, :] < ci[:, None]) & (torch.minimum(en[None, :], ls[:, None]) > cstart[None, :])
+    order = torch.sort(s.masked_fill(~is_cand[None], float("-inf")), dim=-1, descending=True, stable=True).indices
+    tok = torch.empty(s.shape[0], C, length, dtype=torch.int32, device=q.device)
+    _fill_lists_kernel[(C, s.shape[0])](order, cstart, en, ls, st, n_tok, tok, C, length, order.stride(0),
+                                        order.stride(1), tok.stride(0), tok.stride(1), R=16 if interpreting() else 32,
+                                        BLOCK=16 if interpreting() else 128, num_warps=4)
+    return tok
+
+
+def chunk_plan_fast(q: torch.Tensor, k: torch.Tensor, boundaries, budget: int | None, *, initial: int = 0,
+                    aggregation: str = "eq4", share_heads: bool = False,
+                    score_dtype: torch.dtype = torch.float32, local: int = 0) -> ChunkPlan:
+    """:func:`kvlab.dhsa.reference.chunk_plan` (same arguments, same plan) as GPU work without host synchronisations.
+
+    ``boundaries`` on the host cost nothing; on a GPU they are copied to the host once for the batch (the one
+    synchronisation). The plan carries that host copy (``plan.host``, a :class:`ChunkPlan` of host offsets and counts
+    with ``local``) for :func:`launch_tables_fast`. Equal to the reference wherever the chunk scores are equal; they
+    are the same products of chunk sums accumulated in another order (exactly equal for integer-valued inputs),
+    so on floats a near tie (within float32 rounding) may rank the other way.
+    """
+    if score_dtype not in (torch.float32, torch.float64):
+        raise ValueError(f"score_dtype must be torch.float32 or torch.float64, got {score_dtype}")
+    bsz, h, n, _ = q.shape
+    per = _host_boundaries(boundaries, bsz, n)
+    if budget is None or budget >= n:
+        budget = n
+    hs = 1 if share_heads else h
+    starts, ends, toks, counts, hstarts, hends, hcounts = [], [], [], [], [], [], []
+    for b in range(bsz):
+        meta = _sequence_meta(per[b], budget, initial, local)
+        length = max(int(meta[4].max()), 1)  # a host tensor: no synchronisation
+        meta_dev = _pinned_to(meta, q.device)
+        rows = meta_dev.to(torch.int32)
+        toks.append(_sequence_lists(q[b], k[b], rows, length, aggregation, share_heads, score_dtype))
+        starts.append(meta_dev[0])
+        ends.append(meta_dev[1])
+        counts.append(rows[4][None].expand(hs, -1).contiguous())
+        hstarts.append(meta[0])
+        hends.append(meta[1])
+        hcounts.append(meta[4].to(torch.int32)[None].expand(hs, -1).contiguous())
+    plan = ChunkPlan(starts, ends, toks, counts, budget, initial, n)
+    host = ChunkPlan(hstarts, hends, [torch.empty(hs, c.shape[1], 0, dtype=torch.int32) for c in hcounts],
+                     hcounts, budget, initial, n)
+    host.local = local
+    plan.host = host
+    return plan
+
+
+def host_plan(plan: ChunkPlan) -> ChunkPlan:
+    """The host copy of ``plan``'s offsets and counts (``plan.host`` of :func:`chunk_plan_fast`; built with one copy
+    for a plan of :func:`~kvlab.dhsa.reference.chunk_plan`, whose ``local`` is then unknown: None)."""
+    host = getattr(plan, "host", None)
+    if host is None:
+        host = ChunkPlan([s.cpu() for s in plan.starts], [e.cpu() for e in plan.ends],
+                         [torch.empty(t.shape[0], t.shape[1], 0, dtype=torch.int32) for t in plan.tokens],
+                         [c.cpu() for c in plan.n_tokens], plan.budget, plan.initial, plan.n)
+        host.local = None
+    return host
+
+
+def launch_tables_fast(plan: ChunkPlan, variant: str = "lists", config: dict | None = None,
+                       dtype: torch.dtype = torch.bfloat16, *, head_dim: int = 128, group: int = 1) -> LaunchTables:
+    """:func:`launch_tables` (same arguments, the same tables) with its tiles, counts and config computed from the
+    plan's host copy (:func:`host_plan`) and copied to the device without a synchronisation; the TMA run check
+    reads the offsets alone where they prove it (fixed chunks aligned to the key tiles, :func:`_aligned_runs`)."""
+    if variant not in VARIANTS:
+        raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
+    host = host_plan(plan)
+    cfg = default_config(host, dtype, variant, head_dim=head_dim, group=group) if config is None else dict(config)
+    tok, ntok = _batched_lists(plan)
+    dev = tok.device
+    _, hntok = _batched_counts(host)
+    return _tables(plan, host, tok, ntok, hntok, variant, cfg, lambda x: _pinned_to(x, dev), host.local)
+
+
+def _batched_counts(host: ChunkPlan) -> tuple[None, torch.Tensor]:
+    """:func:`_batched_lists`' counts of a host plan (its lists are empty placeholders)."""
+    if len(host.starts) == 1:
+        return None, host.n_tokens[0][None]
+    c_max = max(c.shape[1] for c in host.n_tokens)
+    ntok = torch.zeros(len(host.starts), host.n_tokens[0].shape[0], c_max, dtype=torch.int32)
+    for b, c in enumerate(host.n_tokens):
+        ntok[b, :, : c.shape[1]] = c
+    return None, ntok
 
 
 # ---------------------------------------------------------------------------------------------

@@ -6,8 +6,10 @@ Subcommands (each writes ``<out>/dhsa_<what>.json`` and ``.md`` with the device 
   dense causal SDPA, FlexAttention with the DHSA block mask (:mod:`kvlab.dhsa.flex`), the Triton kernel
   (:mod:`kvlab.dhsa.triton`, each ``--variants`` side by side), each on the same kept set; apart, the
   time of chunking (the boundary predictor, random weights, on the layer's keys), of the selection
-  (Eq. 4 chunk representations, similarity, ranking: :func:`kvlab.dhsa.reference.chunk_plan`), of the
-  kernel's launch tables and of the block mask; the kept density (kept entries over causal entries: the
+  (Eq. 4 chunk representations, similarity, ranking: :func:`kvlab.dhsa.triton.chunk_plan_fast`, what
+  ``dhsa_selection`` runs on a GPU, and beside it the readable :func:`kvlab.dhsa.reference.chunk_plan`), of the
+  kernel's launch tables (:func:`~kvlab.dhsa.triton.launch_tables_fast`; the reference's for the best variant) and
+  of the block mask; the kept density (kept entries over causal entries: the
   limit on saved work), the share of 128 x 128 tiles Flex touches, and the key/value bytes each kernel
   variant loads (``kv_gib``, what L2 must deliver) with the rate it reached. Chunkings: fixed 64-token
   chunks and random chunk lengths in [16, 128] (what a predictor gives).
@@ -105,23 +107,42 @@ def _chunking_ms(k, time_budget):
                         time_budget, max_reps=10)["ms"]
 
 
+def _reference_plan(q, k, bd, budget, kw, fast_plan, time_budget) -> dict:
+    """The readable :func:`~kvlab.dhsa.reference.chunk_plan`'s time (``plan_ref_ms``) and the share of ranked lists
+    the fast plan writes identically (``plan_equal``: float32 chunk sums added in another order can swap a near
+    tie; counts and offsets are always equal)."""
+    import torch
+
+    from kvlab.dhsa.reference import chunk_plan
+
+    ref = chunk_plan(q, k, bd, budget, **kw)
+    same = [(a == b).all(-1).float().mean() for a, b in zip(ref.tokens, fast_plan.tokens)]
+    counts = all(torch.equal(a, b) for a, b in zip(ref.n_tokens, fast_plan.n_tokens))
+    out = {"plan_equal": float(torch.stack(same).mean()), "plan_counts_equal": counts}
+    del ref
+    out["plan_ref_ms"] = bench_ms(lambda: chunk_plan(q, k, bd, budget, **kw), time_budget)["ms"]
+    return out
+
+
 _OPTIONS = {"lazy": {"LAZY": True}, "gather": {"RUNS": 0}, "tma": {"RUNS": 2}}
 
 
-def _variant_tables(plan, spec: str, *, dtype, head_dim: int, group: int):
+def _variant_tables(plan, spec: str, *, dtype, head_dim: int, group: int, fast: bool = True):
     """Launch tables of a variant spec: a kernel variant with ``+option`` switches on its default config
-    (``packed+lazy``: lazy rescaling, ``packed+gather``: gathered key loads, ``packed+tma``: TMA copies)."""
-    from kvlab.dhsa.triton import VARIANTS, default_config, launch_tables
+    (``packed+lazy``: lazy rescaling, ``packed+gather``: gathered key loads, ``packed+tma``: TMA copies).
+    ``fast``: :func:`~kvlab.dhsa.triton.launch_tables_fast` (what ``dhsa_selection`` runs on a GPU), else the
+    readable :func:`~kvlab.dhsa.triton.launch_tables`."""
+    from kvlab.dhsa.triton import VARIANTS, default_config, launch_tables, launch_tables_fast, host_plan
 
     base, *opts = spec.split("+")
     if base not in VARIANTS or any(o not in _OPTIONS for o in opts):
         raise ValueError(f"variants: {spec!r} must be one of {VARIANTS} with optional +{'/+'.join(_OPTIONS)}")
     cfg = None
     if opts:
-        cfg = default_config(plan, dtype, base, head_dim=head_dim, group=group)
+        cfg = default_config(host_plan(plan) if fast else plan, dtype, base, head_dim=head_dim, group=group)
         for o in opts:
             cfg.update(_OPTIONS[o])
-    return launch_tables(plan, base, cfg, dtype, head_dim=head_dim, group=group)
+    return (launch_tables_fast if fast else launch_tables)(plan, base, cfg, dtype, head_dim=head_dim, group=group)
 
 
 def _diagnose(q, k, v, plan, tables, budget, time_budget) -> dict:
@@ -151,7 +172,7 @@ def run_ops(args) -> dict:
 
     from kvlab.dhsa.flex import touched_blocks, dhsa_attention_flex, dhsa_block_mask
     from kvlab.dhsa.reference import chunk_plan
-    from kvlab.dhsa.triton import dhsa_attention_triton, kv_bytes, launch_tables, mma_rows
+    from kvlab.dhsa.triton import chunk_plan_fast, dhsa_attention_triton, kv_bytes, mma_rows
 
     allow_many_compiles()
     h, hk, d, budget, init = args.heads, args.kv_heads, args.dim, args.budget_keys, args.initial
@@ -165,10 +186,11 @@ def run_ops(args) -> dict:
         for name, bd in _chunkings(n, q.device, args.chunkings).items():
             for share in args.share:
                 kw = dict(initial=init, share_heads=share)
-                plan = chunk_plan(q, k, bd, budget, **kw)
+                plan = chunk_plan_fast(q, k, bd, budget, **kw)  # what dhsa_selection runs on a GPU
                 row = {"seq": n, "chunks": name, "share_heads": share, "dense_ms": dense,
                        "density": kept_density(n, budget), "chunking_ms": chunking}
-                row["plan_ms"] = bench_ms(lambda: chunk_plan(q, k, bd, budget, **kw), args.time_budget)["ms"]
+                row["plan_ms"] = bench_ms(lambda: chunk_plan_fast(q, k, bd, budget, **kw), args.time_budget)["ms"]
+                row |= _reference_plan(q, k, bd, budget, kw, plan, args.time_budget)
                 for var in args.variants:  # each kernel variant on the same plan
                     tkw = dict(dtype=dtype, head_dim=d, group=h // hk)
                     tables = _variant_tables(plan, var, **tkw)
@@ -186,6 +208,9 @@ def run_ops(args) -> dict:
                         row["tbps_packed_loads"] = row["kv_gib_packed"] * 2**30 / row["ms_packed_loads"] / 1e9
                 best = min(args.variants, key=lambda var: row[f"ms_{var}"])
                 row["best"], row["triton_ms"] = best, row[f"ms_{best}"]
+                ref_plan = chunk_plan(q, k, bd, budget, **kw)
+                row["tables_ref_ms"] = bench_ms(lambda: _variant_tables(ref_plan, best, **tkw, fast=False), 0.3)["ms"]
+                del ref_plan
                 if not args.no_flex and n in (args.flex_seqs or args.seqs):
                     try:
                         row["mask_ms"] = bench_ms(lambda: dhsa_block_mask(plan), args.time_budget, max_reps=5)["ms"]
@@ -199,6 +224,8 @@ def run_ops(args) -> dict:
                         row["flex_error"] = f"{type(exc).__name__}: {exc}"[:200]
                 row["x_dense"] = dense / row["triton_ms"]
                 prep = row["plan_ms"] + row[f"tables_ms_{best}"]  # selection + the kernel's tables
+                row["selection_ms"] = prep
+                row["selection_ref_ms"] = row["plan_ref_ms"] + row["tables_ref_ms"]
                 row["x_dense_with_plan"] = dense / (row["triton_ms"] + prep)
                 if "flex_ms" in row:
                     row["x_flex"] = row["flex_ms"] / row["triton_ms"]
@@ -228,7 +255,10 @@ def table_ops(rec: dict) -> str:
     return fmt_table(rec["rows"], [
         ("seq", "N", ""), ("chunks", "chunks", ""), ("share_heads", "shared sel.", ""),
         ("dense_ms", "SDPA ms", "{:.2f}"), ("flex_ms", "Flex ms", "{:.2f}"), *per_variant, *diag,
-        ("triton_ms", "Triton ms", "{:.2f}"), ("plan_ms", "selection ms", "{:.2f}"),
+        ("triton_ms", "Triton ms", "{:.2f}"), ("plan_ms", "plan ms", "{:.2f}"),
+        ("selection_ms", "selection ms (plan + tables)", "{:.2f}"),
+        ("selection_ref_ms", "selection ms (reference)", "{:.2f}"),
+        ("plan_equal", "lists equal", "{:.4f}"),
         ("chunking_ms", "chunking ms", "{:.2f}"), ("x_dense", "x SDPA", "{:.2f}"), ("x_flex", "x Flex", "{:.2f}"),
         ("x_dense_with_plan", "x SDPA incl. sel.", "{:.2f}"),
         ("chunking_selection_share", "chunking+sel. share", "{:.2f}"), ("density", "kept density", "{:.3f}"),

@@ -14,6 +14,9 @@ What this module adds to :mod:`kvlab.eval.gsm8k` (the prompt, the answer-NLL pro
   and ``r_kv``; with generation also ``flexible_match`` / ``strict_match`` and the raw ``output``) and the paired
   bootstrap of SepLLM minus the matched window (:func:`kvlab.eval.stats.paired_bootstrap`), so the summary
   says whether this sample separates the methods; on a 135M model it may not, and the records show that.
+* **Scoring fewer than the sample** (``--scored K``): the methods (the matched window) are still set over every
+  selected problem, only the first ``K`` are scored; a ``--smoke`` run scores 2 this way, so its method names,
+  record file and example ids are the full run's.
 
 Command line::
 
@@ -38,8 +41,8 @@ from kvlab.experiments.sepllm.common import (device_label, nonnegative_int, open
                                              write_summary)
 from kvlab.sepllm.pattern import SepLLMPattern, StreamingPattern
 
-__all__ = ["long_problems", "problem_ids", "matched_window", "matched_methods", "matched_gsm8k", "records_of",
-           "parser", "run"]
+__all__ = ["long_problems", "problem_ids", "problem_sequences", "matched_window", "matched_methods", "matched_gsm8k",
+           "records_of", "parser", "run"]
 NAME = "sepllm-gsm8k-matched"
 
 
@@ -67,10 +70,15 @@ def long_problems(tokenizer, problems: list[dict], min_tokens: int, n: int | Non
 def problem_ids(tokenizer, problem: dict, exemplars: list[dict]) -> torch.Tensor:
     """``(1, T)`` ids of the whole scored sequence: the exemplars' prompt, the question and the reference
     solution, tokenized in the pieces :func:`kvlab.eval.gsm8k.gsm8k_answer_nll` uses."""
-    prefix = tokenizer(cot_prompt("", exemplars).rsplit("Q: ", 1)[0]).input_ids
-    body = (tokenizer(_question(problem), add_special_tokens=False).input_ids
-            + tokenizer(reference_solution(problem["answer"]), add_special_tokens=False).input_ids)
-    return torch.tensor([list(prefix) + list(body)])
+    return problem_sequences(tokenizer, [problem], exemplars)[0]
+
+
+def problem_sequences(tokenizer, problems: list[dict], exemplars: list[dict]) -> list[torch.Tensor]:
+    """:func:`problem_ids` of every problem, the exemplars' prompt tokenized once."""
+    prefix = list(tokenizer(cot_prompt("", exemplars).rsplit("Q: ", 1)[0]).input_ids)
+    return [torch.tensor([prefix + list(tokenizer(_question(p), add_special_tokens=False).input_ids)
+                          + list(tokenizer(reference_solution(p["answer"]), add_special_tokens=False).input_ids)])
+            for p in problems]
 
 
 def matched_window(make: Callable[[int], Any], target: float, sequences: list[torch.Tensor], lo: int = 1,
@@ -130,18 +138,22 @@ def score_methods(model, tokenizer, ids: list[str], problems: list[dict], exempl
 
 def matched_gsm8k(model, tokenizer, selected: list[tuple[int, dict]], exemplars: list[dict], separators, *,
                   init: int = 3, neighbors: int = 256, generate: int = 0, max_new_tokens: int = 256,
-                  device: str = "cpu", progress: bool = False) -> dict[str, Any]:
+                  device: str = "cpu", progress: bool = False, scored: int | None = None) -> dict[str, Any]:
     """The answer-NLL proxy of every method of :func:`matched_methods` on ``selected`` problems, and greedy
-    generation (exact match) on the first ``generate`` of them for SepLLM and the matched window.
+    generation (exact match) on the first ``generate`` of them for SepLLM and the matched window. ``scored``:
+    only the first ``scored`` problems are scored (and generated on), the methods still matched over all.
 
     Returns ``{"methods": {name: {"neighbors", "mean_answer_nll", "mean_r_kv", ...}}, "pairs": [...],
     "examples": [records]}``; ``pairs`` holds the paired bootstrap of SepLLM minus each other method (answer NLL:
     below 0 = SepLLM better; exact match: above 0 = SepLLM better)."""
-    sequences = [problem_ids(tokenizer, p, exemplars) for _, p in selected]
+    sequences = problem_sequences(tokenizer, [p for _, p in selected], exemplars)
     methods = matched_methods(separators, sequences, init=init, neighbors=neighbors)
-    ids = [f"gsm8k-test-{i:04d}" for i, _ in selected]
-    problems = [p for _, p in selected]
+    chosen = selected[:scored] if scored else selected
+    ids = [f"gsm8k-test-{i:04d}" for i, _ in chosen]
+    problems = [p for _, p in chosen]
     config = {"init": init, "neighbors": neighbors, "problems": len(problems)}
+    if len(chosen) < len(selected):  # the window was matched over more problems than were scored
+        config["matched_over"] = len(selected)
     out, nll = score_methods(model, tokenizer, ids, problems, exemplars, methods, config, device,
                              info=lambda pattern: {"neighbors": getattr(pattern, "neighbors", None)},
                              progress="  {name:34s} answer NLL {nll:.4f}  r.KV {kv:5.1f} %" if progress else "")
@@ -186,9 +198,12 @@ def parser():
     p.add_argument("--neighbors", type=positive_int, default=256, help="SepLLM's window n (Table 1: 256)")
     p.add_argument("--min-tokens", type=nonnegative_int, default=0, help="keep problems with at least this many "
                    "tokens of question + solution (0: 1.5 x neighbors, so the window binds)")
-    p.add_argument("--problems", type=positive_int, default=40, help="problems scored (the first long enough ones)")
+    p.add_argument("--problems", type=positive_int, default=40, help="problems the methods are set over and "
+                   "scored (the first long enough ones)")
+    p.add_argument("--scored", type=nonnegative_int, default=0, help="score only the first K of them (0: all); "
+                   "the matched window is still set over all --problems (--smoke: 2)")
     p.add_argument("--generate", type=nonnegative_int, default=0,
-                   help="also generate on the first N of them (exact match; at most --problems)")
+                   help="also generate on the first N of them (exact match; at most --problems and --scored)")
     p.add_argument("--max-new-tokens", type=positive_int, default=256)
     p.add_argument("--threads", type=nonnegative_int, default=0, help="CPU threads (0: torch's default)")
     return p
@@ -197,11 +212,12 @@ def parser():
 def check(args) -> None:
     from kvlab.experiments.registry import ParameterError
 
-    if args.smoke:
-        args.problems, args.neighbors, args.min_tokens = 2, 32, 48
+    if args.smoke:  # the full run's sample, window and file name; only 2 problems scored, 4 tokens generated
+        args.scored = min(args.scored or 2, 2, args.problems)
         args.generate, args.max_new_tokens = min(args.generate, 1), 4
-    if args.generate > args.problems:
-        raise ParameterError(f"--generate {args.generate} exceeds --problems {args.problems}: generation runs on the "
+    limit = ("--scored", args.scored) if 0 < args.scored < args.problems else ("--problems", args.problems)
+    if args.generate > limit[1]:
+        raise ParameterError(f"--generate {args.generate} exceeds {limit[0]} {limit[1]}: generation runs on the "
                              "first --generate of the scored problems")
 
 
@@ -215,16 +231,18 @@ def run(args):
     problems, exemplars = load_gsm8k(None)
     min_tokens = args.min_tokens or math.ceil(1.5 * args.neighbors)
     selected = long_problems(tokenizer, problems, min_tokens, args.problems)
-    print(f"{len(selected)} problems with >= {min_tokens} tokens of question + solution; n = {args.neighbors}",
-          flush=True)
+    print(f"{len(selected)} problems with >= {min_tokens} tokens of question + solution; n = {args.neighbors}"
+          + (f"; the first {args.scored} scored" if 0 < args.scored < len(selected) else ""), flush=True)
     label = device_label(device)
     result = matched_gsm8k(model, tokenizer, selected, exemplars, separator_ids(tokenizer), init=args.init,
                            neighbors=args.neighbors, generate=args.generate, max_new_tokens=args.max_new_tokens,
-                           device=label, progress=True)
+                           device=label, progress=True, scored=args.scored or None)
     written = [records.write(stem + records.SUFFIX, result.pop("examples"), out=out)]
     result.update(model=args.model, device=label, init=args.init, neighbors=args.neighbors, min_tokens=min_tokens,
                   problems=len(selected), generate=args.generate, max_new_tokens=args.max_new_tokens,
                   command=f"python -m kvlab run {NAME}", seconds=time.perf_counter() - started)
+    if 0 < args.scored < len(selected):
+        result["scored"] = args.scored
     written.append(write_summary(out, stem + ".json", result))
     for p in result["pairs"]:
         print(f"  {p['a']} - {p['b']} ({p['metric']}): {p['mean_diff']:+.4f} [{p['low']:+.4f}, {p['high']:+.4f}] "

@@ -54,8 +54,11 @@ GSM8K_ONLY = ("h2o", "sep4", "sep2")
 MMLU_ONLY = tuple(f"hw{k}" for k in range(1, 65))
 BOTH = ("vanilla", "sepllm", "matched", "strm256", "fix4", "fix5")
 METHODS = BOTH + GSM8K_ONLY + MMLU_ONLY
-SMOKE = {"gsm8k": 2, "shots": 1, "max_new_tokens": 4, "batch": 2, "h2o": 1, "h2o_seconds": 1.0,
-         "mmlu_subjects": 1, "mmlu_questions": 1, "mmlu_shots": 1, "model": "smollm2-135m"}
+#: --smoke: the row's model (its tokenizer before a tiny random model of its architecture, so head counts and token
+#: lengths are the full run's); GSM8K on 2 problems; MMLU's methods set over the full run's prompts (their matched
+#: windows, hence their names, are the full run's), 2 of the prompts scored
+SMOKE = {"gsm8k": {"gsm8k": 2, "shots": 1, "max_new_tokens": 4, "batch": 2, "h2o": 1, "h2o_seconds": 1.0},
+         "mmlu": {"mmlu_scored": 2}}
 
 
 def method_list(text: str) -> list[str]:
@@ -287,7 +290,11 @@ def mmlu_methods(run: Run, model, tokenizer, separators, args) -> None:
     prompts = mmlu_prompts(subjects=args.mmlu_subjects, questions=args.mmlu_questions, shots=args.mmlu_shots)
     sep = f"SepLLM (n={args.neighbors})"
     hits = {}
-    for name, pattern in mmlu_patterns(run, model, tokenizer, prompts, separators, args).items():
+    patterns = mmlu_patterns(run, model, tokenizer, prompts, separators, args)  # set over every prompt
+    if 0 < (args.mmlu_scored or 0) < len(prompts):
+        prompts = prompts[:args.mmlu_scored]
+        run.meta["mmlu_scored"] = len(prompts)
+    for name, pattern in patterns.items():
         t0 = time.perf_counter()
         rows = mmlu_scores(model, tokenizer, prompts, pattern)
         ids = [f"mmlu-{r['subject']}-{r['index']:04d}" for r in rows]
@@ -319,6 +326,9 @@ def parser():
     p.add_argument("--mmlu-subjects", type=positive_int, default=57, help="MMLU subjects spread over the 57")
     p.add_argument("--mmlu-questions", type=positive_int, default=20, help="scored questions per subject")
     p.add_argument("--mmlu-shots", type=nonnegative_int, default=5, help="MMLU exemplars per prompt (the paper: 5)")
+    p.add_argument("--mmlu-scored", type=nonnegative_int, default=None, help="MMLU: score only the first N "
+                   "prompts (0 or unset: all); the methods' matched windows are still set over all of them "
+                   "(--smoke: 2)")
     p.add_argument("--h2o", type=nonnegative_int, default=128, help="H2O: the first N problems (0: skip)")
     p.add_argument("--h2o-seconds", type=positive_float, default=90.0,
                    help="H2O stops after the problem that passes this")
@@ -338,7 +348,7 @@ def check(args) -> None:
     """Every option, before a model loads: a method of the other part, a count out of range or a GSM8K
     ``--neighbors`` is refused, never ignored."""
     if args.smoke:
-        for key, value in SMOKE.items():
+        for key, value in SMOKE[args.part].items():
             setattr(args, key, value)
     args.stem = args.stem or f"table1_{args.part}"
     if args.methods is None:
@@ -352,6 +362,8 @@ def check(args) -> None:
                              "are GSM8K's; hwK is MMLU's)")
     if args.part == "gsm8k" and args.neighbors != NEIGHBORS:
         raise ParameterError(f"--neighbors applies to --part mmlu; GSM8K runs the paper's n = {NEIGHBORS}")
+    if args.part == "gsm8k" and args.mmlu_scored is not None:
+        raise ParameterError("--mmlu-scored applies to --part mmlu")
     if args.shots > 8:
         raise ParameterError(f"--shots {args.shots}: lm-eval's gsm8k-cot has 8 exemplars; give 1 to 8")
     if args.mmlu_subjects > 57:

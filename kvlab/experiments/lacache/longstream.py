@@ -13,7 +13,10 @@ one sequential pass (see docs/guide/engine.md, "Very long streams"); step 4 meas
 1. load SmolLM2-135M in float32 (bf16 moved perplexity by 0.2-0.3 % on the CPU; the paper's gaps are 4-6 %),
    tokenize the stream;
 2. calibrate: time 40 steady-state steps of the batch; choose the segment length so that the policies and the
-   checks fit in ``--budget-s`` seconds (at most the whole stream, at most ``--max-tokens``);
+   checks fit in ``--budget-s`` seconds (at most the whole stream, at most ``--max-tokens``). ``--segment-tokens N``
+   fixes the length instead: no calibration, and no policy or check is skipped for time, so the run's size does
+   not depend on the machine (``--smoke`` does this: 2 segments of 24 tokens, the second row past the cache's 36
+   entries, so that both policies evict);
 3. StreamingLLM(4, cache_size=324); SepLLMStreaming(4, 32, 224, 324); LaCache.official(324, 16, 0);
    SepLLMStreaming(4, 64, 224, 324) (official-style separators: :func:`kvlab.sepllm.separator_ids`), each the same
    tokens, segments and warm-up; a policy that would overrun the time left is skipped (said in the log);
@@ -22,7 +25,8 @@ one sequential pass (see docs/guide/engine.md, "Very long streams"); step 4 meas
 
 Results in ``--out``: ``segments.examples.jsonl.gz`` (per policy and segment its mean NLL, the ledger's records),
 ``<policy>.json`` (perplexity at every ``--report-every`` tokens, cumulative and per window, at the paper's lengths,
-per-segment perplexity, mean KV), ``deviation_<policy>.json``, ``run.json`` (the plan and calibration). Below
+per-segment perplexity, mean KV), ``deviation_<policy>.json``, ``run.json`` (the plan and calibration;
+``corpus_tokens``: the tokens of the text read, the whole stream unless ``--max-tokens`` is far below it). Below
 ``--min-tokens`` the deviation checks beyond the first are dropped before the stream gets shorter.
 """
 from __future__ import annotations
@@ -37,7 +41,11 @@ from kvlab.experiments import records, registry
 
 NAME = "lacache-longstream"
 RECORDS = "segments" + records.SUFFIX
-SMOKE = dict(segments=2, warmup=8, max_tokens=49, check_tokens=33, report_every=16, budget_s=60, capacity=24,
+# --smoke: a fixed size (no calibration, nothing skipped for time), about 90 decode steps in all. 36 entries are
+# the fewest LaCache.official(c, 16, 0) takes on the model's 30 layers (4 sinks + 30 recent + a ladder of 2); the
+# second segment's row (4 sinks + 12 warm-up tokens, not the stream's prefix + its 24 scored tokens: 40) outgrows
+# them, so both policies evict while it is scored.
+SMOKE = dict(segments=2, warmup=12, max_tokens=49, segment_tokens=24, check_tokens=7, report_every=8, capacity=36,
              local=12, sep_small=4, sep_large=6, min_tokens=0, policies=["streamingllm", "lacache_official_s16o0"],
              check_policies=["lacache_official_s16o0"])
 OVERHEAD = 1.15  # SepLLM / LaCache steps and graph captures cost a little more than StreamingLLM's
@@ -82,8 +90,20 @@ def _step_seconds(model, stream, capacity: int, batch: int, device: str, steps: 
     return (time.perf_counter() - start) / steps
 
 
+def _fixed_plan(args, stream) -> dict:
+    """``--segment-tokens``: the length given (the stream must hold it), no timing, nothing skipped for time."""
+    if args.segments * args.segment_tokens + 1 > min(args.max_tokens, stream.numel()):
+        raise registry.ParameterError(f"--segments {args.segments} x --segment-tokens {args.segment_tokens} + 1 "
+                                      f"exceeds the {min(args.max_tokens, stream.numel()):,} tokens of the stream "
+                                      "(--max-tokens)")
+    return dict(segment_tokens=args.segment_tokens, fixed_size=True, check_policies=list(args.check_policies))
+
+
 def _plan(args, model, stream, n_policies: int, t0: float) -> dict:
-    """Calibrate, then the segment length that fits the policies and the checks in ``--budget-s``."""
+    """Calibrate, then the segment length that fits the policies and the checks in ``--budget-s``
+    (``--segment-tokens``: the length given, see :func:`_fixed_plan`)."""
+    if args.segment_tokens:
+        return _fixed_plan(args, stream)
     t_batch = _step_seconds(model, stream, args.capacity, args.segments, args.device)
     t_one = _step_seconds(model, stream, args.capacity, 1, args.device)
     checks = list(args.check_policies)
@@ -141,6 +161,15 @@ def check(args) -> None:
             raise registry.ParameterError(f"{option} {','.join(wrong)}: the policies are {names} (SepLLM's named by "
                                           "--sep-small / --sep-large)")
     args.check_policies = [p for p in args.check_policies if p in args.policies]
+    if args.segment_tokens < 0 or args.segments * args.segment_tokens + 1 > args.max_tokens:
+        raise registry.ParameterError(f"--segment-tokens {args.segment_tokens}: 0 (calibrate) or a length whose "
+                                      f"--segments {args.segments} segments fit --max-tokens {args.max_tokens} "
+                                      "(segments x length + 1 tokens)")
+
+
+def _no_time(args, plan, t0: float, seconds: float) -> bool:
+    """Whether a step of the plan that needs ``seconds`` more is skipped for time (a fixed-size plan skips none)."""
+    return not plan.get("fixed_size") and time.perf_counter() - t0 + seconds > args.budget_s + 30
 
 
 def _policy_runs(args, model, ids, policies, plan, t0, out, writer) -> list[Path]:
@@ -148,8 +177,8 @@ def _policy_runs(args, model, ids, policies, plan, t0, out, writer) -> list[Path
 
     written = []
     for name, policy in policies.items():
-        elapsed = time.perf_counter() - t0
-        if elapsed + plan["expected_seconds_per_policy"] + plan["expected_check_seconds"] > args.budget_s + 30:
+        if _no_time(args, plan, t0, plan.get("expected_seconds_per_policy", 0) + plan.get("expected_check_seconds", 0)):
+            elapsed = time.perf_counter() - t0
             print(f"SKIP {name}: {elapsed:.0f} s elapsed, {plan['expected_seconds_per_policy']:.0f} s needed")
             continue
         result = long_stream_perplexity(model, ids, policy, segments=args.segments, warmup=args.warmup, sink=4,
@@ -182,6 +211,8 @@ def run(args) -> list[Path]:
     torch.manual_seed(0)
     model, tok = kvlab.load_model("smollm2-135m", dtype=getattr(torch, args.dtype), device=args.device)
     text = kvlab.datasets.load_text("austen") + "\n\n" + kvlab.datasets.load_text("shakespeare")
+    # the text of at most --max-tokens tokens (about 4 characters each): the whole stream at the default
+    text = text[: 8 * max(args.max_tokens, args.check_tokens)]
     stream = tok(text, return_tensors="pt").input_ids[0]
     policies, n_seps = _policies(args, tok)
     plan = _plan(args, model, stream, len(policies), t0)
@@ -195,7 +226,7 @@ def run(args) -> list[Path]:
     with records.RecordWriter(RECORDS, out=out) as writer:
         written = _policy_runs(args, model, ids, policies, plan, t0, out, writer)
     for name in plan["check_policies"]:  # 4. the segmented numbers against one sequential pass
-        if time.perf_counter() - t0 + plan["one_check"] > args.budget_s + 30:
+        if _no_time(args, plan, t0, plan.get("one_check", 0)):
             print(f"SKIP deviation check {name}: no time left", flush=True)
             continue
         dev = long_stream_deviation(model, stream[:args.check_tokens], policies[name], segments=2,
@@ -221,6 +252,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--check-tokens", type=pos, default=8193)
     p.add_argument("--min-tokens", type=int, default=1000000)
     p.add_argument("--budget-s", type=pos, default=460, help="seconds the plan fills")
+    p.add_argument("--segment-tokens", type=int, default=0,
+                   help="tokens per segment, fixed (no calibration, nothing skipped for time); default 0: the most "
+                        "that fit --budget-s")
     p.add_argument("--report-every", type=pos, default=131072)
     p.add_argument("--capacity", type=pos, default=324)
     p.add_argument("--local", type=pos, default=224)

@@ -47,8 +47,9 @@ THROUGHPUT_POLICIES = {
 }
 
 
-# the throughput smoke keeps every policy (a ledger row compares two of them), each for two tiny rounds
-SMOKE = {"ppl": dict(tokens=96, window=32, policies=["lacache-t1-strm512-16k"]),
+# a smoke keeps --policies, or every default policy (a ledger row compares two of them), at a tiny size: ppl three
+# windows of 32 tokens, throughput two rounds of two steps
+SMOKE = {"ppl": dict(tokens=96, window=32),
          "throughput": dict(prefill=32, steps=2, warmup=1, repeats=2)}
 
 

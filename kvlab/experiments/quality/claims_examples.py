@@ -11,6 +11,9 @@ their ledger rows say so. Each record's ``config`` holds the run's policy where 
     python -m kvlab run quality-claims-examples --out DIR            # every file of SOURCES, under DIR
     python -m kvlab run quality-claims-examples --check --out DIR    # refused unless the committed files agree
 
+``--smoke`` converts every source too: the conversion reads committed files only and takes about a second, so there
+is nothing to shrink, and each file keeps its name and its methods (a ledger row recomputes from any of them).
+
 To add a new result: make the experiment write its records itself (preferred), or add a converter here.
 """
 
@@ -34,6 +37,14 @@ def _rec(example, method, metric, value, config=None, **extra):
                           **{k: v for k, v in extra.items() if v is not None})
 
 
+def job_method(name: str, kind: str, args: dict) -> str:
+    """The method a quality-runs job's records carry: a needle / passkey job's name without its length, a GSM8K
+    chunk's (``<method>-000``, ``-010``, ...) without its start, any other job's name."""
+    if kind in ("niah", "passkey"):
+        return name.removesuffix(f"-{args['length']}")
+    return name.rsplit("-", 1)[0] if kind == "gsm8k" else name
+
+
 def _blocks(job, result, records):
     """Perplexity runs: ``block_ppl_1024`` holds the perplexity of each 1,024-token window of the stream."""
     args = job.get("args", {})
@@ -45,7 +56,7 @@ def _blocks(job, result, records):
 def _retrieval(job, result, records):
     """Needle / passkey grids: one outcome per depth; the method is the job name without its length."""
     args = job["args"]
-    method = job["job"].removesuffix(f"-{args['length']}")
+    method = job_method(job["job"], job["kind"], args)
     answers = result.get("answers") or [[]]
     outs = answers[0] if answers and isinstance(answers[0], list) else answers
     for i, depth in enumerate(args["depths"]):
@@ -58,7 +69,7 @@ def _retrieval(job, result, records):
 def _gsm8k(job, result, records):
     """GSM8K chunks of 10 problems: jobs ``<method>-000``, ``-010``, ... are one method."""
     args = job["args"]
-    method = job["job"].rsplit("-", 1)[0]
+    method = job_method(job["job"], job["kind"], args)
     for i, gen in enumerate(result["generations"]):
         ex = f"gsm8k-{args['start'] + i:04d}"
         target = result["answers"][i] if i < len(result.get("answers", [])) else None
@@ -205,9 +216,8 @@ def run(args):
     from kvlab.outputs import OutputFolder
 
     out = OutputFolder(args.out, f"python -m kvlab run {NAME}")
-    sources = dict(list(SOURCES.items())[:1]) if args.smoke else SOURCES
     written = []
-    for src, (convert, dst) in sources.items():
+    for src, (convert, dst) in SOURCES.items():  # --smoke as well (see the module's text)
         name = Path(dst).name.removesuffix(".gz").removesuffix(".examples.jsonl") + records.SUFFIX
         written.append(records.write(name, convert(ROOT / src), out=out))
         print(f"{name}: records from {src}")

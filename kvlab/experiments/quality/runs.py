@@ -10,14 +10,19 @@ is skipped, so a run cut short goes on where it stopped. A failed job is retried
 parameters; the others finish.
 
     python -m kvlab run quality-runs --list [--scale smoke]
-    python -m kvlab run quality-runs --out DIR [--only REGEX] [--cpu-workers N] [--gpu-workers M]
+    python -m kvlab run quality-runs --out DIR [--only REGEX] [--methods A,B] [--cpu-workers N] [--gpu-workers M]
                                      [--scale full|smoke] [--scheduler tcp://HOST:8786] [--records-name NAME]
 
 ``--scheduler`` sends the jobs to a running Dask cluster (``dask scheduler`` on one machine, ``dask worker
 tcp://HOST:8786 --nthreads 1`` on each machine, ``--resources GPU=1`` on GPU machines) instead of local workers.
 
+``--methods`` keeps the jobs whose records carry these methods (the names of the records and of the ledger's
+``method_a`` / ``method_b``: a GSM8K method's chunk jobs, a needle method's job per length), and the records file
+then holds those methods only (not the other jobs an earlier run left in the folder).
+
 ``--scale smoke`` shrinks every job (a few hundred tokens, two problems) to check the whole pipeline
-in a minute (``--smoke``: the smallest job, in this process). After the sweep the jobs' per-example outcomes are
+in a minute (``--smoke``: the smallest job, in this process; with ``--methods``, the smallest job of each, so that a
+ledger row's pair is compared on the same examples). After the sweep the jobs' per-example outcomes are
 written as ``<records-name>.examples.jsonl.gz`` (:mod:`kvlab.experiments.quality.claims_examples`);
 ``python -m kvlab run quality-report --source DIR`` turns the results into the tables of
 ``benchmarks/results/fidelity/fullsize_runs.md``.
@@ -460,18 +465,41 @@ NAME = "quality-runs"
 RECORD_NAMES = ("fullsize_runs", "fidelity_gpu_h100", "fidelity_gpu_h100_sweep", "fidelity_cpu")
 
 
+def _method(job: Job) -> str:
+    from kvlab.experiments.quality.claims_examples import job_method
+
+    return job_method(job.name, job.kind, job.args)
+
+
+def methods() -> list[str]:
+    """Every method of the full-size jobs' records (the choices of ``--methods``), in job order."""
+    return list(dict.fromkeys(_method(j) for j in jobs()))
+
+
 def _selected(args) -> list[Job]:
-    todo = [j for j in jobs(args.scale) if not args.only or re.search(args.only, j.name)]
+    todo = [j for j in jobs(args.scale) if (not args.only or re.search(args.only, j.name))
+            and (not args.methods or _method(j) in args.methods)]
     return sorted(todo, key=lambda j: -j.cost)
 
 
+def _smoke_jobs(selected: list[Job], args) -> list[Job]:
+    """``--smoke``: the cheapest job, or the cheapest of each of ``--methods`` (a ledger row's pair)."""
+    cheapest: dict[str, Job] = {}
+    for j in sorted(selected, key=lambda j: j.cost):
+        cheapest.setdefault(_method(j) if args.methods else "", j)
+    return list(cheapest.values())
+
+
 def parser():
-    from kvlab.experiments.registry import experiment_parser, positive_int
+    from kvlab.experiments.registry import experiment_parser, names_list, positive_int
     from kvlab.experiments.sepllm.common import nonnegative_int
 
     p = experiment_parser(NAME, __doc__.split("\n\n")[0])
     p.add_argument("--list", action="store_true", help="print the jobs and stop")
     p.add_argument("--only", default="", help="regular expression on job names (it must match at least one)")
+    p.add_argument("--methods", type=names_list(methods(), what="method"), default=None,
+                   help="only the jobs whose records carry these methods (comma-separated record method names, "
+                        "e.g. sepllm-gsm8k-sepllm-n-256,sepllm-gsm8k-strmllm-n-256)")
     p.add_argument("--scale", choices=["full", "smoke"], default="full")
     p.add_argument("--cpu-workers", type=positive_int, default=max((os.cpu_count() or 2) - 1, 1))
     p.add_argument("--gpu-workers", type=nonnegative_int, default=4)
@@ -492,23 +520,30 @@ def check(args) -> None:
     except re.error as e:
         raise ParameterError(f"--only {args.only!r} is not a regular expression ({e})") from None
     args.jobs = _selected(args)
+    missing = sorted(set(args.methods or []) - {_method(j) for j in args.jobs})
+    if missing:
+        raise ParameterError(f"--methods {','.join(missing)}: no job of --only {args.only!r} at --scale {args.scale} "
+                             "carries them; --list shows the jobs")
     if args.smoke:
-        args.jobs = sorted(args.jobs, key=lambda j: j.cost)[:1]
+        args.jobs = _smoke_jobs(args.jobs, args)
     if not args.jobs:
         raise ParameterError(f"--only {args.only!r} matches no job; --list shows the job names")
 
 
-def _records(out, name: str) -> Path:
+def _records(out, name: str, methods: list[str] | None = None) -> Path:
+    """``<name>.examples.jsonl.gz``: the records of every job result in the folder (a resumed or earlier run's
+    too); with ``--methods``, of those methods only."""
     from kvlab.experiments import records
     from kvlab.experiments.quality.claims_examples import convert_jobs
     from kvlab.experiments.quality.report import load
 
-    return records.write(name + records.SUFFIX, convert_jobs(load(out.root)), out=out)
+    recs = [r for r in convert_jobs(load(out.root)) if not methods or r["method"] in methods]
+    return records.write(name + records.SUFFIX, recs, out=out)
 
 
 def run(args) -> list:
     """Submit the unfinished jobs to a Dask cluster (kvlab.experiments.sweep): local workers, or --scheduler
-    ADDRESS; ``--smoke`` runs the one job in this process. A job whose result is there is skipped (resume)."""
+    ADDRESS; ``--smoke`` runs its job(s) in this process. A job whose result is there is skipped (resume)."""
     if args.list:
         for j in args.jobs:
             print(f"{j.cost:7.1f} min  {j.device:3s}  {j.name:42s} {j.args}")
@@ -523,7 +558,8 @@ def run(args) -> list:
         from kvlab.experiments.sweep import call_task
 
         open_results(tasks, args.out)
-        call_task(tasks[0], str(args.out), [str(ROOT)])
+        for task in tasks:  # the cheapest job, or one per --methods
+            call_task(task, str(args.out), [str(ROOT)])
     else:
         gpu_workers = args.gpu_workers if (torch.cuda.is_available() or args.scheduler) else 0
         print(f"{len(tasks)} jobs ({sum(t.cost for t in tasks):.0f} single-thread minutes, rough); "
@@ -536,4 +572,4 @@ def run(args) -> list:
         print(report.summary(), flush=True)
         if report.failed:
             raise RuntimeError(f"{len(report.failed)} jobs failed: {report.summary()}")
-    return [_records(open_results(tasks, args.out), args.records_name)]
+    return [_records(open_results(tasks, args.out), args.records_name, args.methods)]

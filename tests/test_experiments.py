@@ -67,14 +67,7 @@ def _models_not_fetched(row: dict) -> list[str]:
     return sorted(n for n in names if n in list_assets() and not asset_path(n).exists())
 
 
-# Smoke reruns that do not yet write the records their row reads (the runs' record names and method names at smoke
-# size): each must pass before its mark is removed (strict).
-NOT_YET_RECOMPUTED = {"quality-claims-examples", "quality-runs", "quality-runs;quality-claims-examples"}
-
-
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(
-    strict=True, reason="the smoke run's records do not yet carry the row's file or method names"))
-    if n in NOT_YET_RECOMPUTED else n for n in sorted(FIRST)])
+@pytest.mark.parametrize("name", sorted(FIRST))
 def test_rerun_smoke_for_each_experiment(name, tmp_path, capsys):
     row = FIRST[name]
     missing = _models_not_fetched(row)

@@ -14,12 +14,12 @@ names (``Fig4 orthogonal (mean over layers 12-28)``, ``T4 layers 0.30 / tokens 0
 """
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Any
 
 from kvlab.experiments import records, registry
+from kvlab.experiments.orthorank.layer_frame import read_layers
 from kvlab.experiments.registry import ParameterError
 from kvlab.experiments.system import options
 from kvlab.outputs import OutputFolder
@@ -116,25 +116,6 @@ def load_model(args):
     from kvlab.experiments.sepllm.common import load_model as load
 
     return load(args.model, options.resolve_device(args.device), smoke=args.smoke)
-
-
-def read_layers(path: str | Path, num_layers: int, smoke: bool = False) -> dict:
-    """A results JSON naming layers (notebook 11's ``sleb_order`` / ``orthorank_order`` and ``table`` rows'
-    ``removed`` / ``routed``). ``smoke``: layer ``l`` of the full model becomes ``l mod num_layers`` of the tiny
-    one (orders keep each layer's first place), so the plans stay of their kind on a model with fewer layers."""
-    found = json.loads(Path(path).read_text())
-    if not smoke:
-        return found
-
-    def fold(layers):
-        return list(dict.fromkeys(int(layer) % num_layers for layer in layers))
-
-    for key in ("sleb_order", "orthorank_order"):
-        if key in found:
-            found[key] = fold(found[key])
-    found["table"] = [dict(row, **{k: sorted(fold(row[k])) for k in ("removed", "routed") if k in row})
-                      for row in found.get("table", [])]
-    return found
 
 
 def _load(args):

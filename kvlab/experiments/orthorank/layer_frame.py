@@ -6,15 +6,18 @@ architecture (4 layers, :func:`kvlab.experiments.orthorank.commands.load_model`)
 to write records under the full run's method names it keeps the full model's frame: its depth (the architecture's
 own config) and its ``l_sink`` (the ``--layers`` file's, notebook 11's profile of the full model), with layer ``l``
 of the full model running as ``l mod 4`` of the tiny one (the folding of
-:func:`~kvlab.experiments.orthorank.commands.read_layers`). Where either is unknown (no ``--layers`` file, or one
+:func:`read_layers`). Where either is unknown (no ``--layers`` file, or one
 without ``l_sink``), a smoke run sizes and names its plans on the tiny model itself.
 """
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass
-from typing import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Iterable
 
-from kvlab.orthorank.layers import Plan
+if TYPE_CHECKING:  # the plans' module loads torch: imported where a plan is folded
+    from kvlab.orthorank.layers import Plan
 
 __all__ = ["LayerFrame", "layer_frame", "full_depth"]
 
@@ -51,6 +54,8 @@ class LayerFrame:
         """``plan`` (the frame's layers) on the model that runs it; a layer folded onto a removed one is removed."""
         removed = self.fold(plan.removed)
         routed = tuple(layer for layer in self.fold(plan.routed) if layer not in removed)
+        from kvlab.orthorank.layers import Plan
+
         return Plan(removed=removed, routed=routed, router=dict(plan.router))
 
     def as_dict(self) -> dict:
@@ -79,9 +84,27 @@ def layer_frame(args, model, sink_layer: int) -> LayerFrame:
     own = LayerFrame(depth, sink_layer, depth)
     if not args.smoke or not args.layers:
         return own
-    from kvlab.experiments.orthorank.commands import read_layers
 
     full, sink = full_depth(args.model), read_layers(args.layers, depth).get("l_sink")
     if full is None or full < depth or not isinstance(sink, int) or not -1 <= sink < full - 1:
         return own
     return LayerFrame(full, sink, depth)
+
+
+def read_layers(path: str | Path, num_layers: int, smoke: bool = False) -> dict:
+    """A results JSON naming layers (notebook 11's ``sleb_order`` / ``orthorank_order`` and ``table`` rows'
+    ``removed`` / ``routed``). ``smoke``: layer ``l`` of the full model becomes ``l mod num_layers`` of the tiny
+    one (orders keep each layer's first place), so the plans stay of their kind on a model with fewer layers."""
+    found = json.loads(Path(path).read_text())
+    if not smoke:
+        return found
+
+    def fold(layers):
+        return list(dict.fromkeys(int(layer) % num_layers for layer in layers))
+
+    for key in ("sleb_order", "orthorank_order"):
+        if key in found:
+            found[key] = fold(found[key])
+    found["table"] = [dict(row, **{k: sorted(fold(row[k])) for k in ("removed", "routed") if k in row})
+                      for row in found.get("table", [])]
+    return found

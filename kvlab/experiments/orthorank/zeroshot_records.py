@@ -84,8 +84,8 @@ def plans(num_layers: int, known: dict, sparsity: float, token_ratio: float) -> 
 
 def table4_from_file(path: str, num_layers: int = 0, smoke: bool = False) -> dict:
     """Table 4's plans as the perplexity run chose them (its JSON's ``table``), by the same method names
-    (``smoke``: folded onto the tiny model's ``num_layers``, :func:`commands.read_layers`)."""
-    from kvlab.experiments.orthorank.commands import read_layers
+    (``smoke``: folded onto the tiny model's ``num_layers``, :func:`layer_frame.read_layers`)."""
+    from kvlab.experiments.orthorank.layer_frame import read_layers
     from kvlab.orthorank.layers import Plan
 
     table = read_layers(path, num_layers, smoke)["table"]

@@ -18,7 +18,7 @@ step() {  # step NAME CMD...: log to NAME.log, the exit to steps.txt; a failing 
 if [ "${SMOKE:-0}" = 1 ]; then
   TRITON_INTERPRET=1 step tests "$PY" -m pytest tests/test_dhsa_fast_selection.py -q -x -p no:cacheprovider
   step e2e "$PY" -m kvlab run dhsa-prefill-e2e --out "$D/e2e" --smoke --methods sdpa,dhsa-pred-shared --kernels packed
-  exit 0
+  exit 0  # (the smoke keeps its e2e folder)
 fi
 step tests "$PY" -m pytest tests/test_dhsa_fast_selection.py tests/test_dhsa_kernel.py -q -p no:cacheprovider \
   -k "fast or cuda or auto"
@@ -26,3 +26,6 @@ step ops "$PY" -m kvlab bench dhsa ops --seqs 32768 --share 0,1 --variants packe
   --no-flex --time-budget 0.4 --out "$D/ops" --tag h200
 step e2e "$PY" -m kvlab run dhsa-prefill-e2e --out "$D/e2e" --shapes gemma2-2b-global --seqs 32768,16384 \
   --methods sdpa,dhsa-pred-shared --combos packed:1 --repeats 3 --no-compile
+# the results folder holds files, not folders (TOPIC/RUN/FILE): each command wrote a folder of its own, lifted here
+for sub in ops e2e; do [ -d "$D/$sub" ] && find "$D/$sub" -maxdepth 1 -type f ! -name .kvlab-outputs -exec mv {} "$D/" \; \
+  && rm -rf "$D/$sub"; done

@@ -18,7 +18,7 @@ import nbformat
 import pytest
 
 from kvlab.classroom import attacks, grading
-from kvlab.classroom import lessons as classroom
+from kvlab.classroom import cli, lessons as classroom
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -244,7 +244,7 @@ def test_grading_refuses_without_a_sandbox_unless_trusted(graded, monkeypatch, t
         grading.grade_submissions(assignment.solutions, assignment.autograder, sorted(subs.glob("*.ipynb")))
     built = assignment.autograder.parent.parent.parent
     master = built.parent / "master" / f"{attacks.NAME}.ipynb"
-    code = classroom.main(["grade", str(master), str(subs), "--built", str(built), "--out", str(tmp_path / "out")])
+    code = cli.main(["grade", str(master), str(subs), "--built", str(built), "--out", str(tmp_path / "out")])
     assert code == 2 and "apt-get install bubblewrap" in capsys.readouterr().err
     trusted = grading.grade_submissions(assignment.solutions, assignment.autograder, sorted(subs.glob("*.ipynb")),
                                         trust_submissions=True)

@@ -18,7 +18,7 @@ import nbformat
 import pytest
 
 from kvlab.classroom import attacks, cgroups, grading
-from kvlab.classroom import lessons as classroom
+from kvlab.classroom import cli, lessons as classroom
 from kvlab.outputs import OutputRefused
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -131,7 +131,7 @@ def test_a_class_writer_never_replaces_a_real_students_notebook(tiny, tmp_path, 
         submissions.write_class(assignment.autograder.parent.parent, 2, real)
     with pytest.raises(OutputRefused, match="student0.ipynb"):
         attacks.write_class(assignment.student, real)
-    code = classroom.main(["class", str(assignment.autograder.parent.parent), "2", str(real)])
+    code = cli.main(["class", str(assignment.autograder.parent.parent), "2", str(real)])
     assert code == 2 and "student0.ipynb" in capsys.readouterr().err
     assert (real / "student0.ipynb").read_text() == "a real student's work"
     fresh = tmp_path / "fresh"
@@ -254,15 +254,15 @@ def test_a_private_variant_builds_apart_from_the_public_build(tmp_path):
 def test_lessons_time_checks_its_options_before_any_work(tmp_path, capsys):
     """`lessons time`: a bad option, an unknown lesson or a results folder holding someone's file is refused at
     once (exit 2, nothing graded, nothing written)."""
-    assert classroom.main(["time", "tiny", "--repeats", "0", "--out", str(tmp_path / "a")]) == 2
+    assert cli.main(["time", "tiny", "--repeats", "0", "--out", str(tmp_path / "a")]) == 2
     assert "--repeats" in capsys.readouterr().err and not (tmp_path / "a").exists()
-    assert classroom.main(["time", "99", "--out", str(tmp_path / "b")]) == 2
+    assert cli.main(["time", "99", "--out", str(tmp_path / "b")]) == 2
     assert "99" in capsys.readouterr().err
-    assert classroom.main(["time", "tiny", "--name", "../x.json", "--out", str(tmp_path / "c")]) == 2
+    assert cli.main(["time", "tiny", "--name", "../x.json", "--out", str(tmp_path / "c")]) == 2
     theirs = tmp_path / "theirs"
     theirs.mkdir()
     (theirs / "tiny.json").write_text("someone's results")
-    assert classroom.main(["time", "tiny", "--out", str(theirs)]) == 2
+    assert cli.main(["time", "tiny", "--out", str(theirs)]) == 2
     assert "tiny.json" in capsys.readouterr().err and (theirs / "tiny.json").read_text() == "someone's results"
     with pytest.raises(SystemExit):
-        classroom.main(["time", "tiny", "--rep", "3"])  # no prefixes of options
+        cli.main(["time", "tiny", "--rep", "3"])  # no prefixes of options

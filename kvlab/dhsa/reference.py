@@ -52,7 +52,7 @@ __all__ = [
     "fixed_boundaries", "check_boundaries", "chunk_index", "chunk_lengths", "split_long_chunks",
     "decode_boundaries",
     # Eq. 4, similarity, upsampling, selection, attention
-    "AGGREGATIONS", "chunk_representation", "chunk_similarity", "upsample", "dhsa_mask", "block_query_mask",
+    "AGGREGATIONS", "chunk_representation", "represent_sums", "chunk_similarity", "upsample", "dhsa_mask", "block_query_mask",
     "INITIAL_RULES", "TIE_ORDERS",
     "dhsa_attention_reference", "dhsa_decode_reference", "kept_per_row", "max_forced", "local_starts",
     # chunk form of the kept set (what the kernels consume)
@@ -188,6 +188,13 @@ def chunk_representation(x: torch.Tensor, boundaries: torch.Tensor, aggregation:
     lengths = chunk_lengths(boundaries).to(x.device, x.dtype)  # (C,)
     sums = torch.zeros(*x.shape[:-2], lengths.numel(), x.shape[-1], dtype=x.dtype, device=x.device)
     sums.index_add_(-2, idx, x)
+    return represent_sums(sums, lengths, aggregation)
+
+
+def represent_sums(sums: torch.Tensor, lengths: torch.Tensor, aggregation: str) -> torch.Tensor:
+    """A chunk's representation from the sum of its rows and its length (the last step of
+    :func:`chunk_representation`: the sum, the mean over the longest chunk, the mean, or the mean scaled by the
+    square root of the length, the paper's length-normalised aggregation)."""
     if aggregation == "sum":
         return sums
     if aggregation == "padded_mean":

@@ -130,7 +130,7 @@ import triton.language as tl
 
 from kvlab.kernels.triton_utils import dot, gathered_tile, interpreting, online_softmax_step
 
-from .reference import ChunkPlan, chunk_plan
+from .reference import ChunkPlan, chunk_plan, represent_sums
 
 __all__ = ["dhsa_attention_triton", "launch_tables", "launch_tables_fast", "chunk_plan_fast", "host_plan",
            "LaunchTables", "query_tiles", "default_config", "VARIANTS",
@@ -943,18 +943,6 @@ def _chunk_sums(x: torch.Tensor, st: torch.Tensor, en: torch.Tensor, dtype: torc
     return out
 
 
-def _represent(sums: torch.Tensor, lengths: torch.Tensor, aggregation: str) -> torch.Tensor:
-    # the last lines of kvlab.dhsa.reference.chunk_representation, on the chunk sums
-    if aggregation == "sum":
-        return sums
-    if aggregation == "padded_mean":
-        return sums / lengths.max()
-    mean = sums / lengths[:, None]
-    if aggregation == "mean":
-        return mean
-    return mean * lengths.sqrt()[:, None]
-
-
 def _sequence_lists(q, k, meta_dev, length, aggregation, share_heads, score_dtype):
     """``(heads | 1, C, length)`` int32 ranked lists of one sequence (``q`` ``(heads, n, d)``, ``k`` ``(kv, n, d)``)."""
     st, en, cstart, ls, n_tok = meta_dev  # int32 rows on the device
@@ -962,7 +950,7 @@ def _sequence_lists(q, k, meta_dev, length, aggregation, share_heads, score_dtyp
     qs, ks = _chunk_sums(q, st, en, score_dtype), _chunk_sums(k, st, en, score_dtype)
     if share_heads:  # the mean over heads of every token, then its chunk sum: the sum of the head sums / heads
         qs, ks = qs.sum(0, keepdim=True) / q.shape[0], ks.sum(0, keepdim=True) / k.shape[0]
-    qc, kc = _represent(qs, lengths, aggregation)[None], _represent(ks, lengths, aggregation)[None]
+    qc, kc = represent_sums(qs, lengths, aggregation)[None], represent_sums(ks, lengths, aggregation)[None]
     kc = kc.repeat_interleave(qc.shape[1] // kc.shape[1], dim=1)
     s = (qc @ kc.transpose(-1, -2))[0]  # (H, C, C), as chunk_similarity
     C = st.numel()

@@ -80,7 +80,7 @@ class Assignment:
     def seed(self) -> int | None:
         """The secret seed ``make --seed`` kept beside the autograder zip (None: none was given)."""
         path = self.autograder.parent / SEED_FILE
-        return int(path.read_text().strip()) if path.exists() else None
+        return _seed_in(path) if path.exists() else None
 
 
 SEED_FILE = "hidden_seed"  # in the private autograder folder: the seed the hidden tests draw their inputs from
@@ -312,7 +312,17 @@ def read_seed_file(path: pathlib.Path) -> int:
     if path.stat().st_mode & 0o077:
         raise ValueError(f"{path} may be read by others than its owner: `chmod 600 {path}` (it holds the secret of "
                          f"the hidden tests' inputs)")
-    return int(path.read_text().strip())
+    return _seed_in(path)
+
+
+def _seed_in(path: pathlib.Path) -> int:
+    """The whole number a seed file holds; a file holding anything else is named (its text is not shown: a seed is
+    a secret)."""
+    try:
+        return int(path.read_text().strip())
+    except (ValueError, UnicodeDecodeError):
+        raise ValueError(f"{path} does not hold a whole number (the secret seed of the hidden tests' inputs): write "
+                         f"one into it (e.g. `echo 1234 > {path}`), or make the assignment again with --seed") from None
 
 
 REVIEW_LIMIT = 4000  # characters of the review column of one submission

@@ -264,6 +264,13 @@ class KVCache(Cache):
         """
         if self._step is not None:
             self.rollback()
+        if length < 1:
+            used = (f"this KVCache already holds a stream of {self.seen} tokens, and transformers' generate() reads "
+                    f"a used cache as the first {self.seen} tokens of the prompt it is given, so a new prompt of that "
+                    "length or less leaves none to run" if self.seen else "a step needs at least one new token")
+            raise ValueError(f"{used}: make a new KVCache for each prompt (KVCache(model, policy)) or call "
+                             "cache.reset() first; to continue the same stream, pass all of it (prompt, generated "
+                             "tokens, then the new text)")
         if self.batch is not None and batch != self.batch:
             raise ValueError(f"this KVCache holds {self.batch} stream(s) but the step has batch size {batch}: a cache "
                              "belongs to one batch of streams; create a new KVCache (or call cache.reset())")

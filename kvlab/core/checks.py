@@ -13,7 +13,7 @@ from typing import Any, Iterable
 import torch
 
 __all__ = ["check_int", "check_float", "check_choice", "check_tensor", "check_token_ids", "check_parameters",
-           "check_notebook_parameters", "declared_parameters", "parameter_problems"]
+           "check_notebook_parameters", "declared_parameters", "parameter_problems", "blank_parameters"]
 
 
 def check_int(name: str, value: Any, minimum: int | None = None, maximum: int | None = None) -> int:
@@ -100,7 +100,9 @@ def check_parameters(namespace: dict) -> None:
     - the type, and the element types of a list, dict or tuple (``[1, 2]`` is not a ``list[str]``); an int is
       accepted where a float is declared, and ``None`` where the annotation allows it (``int | None``);
     - finiteness: NaN and infinities are refused in every float;
-    - range: a number whose declared default is >= 0 (a count, size, rate or fraction) must not be negative;
+    - range: a number whose declared default is >= 0 (a count, size, rate or fraction) must not be negative, and
+      a string whose declared default is not blank (a prompt, a name, a path) must not be blank unless its comment
+      says what the empty string means (``other: str = "gemma3-270m"  # another tokenizer ("" for none)``);
     - names: a name papermill injected that the parameters cell does not declare (``-p max_tokenz 5``) is an
       error that suggests the declared name nearest to it (papermill itself only warns).
     """
@@ -110,7 +112,12 @@ def check_parameters(namespace: dict) -> None:
     values = {name: namespace[name] for name in annotations if name in namespace}
     injected = _injected_names(namespace.get("In"))
     values.update({name: namespace.get(name) for name in injected if name not in annotations})
-    _raise_problems(parameter_problems(declared, values), "notebook parameters")
+    blank_ok = set()
+    history = namespace.get("In")
+    for source in history if isinstance(history, (list, tuple)) else ():
+        if isinstance(source, str) and ":" in source:
+            blank_ok |= blank_parameters(source)
+    _raise_problems(parameter_problems(declared, values, blank_ok=blank_ok), "notebook parameters")
 
 
 _NO_DEFAULT = object()
@@ -197,9 +204,11 @@ def _numbers(value: Any):
             yield from _numbers(v)
 
 
-def parameter_problems(declared: dict[str, tuple[Any, Any]], values: dict[str, Any]) -> list[tuple[str, str]]:
+def parameter_problems(declared: dict[str, tuple[Any, Any]], values: dict[str, Any], *,
+                       blank_ok: Iterable[str] = ()) -> list[tuple[str, str]]:
     """What is wrong with ``values`` against a parameters cell ``declared`` (name -> (annotation, default)):
-    a list of (kind, line), kind "name", "type" or "range"; empty when every value is fine."""
+    a list of (kind, line), kind "name", "type" or "range"; empty when every value is fine. ``blank_ok``: the
+    text parameters whose comment says what an empty value means (:func:`blank_parameters`)."""
     import difflib
 
     problems = []
@@ -218,6 +227,11 @@ def parameter_problems(declared: dict[str, tuple[Any, Any]], values: dict[str, A
         numbers = list(_numbers(value))
         if any(isinstance(x, float) and not math.isfinite(x) for x in numbers):
             problems.append(("range", f"  {name} must be finite, got {value!r}"))
+            continue
+        if (isinstance(value, str) and not value.strip() and isinstance(default, str) and default.strip()
+                and name not in blank_ok):
+            problems.append(("range", f"  {name} must not be empty (its default is {default!r}: text the notebook "
+                                      f"reads, a name or a path), got {value!r}; pass a non-empty value"))
             continue
         floor = list(_numbers(default)) if default is not _NO_DEFAULT else []
         if floor and min(floor) >= 0 and numbers and min(numbers) < 0:
@@ -240,10 +254,7 @@ def _raise_problems(problems: list[tuple[str, str]], what: str) -> None:
                     f"and YAML lists such as [1, 2]; quote nothing else):\n{lines}")
 
 
-def declared_parameters(notebook) -> dict[str, tuple[Any, Any]]:
-    """The parameters a notebook's cell tagged ``parameters`` declares: name -> (annotation, default), read from
-    its source (``max_tokens: int = 4096  # ...``) without running it."""
-    import ast
+def _parameters_source(notebook) -> str:
     import json
     from pathlib import Path
 
@@ -252,7 +263,17 @@ def declared_parameters(notebook) -> dict[str, tuple[Any, Any]]:
     if not cells:
         raise ValueError(f"{notebook}: no cell tagged 'parameters' (papermill needs one to inject values)")
     source = cells[0]["source"]
-    source = "".join(source) if isinstance(source, list) else source
+    return "".join(source) if isinstance(source, list) else source
+
+
+def declared_parameters(notebook) -> dict[str, tuple[Any, Any]]:
+    """The parameters a notebook's cell tagged ``parameters`` declares: name -> (annotation, default), read from
+    its source (``max_tokens: int = 4096  # ...``) without running it."""
+    import ast
+    import json
+    from pathlib import Path
+
+    source = _parameters_source(notebook)
     found: dict[str, tuple[Any, Any]] = {}
     for node in ast.parse(source).body:
         if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
@@ -279,7 +300,29 @@ def check_notebook_parameters(notebook, values: dict, where: str = "") -> None:
     from pathlib import Path
 
     what = f"{Path(notebook).name}: parameters" + (f" from {where}" if where else "")
-    _raise_problems(parameter_problems(declared_parameters(notebook), dict(values)), what)
+    blank_ok = blank_parameters(_parameters_source(notebook))
+    _raise_problems(parameter_problems(declared_parameters(notebook), dict(values), blank_ok=blank_ok), what)
+
+
+def blank_parameters(source: str) -> set[str]:
+    """The text parameters of a parameters cell ``source`` that may be empty: those whose comment names the empty
+    string (``""`` or ``''``), which is where the cell says what an empty value means."""
+    import io
+    import re
+    import tokenize
+
+    names = set()
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
+    except (tokenize.TokenError, SyntaxError):
+        return names
+    lines = source.splitlines()
+    for tok in tokens:
+        if tok.type == tokenize.COMMENT and ('""' in tok.string or "''" in tok.string):
+            match = re.match(r"\s*([A-Za-z_]\w*)\s*:", lines[tok.start[0] - 1])
+            if match:
+                names.add(match.group(1))
+    return names
 
 
 def _injected_names(history: Any) -> list[str]:

@@ -120,6 +120,9 @@ def _check_qkv(q, k, v, same_len=True):
         raise ValueError(f"query heads ({h}) must be a multiple of key/value heads ({k.shape[1]}) (GQA)")
     if not (q.dtype == k.dtype == v.dtype):
         raise ValueError(f"q, k, v dtypes differ ({q.dtype}, {k.dtype}, {v.dtype}): cast them to one")
+    if not q.is_floating_point():
+        raise ValueError(f"q, k, v must be floating point (float16, bfloat16, float32 or float64), got {q.dtype}: "
+                         "attention takes real-valued queries, keys and values; cast them, e.g. q.float()")
     if not (q.device == k.device == v.device):
         raise ValueError("q, k and v must be on the same device")
 

@@ -183,6 +183,10 @@ def chunk_representation(x: torch.Tensor, boundaries: torch.Tensor, aggregation:
     """
     if aggregation not in AGGREGATIONS:
         raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {aggregation!r}")
+    if not isinstance(x, torch.Tensor) or x.dim() != 4:
+        raise ValueError(f"x must be queries or keys of shape (batch, heads, seq, dim), got "
+                         f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}: add the missing "
+                         "dimensions (one head of one sequence (seq, dim) is x[None, None])")
     n = x.shape[-2]
     idx = chunk_index(boundaries, n).to(x.device)
     lengths = chunk_lengths(boundaries).to(x.device, x.dtype)  # (C,)

@@ -358,7 +358,13 @@ def shipped_predictor(model_name: str = "smollm2-135m", device=None, *, layer: i
     configuration: its boundaries follow the text, not the position) before one on rotated keys, then the
     higher held-out F1. A predictor trained on all layers places almost
     no boundary at layer 0 (its keys differ from the other layers'). ``file`` picks one by name instead."""
-    cands = sorted(SHIPPED.glob(f"{model_name}*.json"))
+    import glob
+
+    if not isinstance(model_name, str) or not model_name.strip():
+        raise ValueError(f"model_name must be a model's name such as 'smollm2-135m', got {model_name!r} (kvlab ships "
+                         f"predictors for: {sorted(p.stem for p in SHIPPED.glob('*.pt'))})")
+    # the name is a name, never a pattern: "*" or "[" find no file instead of every file or a pattern error
+    cands = sorted(SHIPPED.glob(f"{glob.escape(model_name)}*.json"))
     if file is not None:
         cands = [SHIPPED / (Path(file).stem + ".json")]
     infos = [(json.loads(c.read_text()), c) for c in cands if c.exists() and c.with_suffix(".pt").exists()]

@@ -226,11 +226,15 @@ def sign_test(a: Sequence[float], b: Sequence[float]) -> SignTest:
     Counts the pairs where ``a > b`` (wins) and ``a < b`` (losses), drops ties, and returns
     ``p = min(1, 2 * P(X <= min(wins, losses)))`` for ``X ~ Binomial(wins + losses, 1/2)``. On 0/1 outcomes this
     is McNemar's exact test (:func:`mcnemar_exact`). It uses only the signs, so it holds whatever the
-    distribution of the differences; with no informative pair, ``p = 1``.
+    distribution of the differences; with pairs but none informative (all ties), ``p = 1``. No pairs at all is
+    refused: there is nothing to test, and ``p = 1`` would read as a measured "no difference".
     """
     a, b = _vector(a, "a"), _vector(b, "b")
     if a.shape != b.shape:
         raise ValueError(f"a and b must pair up example by example: got {a.size} and {b.size} values")
+    if a.size == 0:
+        raise ValueError("sign_test needs at least one pair (a[i], b[i]), got none: pass the per-example outcomes "
+                         "of both methods")
     wins, losses = int(np.sum(a > b)), int(np.sum(a < b))
     ties = int(a.size - wins - losses)
     m = wins + losses

@@ -8,6 +8,7 @@ policy kept of tokens ``0..t-1`` plus itself, and its logits score token ``t + 1
 from __future__ import annotations
 
 import math
+import numbers
 import time
 import warnings
 from dataclasses import dataclass
@@ -310,7 +311,15 @@ def chunked_perplexity(model, tokenizer, text, policy, max_tokens: int | None = 
 
 def ppl_at_lengths(result, lengths) -> dict[int, float]:
     """Perplexity over the first ``N`` tokens for each ``N`` in ``lengths`` (the paper's "decoding length",
-    Tables 1-2): ``exp(mean(nll[:N-1]))``; lengths beyond the run are left out."""
+    Tables 1-2): ``exp(mean(nll[:N-1]))``; lengths beyond the run are left out. A length must be an integer of at
+    least 2 (one scored token after the first): 0, 1, negative or fractional lengths are refused by name."""
+    if isinstance(lengths, (int, str)):
+        raise ValueError(f"lengths must be a list of token counts, e.g. [1024, 4096], got {lengths!r}")
+    lengths = list(lengths)
+    bad = [n for n in lengths if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 2]
+    if bad:
+        raise ValueError(f"lengths must be integers >= 2 (perplexity over the first N tokens scores N - 1 of them): "
+                         f"got {bad[0]!r} in {lengths!r}; drop it or pass a length of at least 2")
     out = {}
     for length in lengths:
         if 2 <= length <= result.nll.numel() + 1:

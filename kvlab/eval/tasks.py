@@ -454,6 +454,11 @@ def repo_targets(tokenizer, n_tokens: int, count: int, *, package: str = "click"
     """Indices for :func:`repo_task`'s ``use=``: ``count`` uses of the package whose target lines all differ
     (after stripping), in a seeded order. Seeds alone draw uses with replacement, so 20 seeds gave 14 distinct
     targets; a set of distinct targets keeps every example a new question. Raises when the package has fewer."""
+    if isinstance(count, bool) or not isinstance(count, int):
+        raise TypeError(f"count must be an int (the number of examples to draw), got {type(count).__name__} {count!r}")
+    if count < 1:
+        raise ValueError(f"count must be >= 1 (the number of examples, each a distinct use of {package!r}), got "
+                         f"{count}: ask for at least one example")
     root = _package_root(package, root)
     files = _python_files(root)
     uses = _eligible_uses(tokenizer, files, n_tokens, query_lines)

@@ -301,7 +301,25 @@ def code_hash(nb) -> str:
 
 
 def params_hash(parameters: dict) -> str:
-    return hashlib.sha256(json.dumps(parameters, sort_keys=True).encode()).hexdigest()
+    """The sha256 of a parameter set as JSON. A value JSON cannot hold (YAML reads an unquoted 2024-05-01 as a
+    date, papermill would pass the notebook a date object) is refused by name: quote it in the file."""
+    try:
+        text = json.dumps(parameters, sort_keys=True)
+    except TypeError:
+        bad = [f"{k} = {v!r} ({type(v).__name__})" for k, v in sorted(parameters.items(), key=lambda kv: str(kv[0]))
+               if not _json_value(v)]
+        raise ValueError(f"parameters that are not numbers, text, true/false, null or lists and maps of them: "
+                         f"{', '.join(bad) or repr(parameters)}; quote them in the YAML file (e.g. '2024-05-01'), so the "
+                         "notebook gets text") from None
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _json_value(value) -> bool:
+    try:
+        json.dumps(value)
+    except TypeError:
+        return False
+    return True
 
 
 def _shown(path: pathlib.Path) -> str:

@@ -41,6 +41,9 @@ def _check(q, k, v, is_sep, init, neighbors, scale, backend):
         raise ValueError(f"query heads ({h}) must be a multiple of key/value heads ({k.shape[1]})")
     if not (q.dtype == k.dtype == v.dtype):
         raise ValueError(f"q, k, v dtypes differ ({q.dtype}, {k.dtype}, {v.dtype}): cast them to one")
+    if not q.is_floating_point():
+        raise ValueError(f"q, k, v must be floating point (float16, bfloat16, float32 or float64), got {q.dtype}: "
+                         "attention takes real-valued queries, keys and values; cast them, e.g. q.float()")
     if not isinstance(is_sep, torch.Tensor) or is_sep.dtype != torch.bool or tuple(is_sep.shape) != (bsz, n):
         raise ValueError(f"is_sep must be a bool tensor of shape (batch, seq) = ({bsz}, {n}); got "
                          f"{getattr(is_sep, 'dtype', type(is_sep).__name__)} {tuple(getattr(is_sep, 'shape', ()))}"

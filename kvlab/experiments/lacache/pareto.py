@@ -274,7 +274,7 @@ def run(args, load=_model_and_ids) -> list[Path]:
     p = args.plan
     out = OutputFolder(args.out, f"python -m kvlab run {NAME}")
     plan_path = out.root / "plan.json"
-    if plan_path.exists() and json.loads(plan_path.read_text()) != p:
+    if plan_path.exists() and _read_json(plan_path, "plan") != p:
         raise registry.ParameterError(f"{plan_path} holds another plan; give a new --out (a plan is fixed before "
                                       "its run)")
     out.claim("plan.json").write_text(json.dumps(p, indent=1) + "\n")
@@ -284,7 +284,7 @@ def run(args, load=_model_and_ids) -> list[Path]:
     cands = candidates(model.config.num_hidden_layers, p)
     sel_path = out.root / "selection.json"
     if sel_path.exists():
-        chosen = json.loads(sel_path.read_text())
+        chosen = _read_json(sel_path, "selection")
     else:
         chosen = select(model, ids, p, cands)
         chosen["device"] = device_line
@@ -305,6 +305,15 @@ def run(args, load=_model_and_ids) -> list[Path]:
             print(f"size {size}: ladder - best random = {d['estimate']:+.4f} nats [{d['ci_low']:+.4f}, "
                   f"{d['ci_high']:+.4f}], n = {d['n']}, ladder lower on {d['ladder_lower']}")
     return [path, plan_path, sel_path, out.root / "summary.json"]
+
+
+def _read_json(path: Path, what: str):
+    """A file of an earlier call in this --out (the plan, the selection), or a ParameterError naming it."""
+    try:
+        return json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise registry.ParameterError(f"{path} is not the JSON {what} an earlier run wrote ({e}): an edited or damaged "
+                                      "file; give a new --out, or empty this one to start again") from None
 
 
 def _sizes(text: str) -> list[int]:

@@ -1,7 +1,7 @@
 """The claims ledger (benchmarks/claims.csv) and the statistics behind its verdicts (kvlab.eval.stats).
 
-Properties are checked on seeded random inputs over small grids (kvlab does not use hypothesis; see
-docs/guide/sweeps-and-tools.md)."""
+Properties are checked on seeded random inputs over small grids (the hypothesis-drawn properties of the policies,
+mechanisms and record format are in tests/test_properties.py; see docs/guide/sweeps-and-tools.md)."""
 
 import math
 import shutil
@@ -251,7 +251,7 @@ def test_readme_counts_add_up_to_the_ledger(rows):
         mine = [r for r in rows if paper == "all" or r["paper"] == paper]
         claim_rows = [r for r in mine if r["role"] == "claim" and not r["proxy_of"] and not r["superseded"]
                       and r["kind"] != "not testable"]
-        for word in ("agrees", "does not agree", "excluded", "floor"):
+        for word in ("agrees", "smaller", "does not agree", "excluded", "floor", "not measurable"):
             assert int(c[word]) == sum(r["verdict"] == word for r in claim_rows), (paper, word)
         assert int(c["inconclusive"]) == sum(r["verdict"].startswith("inconclusive") for r in claim_rows), paper
         assert int(c["not run"]) == sum(r["verdict"].startswith("not run") for r in claim_rows), paper
@@ -277,9 +277,10 @@ def test_readme_counts_add_up_to_the_ledger(rows):
         strict = [r for r in rows if r["paper"] == paper and r["role"] == "claim" and not r["proxy_of"]
                   and not r["superseded"] and r["kind"] == "statistical" and int(r["n"]) >= claims.MIN_N
                   and len(claims.items_of(r["item"])) <= 2]
-        tested = {i for r in strict for i in claims.items_of(r["item"])} & set(items)
-        decided = {i for r in strict if int(r["n"]) >= 30 and r["verdict"] in ("agrees", "does not agree", "excluded")
-                   for i in claims.items_of(r["item"])} & set(items)
+        tested = {i for r in strict for i in claims.items_of(r["item"], paper)} & set(items)
+        decided = {i for r in strict if int(r["n"]) >= 30 and r["plan"] == "before"
+                   and r["verdict"] in ("agrees", "smaller", "does not agree", "excluded")
+                   for i in claims.items_of(r["item"], paper)} & set(items)
         assert int(cells[paper]["tested"]) == len(tested), paper
         assert int(cells[paper]["decided n>=30"]) == len(decided), paper
 
@@ -300,7 +301,7 @@ def test_items_of_reads_the_item_column(item, expected):
 def test_every_row_names_items_of_its_paper(rows):
     """An item cell that names a table or figure names one the paper has (no 'Table 18' for a 17-table paper)."""
     for r in rows:
-        unknown = set(claims.items_of(r["item"])) - set(claims.INVENTORY[r["paper"]])
+        unknown = set(claims.items_of(r["item"], r["paper"])) - set(claims.INVENTORY[r["paper"]])
         assert not unknown, f"{r['id']}: {sorted(unknown)} is not in {r['paper']}'s inventory"
 
 

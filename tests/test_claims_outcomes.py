@@ -1,4 +1,5 @@
-"""The ledger's five outcomes (agrees, does not agree, excluded, floor, inconclusive), its strict coverage rule,
+"""The ledger's outcomes (agrees, smaller, does not agree, excluded, floor, not measurable, inconclusive), its strict
+coverage rule,
 proxies, sensitivity rows, planned n, and block bootstrap for windows of one stream (kvlab.experiments.claims)."""
 
 import json
@@ -17,16 +18,17 @@ from kvlab.experiments import claims
     (-0.002, 0.003, "a<b", {}, "inconclusive"),                          # no paper number: nothing to rule out
     (-0.09, 0.08, "a>b", {"paper_effect": 0.40}, "excluded"),
     (-0.09, 0.08, "a>b", {"paper_effect": 0.40, "at_floor": True}, "floor"),
-    (0.01, 0.08, "a>b", {"paper_effect": 0.40, "at_floor": True}, "agrees"),   # a difference shown is a difference
+    (0.01, 0.08, "a>b", {"paper_effect": 0.40, "at_floor": True}, "smaller"),  # a difference shown is a difference
+    (0.01, 0.45, "a>b", {"paper_effect": 0.40, "at_floor": True}, "agrees"),   # ... and reaches the paper's size
     (-0.09, 0.08, "a>b", {"paper_effect": 0.40, "planned_n": 20}, "inconclusive (topped up from the planned n = 20 "
                                                                     "to 30; not decided by the top-up)"),
     (0.01, 0.08, "a>b", {"planned_n": 40}, "agrees"),                     # stopped short for time: decided as it stands
-    (-0.09, 0.08, "a>b", {"paper_effect": 0.40, "discordant_bound": 0.45}, "inconclusive"),
-    (-0.09, 0.08, "a>b", {"paper_effect": 0.40, "discordant_bound": 0.30}, "excluded"),
+    (-0.09, 0.08, "a>b", {"paper_effect": 0.40, "unmoved": True}, "not measurable"),  # the instrument did not move
+    (-0.09, 0.08, "a>b", {"paper_effect": 0.40, "unmoved": True, "at_floor": True}, "floor"),
     (-0.05, 0.05, "a>b", {"paper_effect": 0.08, "systematic": 0.04}, "inconclusive"),   # widened past the effect
     (0.1, 0.3, "a>b", {"p_binary": 0.2, "paper_effect": 0.5}, "excluded"),  # an exact test that fails, inside +-0.5
 ])
-def test_five_outcomes(low, high, direction, kw, expected):
+def test_the_outcomes(low, high, direction, kw, expected):
     assert claims.derive_verdict(low, high, direction, 30, **kw) == expected
 
 
@@ -96,12 +98,14 @@ def test_floor_when_every_method_is_at_chance(tmp_path, monkeypatch):
     row = _stat_row(path.name, floor="0.25 (chance: four options)", paper_effect="0.3 (points)")
     out = claims.recompute(row)
     assert out["verdict"] == "floor", out
-    # the same outcomes, well above a floor of 0.05: no floor, and a 30-point effect is ruled out (the exact bound
-    # of the discordant share, ~0.09, lies below 0.3) ...
+    # the same outcomes, well above a floor of 0.05: no floor, and a 30-point effect is ruled out ...
     assert claims.recompute({**row, "floor": "0.05 (a floor)"})["verdict"] == "excluded"
-    # ... but not a 6-point one, although the bootstrap interval alone would lie inside +-0.06
+    # ... and a 6-point one too: one rule for every kind of outcome, the interval inside +-0.06 (no second rule on
+    # the share of discordant pairs)
     out = claims.recompute({**row, "floor": "", "paper_effect": "0.06 (points)"})
-    assert max(abs(float(out["ci_low"])), abs(float(out["ci_high"]))) < 0.06 and out["verdict"] == "inconclusive"
+    assert max(abs(float(out["ci_low"])), abs(float(out["ci_high"]))) < 0.06 and out["verdict"] == "excluded"
+    # ... but not a 3-point one, which the interval reaches
+    assert claims.recompute({**row, "floor": "", "paper_effect": "0.03 (points)"})["verdict"] == "inconclusive"
 
 
 def test_blocks_count_runs_of_windows_and_must_divide_n(tmp_path, monkeypatch):
@@ -140,7 +144,7 @@ def rows():
 
 def test_strict_rule_reproduces_its_definition():
     base = _row(kind="statistical", role="claim", n="20", ci_low="-1", ci_high="1", verdict="agrees",
-                item="Table 5 (x)")
+                item="Table 5 (x)", plan="before")
     assert claims.strict_row(base)
     assert not claims.strict_row({**base, "n": "19"})
     assert not claims.strict_row({**base, "role": "check"})
@@ -153,7 +157,13 @@ def test_strict_rule_reproduces_its_definition():
     assert not claims.decided_strictly(base)                      # n < 30
     assert claims.decided_strictly({**base, "n": "30"})
     assert claims.decided_strictly({**base, "n": "30", "verdict": "excluded"})
+    assert claims.decided_strictly({**base, "n": "30", "verdict": "smaller"})
     assert not claims.decided_strictly({**base, "n": "30", "verdict": "floor"})
+    assert not claims.decided_strictly({**base, "n": "30", "verdict": "not measurable"})
+    # a plan written with or after the data, or none: a finding to re-run, not a decided claim
+    for plan in ("with or after", "no plan", "unknown", ""):
+        assert not claims.decided_strictly({**base, "n": "30", "plan": plan}), plan
+        assert claims.decided_late({**base, "n": "30", "plan": plan}), plan
 
 
 def test_every_statistical_row_states_the_paper_effect(rows):

@@ -49,9 +49,14 @@ And four that the verdict rule reads (:func:`derive_verdict`):
 
 - ``paper_effect``: the paper's own ``A - B`` in the row's units with how it was translated, ``"-0.0115
   (ln(8.62/8.72): ..., nats per token)"``, or ``"n/a: why it cannot be"`` (a figure without numbers, another
-  quantity). Every statistical row states it; a number makes the outcome *excluded* possible.
+  quantity). Every statistical row states it; a number makes the outcomes *excluded* and *smaller* possible.
 - ``planned_n``: the n fixed before the run. A row with more examples than planned (topped up after looking) is
   not decided by the top-up; one that stopped short for time shows its n beside the plan.
+- ``plan`` (computed by ``--update`` from git history, :mod:`kvlab.experiments.ledger_history`): ``before`` when
+  ``planned_n``, with the paper cell, metric and comparison, was committed before any of the row's results;
+  ``with or after`` when it came in the same commit as the data or later; ``no plan`` when the row states no
+  ``planned_n``; ``unknown`` where the history cannot tell. Only a plan ``before`` the data lets a claim count as
+  decided (:func:`decided_strictly`): a plan written after a look is a finding to re-run, not a decided claim.
 - ``floor``: ``"0.25 (chance: four options)"``: the score at which a method shows nothing on the task (chance, or
   the model's own floor, with the reason); when no method's score is shown above it, the outcome is *floor*.
 - ``block``: for windows of one stream (not independent samples), the number of consecutive windows resampled
@@ -62,11 +67,13 @@ the ones a row tests (``"Table 5 (...)"``, ``"Tables 2-3, Figs. 5-6 (...)"``, re
 beyond kvlab's reach gets a ``not testable`` row with the concrete reason; one that could be tested but has no
 row yet shows as untested in ``python -m kvlab claims --counts``.
 
-**The verdict rule** (:func:`derive_verdict`), for a statistical row, has five outcomes: *agrees* when the 95 %
-interval of ``A - B`` excludes 0 on the paper's side, *does not agree* when it excludes 0 on the other side;
-otherwise *floor* when every method's score is indistinguishable from the row's stated floor, *excluded* when the
-interval lies inside plus/minus the paper's own effect (``paper_effect``; for 0/1 outcomes the exact upper bound of
-the discordant share must lie below it too), and *inconclusive* otherwise. Also inconclusive: fewer than 20 pairs
+**The verdict rule** (:func:`derive_verdict`), for a statistical row, has seven outcomes: *agrees* when the 95 %
+interval of ``A - B`` excludes 0 on the paper's side, *smaller* when it does so but also excludes the paper's own
+effect (the right sign, the paper's size ruled out), *does not agree* when it excludes 0 on the other side;
+otherwise *floor* when every method's score is indistinguishable from the row's stated floor, *not measurable*
+when both methods gave the same value on every example (the instrument did not move), *excluded* when the interval
+lies inside plus/minus the paper's own effect (``paper_effect``, in the row's units: one rule for every kind of
+outcome), and *inconclusive* otherwise. Also inconclusive: fewer than 20 pairs
 (or blocks); a run topped up past its ``planned_n``; 0/1 outcomes whose exact McNemar test has p >= 0.05, and
 fractional scores in [0, 1] whose exact sign test on the discordant pairs has p >= 0.05 (the bootstrap is
 optimistic with few discordant pairs); any generation of the pairs that is ``":"`` (a known
@@ -79,7 +86,9 @@ both sides before the rule is applied.
 **Strict coverage** (:func:`strict_row`, :func:`summary`): an item (a numbered table or figure) is *tested* only by a
 live paper-claim row (not a check, sensitivity row, summary, proxy or superseded row) with an interval and n >= 20
 whose ``item`` names at most two items (two that show one experiment; never a range over others); it is *decided on
-the paper's own quantity* when such a row agrees, does not agree or is excluded at n >= 30.
+the paper's own quantity* when such a row agrees, is smaller, does not agree or is excluded at n >= 30, from a plan
+committed before its data (column ``plan``). One paper cell has one claim row (:func:`cell_key`): another model or
+configuration of the same cell is a sensitivity row.
 
 Adding a row: append a line to ``benchmarks/claims.csv`` with the typed columns (``id`` unique, ``paper``,
 ``item`` naming the paper's numbered table or figure first, as ``Table 5 (...)`` or ``Fig. 8 (...)``, ``claim``,
@@ -118,14 +127,21 @@ __all__ = ["FIELDS", "KINDS", "ROLES", "PAPERS", "INVENTORY", "ledger_path", "lo
            "derive_verdict", "update", "table", "readme_block", "results_page", "write_readme", "stale_pages",
            "counts", "summary", "counts_text", "items_of", "untested_items", "paper_direction", "lower_is_better",
            "run_tests", "exact_columns", "main", "strict_row", "decided_strictly", "outcomes", "paper_effect",
-           "planned_n", "stated_floor", "block_size", "DECIDED"]
+           "planned_n", "stated_floor", "block_size", "DECIDED", "cell_key", "plan_orders", "decided_late",
+           "PLAN_ORDERS"]
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository: kvlab/experiments/claims.py
 FIELDS = ["id", "paper", "item", "claim", "kind", "paper_value", "our_value", "n", "estimate", "ci_low", "ci_high",
           "p_value", "verdict", "model", "differs", "note", "results_file", "metric", "method_a", "method_b",
           "direction", "filter", "systematic", "test", "where", "command", "role", "proxy_of", "superseded",
-          "paper_cell", "paper_effect", "planned_n", "floor", "block", "experiment", "config"]
+          "paper_cell", "paper_effect", "planned_n", "floor", "block", "experiment", "config", "plan"]
 RERUN_FIELDS = ("experiment", "config")  # the row's experiment and its options as JSON (kvlab.experiments.rerun)
+#: when the row's plan came against its data, from git history (kvlab.experiments.ledger_history; --update)
+PLAN_ORDERS = ("before", "with or after", "no plan", "unknown")
+#: columns that hold a number (or begin with one): a non-finite one is refused where the file is read
+NUMERIC_COLUMNS = ("n", "estimate", "ci_low", "ci_high", "p_value", "systematic", "paper_effect", "planned_n",
+                   "floor", "block")
+_NON_FINITE = re.compile(r"^[-+]?(?:inf(?:inity)?|nan)\b", re.I)
 COMPUTED = ["our_value", "n", "estimate", "ci_low", "ci_high", "p_value", "verdict"]
 KINDS = ("statistical", "exact", "summary", "not run", "not testable")
 ROLES = ("claim", "check", "sensitivity")
@@ -138,9 +154,10 @@ RESAMPLES = 10_000
 README_BEGIN = "<!-- claims:begin -->"
 README_END = "<!-- claims:end -->"
 NO_DATA = "inconclusive (no per-example data)"
-BUCKETS = ("agrees", "does not agree", "excluded", "floor", "inconclusive", "not run")
-#: the verdicts that decide a claim: its sign, or that an effect of the paper's size is ruled out
-DECIDED = ("agrees", "does not agree", "excluded")
+BUCKETS = ("agrees", "smaller", "does not agree", "excluded", "floor", "not measurable", "inconclusive", "not run")
+#: the verdicts that decide a claim: its sign (at the paper's size or short of it), or that an effect of the
+#: paper's size is ruled out
+DECIDED = ("agrees", "smaller", "does not agree", "excluded")
 #: the ledger's strict rule (:func:`strict_rows`): a claim row tests at most this many numbered items ...
 STRICT_MAX_ITEMS = 2
 #: ... and is decided on the paper's own quantity only from this many independent examples on
@@ -156,25 +173,32 @@ INVENTORY: dict[str, tuple[str, ...]] = {
     "SepLLM": tuple(f"Table {i}" for i in range(1, 18)) + tuple(f"Fig. {i}" for i in (1, 2, 5, 6, 8, 9, 10, 11)),
     "LaCache": tuple(f"Table {i}" for i in range(1, 7)) + tuple(f"Fig. {i}" for i in (3, 5, 6, 7, 8, 9, 10)),
     "DHSA": tuple(f"Table {i}" for i in range(1, 4)) + tuple(f"Fig. {i}" for i in (2, 6, 7, 8, 9, 10)),
-    "REFORM": tuple(f"Table {i}" for i in range(1, 8)) + tuple(f"Fig. {i}" for i in (2, 3, 4)),
+    # Table 6 is two tables: 6a the ablations (quality), 6b the efficiency at 256K and 1M tokens
+    "REFORM": tuple(f"Table {i}" for i in (1, 2, 3, 4, 5)) + ("Table 6a", "Table 6b", "Table 7")
+              + tuple(f"Fig. {i}" for i in (2, 3, 4)),
     "OrthoRank": tuple(f"Table {i}" for i in range(1, 5)) + tuple(f"Fig. {i}" for i in range(2, 8)),
     "kvpress": (),
 }
 _ITEM_RE = re.compile(r"\b(Tables?|Figs?\.|Figures?)\s*((?:\d+[a-z]?)(?:\s*(?:[-\u2013/,]|and)\s*\d+[a-z]?)*)")
 
 
-def items_of(item: str) -> list[str]:
+def items_of(item: str, paper: str | None = None) -> list[str]:
     """The numbered tables and figures an ``item`` cell names, normalised: ``"Tables 2-3, Figs. 5-6 (training)"``
     gives ``["Table 2", "Table 3", "Fig. 5", "Fig. 6"]``; ``"Table 6a"`` gives ``["Table 6"]``; ``"Sec. 3"``
-    gives ``[]``."""
+    gives ``[]``. With ``paper``, a lettered table that the paper's :data:`INVENTORY` lists apart (REFORM's
+    Tables 6a and 6b) keeps its letter."""
     out: list[str] = []
+    inventory = set(INVENTORY.get(paper or "", ()))
     for kind, numbers in _ITEM_RE.findall(item):
         label = "Table" if kind.startswith("Table") else "Fig."
         for part in re.split(r"\s*(?:[,/]|and)\s*", numbers):
-            ends = [int(re.match(r"\d+", x).group()) for x in re.split(r"\s*[-\u2013]\s*", part) if x]
-            for i in range(ends[0], ends[-1] + 1):
-                if f"{label} {i}" not in out:
-                    out.append(f"{label} {i}")
+            ends = [re.match(r"(\d+)([a-z]?)", x).groups() for x in re.split(r"\s*[-\u2013]\s*", part) if x]
+            for i in range(int(ends[0][0]), int(ends[-1][0]) + 1):
+                name = f"{label} {i}"
+                if len(ends) == 1 and f"{name}{ends[0][1]}" in inventory:
+                    name += ends[0][1]
+                if name not in out:
+                    out.append(name)
     return out
 
 
@@ -190,8 +214,9 @@ def load(path: str | Path | None = None) -> list[dict]:
         raise FileNotFoundError(f"claims ledger not found at {path}; run from a kvlab checkout (benchmarks/claims.csv)")
     with path.open(newline="", encoding="utf-8") as f:
         reader = csv.DictReader(f)
-        older = [f for f in FIELDS if f not in RERUN_FIELDS]  # a ledger written before the rerun columns
-        if reader.fieldnames != FIELDS and reader.fieldnames != older:
+        # a ledger written before the plan column, or before the rerun columns too
+        older = [[f for f in FIELDS if f != "plan"], [f for f in FIELDS if f not in (*RERUN_FIELDS, "plan")]]
+        if reader.fieldnames != FIELDS and reader.fieldnames not in older:
             raise ValueError(f"{path}: columns must be exactly {FIELDS}, got {reader.fieldnames}")
         rows = []
         for r in reader:
@@ -204,7 +229,11 @@ def load(path: str | Path | None = None) -> list[dict]:
             if short:
                 raise ValueError(f"{where}: missing fields {short}; every row has the header's {len(FIELDS)} "
                                  "fields (leave a field empty, do not drop it)")
-            rows.append({**dict.fromkeys(RERUN_FIELDS, ""), **r})
+            bad = [k for k in NUMERIC_COLUMNS if _NON_FINITE.match((r.get(k) or "").strip())]
+            if bad:
+                raise ValueError(f"{where}: column {bad[0]} holds {r[bad[0]]!r}, not a finite number; write a finite "
+                                 "value (or leave a computed column empty and run python -m kvlab claims --update)")
+            rows.append({**dict.fromkeys((*RERUN_FIELDS, "plan"), ""), **r})
         return rows
 
 
@@ -360,8 +389,40 @@ def validate(rows: list[dict]) -> None:
     by_id = {str(r.get("id")): r for r in rows}
     for i, r in enumerate(rows, start=2):
         problems += _row_problems(r, f"row {i} ({r.get('id') or '?'})", seen, by_id)
+    problems += _one_claim_per_cell(rows)
     if problems:
         raise ValueError("claims ledger:\n  " + "\n  ".join(problems))
+
+
+def cell_key(r: dict) -> tuple | None:
+    """The paper cell a statistical row compares, as ``(paper, items, A's number, B's number)`` from its
+    ``paper_cell`` (``"77.18 vs 69.67 (...)"``) and ``item``; None for a cell without numbers (a figure or a
+    sentence, where one figure holds several claims)."""
+    m = _CELL_NUMBERS.match(r.get("paper_cell", "").strip())
+    if not m:
+        return None
+    return (r["paper"], tuple(items_of(r["item"], r["paper"])), float(m["a"]), float(m["b"]))
+
+
+def _one_claim_per_cell(rows: list[dict]) -> list[str]:
+    """One paper cell, one claim row: two live statistical claim rows of the same cell (:func:`cell_key`; another
+    model, another configuration) are refused."""
+    seen: dict[tuple, str] = {}
+    problems = []
+    for r in rows:
+        if not (isinstance(r.get("role"), str) and r.get("kind") == "statistical" and _counted_claim(r)):
+            continue
+        key = cell_key(r)
+        if key is None:
+            continue
+        if key in seen:
+            problems.append(f"{r['id']} and {seen[key]} are two claim rows of one paper cell ({key[0]} "
+                            f"{', '.join(key[1])}: {key[2]:g} vs {key[3]:g}); the claim is the configuration and "
+                            "model the cell names (or the nearest, chosen before the run): make the other role "
+                            "'sensitivity'")
+        else:
+            seen[key] = r["id"]
+    return problems
 
 
 def _row_problems(r: dict, where: str, seen: set, by_id: dict) -> list[str]:
@@ -388,6 +449,9 @@ def _row_problems(r: dict, where: str, seen: set, by_id: dict) -> list[str]:
         if not r[col].strip():
             problems.append(f"{where}: {col} is empty (write 'none' where nothing differs)")
     problems += _KIND_PROBLEMS[r["kind"]](r, where)
+    if r.get("plan", "") not in ("", *PLAN_ORDERS) or (r.get("plan") and r["kind"] != "statistical"):
+        problems.append(f"{where}: plan is one of {PLAN_ORDERS} on a statistical row (written by python -m kvlab "
+                        f"claims --update from git history), got {r.get('plan')!r}")
     problems += _role_problems(r, where, by_id)
     problems += _rerun_problems(r, where)
     return problems
@@ -757,20 +821,22 @@ def _suspect(row: dict, outputs: dict, examples: list, methods: list[str]) -> in
 def derive_verdict(low: float, high: float, direction: str, n: int, *, p_binary: float | None = None,
                    p_sign: float | None = None, suspect: int = 0, systematic: float = 0.0,
                    paper_effect: float | None = None, at_floor: bool = False, planned_n: int | None = None,
-                   discordant_bound: float | None = None) -> str:
+                   unmoved: bool = False) -> str:
     """The verdict rule (module docstring): the 95 % interval ``[low, high]`` of ``A - B`` widened by
     ``systematic``, the paper's ``direction`` (``a>b`` / ``a<b``), ``n`` pairs (or blocks), the exact test on the
     discordant pairs (``p_binary``: McNemar's, for 0/1 outcomes; ``p_sign``: the sign test, for fractional scores
     in [0, 1]), and the number of suspect generations.
 
-    The five outcomes, in this order: a run topped up past ``planned_n`` is *inconclusive* (it says so: the
-    examples added after looking decide nothing; a run stopped short of its plan for time is decided as it stands,
-    and the tables show its n beside the plan); an interval that excludes 0 (and an exact test that agrees) *agrees* or *does
-    not agree*; otherwise *floor* when ``at_floor`` (every method's score is indistinguishable from the row's
-    stated floor: chance, or the model's floor on the task); otherwise *excluded* when the interval lies strictly
-    inside ``+-|paper_effect|`` (the paper's effect in the row's units; for 0/1 outcomes also the exact upper
-    bound of the discordant share, ``discordant_bound``, which bounds ``|A - B|``, must lie below it);
-    otherwise *inconclusive*."""
+    The outcomes, in this order: a run topped up past ``planned_n`` is *inconclusive* (it says so: the examples
+    added after looking decide nothing; a run stopped short of its plan for time is decided as it stands, and the
+    tables show its n beside the plan); an interval that excludes 0 (and an exact test that agrees) on the other
+    side *does not agree*; on the paper's side it is *smaller* when it also excludes the paper's effect
+    (``|paper_effect|``: the right sign, an effect of the paper's size ruled out) and *agrees* otherwise; an
+    interval that holds 0 is *floor* when ``at_floor`` (every method's score is indistinguishable from the row's
+    stated floor: chance, or the model's floor on the task), *not measurable* when ``unmoved`` (both methods gave
+    the same value on every example: the instrument did not move, so no interval is a measurement), *excluded*
+    when it lies strictly inside ``+-|paper_effect|`` (the paper's effect in the row's units, one rule for every
+    kind of outcome), and *inconclusive* otherwise."""
     _check_verdict_args(direction, systematic, paper_effect)
     early = _undecided(n, suspect, planned_n)
     if early:
@@ -779,17 +845,22 @@ def derive_verdict(low: float, high: float, direction: str, n: int, *, p_binary:
     if not (math.isfinite(low) and math.isfinite(high)):
         raise ValueError(f"the interval [{low}, {high}] is not finite; check the per-example values")
     reason = ""
+    bound = abs(paper_effect) if paper_effect is not None else None
     if not low <= 0 <= high:
         reason = _exact_test_disagrees(p_binary, p_sign)
         if not reason:
             positive = low > 0
-            return "agrees" if positive == (direction == "a>b") else "does not agree"
+            if positive != (direction == "a>b"):
+                return "does not agree"
+            if bound is not None and (high < bound if positive else -bound < low):
+                return "smaller"  # the whole interval short of the paper's effect
+            return "agrees"
     if at_floor:
         return "floor"
-    if paper_effect is not None:
-        bound = abs(paper_effect)
-        if -bound < low and high < bound and (discordant_bound is None or discordant_bound < bound):
-            return "excluded"
+    if unmoved:
+        return "not measurable"
+    if bound is not None and -bound < low and high < bound:
+        return "excluded"
     return "inconclusive" + reason
 
 
@@ -846,6 +917,9 @@ def recompute(row: dict) -> dict:
 
     if row["kind"] != "statistical":
         raise ValueError(f"claim {row['id']}: only statistical rows are recomputed (kind {row['kind']!r})")
+    if row["method_a"].strip() == row["method_b"].strip():
+        raise ValueError(f"claim {row['id']}: method_a and method_b are both {row['method_a']!r}: a comparison needs "
+                         "two distinct methods (or method_b '=x' for a constant)")
     examples, a, b, suspect = _paired(row)
     size = block_size(row)
     if size is not None:  # windows of one stream: resample runs of windows, not single windows
@@ -859,7 +933,6 @@ def recompute(row: dict) -> dict:
     fractional = not binary and bool(np.all((a >= 0) & (a <= 1)) and np.all((bv >= 0) & (bv <= 1)))
     n = len(a)
     p_bin = p_sign = None
-    discordant = None
     if np.isscalar(b):
         if binary:
             iv = proportion_interval(int(a.sum()), n, method="exact")
@@ -878,18 +951,22 @@ def recompute(row: dict) -> dict:
         p_bin = p if binary else None
         p_sign = p if fractional else None
         mb = float(b.mean())
-        if binary:  # |mean(A - B)| <= the discordant share: its exact upper bound bounds any effect
-            discordant = proportion_interval(int(np.sum(a != b)), n, method="exact").high
     floor = stated_floor(row)
     at_floor = floor is not None and _at_floor(a, b, floor, binary)
     verdict = derive_verdict(low, high, row["direction"], n, p_binary=p_bin, p_sign=p_sign, suspect=suspect,
                              systematic=_systematic(row), paper_effect=paper_effect(row), at_floor=at_floor,
-                             planned_n=planned_n(row), discordant_bound=discordant)
+                             planned_n=planned_n(row), unmoved=_unmoved(a, b))
     if row.get("superseded", "").strip():
         verdict = SUPERSEDED
     return {"our_value": _our_value(row["metric"], float(a.mean()), mb, row["method_b"][1:]), "n": str(n),
             "estimate": _fmt(est), "ci_low": _fmt(low), "ci_high": _fmt(high),
             "p_value": "" if p is None else _fmt(p), "verdict": verdict}
+
+
+def _unmoved(a: np.ndarray, b) -> bool:
+    """Whether the instrument did not move: both methods gave the same value on every example (a paired row; a
+    constant B is no second method)."""
+    return not np.isscalar(b) and bool(np.array_equal(a, np.asarray(b)))
 
 
 def _at_floor(a: np.ndarray, b, floor: float, binary: bool) -> bool:
@@ -913,13 +990,28 @@ def update(path: str | Path | None = None, *, run_exact: bool = True) -> list[di
     tests with pytest (:func:`exact_columns`), and write the computed columns back into the ledger."""
     rows = load(path)
     validate(rows)
+    orders = plan_orders(rows)
     for r in rows:
         if r["kind"] == "statistical":
             r.update(recompute(r))
+            r["plan"] = orders.get(r["id"], r.get("plan") or "unknown")
         elif r["kind"] == "exact" and run_exact:
             r.update(exact_columns(r))
     save(rows, path)
     return rows
+
+
+def plan_orders(rows: list[dict]) -> dict[str, str]:
+    """Per statistical row, when its plan came against its data (:func:`kvlab.experiments.ledger_history.plan_order`:
+    ``before``, ``with or after``, ``no plan``, ``unknown``); ``{}`` where the repository has no usable git history
+    (the column is then kept as it is)."""
+    from kvlab.experiments import ledger_history
+
+    try:
+        history = ledger_history.History(ROOT)
+    except RuntimeError:
+        return {}
+    return {r["id"]: ledger_history.plan_order(r, history) for r in rows if r["kind"] == "statistical"}
 
 
 # -------------------------------------------------------------------------------------------------- output
@@ -955,27 +1047,32 @@ def _md_cell(s: str) -> str:
     return s.replace("|", "\\|").replace("\n", " ")
 
 
-#: the five outcomes in one short paragraph, printed under every ledger table (:func:`table`, :func:`outcomes`)
+#: the seven outcomes in one short paragraph, printed under every ledger table (:func:`table`, :func:`outcomes`)
 OUTCOMES = (
     ("agrees", "the 95 % interval of A - B excludes 0 on the paper's side"),
+    ("smaller", "it excludes 0 on the paper's side and also excludes the paper's own effect: the right sign, but "
+                "an effect of the paper's size is ruled out here"),
     ("does not agree", "it excludes 0 on the other side"),
     ("excluded", "the interval lies inside plus/minus the paper's own effect (column paper_effect, in the row's "
                  "units): an effect of the paper's size is ruled out here"),
     ("floor", "every method sits at chance or at the model's floor on the task (a stated floor), so the model "
               "cannot show the effect at all"),
+    ("not measurable", "both methods gave the same value on every example: the instrument did not move, so it "
+                       "cannot see the difference"),
     ("inconclusive", "none of these: the interval is too wide, n < 20, an exact test disagrees with the bootstrap, "
                      "or the run was topped up past its planned n"),
 )
 
 
 def outcomes(fmt: str = "markdown") -> Table:
-    """The five verdict words explained in one short paragraph (shown under every notebook's ledger table)."""
+    """The seven verdict words explained in one short paragraph (shown under every notebook's ledger table)."""
     if fmt not in ("markdown", "text"):
         raise ValueError(f"fmt must be 'markdown' or 'text', got {fmt!r}")
     mark = "**" if fmt == "markdown" else ""
     return Table("Verdicts: " + "; ".join(f"{mark}{w}{mark}: {why}" for w, why in OUTCOMES) + ". Proxies (another "
                  "quantity than the paper's), sensitivity rows (another configuration of the same cell) and "
-                 "implementation checks are marked and not counted as claims.")
+                 "implementation checks are marked and not counted as claims; a claim counts as decided only when "
+                 "its planned n was committed before its data.")
 
 
 def _n_cell(r: dict) -> str:
@@ -999,7 +1096,7 @@ def table(paper: str | None = None, items: list[str] | None = None, ids: list[st
           fmt: str = "markdown", path: str | Path | None = None, legend: bool = True) -> Table:
     """The ledger's rows for ``paper`` (``"lacache"``, case-insensitive), optionally only ``items`` (substrings
     of the item column, e.g. ``["Table 5"]``) or ``ids``, as ``item | claim | paper | this run | n | 95 % CI |
-    verdict``, with the five verdict words explained below (:func:`outcomes`; ``legend=False`` leaves it out).
+    verdict``, with the seven verdict words explained below (:func:`outcomes`; ``legend=False`` leaves it out).
     Superseded rows (runs made before a fix) are not shown; proxies, sensitivity rows and checks say what they are.
 
     ``fmt="markdown"`` (shown rendered in a notebook) or ``"text"`` (aligned columns)."""
@@ -1068,11 +1165,13 @@ same rows per paper with the command behind each.
 questions, 1,024-token windows, long-stream segments). We compute the mean per-example difference A - B and its
 95 % paired bootstrap interval (`kvlab.eval.paired_bootstrap`: resample the examples with replacement, 10,000
 times, keep the middle 95 % of the mean differences; windows of one stream are resampled in blocks of consecutive
-windows). Five outcomes: **agrees**: the interval excludes 0 on the paper's side; **does not agree**: it excludes 0
-on the other side; **floor**: every method's score is indistinguishable from a stated floor (chance, or the model's
-floor on the task), so the model cannot show the effect; **excluded**: the interval lies inside plus/minus the
-paper's own effect translated into the row's units, so an effect of the paper's size is ruled out; **inconclusive**
-otherwise, and also with fewer than 20 examples, when the exact test on the discordant pairs (McNemar's for 0/1
+windows). Seven outcomes: **agrees**: the interval excludes 0 on the paper's side; **smaller**: it excludes 0 on
+the paper's side and also the paper's own effect translated into the row's units (the right sign, the paper's size
+ruled out); **does not agree**: it excludes 0 on the other side; **floor**: every method's score is
+indistinguishable from a stated floor (chance, or the model's floor on the task), so the model cannot show the
+effect; **not measurable**: both methods gave the same value on every example, so the instrument did not move;
+**excluded**: the interval lies inside plus/minus the paper's own effect, so an effect of the paper's size is ruled
+out; **inconclusive** otherwise, and also with fewer than 20 examples, when the exact test on the discordant pairs (McNemar's for 0/1
 outcomes, the sign test for fractional scores) has p >= 0.05, when the run was topped up past its planned n, or
 when the examples include a generation the harness is known to get wrong (an answer that is just `:`). A known
 systematic error of a measurement (the segmented long-stream approximation) widens the interval first. *exact* rows
@@ -1081,8 +1180,10 @@ per-example outcomes (only a mean was stored) say so and decide nothing. Perplex
 window, so "ppl x vs y" are the windows' geometric means.
 
 **What is counted.** An item is *tested* only by a live paper-claim row with an interval and n >= 20 that names at
-most two items; it is *decided* when such a row agrees, does not agree or is excluded at n >= 30 on the paper's own
-quantity. *Implementation checks* (kvlab's own tests and comparisons the paper does not make) and *sensitivity rows*
+most two items; it is *decided* when such a row agrees, is smaller, does not agree or is excluded at n >= 30 on the
+paper's own quantity, and its planned n (with the paper cell, metric and comparison) was committed before any of
+its results (column `plan`, read from git history; a plan written with or after the data is a finding to re-run,
+counted under *plan late*). One paper cell has one claim row. *Implementation checks* (kvlab's own tests and comparisons the paper does not make) and *sensitivity rows*
 (another configuration of a cell whose claim row is the paper's stated one) are marked and counted apart from the
 paper's claims; a *proxy* row (another quantity than the paper's: the answer NLL beside an accuracy) follows the
 score row it re-measures and is not counted; a *superseded* row comes from a run made before a fix and is kept for
@@ -1105,7 +1206,9 @@ def results_page(rows: list[dict] | None = None) -> str:
              "| paper | item | claim (A vs B) | this run | verdict | n | 95 % CI of A - B | where |",
              "|---|---|---|---|---|---|---|---|"]
     for r in _beside(rows):
-        verdict = f"**{r['verdict']}**" if r["verdict"] in DECIDED + ("floor",) else r["verdict"]
+        verdict = f"**{r['verdict']}**" if r["verdict"] in DECIDED + ("floor", "not measurable") else r["verdict"]
+        if r["kind"] == "statistical" and r["role"] == "claim" and r.get("plan") not in ("", "before"):
+            verdict += f" (plan: {r['plan']} the data)" if r["plan"] == "with or after" else f" ({r['plan']})"
         if r["kind"] == "exact":
             verdict += f" (exact: {r['estimate'] or 0} of {r['n'] or 0} test cases pass)"
         if r["role"] == "check":
@@ -1230,7 +1333,14 @@ def strict_row(r: dict) -> bool:
 
 def decided_strictly(r: dict) -> bool:
     """A strict row (:func:`strict_row`) decided on the paper's own quantity (no proxy) from n >=
-    :data:`DECIDED_MIN_N`: agrees, does not agree or excluded."""
+    :data:`DECIDED_MIN_N` (agrees, smaller, does not agree or excluded) whose plan was committed before its data
+    (column ``plan``: ``before``)."""
+    return decided_late(r) and r.get("plan", "") == "before"
+
+
+def decided_late(r: dict) -> bool:
+    """A strict row with a deciding verdict at n >= :data:`DECIDED_MIN_N`, whatever its plan's date (a plan
+    written with or after the data, or none, makes it a finding to re-run: :func:`decided_strictly`)."""
     return strict_row(r) and int(r["n"]) >= DECIDED_MIN_N and r["verdict"] in DECIDED
 
 
@@ -1240,15 +1350,19 @@ SUMMARY_COLUMNS = (
     ("testable", "items - not testable"),
     ("tested", "items named by a live paper-claim row with an interval and n >= 20 (strict rule)"),
     ("coverage", "tested / testable"),
-    ("decided n>=30", "tested items with a row decided (agrees, does not agree, excluded) on the paper's own "
-                      "quantity at n >= 30"),
+    ("decided n>=30", "tested items with a row decided (agrees, smaller, does not agree, excluded) on the paper's "
+                      "own quantity at n >= 30 from a plan committed before its data"),
     ("decided %", "decided n>=30 / tested"),
+    ("plan late", "tested items not decided whose row would be, but its planned n came with or after the data "
+                  "(or it has none): findings to re-run on a committed plan"),
     ("claims tested", "paper-claim rows that ran (statistical, exact or summary; checks, sensitivity rows, proxies "
                       "and superseded rows apart)"),
     ("agrees", ""),
+    ("smaller", "the right sign, but the interval rules out the paper's size"),
     ("does not agree", ""),
     ("excluded", "the interval rules out an effect of the paper's size"),
     ("floor", "every method at chance or at the model's floor"),
+    ("not measurable", "the instrument did not move: the same value for both methods on every example"),
     ("inconclusive", ""),
     ("not run", "testable claims not run yet"),
     ("checks", "implementation checks (kvlab's own tests and comparisons the paper does not make)"),
@@ -1261,17 +1375,19 @@ SUMMARY_COLUMNS = (
 def _items(rows: list[dict], paper: str) -> dict[str, set]:
     inventory = set(INVENTORY.get(paper, ()))
     mine = [r for r in rows if r["paper"] == paper]
-    named, tested, decided = set(), set(), set()
+    named, tested, decided, late = set(), set(), set(), set()
     for r in mine:
-        names = set(items_of(r["item"])) & inventory
+        names = set(items_of(r["item"], paper)) & inventory
         named |= names
         if strict_row(r):
             tested |= names
             if decided_strictly(r):
                 decided |= names
+            elif decided_late(r):
+                late |= names
     not_testable = {i for i in named - tested
-                    if all(r["kind"] == "not testable" for r in mine if i in items_of(r["item"]))}
-    return {"not testable": not_testable, "tested": tested, "decided": decided}
+                    if all(r["kind"] == "not testable" for r in mine if i in items_of(r["item"], paper))}
+    return {"not testable": not_testable, "tested": tested, "decided": decided, "late": late - decided}
 
 
 def summary(rows: list[dict] | None = None) -> dict[str, dict[str, int | str]]:
@@ -1309,7 +1425,7 @@ def _paper_summary(rows: list[dict], paper: str, mine: list[dict]) -> dict:
     n_items = len(INVENTORY.get(paper, ()))
     return {"items": n_items, "not testable": len(items["not testable"]),
             "testable": n_items - len(items["not testable"]), "tested": len(items["tested"]),
-            "decided n>=30": len(items["decided"]),
+            "decided n>=30": len(items["decided"]), "plan late": len(items["late"]),
             "claims tested": sum(_tested(r) for r in claims_),
             **{b: c[b] for b in BUCKETS},
             "checks": sum(r["role"] == "check" for r in live),

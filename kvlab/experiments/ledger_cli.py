@@ -66,9 +66,27 @@ def _check_stale(rows: list[dict], skip_exact: bool) -> int:
             if stale:
                 print(f"{r['id']}: stale {stale}: its tests now give {new} (run python -m kvlab claims --update)")
                 status = 1
+    status |= _check_plans(rows)
     for stale in claims.stale_pages(rows):
         print(f"{stale} is stale (run {claims.WRITE_COMMAND})")
         status = 1
+    return status
+
+
+def _check_plans(rows: list[dict]) -> int:
+    """``--check``: every statistical row's ``plan`` is what git history gives (1 if one is not); where the history
+    cannot tell (a shallow clone, no git), say so and pass."""
+    orders = claims.plan_orders(rows)
+    if not orders:
+        print("plan column not verified: no usable git history here (a shallow clone or no git)")
+        return 0
+    status = 0
+    for r in rows:
+        want = orders.get(r["id"])
+        if want is not None and want != "unknown" and r.get("plan", "") != want:
+            print(f"{r['id']}: stale ['plan']: git history gives {want!r} for its plan against its data, the row "
+                  f"says {r.get('plan', '')!r} (run python -m kvlab claims --update)")
+            status = 1
     return status
 
 

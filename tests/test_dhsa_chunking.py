@@ -4,8 +4,8 @@ The NMS must give *the same offsets* as :func:`kvlab.dhsa.boundary_predictor.nms
 :func:`~kvlab.dhsa.boundary_predictor.select_boundaries` (greedy, in rank order) for the same scores: checked on random
 scores, ties, sure positions, dependency chains longer than the kernel's halo (several passes), the edge cases
 (sequence shorter than the window, nothing above the threshold, everything above it, caps of 1 and 2) and a
-property test over many seeded random cases (kvlab does not depend on hypothesis; the cases are drawn the same
-way). The restructured predictor is checked against the reference module evaluated in float64 (its float64
+property test over many seeded random cases (drawn the same way on every run; the hypothesis-drawn properties of
+the mechanisms are in tests/test_properties.py). The restructured predictor is checked against the reference module evaluated in float64 (its float64
 evaluation of the PyTorch path is exact to rounding; the Triton window attention in float32/bf16 is held to the
 dtype-aware bound of :func:`kvlab.testing.assert_close_to_oracle`). On CPU in Triton's interpreter (tiny shapes);
 ``-k cuda`` runs the same checks at 32k positions on a GPU.

@@ -25,7 +25,10 @@ pairs; tokens/s the best run) and keeps the best of R hooks runs: a shared CPU i
 layout (``--kernels compact,triton``: the engine before and after the indexed layout) beside transformers'
 static ``generate`` at the same batch, on SmolLM2-135M-Instruct (``--model``) with StreamingLLM(4, 324) by
 default; every row's cache is filled first (``budget + 1`` steps), then ``--steps`` steps are timed; the step
-at ``--profile-batches`` is profiled (top GPU kernels) and ``begin_step`` / ``end_step`` timed alone.
+at ``--profile-batches`` is profiled (top GPU kernels) and ``begin_step`` / ``end_step`` timed alone. Each engine
+row carries the work model of its step (:mod:`kvlab.kernels.roofline`: the bytes it must move and the FLOPs it must
+do, from the model's config and the policy's budget) and what the measured step reaches of the device's nominal
+peaks and of a copy bandwidth measured at the start of the run (printed, in the JSON as ``work``, a table in the .md).
 """
 
 from __future__ import annotations
@@ -507,6 +510,8 @@ def streams(args, save=None) -> dict:
     gen = torch.Generator().manual_seed(0)
     rows, skipped = [], []
     tune = _streams_tune(args, device)
+    meta = dict(steps=args.steps, cache=args.cache, model=args.model, tune=tune, device_name=_device_name(device),
+                copy_GBps=_copy_GBps(device) if args.kernels else None)
     for dtype_name in args.dtypes.split(",") if args.kernels else ():  # --kernels "": the kernel tuning only
         dtype = getattr(torch, dtype_name)
         model, tok = _streams_model(args, dtype, device)
@@ -527,17 +532,68 @@ def streams(args, save=None) -> dict:
                     if row is None:
                         continue
                     row.update(label)
+                    _add_work(row, model, policy, dtype, meta)
                     rows.append(row)
-                    print(json.dumps({k: v for k, v in row.items() if k not in ("profile", "phases", "kernel_timings")}),
-                          flush=True)
+                    print(json.dumps({k: v for k, v in row.items()
+                                      if k not in ("profile", "phases", "kernel_timings", "work")}), flush=True)
+                    if row.get("work"):
+                        print(_work_line(row), flush=True)
                     if save is not None:
-                        save(_with_ratios(dict(rows=rows, skipped=skipped, steps=args.steps, cache=args.cache,
-                                               model=args.model, tune=tune)))
+                        save(_with_ratios(dict(meta, rows=rows, skipped=skipped)))
                     if device.type == "cuda":
                         torch.cuda.empty_cache()
         del model, plain
-    return _with_ratios(dict(rows=rows, skipped=skipped, steps=args.steps, cache=args.cache, model=args.model,
-                             tune=tune))
+    return _with_ratios(dict(meta, rows=rows, skipped=skipped))
+
+
+def _copy_GBps(device) -> float | None:
+    """This run's device-to-device copy bandwidth (GB/s, read + written), beside the datasheet's; None off CUDA."""
+    from kvlab.kernels.roofline import copy_bandwidth
+
+    bps = copy_bandwidth(device)
+    if bps is None:
+        return None
+    print(json.dumps(dict(copy_GBps=bps / 1e9)), flush=True)
+    return bps / 1e9
+
+
+def _device_name(device) -> str:
+    device = torch.device(device)
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
+
+
+def _add_work(row: dict, model, policy, dtype, meta: dict) -> None:
+    """``row["work"]``: the minimum bytes and FLOPs of one step of an engine row (its streams, each attending to
+    the policy's ``budget`` kept entries plus the new token, the rows being full after the fill) and what the
+    measured step reaches of them (:mod:`kvlab.kernels.roofline`); none for generate's rows (full attention over
+    its growing static cache: another computation) or a row without a time."""
+    if row.get("kernel", "").startswith("generate") or "step_ms" not in row or policy.budget is None:
+        return
+    from kvlab.kernels.roofline import achieved, decode_step_work
+
+    work = decode_step_work(model.config, row["batch"], policy.budget + 1, dtype)
+    copy = meta["copy_GBps"] * 1e9 if meta.get("copy_GBps") else None
+    row["work"] = dict(work, **achieved(work, row["step_ms"] / 1e3, meta["device_name"], copy))
+
+
+def _work_line(row: dict) -> str:
+    """One printed line: the step's minimum traffic and FLOPs and the shares of the limits the row reaches."""
+    w = row["work"]
+    text = (f"work model, {row['kernel']} {row['policy']} {row['dtype']} {row['batch']} streams: "
+            f"{w['bytes'] / 1e9:.3f} GB a step (weights {w['weight_bytes'] / 1e6:.1f} MB, K/V read "
+            f"{w['kv_read_bytes'] / 1e6:.1f} MB at {w['entries']} entries, K/V written "
+            f"{w['kv_write_bytes'] / 1e6:.1f} MB, "
+            f"logits {w['logits_bytes'] / 1e6:.1f} MB), {w['flops'] / 1e9:.2f} GFLOP, {w['intensity']:.1f} FLOP/B; "
+            f"at {w['step_ms']:.2f} ms: {w['Bps'] / 1e9:.0f} GB/s, {w['flops_per_s'] / 1e12:.2f} TFLOP/s")
+    if w["bw_share"] is None:
+        text += f" (unknown device: {w['device']}, no peak to compare)"
+    else:
+        text += (f" = {w['bw_share']:.1%} of the {w['peak']}'s {w['peak_Bps'] / 1e12:.2f} TB/s and "
+                 f"{w['flop_share']:.1%} of its {w['peak_flops'] / 1e12:.1f} TFLOP/s ({w['math_mode']}); "
+                 f"roofline floor {w['floor_ms']:.3f} ms ({w['bound']}-bound) = {w['floor_share']:.1%} of the step")
+    if w.get("copy_Bps"):
+        text += f"; {w['copy_share']:.1%} of the measured copy bandwidth ({w['copy_Bps'] / 1e9:.0f} GB/s)"
+    return text
 
 
 def _with_ratios(rec: dict) -> dict:
@@ -572,6 +628,7 @@ def _streams_md(rec: dict) -> str:
                      f"({row['profile_ms_per_step']:.2f} ms of kernels per step)\n\n")
             text += fmt_table(row["profile"], [("kernel", "kernel", ""), ("ms_per_step", "ms / step", "{:.3f}"),
                                                ("share", "share", "{:.1%}"), ("calls_per_step", "calls / step", "{:.0f}")])
+    text += _work_md(rec)
     for row in rec["rows"]:
         if row.get("kernel_timings"):
             text += (f"\n\n### The Triton kernel's choices timed by the engine, {row['dtype']}, {row['batch']} streams "
@@ -588,6 +645,36 @@ def _streams_md(rec: dict) -> str:
         text += "\n\nskipped (time budget): " + "; ".join(
             f"{s['dtype']} {s['policy']} {s['batch']} {s['kernel']}" for s in rec["skipped"])
     return text
+
+
+def _work_md(rec: dict) -> str:
+    """The work model of one step per engine row (kvlab.kernels.roofline), with the peaks' source."""
+    rows = [dict(r, **{k: v for k, v in r["work"].items() if k not in r}) for r in rec["rows"] if r.get("work")]
+    if not rows:
+        return ""
+    from kvlab.kernels.roofline import PEAKS_SOURCE
+
+    for r in rows:
+        r.update(GB=r["bytes"] / 1e9, weights_MB=r["weight_bytes"] / 1e6, kv_read_MB=r["kv_read_bytes"] / 1e6,
+                 kv_write_MB=r["kv_write_bytes"] / 1e6, logits_MB=r["logits_bytes"] / 1e6, GFLOP=r["flops"] / 1e9,
+                 GBps=r["Bps"] / 1e9, TFLOPs=r["flops_per_s"] / 1e12)
+    peak = rows[0]["peak"]
+    copy = rec.get("copy_GBps")
+    text = (f"\n\n### Work model of one step (the minimum: weights once, each stream's kept K/V entries and the new "
+            f"token's, the new K/V written, logits written and read by the loss; FLOPs 2 x linear weights x streams "
+            f"+ 4 x layers x heads x head_dim x entries per stream), "
+            + (f"against the {peak} ({PEAKS_SOURCE})" if peak != "unknown device"
+               else f"{rows[0]['device']}: unknown device, no peak to compare")
+            + (f" and this run's measured copy bandwidth, {copy:.0f} GB/s" if copy else "") + "\n\n")
+    return text + fmt_table(rows, [
+        ("dtype", "dtype", ""), ("policy", "policy", ""), ("batch", "streams", ""), ("kernel", "engine", ""),
+        ("entries", "entries / stream", ""), ("weights_MB", "weights MB", "{:.1f}"),
+        ("kv_read_MB", "K/V read MB", "{:.1f}"), ("kv_write_MB", "K/V written MB", "{:.1f}"),
+        ("logits_MB", "logits MB", "{:.1f}"), ("GB", "GB / step", "{:.3f}"), ("GFLOP", "GFLOP / step", "{:.2f}"),
+        ("intensity", "FLOP / B", "{:.1f}"), ("step_ms", "ms / step", "{:.2f}"), ("GBps", "GB/s", "{:.1f}"),
+        ("bw_share", "share of peak B/s", "{:.1%}"), ("copy_share", "share of copy B/s", "{:.1%}"),
+        ("TFLOPs", "TFLOP/s", "{:.2f}"), ("flop_share", "share of peak FLOP/s", "{:.1%}"), ("math_mode", "math", ""),
+        ("floor_ms", "floor ms", "{:.3f}"), ("bound", "bound", ""), ("floor_share", "floor / step", "{:.1%}")])
 
 
 def main_streams(argv: list[str]) -> int:

@@ -2,7 +2,8 @@
 *not measurable* where the instrument did not move, a claim decided only from a plan committed before its data
 (kvlab.experiments.ledger_history), one claim row per paper cell, and the headline row's account of how it was won.
 
-Synthetic rows point at per-example files under ``tmp_path``; the plan rule runs on a small git repository made there."""
+Synthetic rows point at per-example files under ``tmp_path``; the plan rule runs on a small git repository made
+there."""
 
 import json
 import math
@@ -90,7 +91,8 @@ def test_every_agrees_row_reaches_the_paper_effect(ledger):
         effect = claims.paper_effect(r) if r["kind"] == "statistical" else None
         if r["verdict"] == "agrees" and effect is not None:
             sys_ = float(r["systematic"] or 0)
-            assert (float(r["ci_high"]) + sys_ >= effect) if effect > 0 else (float(r["ci_low"]) - sys_ <= effect), r["id"]
+            reaches = float(r["ci_high"]) + sys_ >= effect if effect > 0 else float(r["ci_low"]) - sys_ <= effect
+            assert reaches, r["id"]
 
 
 # ------------------------------------------------------------------------------------------ "not measurable"
@@ -215,7 +217,8 @@ def test_two_claim_rows_of_one_paper_cell_are_refused():
 
 def test_the_ledger_has_one_claim_row_per_paper_cell(ledger):
     assert claims._one_claim_per_cell(list(ledger.values())) == []
-    for row_id in ("sepllm-gsm8k-vs-streaming", "sepllm-mmlu", "orthorank-t1-gemma-sleb-10", "orthorank-t1-gemma-sleb-20"):
+    for row_id in ("sepllm-gsm8k-vs-streaming", "sepllm-mmlu", "orthorank-t1-gemma-sleb-10",
+                   "orthorank-t1-gemma-sleb-20"):
         assert ledger[row_id]["role"] == "sensitivity", row_id
 
 

@@ -45,7 +45,7 @@ Four more columns say how a row is counted and checked (:func:`summary`, ``pytho
   Every statistical paper claim has one, and its ``direction`` must be the one the cell gives for the row's metric
   (:func:`paper_direction`; an NLL row of an accuracy cell flips it), so that no row encodes the paper backwards.
 
-And four that the verdict rule reads (:func:`derive_verdict`):
+And five that the verdict rule and the counts read (:func:`derive_verdict`, :func:`decided_strictly`):
 
 - ``paper_effect``: the paper's own ``A - B`` in the row's units with how it was translated, ``"-0.0115
   (ln(8.62/8.72): ..., nats per token)"``, or ``"n/a: why it cannot be"`` (a figure without numbers, another
@@ -1084,6 +1084,14 @@ def _n_cell(r: dict) -> str:
     return f"{n} of {plan} planned" if plan and n.split()[0] != plan else n
 
 
+def _plan_mark(r: dict) -> str:
+    """For a live statistical claim whose plan did not come before its data: why its verdict decides nothing yet."""
+    if not (r["kind"] == "statistical" and _counted_claim(r)) or r.get("plan", "") in ("", "before"):
+        return ""
+    return {"with or after": "; planned n written with or after the data: not decided, to re-run",
+            "no plan": "; no planned n: not decided, to re-run on a committed plan"}.get(r["plan"], "; plan unknown")
+
+
 def _role_mark(r: dict) -> str:
     if r["proxy_of"].strip():
         return f" (proxy of {r['proxy_of'].strip()})"
@@ -1108,7 +1116,7 @@ def table(paper: str | None = None, items: list[str] | None = None, ids: list[st
                          "see benchmarks/claims.csv for the papers and items")
     head = ["item", "claim", "paper", "this run", "n", "95 % CI of A - B", "verdict"]
     body = [[r["item"], r["claim"], r["paper_value"], r["our_value"], _n_cell(r), _ci(r),
-             r["verdict"] + _role_mark(r)] for r in rows]
+             r["verdict"] + _role_mark(r) + _plan_mark(r)] for r in rows]
     below = ["", str(outcomes(fmt))] if legend else []
     if fmt == "markdown":
         lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -1207,8 +1215,7 @@ def results_page(rows: list[dict] | None = None) -> str:
              "|---|---|---|---|---|---|---|---|"]
     for r in _beside(rows):
         verdict = f"**{r['verdict']}**" if r["verdict"] in DECIDED + ("floor", "not measurable") else r["verdict"]
-        if r["kind"] == "statistical" and r["role"] == "claim" and r.get("plan") not in ("", "before"):
-            verdict += f" (plan: {r['plan']} the data)" if r["plan"] == "with or after" else f" ({r['plan']})"
+        verdict += _plan_mark(r)
         if r["kind"] == "exact":
             verdict += f" (exact: {r['estimate'] or 0} of {r['n'] or 0} test cases pass)"
         if r["role"] == "check":

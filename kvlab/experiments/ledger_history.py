@@ -13,7 +13,8 @@ renames; the earliest of them is when the data came. :func:`plan_order` classifi
 - ``"unknown"``: the history cannot say (no git, a shallow clone, a file or row not yet committed).
 
 ``python -m kvlab claims --update`` writes the order into the row's ``plan`` column and ``--check`` verifies it;
-only a claim whose plan came ``"before"`` its data counts as decided (:func:`kvlab.experiments.claims.decided_strictly`).
+only a claim whose plan came ``"before"`` its data counts as decided
+(:func:`kvlab.experiments.claims.decided_strictly`).
 """
 from __future__ import annotations
 

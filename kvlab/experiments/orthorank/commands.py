@@ -271,8 +271,9 @@ def _table1(args, model, tokenizer, calib, calib_text):
         plans = {p: plans[p] for p in args.plans}
     windows, names = _documents(args, tokenizer)
     found.update(eval_documents=len(names), doc_len=args.doc_len)
-    config = {"model": args.model, "doc_len": args.doc_len, "calib": "x".join(map(str, args.calib)),
-              "plans_from": args.layers or "search"}
+    # with --layers the plans come from a file and --calib is not used: the records say so, not the default
+    calib_used = "unused: the plans' own calibration (plans_from)" if args.layers else "x".join(map(str, args.calib))
+    config = {"model": args.model, "doc_len": args.doc_len, "calib": calib_used, "plans_from": args.layers or "search"}
     study = studies.table1_study(model, windows, names, plans, batch_size=args.batch_size, config=config,
                                  pairs=studies.TABLE1_PAIRS + studies.TABLE3_PAIRS, progress=True)
     found["table"], found["pairs"] = study["table"], study["pairs"]

@@ -50,12 +50,32 @@ _COMMANDS = {
 }
 
 
+# what an interrupted command (Ctrl-C) leaves, for the commands whose interrupt path is tested
+# (tests/test_interrupts.py); the others say only that they were interrupted
+_INTERRUPTED = {
+    "sweep": "every finished result is whole in the output folder, none is half-written; the same command goes "
+             "on with the unfinished tasks",
+    "leaderboard": "every finished cell is whole in OUT/cells and no table is half-written; the same command goes "
+                   "on with the other cells, then writes the table",
+    "claims": "a records file is written whole or not at all; the same command runs the row again",
+    "lessons": "no grade or feedback file is half-written; the same command grades again",
+}
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
         return 0
-    command, rest = argv[0], argv[1:]
+    try:
+        return _dispatch(argv[0], argv[1:])
+    except KeyboardInterrupt:
+        what = _INTERRUPTED.get(argv[0])
+        print(f"\nkvlab {argv[0]}: interrupted" + (f"; {what}" if what else ""), file=sys.stderr)
+        return 130  # 128 + SIGINT, as a shell reports a command stopped by Ctrl-C
+
+
+def _dispatch(command: str, rest: list[str]) -> int:
     if command == "fetch":
         return _fetch(rest)
     if command == "leaderboard":

@@ -34,6 +34,7 @@ import csv
 import hashlib
 import io
 import json
+import os
 import pathlib
 import shutil
 from dataclasses import dataclass
@@ -376,16 +377,32 @@ def grade(assignment: Assignment | pathlib.Path, submissions: pathlib.Path, out:
     results = grade_submissions(assignment.solutions, assignment.autograder, paths, jobs=jobs, timeout=timeout,
                                 seed=seed, trust_submissions=trust_submissions, cgroups=cgroups,
                                 hide=[out.resolve(), _build_root(assignment)])
-    table = _write_grades(outputs, results)
-    table.attrs["results"] = results  # per question: score, seconds and CPU time of its run (timing reads them)
+    # every file is written whole (an interrupt leaves the earlier file or the new one), the grades last: a
+    # final_grades.csv newer than the feedback is never one whose feedback is missing
     _write_feedback(outputs, out, results, assignment.name)
     written = _written_of(assignment)
-    with open(outputs.claim("written_answers.csv"), "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=["file", "question", "answer"])
-        writer.writeheader()
-        for path in paths:
-            writer.writerows(_written_answers(path, written))
+
+    def answers(path):
+        with open(path, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=["file", "question", "answer"])
+            writer.writeheader()
+            for sub in paths:
+                writer.writerows(_written_answers(sub, written))
+
+    _write_whole(outputs, "written_answers.csv", answers)
+    table = _write_grades(outputs, results)
+    table.attrs["results"] = results  # per question: score, seconds and CPU time of its run (timing reads them)
     return table
+
+
+def _write_whole(outputs, name: str, write) -> None:
+    """``write(path)`` into a temporary sibling, renamed to ``name`` once complete (both claimed first)."""
+    final, tmp = outputs.claim(name, str(pathlib.PurePosixPath(name).with_name(f".partial-{pathlib.Path(name).name}")))
+    try:
+        write(tmp)
+        os.replace(tmp, final)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def _written_of(assignment: Assignment) -> list[str]:
@@ -421,7 +438,7 @@ def _write_grades(outputs, results):
                      "total_points_earned": r.total, "percent_correct": round(r.total / total, 4) if total else 0.0,
                      "grading_status": clean(r.status, 400), "review": clean(review, REVIEW_LIMIT)})
     table = pd.DataFrame(rows)
-    table.to_csv(outputs.claim("final_grades.csv"), index=False)
+    _write_whole(outputs, "final_grades.csv", lambda path: table.to_csv(path, index=False))
     return table
 
 
@@ -433,21 +450,26 @@ def _write_feedback(outputs, out: pathlib.Path, results, name: str) -> None:
     # stopped the run before grading began)
     outputs.remove_tree("feedback")
     (out / "feedback").mkdir()
-    with open(outputs.claim("feedback.csv"), "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=["file", "question", "check", "hidden", "points", "earned", "passed",
-                                               "message"])
-        writer.writeheader()
-        for r in results:
-            for q in r.questions.values():
-                for e in q.errors:
-                    writer.writerow({"file": clean(r.file, 200), "question": q.question, "check": "(your code)",
-                                     "hidden": "", "points": "", "earned": "", "passed": "", "message": e})
-                for c in q.cases:
-                    writer.writerow({"file": clean(r.file, 200), "question": q.question, "check": c.name,
-                                     "hidden": c.hidden, "points": c.points, "earned": c.points if c.passed else 0.0,
-                                     "passed": c.passed, "message": c.message})
-            # keyed by the full name: x.ipynb and x.zip are two submissions with two feedback files
-            outputs.claim(f"feedback/{r.file}.md").write_text(_feedback_text(r, name))
+    def table(path):
+        with open(path, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=["file", "question", "check", "hidden", "points", "earned",
+                                                   "passed", "message"])
+            writer.writeheader()
+            for r in results:
+                for q in r.questions.values():
+                    for e in q.errors:
+                        writer.writerow({"file": clean(r.file, 200), "question": q.question, "check": "(your code)",
+                                         "hidden": "", "points": "", "earned": "", "passed": "", "message": e})
+                    for c in q.cases:
+                        writer.writerow({"file": clean(r.file, 200), "question": q.question, "check": c.name,
+                                         "hidden": c.hidden, "points": c.points,
+                                         "earned": c.points if c.passed else 0.0, "passed": c.passed,
+                                         "message": c.message})
+
+    _write_whole(outputs, "feedback.csv", table)
+    for r in results:  # keyed by the full name: x.ipynb and x.zip are two submissions with two feedback files
+        text = _feedback_text(r, name)
+        _write_whole(outputs, f"feedback/{r.file}.md", lambda path: path.write_text(text))
 
 
 def _graded_here(out: pathlib.Path):

@@ -987,28 +987,43 @@ def _how(grid, out, tasks, methods, models, examples, seeds) -> str:
     return f"`python -m kvlab leaderboard --grid {grid}{subset} --out {out}`"
 
 
+def _write_whole(written, name: str, write) -> None:
+    """``write(path)`` into a temporary sibling, then renamed to ``name``: an interrupted run (Ctrl-C) leaves the
+    earlier file or the new one, never half of one. Both names are claimed in the folder's manifest first."""
+    final, tmp = written.claim(name, f".partial-{name}")  # the extension stays last: matplotlib reads it
+    try:
+        write(tmp)
+        os.replace(tmp, final)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def _write_tables(written, rows: list[dict], how: str) -> None:
     """``leaderboard.csv`` (and ``.parquet`` where pyarrow is installed), ``leaderboard.md`` and ``pareto.png``,
-    each claimed in the folder's manifest first."""
+    each claimed in the folder's manifest first and each written whole (:func:`_write_whole`)."""
     import csv
 
-    with open(written.claim("leaderboard.csv"), "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
+    def table(path):
+        with open(path, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(rows[0]))
+            w.writeheader()
+            w.writerows(rows)
+
+    _write_whole(written, "leaderboard.csv", table)
     try:
         import pandas as pd
         import pyarrow  # noqa: F401
 
-        pd.DataFrame(rows).to_parquet(written.claim("leaderboard.parquet"))
+        _write_whole(written, "leaderboard.parquet", pd.DataFrame(rows).to_parquet)
     except ImportError:
         if written.owns("leaderboard.parquet") and (written.root / "leaderboard.parquet").exists():
             written.remove("leaderboard.parquet")  # never leave a stale copy beside the CSV
-    written.claim("leaderboard.md").write_text(f"Made by {how} (kvlab {__import__('kvlab').__version__}); cells in "
-                                               f"`cells/`, every number in `leaderboard.csv`.\n\n{markdown(rows)}\n")
+    text = (f"Made by {how} (kvlab {__import__('kvlab').__version__}); cells in `cells/`, every number in "
+            f"`leaderboard.csv`.\n\n{markdown(rows)}\n")
+    _write_whole(written, "leaderboard.md", lambda path: path.write_text(text))
     import matplotlib.pyplot as plt
 
-    plt.close(pareto_plot(rows, written.claim("pareto.png")))
+    _write_whole(written, "pareto.png", lambda path: plt.close(pareto_plot(rows, path)))
 
 
 def main(argv: list[str] | None = None) -> int:

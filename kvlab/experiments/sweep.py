@@ -235,6 +235,9 @@ def open_results(tasks: list[Task], out) -> "OutputFolder":
 
     folder = OutputFolder(out, "kvlab sweep", recognise=_sweep_record)
     folder.claim(".*.json.tmp*")  # the atomic writes' temporary files
+    for t in tasks:  # left by a worker stopped while it wrote (Ctrl-C, a kill): never a result, so removed
+        for stale in Path(out).glob(f".{t.name}.json.tmp*"):
+            stale.unlink(missing_ok=True)
     folder.claim(*[f"{t.name}.json" for t in tasks])
     notebooks = [f"{t.name}.ipynb" for t in tasks if t.target.endswith(".ipynb")]
     if notebooks:
@@ -339,8 +342,41 @@ def local_cluster(workers: int, gpu_workers: int | str = 0, *, workers_per_gpu: 
     specs.update({f"gpu-{i}": {"cls": Nanny, "options": {**quiet, "resources": {"GPU": 1},
                                                          "env": {**env, "CUDA_VISIBLE_DEVICES": device}}}
                   for i, device in enumerate(devices)})
-    return SpecCluster(workers=specs, scheduler={"cls": Scheduler, "options": {"dashboard_address": None}},
-                       silence_logs=logging.ERROR)
+    # Ctrl-C in a terminal reaches the whole process group: this process takes it and closes the cluster, which
+    # stops the workers; the workers ignore it (dask_setup below), so none prints a traceback mid-task. While the
+    # cluster starts, SIGINT is blocked here (and in the workers it spawns, until dask_setup): a Ctrl-C then arrives
+    # once the cluster exists, and closes it.
+    import signal
+
+    for spec in specs.values():
+        spec["options"]["preload"] = [__name__]
+    blocked = hasattr(signal, "pthread_sigmask")
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT}) if blocked else None
+    try:
+        cluster = SpecCluster(workers=specs, scheduler={"cls": Scheduler, "options": {"dashboard_address": None}},
+                              silence_logs=logging.ERROR)
+    finally:
+        if blocked and signal.SIGINT not in before:
+            try:
+                signal.pthread_sigmask(signal.SIG_SETMASK, before)  # a Ctrl-C during the start is raised here
+            except KeyboardInterrupt:
+                if "cluster" in locals():
+                    cluster.close()
+                raise
+    return cluster
+
+
+def dask_setup(worker) -> None:
+    """Runs in each worker process of :func:`local_cluster` as it starts (a Dask preload): the worker ignores
+    SIGINT (its cluster's process stops it) and takes it out of the signals blocked while the cluster started."""
+    import signal
+
+    try:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        if hasattr(signal, "pthread_sigmask"):
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    except ValueError:  # not the main thread of the worker's process: leave the signals as they are
+        pass
 
 
 def _no_gpu_worker(gpu_tasks: list[Task], where: str) -> ValueError:
@@ -463,18 +499,19 @@ def run_sweep(tasks: list[Task], out, *, scheduler: str | None = None, workers: 
     if not todo:
         return report
     gpu_tasks = [t for t in todo if t.device == "gpu"]
-    cluster = None
-    if scheduler is None:
-        cluster = _start_local_cluster(todo, gpu_tasks, workers, gpu_workers, workers_per_gpu)
-        client = Client(cluster)
-    else:
-        client = _connect(scheduler)
-    try:
+    cluster = client = None
+    try:  # from the cluster's start on: an interrupt (Ctrl-C) anywhere closes what was started
+        if scheduler is None:
+            cluster = _start_local_cluster(todo, gpu_tasks, workers, gpu_workers, workers_per_gpu)
+            client = Client(cluster)
+        else:
+            client = _connect(scheduler)
         if gpu_tasks and scheduler is not None:
             _wait_for_gpu_worker(client, gpu_tasks, scheduler)
         _submit_and_collect(client, todo, out, python_path, retries, report, progress)
     finally:
-        client.close()
+        if client is not None:
+            client.close()
         if cluster is not None:
             cluster.close()
     return report

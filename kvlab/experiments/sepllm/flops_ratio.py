@@ -53,6 +53,8 @@ def parser():
     p.add_argument("--tokenizer", default="smollm2-135m", help="kvlab model id whose tokenizer cuts the text")
     p.add_argument("--texts", type=positive_int, default=30, help="disjoint pieces (the ledger's n)")
     p.add_argument("--tokens", type=positive_int, default=2048, help="tokens per piece (a training sequence)")
+    p.add_argument("--start", type=int, default=0,
+                   help="skip the first START pieces: fresh pieces for a re-run planned after a look at the first ones")
     return p
 
 
@@ -61,6 +63,8 @@ def check(args) -> None:
         args.texts, args.tokens = 1, 160
     if args.tokens < 129:
         raise ParameterError(f"--tokens must exceed the largest window of Table 3 (n=128), got {args.tokens}")
+    if args.start < 0:
+        raise ParameterError(f"--start counts pieces to skip, a whole number >= 0, got {args.start}")
 
 
 def run(args):
@@ -75,9 +79,10 @@ def run(args):
     seps = separator_ids(tok)
     model = pythia_160m_shape()
     config = {"tokenizer": args.tokenizer, "tokens": args.tokens, "texts": args.texts,
-              "model_shape": "pythia-160m (meta device)"}
+              "model_shape": "pythia-160m (meta device)", **({"start": args.start} if args.start else {})}
     recs = []
-    for i, piece in enumerate(wikitext_pieces(tok, args.texts, args.tokens, whole=not args.smoke)):
+    pieces = wikitext_pieces(tok, args.start + args.texts, args.tokens, whole=not args.smoke)[args.start:]
+    for i, piece in enumerate(pieces, start=args.start):
         ex = f"wikitext-{args.tokens}-p{i:03d}"
         base, _ = step_flops(model, variants()[0], piece, seps)
         for v in variants():

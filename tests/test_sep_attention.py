@@ -52,13 +52,18 @@ def _variant_fn(variant, is_sep, a, n):
     return fn
 
 
-def _check_against_oracle(backend, q, k, v, is_sep, do, a, n, grad=True, variant=None):
-    """Compare a backend's output (and grads) with the fp64 oracle, allowing the eager error."""
+def _check_against_oracle(backend, q, k, v, is_sep, do, a, n, grad=True, variant=None, config=None):
+    """Compare a backend's output (and grads) with the fp64 oracle, allowing the eager error (``config``: the
+    Triton kernels with these tiles and options)."""
     seq = q.shape[2]
     oracle = _run(lambda q_, k_, v_: sep_attention_reference(q_, k_, v_, is_sep, a, n),
                   q.double(), k.double(), v.double(), do.double(), grad)
     eager = _run(lambda q_, k_, v_: sep_attention_reference(q_, k_, v_, is_sep, a, n), q, k, v, do, grad)
-    if variant is None:
+    if config is not None:
+        from kvlab.sepllm.triton import sep_attention_triton
+
+        fn = lambda q_, k_, v_: sep_attention_triton(q_, k_, v_, is_sep, a, n, config=config)  # noqa: E731
+    elif variant is None:
         fn = lambda q_, k_, v_: sep_attention(q_, k_, v_, is_sep, a, n, backend=backend)  # noqa: E731
     else:
         fn = _variant_fn(variant, is_sep, a, n)
@@ -205,6 +210,48 @@ def test_triton_tile_shapes_do_not_change_the_result(neighbors, splits_per, vari
         torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-5)
 
 
+WINDOW_OPTIONS = [  # (ops variant, forward BLOCK_M, neighbors): the tma forward's window-loop options, each case
+    ("tma+w64", 16, 20),            # window tiles wider than the query tile: region aligned to 64, no split or diag
+    ("tma+diag", 32, 40),           # keys before q0 without the causal test, two diagonal tiles with it alone
+    ("tma+diag", 32, 9),            # BLOCK_M > neighbors: the diagonal needs the whole rule, the host keeps it
+    ("tma+w16+diag+split", 32, 50),  # masked front, one unmasked interior tile, the diagonal
+    ("tma+s3+diag", 32, 40),        # the window loops' own pipeline depth (the interpreter runs the code path)
+]
+
+
+@needs_triton
+@pytest.mark.parametrize("spec, block_m, neighbors", WINDOW_OPTIONS, ids=lambda x: str(x))
+def test_tma_window_options_match_oracle(spec, block_m, neighbors):
+    """Each option ``bench sepllm ops`` can time beside the default forward (``variant_config``) computes the same
+    attention: output and, through the saved log-sum-exp, the gradients. No initial token, so early rows see
+    nothing in the first tiles (the online softmax's guard)."""
+    from kvlab.experiments.bench.sepllm import variant_config
+
+    q, k, v, is_sep, do = _inputs(1, 2, 1, 83, 16, torch.bfloat16, 0.15, seed=13)
+    cfg = variant_config(spec, 16, torch.bfloat16)
+    cfg["fwd"]["BLOCK_M"] = block_m
+    _check_against_oracle("triton", q, k, v, is_sep, do, 0, neighbors, config=cfg)
+
+
+def test_ops_variant_options_set_the_forward_config():
+    """``tma+w64+diag+s3`` changes the forward's window tiles, mask split and window stages, nothing else;
+    ``+rerun`` changes nothing; options of the tma forward on another variant, or unknown ones, are refused."""
+    from kvlab.experiments.bench.sepllm import variant_config
+    from kvlab.sepllm.triton import default_config, tma_supported
+
+    if not tma_supported():
+        pytest.skip("this Triton has no tensor descriptors")
+    base = default_config(128, torch.bfloat16, variant="tma")
+    cfg = variant_config("tma+w64+diag+s3", 128, torch.bfloat16)
+    assert cfg["fwd"] == base["fwd"] | {"BLOCK_N": 64, "window_diag": True, "window_stages": 3}
+    assert {key: val for key, val in cfg.items() if key != "fwd"} == {key: val for key, val in base.items()
+                                                                     if key != "fwd"}
+    assert variant_config("tma+rerun", 128, torch.bfloat16) == base
+    for bad, match in (("gather+diag", "tma forward"), ("tma+w64x", "unknown option")):
+        with pytest.raises(ValueError, match=match):
+            variant_config(bad, 128, torch.bfloat16)
+
+
 @needs_triton
 def test_compaction_kernel_matches_torch():
     from kvlab.sepllm.triton import compact_kept_keys, compact_kept_keys_torch
@@ -283,6 +330,21 @@ def test_triton_large_gpu(case, variant):
     _check_against_oracle("triton", q, k, v, is_sep, do, 4, 256, variant=variant)
 
 
+# forward options `bench sepllm ops` times beside the default (variant_config), with the tiles they are timed with
+OPS_WINDOW_VARIANTS = ["tma+w64", "tma+diag", "tma+w64+diag", "tma+w64+split", "tma+w64+diag+split", "tma+w64+s1",
+                       "tma+w64+s3", "tma+w128"]
+
+
+@pytest.mark.skipif(not CUDA, reason="large shapes run on the GPU only")
+@pytest.mark.parametrize("spec", OPS_WINDOW_VARIANTS)
+def test_tma_window_options_large_gpu(spec):
+    """The ops candidates with the tiles they are timed with (window 256, 4k tokens, dim 128) match the oracle."""
+    from kvlab.experiments.bench.sepllm import variant_config
+
+    q, k, v, is_sep, do = _inputs(1, 8, 2, 4097, 128, torch.bfloat16, 0.08, seed=4097)
+    _check_against_oracle("triton", q, k, v, is_sep, do, 4, 256, config=variant_config(spec, 128, torch.bfloat16))
+
+
 def test_api_casts_under_autocast():
     """Under autocast HF's RoPE leaves q, k in fp32 while v is bf16: the API casts them like SDPA."""
     q, k, v, is_sep, _ = _inputs(1, 2, 2, 12, 16, torch.float32)
@@ -345,7 +407,8 @@ out = []
 for dtype, d in ((torch.float32, 128), (torch.bfloat16, 256)):
     cfg = st.default_config(d, dtype, interpret=False, variant="tma")
     p, f32, i8, i32 = P[dtype], "*fp32", "*i8", "*i32"
-    kernels = [("fwd", st._sep_fwd_tma_kernel, dict(WARP_SPEC=False, PARTS=3, WINDOW_SPLIT=False)),
+    kernels = [("fwd", st._sep_fwd_tma_kernel, dict(WARP_SPEC=False, PARTS=3, WINDOW_SPLIT=False, WINDOW_DIAG=False,
+                                                    WINDOW_STAGES=None)),
                ("dq", st._sep_bwd_dq_tma_kernel, dict(WARP_SPEC=False)),
                ("far", st._sep_bwd_dkdv_far_tma_kernel, dict(N_SPLITS=1)),
                ("dkdv", st._sep_bwd_dkdv_window_tma_kernel, {})]

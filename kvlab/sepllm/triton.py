@@ -478,14 +478,22 @@ def _far_step_unmasked(q, k, v, m_i, l_i, acc, qk_scale, BLOCK_M: tl.constexpr, 
 
 @triton.jit
 def _window_step(q, k_desc, v_desc, KEPTb, start, N, NEIGH, offs_m, m_i, l_i, acc, qk_scale, BLOCK_M: tl.constexpr,
-                 BLOCK_N: tl.constexpr, FP32_DOT: tl.constexpr):
-    # One masked window tile: causal, and a neighbour (q - k < NEIGH) or a kept key
+                 BLOCK_N: tl.constexpr, FP32_DOT: tl.constexpr, MASK: tl.constexpr):
+    # One masked window tile. MASK 0: the whole rule, causal and a neighbour (q - k < NEIGH) or a kept key;
+    # 1: a tile of keys before the query tile (k < q0: causal holds, only the neighbour-or-kept test);
+    # 2: a tile on the diagonal (k >= q0) with BLOCK_M <= NEIGH: every causal key is a neighbour, so the
+    # causal test alone (no kept flags read).
     kpos = start + tl.arange(0, BLOCK_N)
     k = k_desc.load([start, 0])
     v = v_desc.load([start, 0])
-    kept = tl.load(KEPTb + kpos, mask=kpos < N, other=0)
     dist = offs_m[:, None] - kpos[None, :]
-    visible = (dist >= 0) & ((dist < NEIGH) | (kept[None, :] != 0))
+    if MASK == 2:
+        visible = dist >= 0
+    else:
+        kept = tl.load(KEPTb + kpos, mask=kpos < N, other=0)
+        visible = (dist < NEIGH) | (kept[None, :] != 0)
+        if MASK == 0:
+            visible = visible & (dist >= 0)
     s = _dot(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), FP32_DOT)
     s = tl.where(visible, s * qk_scale, float("-inf"))
     return _online_softmax_step(s, v, m_i, l_i, acc, FP32_DOT)
@@ -498,9 +506,12 @@ def _sep_fwd_tma_kernel(
     stride_ob, stride_oh, stride_on,
     N, NEIGH, qk_scale, H: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_F: tl.constexpr, FP32_DOT: tl.constexpr,
-    WARP_SPEC: tl.constexpr, PARTS: tl.constexpr, WINDOW_SPLIT: tl.constexpr,
+    WARP_SPEC: tl.constexpr, PARTS: tl.constexpr, WINDOW_SPLIT: tl.constexpr, WINDOW_DIAG: tl.constexpr,
+    WINDOW_STAGES: tl.constexpr,
 ):
     # PARTS: 3 runs both stages; 1 (far keys only) or 2 (window only) time them apart (wrong results).
+    # WINDOW_SPLIT, WINDOW_DIAG, WINDOW_STAGES: options of the window loop (stage 2 below); WINDOW_STAGES None
+    # pipelines it like the rest of the kernel (num_stages).
     # -- which tile, which heads; descriptors of this (batch, head)'s rows
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)  # late tiles (most far keys) first
     pid_bh = tl.program_id(1)
@@ -542,31 +553,36 @@ def _sep_fwd_tma_kernel(
         s = tl.where(live[None, :], s * qk_scale, float("-inf"))
         m_i, l_i, acc = _online_softmax_step(s, v, m_i, l_i, acc, FP32_DOT)
 
-    # -- stage 2: the window region, dense tiles with the element mask. WINDOW_SPLIT: the tiles every query
-    #    of the tile sees whole (k <= q0 and q0 + BLOCK_M - 1 - k < NEIGH) go through an unmasked loop
-    #    between the masked ones (BLOCK_N divides BLOCK_M, so the diagonal starts on a tile boundary).
+    # -- stage 2: the window region [lo, hi), dense tiles with the element mask, in up to three loops:
+    #    [lo, mid_lo) masked, [mid_lo, mid_hi) unmasked, [mid_hi, hi) masked. WINDOW_SPLIT: the tiles every query
+    #    of the tile sees whole (k <= q0 and q0 + BLOCK_M - 1 - k < NEIGH) form the unmasked loop. WINDOW_DIAG:
+    #    the first loop holds only keys before q0 and the last one only the diagonal (mid_hi = q0), each with the
+    #    cheaper mask that holds there (the host turns it on only where BLOCK_M <= NEIGH). Both need BLOCK_N to
+    #    divide BLOCK_M, so that q0 starts a tile (the host checks).
     hi = tl.minimum(q0 + BLOCK_M, N)
-    if PARTS & 2 == 0:
-        hi = lo
     KEPTb = KEPT + b * N
     mid_lo = hi
     mid_hi = hi
     if WINDOW_SPLIT:
         mid_lo = tl.minimum(tl.maximum((q0 + BLOCK_M - NEIGH + BLOCK_N - 1) // BLOCK_N * BLOCK_N, lo), q0)
         mid_hi = tl.maximum(q0, mid_lo)
-        if PARTS & 2 == 0:
-            mid_lo = lo
-            mid_hi = lo
-    for start in range(lo, mid_lo, BLOCK_N):
+    if WINDOW_DIAG:
+        mid_lo = tl.minimum(mid_lo, q0)
+        mid_hi = tl.maximum(q0, mid_lo)
+    if PARTS & 2 == 0:
+        hi = lo
+        mid_lo = lo
+        mid_hi = lo
+    for start in tl.range(lo, mid_lo, BLOCK_N, num_stages=WINDOW_STAGES):
         m_i, l_i, acc = _window_step(q, k_desc, v_desc, KEPTb, start, N, NEIGH, offs_m, m_i, l_i, acc, qk_scale,
-                                     BLOCK_M, BLOCK_N, FP32_DOT)
-    for start in range(mid_lo, mid_hi, BLOCK_N):
+                                     BLOCK_M, BLOCK_N, FP32_DOT, 1 if WINDOW_DIAG else 0)
+    for start in tl.range(mid_lo, mid_hi, BLOCK_N, num_stages=WINDOW_STAGES):
         k = k_desc.load([start, 0])
         v = v_desc.load([start, 0])
         m_i, l_i, acc = _far_step_unmasked(q, k, v, m_i, l_i, acc, qk_scale, BLOCK_M, BLOCK_N, FP32_DOT)
-    for start in range(mid_hi, hi, BLOCK_N):
+    for start in tl.range(mid_hi, hi, BLOCK_N, num_stages=WINDOW_STAGES):
         m_i, l_i, acc = _window_step(q, k_desc, v_desc, KEPTb, start, N, NEIGH, offs_m, m_i, l_i, acc, qk_scale,
-                                     BLOCK_M, BLOCK_N, FP32_DOT)
+                                     BLOCK_M, BLOCK_N, FP32_DOT, 2 if WINDOW_DIAG else 0)
 
     # -- epilogue: normalise, store the output and the base-2 log-sum-exp for the backward pass
     acc = acc / l_i[:, None]
@@ -831,8 +847,12 @@ def default_config(head_dim: int, dtype: torch.dtype, interpret: bool | None = N
     where Triton has them) or ``"gather"`` (far keys gathered row by row from K/V, the kernel of the
     first release). Per kernel: ``BLOCK_M`` queries per tile, ``BLOCK_N`` keys per window tile (also the
     window alignment), ``BLOCK_F`` far keys per tile, warps, pipeline stages and (``"tma"``) whether
-    the far loop is warp-specialised (``warp_spec``) and whether the forward sends whole window tiles
-    through an unmasked loop (``window_split``). ``"gather"``: the two dK/dV kernels share ``"dkdv"``'s
+    the far loop is warp-specialised (``warp_spec``); options of the ``"tma"`` forward's window loop, all off
+    by default: whole window tiles through an unmasked loop (``window_split``), the masked tiles split at the
+    diagonal so that each gets the cheaper mask that holds there (``window_diag``: keys before the query tile
+    need no causal test, the diagonal's need only it where ``BLOCK_M <= neighbors``), and the window loop's own
+    pipeline depth (``window_stages``, an int; unset: ``num_stages``). The forward's ``BLOCK_N`` is its window
+    tile size. ``"gather"``: the two dK/dV kernels share ``"dkdv"``'s
     ``BLOCK_M``, ``BLOCK_N`` (they split the pairs by tile). ``"tma"``: the far dK/dV kernel has its own
     tiles, ``"far"`` (it splits the pairs per element).
     """
@@ -912,6 +932,10 @@ def _launch(kernel, grid, c, *args, **meta):
         meta["PARTS"] = int(c.get("parts", 3))
     if "WINDOW_SPLIT" in kernel.arg_names:
         meta["WINDOW_SPLIT"] = bool(c.get("window_split", False)) and c["BLOCK_M"] % c["BLOCK_N"] == 0
+    if "WINDOW_DIAG" in kernel.arg_names:  # the caller also checks BLOCK_M <= neighbors (_forward)
+        meta["WINDOW_DIAG"] = bool(c.get("window_diag", False)) and c["BLOCK_M"] % c["BLOCK_N"] == 0
+    if "WINDOW_STAGES" in kernel.arg_names:
+        meta["WINDOW_STAGES"] = c.get("window_stages")
     kernel[grid](*args, **meta, BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"], BLOCK_F=c["BLOCK_F"],
                  num_warps=c["num_warps"], num_stages=c["num_stages"])
 
@@ -930,6 +954,8 @@ def _forward(q, k, v, kept, idx, cnt, neighbors, scale, cfg, fp32_dot):
         if not _interpreting():
             _ensure_allocator()
         kc, vc = compact_kv(k, v, idx, cnt)
+        # the diagonal's causal-only mask holds when every causal key of a diagonal tile is a neighbour
+        c = dict(c, window_diag=bool(c.get("window_diag", False)) and c["BLOCK_M"] <= neighbors)
         _launch(_sep_fwd_tma_kernel, grid, c, q, k, v, kc, vc, o, lse, kept, cnt, *strides,
                 n, neighbors, scale * 1.4426950408889634, **meta)
     else:

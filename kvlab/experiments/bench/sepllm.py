@@ -58,17 +58,38 @@ def load_separators(name: str, n: int, batch: int = 1, seed: int = 0):
 # ops: SepLLM attention, SDPA vs Flex vs Triton
 # ---------------------------------------------------------------------------------------------
 def variant_config(spec: str, dim: int, dtype) -> dict:
-    """The default config of a variant named ``NAME[+split][+ws]`` (``tma+split``: the forward's window_split on;
-    ``+ws``: its far loop warp-specialised), so that ``ops`` can time such options side by side."""
+    """The default config of a variant named ``NAME[+OPTION...]``, so that ``ops`` times such options side by side.
+
+    Options (of the ``tma`` forward, the backward keeps its tiles): ``+split`` whole window tiles through an
+    unmasked loop (``window_split``); ``+ws`` the far loop warp-specialised (``warp_spec``); ``+diag`` the masked
+    window tiles split at the diagonal, each with the cheaper mask that holds there (``window_diag``); ``+wN``
+    window tiles of N keys (the forward's ``BLOCK_N``, also the window alignment: ``tma+w64``); ``+sK`` the window
+    loop pipelined in K stages (``window_stages``; the far loop keeps ``num_stages``); ``+rerun`` nothing changed,
+    the same config timed once more in the same run (the within-run spread beside the options' differences).
+    """
+    import re
+
     from kvlab.sepllm.triton import default_config
 
     name, *flags = spec.split("+")
     cfg = default_config(dim, dtype, variant=name)
+    fwd = dict(cfg["fwd"])
     for flag in flags:
-        key = {"split": "window_split", "ws": "warp_spec"}.get(flag)
-        if key is None:
-            raise ValueError(f"variant {spec!r}: unknown option {flag!r} (use +split, +ws)")
-        cfg["fwd"] = dict(cfg["fwd"], **{key: True})
+        key = {"split": "window_split", "ws": "warp_spec", "diag": "window_diag"}.get(flag)
+        num = re.fullmatch(r"([ws])(\d+)", flag)
+        if flag == "rerun":
+            continue
+        if name != "tma":
+            raise ValueError(f"variant {spec!r}: option {flag!r} is one of the tma forward's (use tma+{flag})")
+        if key is not None:
+            fwd[key] = True
+        elif num and num[1] == "w":
+            fwd["BLOCK_N"] = int(num[2])
+        elif num:
+            fwd["window_stages"] = int(num[2])
+        else:
+            raise ValueError(f"variant {spec!r}: unknown option {flag!r} (use +split, +ws, +diag, +wN, +sK, +rerun)")
+    cfg["fwd"] = fwd
     return cfg
 
 
@@ -611,8 +632,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--flex-max-n", type=int, default=65536)
     ap.add_argument("--tokens", type=int, default=16384, help="tokens per training step")
     ap.add_argument("--variants", default="tma,gather",
-                    help="Triton variants to time (ops, tune), the first is compared with the others; "
-                         "NAME+split / NAME+ws turn on the forward's window_split / warp_spec")
+                    help="Triton variants to time (ops, tune), the first is compared with the others; ops "
+                         "takes options of the tma forward (variant_config): tma+split, +ws, +diag, +w64 (window "
+                         "tiles of 64), +s3 (window loop in 3 stages), +rerun (the same config timed again)")
     ap.add_argument("--parts", default="fwd,dq,dkdv,splits,decode", help="what tune sweeps")
     return ap
 

@@ -1,22 +1,17 @@
 """LaCache Figs. 8-9: the word needle under LaCache's retrieval protocol at one more length, the jobs of
-``benchmarks/quality_runs.py``'s ``lacache_protocol_jobs`` (full prefill, compact once, 64 sinks,
+``kvlab.experiments.quality.runs``' ``lacache_protocol_jobs`` (full prefill, compact once, 64 sinks,
 S = round(30 x budget share), O = 0; 50 % and 25 % budgets) run by its worker function, with records in the fidelity examples' format
 (``niah-<length>-d<depth>``, methods named as there), so that a ledger row can pool them with the grid's cells.
 
-    OMP_NUM_THREADS=1 python benchmarks/lacache_niah_cells.py --length 1536 --out FILE.examples.jsonl
+    OMP_NUM_THREADS=1 python -m kvlab.experiments.lacache.niah_cells --length 1536 --out FILE.examples.jsonl
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
 
 def main(argv=None) -> int:

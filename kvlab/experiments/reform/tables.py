@@ -194,7 +194,7 @@ def efficiency_rows(path: str | Path | None = None, run: str = "efficiency") -> 
     (seconds, peak GiB)``. ``run``: ``"efficiency"`` (the current code, timed with a device synchronisation at
     every step) or ``"efficiency_first_run"`` (no per-step synchronisation; before the similarity ran in blocks).
     ``compress_only`` is REFORM's compression through every layer (the recurrent row; not InfiniPot's scores)."""
-    path = Path(__file__).resolve().parents[1] / "reform" / "data" / "fullsize_smollm2.json" if path is None else Path(path)
+    path = Path(__file__).resolve().parents[2] / "reform" / "data" / "fullsize_smollm2.json" if path is None else Path(path)
     data = json.loads(path.read_text())
     return {f"{r['method']}@{r['tokens']}": (r["seconds"], r["peak_gib"]) for r in data[run]["rows"]}
 

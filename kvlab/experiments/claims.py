@@ -343,7 +343,7 @@ _NUM = r"-?\d+(?:\.\d+)?"
 _CELL_NUMBERS = re.compile(rf"^(?P<a>{_NUM}) vs (?P<b>{_NUM}) \((?P<sense>higher|lower) is better(?:; (?P<src>.+))?\)$")
 _CELL_WORDS = re.compile(r"^(?:(?P<who>A|B) better, no number|A matches B) \((?P<src>.+)\)$")
 # metrics where a smaller value is the better one (the ledger's own metric names)
-_LOWER_IS_BETTER = re.compile(r"nll|ppl|perplexity|loss|latency|seconds|memory|flops|attention_map", re.I)
+_LOWER_IS_BETTER = re.compile(r"nll|ppl|perplexity|loss|latency|seconds|memory|flops|attention_map|_ms$|_bytes$", re.I)
 
 
 def lower_is_better(metric: str) -> bool:

@@ -24,7 +24,10 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _start(argv: list[str], cwd: Path, log: Path, env: dict | None = None) -> subprocess.Popen:
+    # SIGINT back to its default in the child: a shell's background job (how a CI runner may start pytest) ignores
+    # it, Python keeps an inherited "ignore", and a terminal's Ctrl-C would then be lost on the command under test
     return subprocess.Popen([sys.executable, "-m", "kvlab", *argv], cwd=cwd, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
                             stdout=log.open("w"), stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
 

@@ -343,19 +343,25 @@ def local_cluster(workers: int, gpu_workers: int | str = 0, *, workers_per_gpu: 
                                                          "env": {**env, "CUDA_VISIBLE_DEVICES": device}}}
                   for i, device in enumerate(devices)})
     # Ctrl-C in a terminal reaches the whole process group: this process takes it and closes the cluster, which
-    # stops the workers; the workers ignore it (dask_setup below), so none prints a traceback mid-task. While the
-    # cluster starts, SIGINT is blocked here (and in the workers it spawns, until dask_setup): a Ctrl-C then arrives
-    # once the cluster exists, and closes it.
+    # stops the workers; the workers ignore it, so none prints a traceback. A worker's Python starts with SIGINT
+    # ignored (the disposition survives exec; Dask's start threads do not carry this thread's signal mask): the
+    # spawn executable is, while the cluster starts, a shell line that ignores SIGINT and runs this Python. While
+    # the cluster starts, SIGINT is blocked here: a Ctrl-C then arrives once the cluster exists, and closes it.
     import signal
+    from multiprocessing import spawn
 
     for spec in specs.values():
         spec["options"]["preload"] = [__name__]
     blocked = hasattr(signal, "pthread_sigmask")
     before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT}) if blocked else None
+    executable = spawn.get_executable()
+    if os.name == "posix":
+        spawn.set_executable(_python_ignoring_sigint(executable))
     try:
         cluster = SpecCluster(workers=specs, scheduler={"cls": Scheduler, "options": {"dashboard_address": None}},
                               silence_logs=logging.ERROR)
     finally:
+        spawn.set_executable(executable)
         if blocked and signal.SIGINT not in before:
             try:
                 signal.pthread_sigmask(signal.SIG_SETMASK, before)  # a Ctrl-C during the start is raised here
@@ -364,6 +370,28 @@ def local_cluster(workers: int, gpu_workers: int | str = 0, *, workers_per_gpu: 
                     cluster.close()
                 raise
     return cluster
+
+
+def _python_ignoring_sigint(python) -> str:
+    """An executable that runs ``python`` with SIGINT ignored from its first instruction (``trap '' INT``; an
+    ignored signal stays ignored across exec, and Python then installs no KeyboardInterrupt handler). Written once
+    into the kvlab cache, named by the Python it runs."""
+    import shlex
+    import tempfile
+
+    from kvlab.assets.integrity import cache_dir
+
+    python = os.fsdecode(python)
+    folder = cache_dir() / "bin"
+    path = folder / f"python-ignoring-sigint-{hashlib.sha256(python.encode()).hexdigest()[:12]}"
+    text = f"#!/bin/sh\ntrap '' INT\nexec {shlex.quote(python)} \"$@\"\n"
+    if not path.is_file() or path.read_text() != text:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=folder, delete=False, prefix=".tmp-") as f:
+            f.write(text)
+        os.chmod(f.name, 0o755)
+        os.replace(f.name, path)  # atomic: another process starting a cluster sees the old file or the whole one
+    return str(path)
 
 
 def dask_setup(worker) -> None:

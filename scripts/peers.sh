@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The kvpress peer check (issue 15): NVIDIA kvpress needs transformers<5.3, kvlab pins a newer one, so the check
+# The kvpress peer check: NVIDIA kvpress needs transformers<5.3, kvlab pins a newer one, so the check
 # has its own environment, .venv-peers (made once; again only when constraints-peers.txt or pyproject.toml change).
 # Then tests/test_peers.py runs there: kvlab's StreamingLLM/TOVA/H2O against kvpress's presses, kept positions.
 set -euo pipefail
@@ -14,4 +14,6 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     | { grep -v "Location 'file:" || true; }
   echo "$want" > "$stamp"
 fi
+# --install-only: make the environment and stop (scripts/test.sh installs it while the unit tests run)
+[ "${1:-}" = --install-only ] && exit 0
 .venv-peers/bin/python -m pytest tests/test_peers.py -q -p no:cacheprovider "$@"

@@ -13,23 +13,31 @@ stage() {  # stage NAME: close the stage that ran since the last call
 trap 'printf "kvlab: stage times\n$STAGES%-22s %6d s\n" total $(( $(date +%s) - T0 ))' EXIT
 bash scripts/setup.sh
 stage set-up
+# The peer check's own environment installs while the unit tests run (pip waits on the network and the disk).
+mkdir -p build
+bash scripts/peers.sh --install-only > build/peers-install.log 2>&1 &
+PEERS_INSTALL=$!
 # Without a GPU, Triton kernels run in Triton's interpreter.
 if ! .venv/bin/python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
   export TRITON_INTERPRET=1
 fi
 export MPLBACKEND=Agg
-# pytest-xdist: one worker per core, each test file kept on one worker (files share fixtures and build folders)
-.venv/bin/python -m pytest tests -q -p no:cacheprovider -n auto --dist loadfile --durations=50 "$@"
+# pytest-xdist: one worker per core, each test file kept on one worker (files share fixtures and build folders).
+# No test's call may take over 60 s here (tests/conftest.py); the long ones run with `bash scripts/test.sh --full`.
+.venv/bin/python -m pytest tests -q -p no:cacheprovider -n auto --dist loadfile --durations=50 \
+  --max-test-seconds 60 "$@"
 stage unit-tests
+if ! wait "$PEERS_INSTALL"; then cat build/peers-install.log >&2; exit 1; fi
 bash scripts/peers.sh   # the kvpress peer check, in its own environment (kvpress needs transformers<5.3)
 stage peer-check
 .venv/bin/python -m kvlab notebooks prepare --out build/notebooks
 # The notebooks run once, here: nbval checks them and the tolerant-checks plugin saves each as executed into build/executed
 # for the book. MPLBACKEND is unset for the kernels so that matplotlib's inline backend makes figures outputs.
 rm -rf build/executed
+# Two notebooks at a time (pytest-xdist, each notebook on one worker: its cells share one kernel).
 env -u MPLBACKEND KVLAB_EXECUTED_DIR=build/executed \
   .venv/bin/python -m pytest build/notebooks --nbval-lax --nbval-current-env -q -p no:cacheprovider \
-  --nbval-cell-timeout=900
+  --nbval-cell-timeout=900 -n 2 --dist loadfile
 stage notebooks
 
 # The book from those executed copies (nothing runs again): build/book/html/index.html.

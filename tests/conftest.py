@@ -77,11 +77,11 @@ FULL_ONLY = {
 # test_static_triton.py's engine cases: one (StreamingLLM by insertion, logical order) stays in the fast suite
 FULL_ONLY_PREFIXES = {
     "tests/test_static_triton.py::test_triton_engine_same_greedy_tokens_and_entries[":
-        "the [StreamingLLM insertion-logical] engine case, the kernel against its float64 oracle in both orders, and "
+        "the StreamingLLM (insertion positions, logical order) engine case, the kernel against its float64 oracle in both orders, and "
         "the indexed layout bit-identical to the compact one for every policy",
 }
-FAST_KEPT = ("tests/test_static_triton.py::test_triton_engine_same_greedy_tokens_and_entries[StreamingLLM insertion-"
-             "logical]",)
+FAST_KEPT = ("tests/test_static_triton.py::test_triton_engine_same_greedy_tokens_and_entries[StreamingLLM(positions="
+             "'insertion', sink=2, window=6)-logical]",)
 
 
 def full_only(nodeid: str) -> str | None:

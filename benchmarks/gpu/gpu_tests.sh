@@ -63,7 +63,7 @@ run() {  # NAME SECONDS PYTEST-ARGS...
   echo "== $name: pytest $* (stopped after $limit s)"
   t0=$(date +%s)
   rm -f "$D/$name.junit.xml"  # never read an earlier run's counts
-  timeout -k 10 "$limit" "$PY" -m pytest -p no:cacheprovider -v -rfEs --durations=10 \
+  timeout -k 10 "$limit" "$PY" -m pytest -p no:cacheprovider -v -rfEs --durations=10 --full \
     --junitxml="$D/$name.junit.xml" "$@" > "$D/$name.log" 2>&1 < /dev/null
   rc=$?
   tail -n 1 "$D/$name.log"

@@ -149,6 +149,8 @@ class SaveExecuted:
             if isinstance(item, IPyNbCell):
                 files.setdefault(item.parent, []).append(item)
         for parent, items in files.items():
+            if not any(item.nodeid in self.outcomes for item in items):
+                continue  # another pytest-xdist worker ran this notebook (each worker collects them all)
             import nbformat
 
             self.out.mkdir(parents=True, exist_ok=True)

@@ -34,8 +34,8 @@ stage peer-check
 # The notebooks run once, here: nbval checks them and the tolerant-checks plugin saves each as executed into build/executed
 # for the book. MPLBACKEND is unset for the kernels so that matplotlib's inline backend makes figures outputs.
 rm -rf build/executed
-# One notebook at a time: two side by side (pytest-xdist) took 954 s against 643 s one after the other on the 2-core
-# CI machine (their kernels' heavy cells collide). --durations names the slow cells.
+# One notebook at a time: two side by side (pytest-xdist) took 954 s, one after the other 643 s in an earlier run of
+# the same 2-core kind of machine. --durations names the slow cells.
 env -u MPLBACKEND KVLAB_EXECUTED_DIR=build/executed \
   .venv/bin/python -m pytest build/notebooks --nbval-lax --nbval-current-env -q -p no:cacheprovider \
   --nbval-cell-timeout=900 --durations=15

@@ -71,6 +71,9 @@ FULL_ONLY = {
         "test_nms_matches_greedy_on_random_scores_with_ties_and_sure_positions and the edge cases",
     "tests/test_sweep_gpus.py::test_scheduler_and_worker_processes_started_apart":
         "workers pinned to their devices (test_worker_i_sees_only_device_i) and leaderboard cells on them",
+    "tests/test_sep_attention.py::test_tma_default_tiles_fit_in_hopper_shared_memory":
+        "nothing on the CPU (it compiles every default tile set for sm_90, 29-330 s); the GPU suite runs it with --full "
+        "and launches the default tiles on an H200",
     "tests/test_ragged_decode.py::test_triton_chunking_does_not_change_the_result":
         "test_triton_matches_oracle on every case at the default chunking",
 }

@@ -72,16 +72,16 @@ FULL_ONLY = {
     "tests/test_sweep_gpus.py::test_scheduler_and_worker_processes_started_apart":
         "workers pinned to their devices (test_worker_i_sees_only_device_i) and leaderboard cells on them",
     "tests/test_sep_attention.py::test_tma_default_tiles_fit_in_hopper_shared_memory":
-        "nothing on the CPU (it compiles every default tile set for sm_90, 29-330 s); the GPU suite runs it with --full "
-        "and launches the default tiles on an H200",
+        "nothing on the CPU (it compiles every default tile set for sm_90, 29-330 s); the GPU suite runs it with "
+        "--full and launches the default tiles on an H200",
     "tests/test_ragged_decode.py::test_triton_chunking_does_not_change_the_result":
         "test_triton_matches_oracle on every case at the default chunking",
 }
 # test_static_triton.py's engine cases: one (StreamingLLM by insertion, logical order) stays in the fast suite
 FULL_ONLY_PREFIXES = {
     "tests/test_static_triton.py::test_triton_engine_same_greedy_tokens_and_entries[":
-        "the StreamingLLM (insertion positions, logical order) engine case, the kernel against its float64 oracle in both orders, and "
-        "the indexed layout bit-identical to the compact one for every policy",
+        "the StreamingLLM (insertion positions, logical order) engine case, the kernel against its float64 oracle in "
+        "both orders, and the indexed layout bit-identical to the compact one for every policy",
 }
 FAST_KEPT = ("tests/test_static_triton.py::test_triton_engine_same_greedy_tokens_and_entries[StreamingLLM(positions="
              "'insertion', sink=2, window=6)-logical]",)

@@ -133,12 +133,9 @@ BOOK_PAGES = sorted(p.name.split(".")[0] for p in (ROOT / "notebooks" / "params"
 
 
 def _book_copy_is_current(stem: str) -> bool:
-    import importlib.util
+    from kvlab.notebooks.copies import stale
 
-    spec = importlib.util.spec_from_file_location("kvlab_notebooks_tool", ROOT / "scripts" / "notebooks.py")
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
-    return tool.stale(ROOT / "notebooks" / f"{stem}.ipynb") == []
+    return stale(ROOT / "notebooks" / f"{stem}.ipynb") == []
 
 
 @pytest.mark.parametrize("stem", BOOK_PAGES)

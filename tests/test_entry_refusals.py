@@ -92,6 +92,27 @@ def test_generate_with_a_used_cache_asks_for_a_new_one(tiny_llama):
     assert torch.equal(again, fresh)
 
 
+def test_generate_with_a_used_cache_and_a_longer_new_prompt_refuses_to_continue_the_old_stream(tiny_llama):
+    torch.manual_seed(1)
+    first, other = torch.randint(0, 96, (1, 6)), torch.randint(0, 96, (1, 20))
+    cache = KVCache(tiny_llama, StreamingLLM(2, 8))
+    kw = dict(max_new_tokens=3, do_sample=False)
+    with torch.no_grad():
+        out = tiny_llama.generate(first, past_key_values=cache, **kw)
+        seen = cache.seen
+        if torch.equal(other[:, :seen], out[:, :seen]):
+            other[0, 0] = (other[0, 0] + 1) % 96
+        with pytest.raises(ValueError, match=rf"already holds a stream of {seen} tokens.*does not start with them.*"
+                                             r"Make a new KVCache for each prompt .*cache\.reset\(\)"):
+            tiny_llama.generate(other, past_key_values=cache, **kw)
+        assert cache.seen == seen  # nothing of the refused prompt entered the cache
+        # the same stream continued (prompt, generated tokens, new text) is what a used cache is for
+        more = torch.cat([out, torch.randint(0, 96, (1, 4))], dim=-1)
+        continued = tiny_llama.generate(more, past_key_values=cache, **kw)
+        whole = tiny_llama.generate(more, past_key_values=KVCache(tiny_llama, StreamingLLM(2, 8)), **kw)
+    assert continued.shape == whole.shape and torch.equal(continued[:, :more.shape[1]], more)
+
+
 # ================================================================================ notebook text parameters
 def _parameters_source(notebook: Path) -> str:
     cell = next(c for c in json.loads(notebook.read_text())["cells"] if "parameters" in c["metadata"].get("tags", []))

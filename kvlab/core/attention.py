@@ -1,6 +1,6 @@
 """How kvlab plugs into a transformers model: one attention function, two hooks, no forked model code.
 
-``attach(model)`` (``kvlab.load_model`` calls it) does three things, all through public transformers APIs:
+``attach(model)`` (``kvlab.load_model`` calls it) does four things, all through public transformers APIs:
 
 1. registers the attention function ``"kvlab"`` with ``AttentionInterface`` (and the matching mask
    function with ``AttentionMaskInterface``) and switches the model to it with
@@ -8,7 +8,9 @@
 2. adds a forward pre-hook on the model that tells a :class:`~kvlab.core.KVCache` which tokens arrive
    (token ids, original positions) and, for policies that use positions within the cache, rewrites
    ``position_ids``;
-3. adds a forward post-hook that lets the cache's policy compact every layer once the step is over.
+3. adds a forward post-hook that lets the cache's policy compact every layer once the step is over;
+4. wraps ``prepare_inputs_for_generation`` so that ``generate`` with a used KVCache refuses a prompt that does not
+   start with the stream the cache holds (generate would read it as a continuation).
 
 The attention function does what the model's own implementation (sdpa or eager) would do, unless
 
@@ -33,6 +35,7 @@ row (Full, StreamingLLM, LaCache, H2O); padded batches raise.
 from __future__ import annotations
 
 import contextlib
+import types
 from typing import Iterable, Iterator
 
 import torch
@@ -110,8 +113,18 @@ def attach(model: torch.nn.Module) -> torch.nn.Module:
     model.set_attn_implementation(_NAME if base == "sdpa" else _NAME + "_eager")
     model.register_forward_pre_hook(_pre_hook, with_kwargs=True)
     model.register_forward_hook(_post_hook, always_call=True)
+    if hasattr(model, "prepare_inputs_for_generation"):  # a bound method: deepcopy rebinds it to the copy
+        model.prepare_inputs_for_generation = types.MethodType(_prepare_inputs_for_generation, model)
     install_router_door(model, state)
     return model
+
+
+def _prepare_inputs_for_generation(model, input_ids, *args, **kwargs):
+    """generate()'s own step preparation, after checking that a used KVCache holds the start of this prompt."""
+    cache = kwargs.get("past_key_values", args[0] if args else None)
+    if isinstance(cache, KVCache):
+        cache.check_prompt(input_ids)
+    return type(model).prepare_inputs_for_generation(model, input_ids, *args, **kwargs)
 
 
 def _pre_hook(model, args, kwargs):

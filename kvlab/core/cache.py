@@ -216,6 +216,7 @@ class KVCache(Cache):
         self.seen = 0
         self.batch: int | None = None  # rows of the streams this cache holds (fixed by the first step)
         self._step: _Step | None = None
+        self._stream_ids: list[torch.Tensor] = []  # the token ids of every step so far (-1 where embeddings came)
         self.trace = _Trace()
         layers = [
             KVLayer(self, i, state.inv_freq[i], state.sliding_window[i]) for i in range(state.num_layers)
@@ -252,6 +253,25 @@ class KVCache(Cache):
                                  "rope_theta or rope scaling differ), so its keys would be moved with the wrong "
                                  f"angles: {fix}")
         self._built_for = state  # an equal model: later steps take the fast path
+
+    def check_prompt(self, input_ids: torch.Tensor | None) -> None:
+        """Raise unless ``input_ids`` (the whole prompt ``generate`` was given) starts with the stream this cache
+        already holds. transformers' ``generate`` reads a used cache as the first ``seen`` tokens of its prompt and
+        runs only the rest, so another prompt would silently continue the old stream instead of starting anew."""
+        if not self.seen or input_ids is None or input_ids.dim() != 2 or input_ids.shape[1] <= self.seen:
+            return  # a fresh cache, embeddings, or a prompt too short to continue (begin_step refuses that one)
+        stream = torch.cat(self._stream_ids, dim=-1) if len(self._stream_ids) > 1 else self._stream_ids[0]
+        if len(self._stream_ids) > 1:
+            self._stream_ids = [stream]
+        if stream.shape[0] != input_ids.shape[0] or bool((stream < 0).any()):
+            return  # another batch size (begin_step refuses it) or a stream fed as embeddings: nothing to compare
+        if not torch.equal(stream, input_ids[:, :self.seen].to(stream.device)):
+            raise ValueError(
+                f"this KVCache already holds a stream of {self.seen} tokens, and the prompt given to generate() does "
+                f"not start with them: generate() would read its first {self.seen} tokens as already in the cache "
+                "and continue the old stream. Make a new KVCache for each prompt (KVCache(model, policy)) or call "
+                "cache.reset() first; to continue the same stream, pass all of it (prompt, generated tokens, then "
+                "the new text)")
 
     def held(self) -> list[int]:
         return [layer.size for layer in self.layers]
@@ -309,6 +329,7 @@ class KVCache(Cache):
         if step is None:
             return
         self.seen += step.new_positions.shape[-1]
+        self._stream_ids.append(step.new_token_ids)
         for layer in self.layers:
             if not layer.is_initialized:
                 continue
@@ -331,6 +352,7 @@ class KVCache(Cache):
         self.seen = 0
         self.batch = None
         self._step = None
+        self._stream_ids = []
         self.trace = _Trace()
 
 

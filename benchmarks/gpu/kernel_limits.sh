@@ -28,7 +28,7 @@ if [ "${SMOKE:-0}" = 1 ]; then
 fi
 { nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv
   "$PY" -c "import torch, triton, transformers; print(torch.__version__, triton.__version__, transformers.__version__)"
-  git log -1 --format='%H %s' 2>/dev/null; } > "$D/device.txt" 2>&1
+  } > "$D/device.txt" 2>&1
 ENGINE=(--model random --dtypes float32 --policies streamingllm --cache 324 --batches 256 --steps 64
         --profile-batches 256)
 step tests 120 "$PY" -m pytest tests/test_static_triton.py tests/test_fast_decode.py \

@@ -18,8 +18,7 @@ key is moved by ``shift = query - (n - 1) + i - rot`` when it is read::
 Nothing is re-rotated or moved in memory: a step reads the live entries once (the memory floor of decode
 attention) instead of writing every slot's rotated key and moving every kept slot. The cos/sin rows are the
 engine's table (float64 angles cast to the key dtype, ``(tables x (4C + 1), d)``, a few hundred kB that stay in
-L2; RoPE repeats each row's angles in both halves, ``cat(angles, angles)``, so the kernel reads a key as its two
-halves and only the first half of each cos/sin row) and the rotation is rounded as torch rounds ``keys * cos + rotate_half(keys) * sin`` in the key dtype, so
+L2) and the rotation is rounded as torch rounds ``keys * cos + rotate_half(keys) * sin`` in the key dtype, so
 the rotated key equals the one the ``"compact"`` engine builds (up to fp32 FMA contraction).
 
 GQA: one program owns a kv head and its ``group`` query heads, so each key/value row is read once for all of
@@ -150,7 +149,7 @@ TUNE_LOG: list = []
 def candidate_configs(rows: int, capacity: int, phys_order: bool = True) -> list[dict]:
     """The choices :func:`tuned_config` times (distinct numbers of ranges only)."""
     sm, seen, out = _sm_count(), set(), []
-    variants = [(False, 16, 2, False), (False, 32, 2, False), (False, 32, 4, False), (False, 64, 4, False),
+    variants = [(False, 16, 2, False), (False, 32, 2, False), (False, 16, 4, False), (False, 32, 4, False),
                 (True, 32, 4, False)]
     if phys_order:
         variants += [(False, 16, 2, True), (True, 32, 4, True)]
@@ -250,19 +249,15 @@ try:  # the kernel exists only where Triton is installed
         offs_d = tl.arange(0, HEAD_DIM)
         g_ok = offs_g < GROUP
         n = tl.load(N + b).to(tl.int32)
-        q_rows = Q + b * stride_qb + (hk * GROUP + offs_g)[:, None] * stride_qh
+        q = tl.load(Q + b * stride_qb + (hk * GROUP + offs_g)[:, None] * stride_qh + offs_d[None, :],
+                    mask=g_ok[:, None], other=0.0).to(tl.float32)
         kbh = K + b * stride_kb + hk * stride_kh
         vbh = V + b * stride_vb + hk * stride_vh
         if ROTATE:
-            # Keys are read as their two halves: rotate_half(k) = (-k_hi, k_lo), and the table's rows repeat their
-            # angles in both halves (cat(angles, angles)), so each half needs only the first half of a cos/sin row:
-            # k_lo' = k_lo cos - k_hi sin, k_hi' = k_hi cos + k_lo sin, and q . k' = q_lo . k_lo' + q_hi . k_hi'.
-            offs_h = tl.arange(0, HEAD_DIM // 2)
-            q_lo = tl.load(q_rows + offs_h[None, :], mask=g_ok[:, None], other=0.0).to(tl.float32)
-            q_hi = tl.load(q_rows + (offs_h + HEAD_DIM // 2)[None, :], mask=g_ok[:, None], other=0.0).to(tl.float32)
+            # rotate_half(k)[j] = -k[j + d/2] (j < d/2), k[j - d/2] (j >= d/2)
+            swap = (offs_d + HEAD_DIM // 2) % HEAD_DIM
+            sign = tl.where(offs_d < HEAD_DIM // 2, -1.0, 1.0)
             first = tl.load(ROPE + b) - (n - 1)  # entry i sits at first + i
-        else:
-            q = tl.load(q_rows + offs_d[None, :], mask=g_ok[:, None], other=0.0).to(tl.float32)
 
         m_i = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([GROUP_PAD], dtype=tl.float32)
@@ -279,6 +274,7 @@ try:  # the kernel exists only where Triton is installed
                 inb = slot < hi
                 i = tl.load(PHYS + b * stride_pb + slot, mask=inb, other=0)  # logical index of the slot's entry
                 ok = inb & (i < n)
+                k = tl.load(kbh + slot[:, None] * stride_kc + offs_d[None, :], mask=inb[:, None], other=0.0)
                 v = tl.load(vbh + slot[:, None] * stride_vc + offs_d[None, :], mask=inb[:, None], other=0.0)
                 v = tl.where(ok[:, None], v, tl.zeros_like(v))  # a dead slot's value must not meet p = 0 as NaN
                 rot_at = slot
@@ -287,48 +283,30 @@ try:  # the kernel exists only where Triton is installed
                 i = i0 + tl.arange(0, BLOCK_N)
                 ok = i < hi
                 slot = tl.load(PHYS + b * stride_pb + i, mask=ok, other=0)
+                k = tl.load(kbh + slot[:, None] * stride_kc + offs_d[None, :], mask=ok[:, None], other=0.0)
                 v = tl.load(vbh + slot[:, None] * stride_vc + offs_d[None, :], mask=ok[:, None], other=0.0)
                 rot_at = i
                 readable = ok
-            k_rows = kbh + slot[:, None] * stride_kc
             if ROTATE:
                 # -- lazy re-rotation, rounded as torch rounds keys * cos + rotate_half(keys) * sin in k's dtype
-                k_lo = tl.load(k_rows + offs_h[None, :], mask=readable[:, None], other=0.0)
-                k_hi = tl.load(k_rows + (offs_h + HEAD_DIM // 2)[None, :], mask=readable[:, None], other=0.0)
                 rot = tl.load(ROT + b * stride_rb + rot_at, mask=ok, other=0)
                 shift = first + i - rot
                 row = tl.minimum(tl.maximum(shift, -max_shift), max_shift) + base
-                cos = tl.load(COS + row[:, None] * HEAD_DIM + offs_h[None, :], mask=ok[:, None], other=0.0)
-                sin = tl.load(SIN + row[:, None] * HEAD_DIM + offs_h[None, :], mask=ok[:, None], other=0.0)
-                cos, sin = cos.to(tl.float32), sin.to(tl.float32)
-                kdt = k_lo.dtype
-                lo_, hi_ = k_lo.to(tl.float32), k_hi.to(tl.float32)
-                k_lo = ((lo_ * cos).to(kdt).to(tl.float32) + (-hi_ * sin).to(kdt).to(tl.float32)).to(kdt)
-                k_hi = ((hi_ * cos).to(kdt).to(tl.float32) + (lo_ * sin).to(kdt).to(tl.float32)).to(kdt)
-                if PHYS_ORDER:  # a dead slot's key (and its rotation) may be NaN: 0 keeps its score finite
-                    k_lo = tl.where(ok[:, None], k_lo, tl.zeros_like(k_lo))
-                    k_hi = tl.where(ok[:, None], k_hi, tl.zeros_like(k_hi))
-                if USE_DOT:  # (16, d/2) x (d/2, BLOCK_N) twice, on the tensor cores (bf16) or fp32 FMAs (ieee)
-                    if FP32_DOT:
-                        s = tl.dot(q_lo, tl.trans(k_lo.to(tl.float32)), input_precision="ieee")
-                        s = tl.dot(q_hi, tl.trans(k_hi.to(tl.float32)), s, input_precision="ieee")
-                    else:
-                        s = tl.dot(q_lo.to(k_lo.dtype), tl.trans(k_lo))
-                        s = tl.dot(q_hi.to(k_hi.dtype), tl.trans(k_hi), s)
-                else:  # broadcast products reduced in fp32: no padding rows
-                    s = (tl.sum(q_lo[:, None, :] * k_lo.to(tl.float32)[None, :, :], axis=2)
-                         + tl.sum(q_hi[:, None, :] * k_hi.to(tl.float32)[None, :, :], axis=2))
-            else:
-                k = tl.load(k_rows + offs_d[None, :], mask=readable[:, None], other=0.0)
-                if PHYS_ORDER:  # a dead slot's key may be NaN: 0 keeps its score finite before the mask
-                    k = tl.where(ok[:, None], k, tl.zeros_like(k))
-                if USE_DOT:
-                    if FP32_DOT:
-                        s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
-                    else:
-                        s = tl.dot(q.to(k.dtype), tl.trans(k))
+                cos = tl.load(COS + row[:, None] * HEAD_DIM + offs_d[None, :], mask=ok[:, None], other=0.0)
+                sin = tl.load(SIN + row[:, None] * HEAD_DIM + offs_d[None, :], mask=ok[:, None], other=0.0)
+                k_sw = tl.load(kbh + slot[:, None] * stride_kc + swap[None, :], mask=readable[:, None], other=0.0)
+                a = (k.to(tl.float32) * cos.to(tl.float32)).to(k.dtype)
+                c = ((k_sw.to(tl.float32) * sign[None, :]) * sin.to(tl.float32)).to(k.dtype)
+                k = (a.to(tl.float32) + c.to(tl.float32)).to(k.dtype)
+            if PHYS_ORDER:  # a dead slot's key (and its rotation) may be NaN: 0 keeps its score finite before the mask
+                k = tl.where(ok[:, None], k, tl.zeros_like(k))
+            if USE_DOT:  # (16, d) x (d, BLOCK_N) on the tensor cores (bf16) or fp32 FMAs (ieee)
+                if FP32_DOT:
+                    s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
                 else:
-                    s = tl.sum(q[:, None, :] * k.to(tl.float32)[None, :, :], axis=2)
+                    s = tl.dot(q.to(k.dtype), tl.trans(k))
+            else:  # broadcast products reduced in fp32: no padding rows
+                s = tl.sum(q[:, None, :] * k.to(tl.float32)[None, :, :], axis=2)
             s = tl.where(ok[None, :], s * qk_scale, float("-inf"))  # (GROUP_PAD, BLOCK_N), base 2
             m_new = tl.maximum(m_i, tl.max(s, 1))
             # -inf while no live entry has been seen (a PHYS_ORDER tile of dead slots only): subtract 0 instead, so
@@ -398,8 +376,7 @@ def static_decode_triton(q, keys, values, phys, length, scale: float, *, rot=Non
     ``inv``/``rot_phys`` ``(B, C)``: the logical index of each physical slot's entry and the rotation of its key
     (what ``PHYS_ORDER`` configs walk; without them those configs are not candidates). ``config``: tiles and ranges
     (default: :func:`tuned_config` on CUDA, :func:`default_config` in the interpreter). Inputs are not checked on
-    the device (that would synchronise; the engine builds them): ``cos``/``sin`` rows must repeat their first half
-    in their second (RoPE's ``cat(angles, angles)``, as the engine's table does), since only the first is read."""
+    the device (that would synchronise; the engine builds them)."""
     if q.stride(-1) != 1:
         q = q.contiguous()
     if keys.stride(-1) != 1 or values.stride(-1) != 1 or phys.stride(-1) != 1:

@@ -22,6 +22,7 @@ import argparse
 import difflib
 import importlib
 import json
+import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -293,6 +294,7 @@ def check_all(name: str, argv: list[str], *, raise_errors: bool = False):
     parser = mod.parser()
     parser.raise_errors = raise_errors
     args = parser.parse_args(argv)
+    args.command_line = shlex.join(["python", "-m", "kvlab", "run", name, *argv])  # what the records' header names
     if args.smoke:
         args.device = "cpu"
     if hasattr(mod, "check"):

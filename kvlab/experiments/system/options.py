@@ -129,7 +129,8 @@ def start(args, name: str):
     out = OutputFolder(args.out, f"python -m kvlab run {name}")
     device = torch.device(resolve_device(args.device))
     info = {"device": device_string(device), "torch": torch.__version__, "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-            "command": f"python -m kvlab run {name}" + (" --smoke" if args.smoke else "")}
+            "command": getattr(args, "command_line", None)
+            or f"python -m kvlab run {name}" + (" --smoke" if args.smoke else "")}
     print(json.dumps(info), flush=True)
     return out, device, info
 

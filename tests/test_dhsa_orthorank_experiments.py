@@ -4,6 +4,7 @@ second run into the same ``--out`` resumes (the needle grid) or is refused, neve
 from __future__ import annotations
 
 import pytest
+import torch
 
 from kvlab.experiments import records, registry
 from kvlab.experiments.registry import ParameterError
@@ -48,6 +49,7 @@ def test_a_misspelt_name_is_refused_with_the_nearest_one(name, argv, hint, tmp_p
     ("dhsa-qa", ["--budgets", "4", "--protocols", "app_a"], ("exceed --initial",)),
     ("dhsa-needle", ["--max-seconds", "0"], ("--max-seconds",)),
     ("dhsa-needle", ["--predictor", "no/such/predictor.pt"], ("--predictor",)),
+    ("dhsa-boundaries", ["--predictor", "shipped:smollm2-135m-l9"], ("kvlab ships", "smollm2-135m-l0")),
     ("dhsa-table2", ["--needle-file", "no/such.examples.jsonl"], ("--needle-file",)),
     ("dhsa-app-d-costs", ["prefill", "--shape", "gemma3-1b"], ("--shape goes with decode",)),
     ("dhsa-app-d-costs", ["decode", "--contexts", "512,4x"], ("not a context",)),
@@ -143,3 +145,21 @@ def test_the_table1_plan_names_are_the_studies_own():
     t3 = set(studies.table3_plans((1,), 0.33))
     assert t3 <= set(PLAN_NAMES)
     assert {a for pair in studies.TABLE1_PAIRS for a in pair} <= set(PLAN_NAMES)
+
+
+def test_a_shipped_predictor_is_picked_by_name():
+    """``--predictor shipped:NAME`` loads that shipped file (sha-checked): what a ledger row names when its run
+    used the predictor kvlab shipped before another one replaced it as the default."""
+    from kvlab.dhsa.training import shipped_predictor
+    from kvlab.experiments import registry
+    from kvlab.experiments.dhsa.grid import _predictor
+
+    _, args = registry.check_all("dhsa-boundaries", ["--predictor", "shipped:smollm2-135m-l0"], raise_errors=True)
+    picked = _predictor(args, "cpu")
+    expected, info = shipped_predictor("smollm2-135m", "cpu", file="smollm2-135m-l0")
+    assert info["file"] == "smollm2-135m-l0.pt"
+    for a, b in zip(picked.state_dict().values(), expected.state_dict().values()):
+        assert torch.equal(a, b)
+    default, _ = shipped_predictor("smollm2-135m", "cpu")
+    assert any(x.shape != y.shape or not torch.equal(x, y)
+               for x, y in zip(picked.state_dict().values(), default.state_dict().values()))

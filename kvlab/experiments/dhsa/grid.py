@@ -43,7 +43,10 @@ def parser(what: str):
     p.add_argument("--name", type=options.stem, default=DEFAULT_NAMES[what],
                    help="stem of the files written (NAME.examples.jsonl.gz; default %(default)s)")
     p.add_argument("--model", default="smollm2-135m")
-    p.add_argument("--predictor", default="shipped", help="'shipped', a predictor file, or 'oracle'")
+    p.add_argument("--predictor", default="shipped",
+                   help="'shipped' (the one kvlab picks for the layer), 'shipped:NAME' (one shipped file by name, e.g. "
+                        "shipped:smollm2-135m-l0, what a run before another was shipped used), a predictor file, or "
+                        "'oracle'")
     p.add_argument("--budgets", type=options.number_list(int, low=1, what="budget"), default=[512],
                    help="keys per query (N_b); under the authors' protocol at least --authors-initial + --authors-local")
     p.add_argument("--chunk-size", type=registry.positive_int, default=32,
@@ -96,9 +99,16 @@ def parser(what: str):
 def check(args) -> None:
     options.check_model(args.model)
     options.check_device(args.device)
-    if args.predictor not in ("shipped", "oracle") and not Path(args.predictor).is_file():
-        raise ParameterError(f"--predictor {args.predictor!r}: give 'shipped', 'oracle' or a predictor file "
-                             "(kvlab/dhsa/data/*.pt)")
+    if args.predictor.startswith("shipped:"):
+        from kvlab.dhsa.training import SHIPPED
+
+        have = sorted(f.stem for f in SHIPPED.glob("*.pt"))
+        if args.predictor.split(":", 1)[1] not in have:
+            raise ParameterError(f"--predictor {args.predictor!r}: kvlab ships {have}; give shipped:NAME with one "
+                                 "of them, 'shipped', 'oracle' or a predictor file")
+    elif args.predictor not in ("shipped", "oracle") and not Path(args.predictor).is_file():
+        raise ParameterError(f"--predictor {args.predictor!r}: give 'shipped', 'shipped:NAME', 'oracle' or a "
+                             "predictor file (kvlab/dhsa/data/*.pt)")
     _check_methods(args)
     _check_selection(args)
     if args.what == "table2":
@@ -162,6 +172,8 @@ def _predictor(args, device):
         return None
     if args.predictor == "shipped":
         return shipped_predictor(args.model, device)[0]
+    if args.predictor.startswith("shipped:"):
+        return shipped_predictor(args.model, device, file=args.predictor.split(":", 1)[1])[0]
     return load_predictor(args.predictor, device)[0]
 
 

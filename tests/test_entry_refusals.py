@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from kvlab.core import KVCache
-from kvlab.policies import StreamingLLM
+from kvlab.policies import Full, StreamingLLM
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 ROOT = Path(__file__).resolve().parents[1]
@@ -74,43 +74,48 @@ def test_sep_and_dhsa_attention_refuse_integer_inputs(dtype):
 
 
 # ================================================================================ a used cache in generate
+GREEDY = dict(max_new_tokens=3, do_sample=False)
+
+
+def _used_cache(model, policy, prompt):
+    """A KVCache after one greedy generate of ``prompt``: ``(cache, output, tokens it holds)``."""
+    cache = KVCache(model, policy)
+    out = model.generate(prompt, past_key_values=cache, **GREEDY)
+    return cache, out, cache.seen
+
+
+@torch.no_grad()
 def test_generate_with_a_used_cache_asks_for_a_new_one(tiny_llama):
     torch.manual_seed(0)
     first, second = torch.randint(0, 96, (1, 12)), torch.randint(0, 96, (1, 7))
-    cache = KVCache(tiny_llama, StreamingLLM(2, 8))
-    kw = dict(max_new_tokens=3, do_sample=False)
-    with torch.no_grad():
-        tiny_llama.generate(first, past_key_values=cache, **kw)
-        seen = cache.seen
-        with pytest.raises(ValueError, match=rf"already holds a stream of {seen} tokens.*make a new KVCache for each "
-                                             r"prompt .*cache\.reset\(\)"):
-            tiny_llama.generate(second, past_key_values=cache, **kw)
-        assert cache.seen == seen  # the refused step left nothing behind
-        cache.reset()
-        again = tiny_llama.generate(second, past_key_values=cache, **kw)
-        fresh = tiny_llama.generate(second, past_key_values=KVCache(tiny_llama, StreamingLLM(2, 8)), **kw)
+    cache, _, seen = _used_cache(tiny_llama, StreamingLLM(2, 8), first)
+    with pytest.raises(ValueError, match=rf"already holds a stream of {seen} tokens.*make a new KVCache for each "
+                                         r"prompt .*cache\.reset\(\)"):
+        tiny_llama.generate(second, past_key_values=cache, **GREEDY)
+    assert cache.seen == seen  # the refused step left nothing behind
+    cache.reset()
+    again = tiny_llama.generate(second, past_key_values=cache, **GREEDY)
+    fresh = tiny_llama.generate(second, past_key_values=KVCache(tiny_llama, StreamingLLM(2, 8)), **GREEDY)
     assert torch.equal(again, fresh)
 
 
+@torch.no_grad()
 def test_generate_with_a_used_cache_and_a_longer_new_prompt_refuses_to_continue_the_old_stream(tiny_llama):
     torch.manual_seed(1)
     first, other = torch.randint(0, 96, (1, 6)), torch.randint(0, 96, (1, 20))
-    cache = KVCache(tiny_llama, StreamingLLM(2, 8))
-    kw = dict(max_new_tokens=3, do_sample=False)
-    with torch.no_grad():
-        out = tiny_llama.generate(first, past_key_values=cache, **kw)
-        seen = cache.seen
-        if torch.equal(other[:, :seen], out[:, :seen]):
-            other[0, 0] = (other[0, 0] + 1) % 96
-        with pytest.raises(ValueError, match=rf"already holds a stream of {seen} tokens.*does not start with them.*"
-                                             r"Make a new KVCache for each prompt .*cache\.reset\(\)"):
-            tiny_llama.generate(other, past_key_values=cache, **kw)
-        assert cache.seen == seen  # nothing of the refused prompt entered the cache
-        # the same stream continued (prompt, generated tokens, new text) is what a used cache is for
-        more = torch.cat([out, torch.randint(0, 96, (1, 4))], dim=-1)
-        continued = tiny_llama.generate(more, past_key_values=cache, **kw)
-        whole = tiny_llama.generate(more, past_key_values=KVCache(tiny_llama, StreamingLLM(2, 8)), **kw)
-    assert continued.shape == whole.shape and torch.equal(continued[:, :more.shape[1]], more)
+    cache, out, seen = _used_cache(tiny_llama, Full(), first)
+    if torch.equal(other[:, :seen], out[:, :seen]):
+        other[0, 0] = (other[0, 0] + 1) % 96
+    with pytest.raises(ValueError, match=rf"already holds a stream of {seen} tokens.*does not start with them.*"
+                                         r"Make a new KVCache for each prompt .*cache\.reset\(\)"):
+        tiny_llama.generate(other, past_key_values=cache, **GREEDY)
+    assert cache.seen == seen  # nothing of the refused prompt entered the cache
+    # the same stream continued (prompt, generated tokens, new text) is what a used cache is for: with a Full
+    # cache it gives the tokens of one generate over the whole text
+    more = torch.cat([out, torch.randint(0, 96, (1, 4))], dim=-1)
+    continued = tiny_llama.generate(more, past_key_values=cache, **GREEDY)
+    whole = tiny_llama.generate(more, past_key_values=KVCache(tiny_llama, Full()), **GREEDY)
+    assert torch.equal(continued, whole)
 
 
 # ================================================================================ notebook text parameters

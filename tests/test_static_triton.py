@@ -91,6 +91,23 @@ def test_kernel_matches_float64_oracle(device, dtype, rotate, splits, use_dot, o
 
 @needs_kernel
 @pytest.mark.parametrize("device", DEVICES)
+def test_loads_only_diagnostic_reads_the_live_entries_and_sums_them(device):
+    """LOADS_ONLY (the benchmark's bound on the default tiles): the same key/value reads with no attention; what it
+    returns is the mean of key + value over each row's live entries, for every query head of the group."""
+    from kvlab.core.static_triton import default_config, static_decode_triton
+
+    t, _ = _case(device, torch.float32, rotate=False)
+    config = dict(default_config(), LOADS_ONLY=True)
+    out = static_decode_triton(t["q"], t["keys"], t["values"], t["phys"], t["length"], 0.25, config=config)
+    group = t["q"].shape[1] // t["keys"].shape[1]
+    for b in range(t["q"].shape[0]):
+        live = t["phys"][b, : int(t["length"][b]) + 1]
+        want = (t["keys"][b][:, live] + t["values"][b][:, live]).mean(1).repeat_interleave(group, 0)
+        torch.testing.assert_close(out[b], want, rtol=1e-5, atol=1e-5)
+
+
+@needs_kernel
+@pytest.mark.parametrize("device", DEVICES)
 def test_kernel_reads_only_live_entries(device):
     """Garbage (NaN) in every slot that is not among a row's first ``length + 1`` entries changes nothing."""
     from kvlab.core.static_triton import static_decode_triton

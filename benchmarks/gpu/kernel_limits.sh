@@ -12,7 +12,7 @@
 set -uo pipefail
 PY=${PY:-python}
 D=${KVLAB_RESULTS:?set KVLAB_RESULTS}/benchmarks/results/kernels/limits_h200
-STEPS=${STEPS:-tests engine tuned orthorank sepllm dhsa e2e}
+STEPS=${STEPS:-tests engine bound tuned orthorank sepllm dhsa e2e}
 mkdir -p "$D"
 step() {  # step NAME LIMIT CMD...: log to NAME.log, the exit to steps.txt; a failing step does not stop the others
   local name=$1 limit=$2 t0; shift 2
@@ -35,6 +35,9 @@ step tests 120 "$PY" -m pytest tests/test_static_triton.py tests/test_fast_decod
   tests/test_bad_inputs.py::test_static_triton_opt_in_configs_ignore_dead_slots -q -p no:cacheprovider --full \
   -k "cuda or reads_only_live or triton_engine or dead_slots"
 step engine 150 "$PY" -m kvlab bench eval streams "${ENGINE[@]}" --kernels triton,generate --tune --out "$D/engine"
+# the kernel alone: tile sweep, then the default tiles' loads alone and arithmetic alone (what bounds it)
+step bound 90 "$PY" -m kvlab bench eval streams --model random --dtypes float32 --cache 324 --batches 256 \
+  --kernels "" --tune --out "$D/bound"
 KVLAB_STATIC_TUNE=1 step tuned 150 "$PY" -m kvlab bench eval streams "${ENGINE[@]}" --kernels triton,generate \
   --out "$D/tuned"
 step orthorank 60 "$PY" -m kvlab bench orthorank throughput --shapes 8b --sparsities 20 --budget 0.3 \
@@ -46,7 +49,7 @@ step dhsa 60 "$PY" -m kvlab bench dhsa ops --seqs 32768 --share 0,1 --variants p
 step e2e 100 "$PY" -m kvlab run dhsa-prefill-e2e --out "$D/e2e" --shapes gemma2-2b-global --seqs 32768,16384 \
   --methods sdpa,dhsa-pred-shared --combos packed:1 --repeats 3 --no-compile
 # the results folder holds files, not folders (TOPIC/RUN/FILE): each command's folder is lifted, its files prefixed
-for sub in engine tuned orthorank sepllm dhsa e2e; do
+for sub in engine bound tuned orthorank sepllm dhsa e2e; do
   [ -d "$D/$sub" ] || continue
   find "$D/$sub" -maxdepth 1 -type f ! -name .kvlab-outputs | while read -r f; do mv "$f" "$D/${sub}_$(basename "$f")"; done
   rm -rf "$D/$sub"

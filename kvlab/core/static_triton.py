@@ -234,7 +234,7 @@ try:  # the kernel exists only where Triton is installed
         qk_scale, base, max_shift, split_size, capacity,
         HK: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
         BLOCK_N: tl.constexpr, ROTATE: tl.constexpr, SPLIT: tl.constexpr, USE_DOT: tl.constexpr,
-        FP32_DOT: tl.constexpr, PHYS_ORDER: tl.constexpr,
+        FP32_DOT: tl.constexpr, PHYS_ORDER: tl.constexpr, LOADS_ONLY: tl.constexpr = False,
     ):
         # PHYS_ORDER: walk the physical slots [0, C) in order (PHYS then holds the *logical index* of each slot's
         # entry, the inverse permutation, and ROT the rotation of each slot's key): K/V addresses no longer depend
@@ -295,34 +295,41 @@ try:  # the kernel exists only where Triton is installed
                 cos = tl.load(COS + row[:, None] * HEAD_DIM + offs_d[None, :], mask=ok[:, None], other=0.0)
                 sin = tl.load(SIN + row[:, None] * HEAD_DIM + offs_d[None, :], mask=ok[:, None], other=0.0)
                 k_sw = tl.load(kbh + slot[:, None] * stride_kc + swap[None, :], mask=readable[:, None], other=0.0)
-                a = (k.to(tl.float32) * cos.to(tl.float32)).to(k.dtype)
-                c = ((k_sw.to(tl.float32) * sign[None, :]) * sin.to(tl.float32)).to(k.dtype)
-                k = (a.to(tl.float32) + c.to(tl.float32)).to(k.dtype)
+                if LOADS_ONLY:  # diagnostics: the table rows and the second key read, without the rotation
+                    k = k + cos + sin + k_sw
+                else:
+                    a = (k.to(tl.float32) * cos.to(tl.float32)).to(k.dtype)
+                    c = ((k_sw.to(tl.float32) * sign[None, :]) * sin.to(tl.float32)).to(k.dtype)
+                    k = (a.to(tl.float32) + c.to(tl.float32)).to(k.dtype)
             if PHYS_ORDER:  # a dead slot's key (and its rotation) may be NaN: 0 keeps its score finite before the mask
                 k = tl.where(ok[:, None], k, tl.zeros_like(k))
-            if USE_DOT:  # (16, d) x (d, BLOCK_N) on the tensor cores (bf16) or fp32 FMAs (ieee)
-                if FP32_DOT:
-                    s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
-                else:
-                    s = tl.dot(q.to(k.dtype), tl.trans(k))
-            else:  # broadcast products reduced in fp32: no padding rows
-                s = tl.sum(q[:, None, :] * k.to(tl.float32)[None, :, :], axis=2)
-            s = tl.where(ok[None, :], s * qk_scale, float("-inf"))  # (GROUP_PAD, BLOCK_N), base 2
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            # -inf while no live entry has been seen (a PHYS_ORDER tile of dead slots only): subtract 0 instead, so
-            # alpha and p are exp2(-inf) = 0, not exp2(-inf - -inf) = NaN
-            m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = tl.exp2(m_i - m_sub)
-            p = tl.exp2(s - m_sub[:, None])
-            l_i = l_i * alpha + tl.sum(p, 1)
-            if USE_DOT:
-                if FP32_DOT:
-                    acc = tl.dot(p, v.to(tl.float32), acc * alpha[:, None], input_precision="ieee")
-                else:
-                    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+            if LOADS_ONLY:  # diagnostics (benchmarks only): the same loads, summed instead of attended
+                acc += (tl.sum(k.to(tl.float32), 0) + tl.sum(v.to(tl.float32), 0))[None, :]
+                l_i = l_i + tl.sum(ok.to(tl.float32), 0)
             else:
-                acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v.to(tl.float32)[None, :, :], axis=1)
-            m_i = m_new
+                if USE_DOT:  # (16, d) x (d, BLOCK_N) on the tensor cores (bf16) or fp32 FMAs (ieee)
+                    if FP32_DOT:
+                        s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
+                    else:
+                        s = tl.dot(q.to(k.dtype), tl.trans(k))
+                else:  # broadcast products reduced in fp32: no padding rows
+                    s = tl.sum(q[:, None, :] * k.to(tl.float32)[None, :, :], axis=2)
+                s = tl.where(ok[None, :], s * qk_scale, float("-inf"))  # (GROUP_PAD, BLOCK_N), base 2
+                m_new = tl.maximum(m_i, tl.max(s, 1))
+                # -inf while no live entry has been seen (a PHYS_ORDER tile of dead slots only): subtract 0 instead, so
+                # alpha and p are exp2(-inf) = 0, not exp2(-inf - -inf) = NaN
+                m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
+                alpha = tl.exp2(m_i - m_sub)
+                p = tl.exp2(s - m_sub[:, None])
+                l_i = l_i * alpha + tl.sum(p, 1)
+                if USE_DOT:
+                    if FP32_DOT:
+                        acc = tl.dot(p, v.to(tl.float32), acc * alpha[:, None], input_precision="ieee")
+                    else:
+                        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+                else:
+                    acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v.to(tl.float32)[None, :, :], axis=1)
+                m_i = m_new
 
         # -- epilogue: the output, or (SPLIT) this range's normalised partial and its base-2 log-sum-exp
         has = l_i > 0  # False only for a range without live entries (past the row's end, or dead slots only)
@@ -420,7 +427,7 @@ def _launch(q, keys, values, phys, length, scale, cfg, *, rot=None, rope=None, c
         float(scale) * 1.4426950408889634, base, 2 * c, split_size, c,
         HK=hk, GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=d, BLOCK_N=cfg["BLOCK_N"],
         ROTATE=rotate, SPLIT=splits > 1, USE_DOT=use_dot, FP32_DOT=q.dtype == torch.float32 or _interpreting(),
-        PHYS_ORDER=phys_order,
+        PHYS_ORDER=phys_order, LOADS_ONLY=bool(cfg.get("LOADS_ONLY", False)),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     if splits > 1:

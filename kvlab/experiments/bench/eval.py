@@ -465,7 +465,21 @@ def _tune_kernel(batch: int, kv_heads: int, heads: int, dim: int, capacity: int,
                                      rotate=rotate, error=f"{type(err).__name__}: {err}"[:200]))
                     continue
                 rows.append(dict(dtype=str(dtype)[6:], BLOCK_N=block, num_warps=warps, num_stages=stages,
-                                 rotate=rotate, ms=ms, kv_gb_s=live_bytes / ms / 1e6, batch=batch))
+                                 rotate=rotate, ms=ms, kv_gb_s=live_bytes / ms / 1e6, batch=batch, part="kernel"))
+                print(json.dumps(rows[-1]), flush=True)
+        # what bounds the default tiles: the same loads with no arithmetic (LOADS_ONLY), and the same arithmetic with
+        # every entry read from one slot (phys and rot all 0: the keys and values stay in cache)
+        hot = dict(phys=torch.zeros_like(phys), rot=torch.zeros_like(rot))
+        for rotate in (True, False):
+            for part, cfg, inputs in (("loads only", dict(default_config(), LOADS_ONLY=True), {}),
+                                      ("arithmetic (hot keys)", default_config(), hot)):
+                p_, r_ = inputs.get("phys", phys), inputs.get("rot", rot)
+                extra = dict(rot=r_, rope=rope, cos=table, sin=table, base=2 * capacity) if rotate else {}
+                fn = lambda: static_decode_triton(q, k, v, p_, length, dim ** -0.5, config=cfg, **extra)  # noqa
+                ms = triton.testing.do_bench(fn, warmup=5, rep=20, return_mode="median")
+                rows.append(dict(dtype=str(dtype)[6:], BLOCK_N=cfg["BLOCK_N"], num_warps=cfg["num_warps"],
+                                 num_stages=cfg["num_stages"], rotate=rotate, ms=ms, kv_gb_s=live_bytes / ms / 1e6,
+                                 batch=batch, part=part))
                 print(json.dumps(rows[-1]), flush=True)
     return rows
 
@@ -638,7 +652,8 @@ def _streams_md(rec: dict) -> str:
                                ("num_warps", "warps", ""), ("splits", "ranges / row", ""), ("ms", "ms", "{:.4f}")])
     if rec.get("tune"):
         text += "\n\n### The static Triton kernel alone (every row full), tiles and warps\n\n" + fmt_table(
-            rec["tune"], [("dtype", "dtype", ""), ("rotate", "rotate", ""), ("BLOCK_N", "BLOCK_N", ""),
+            rec["tune"], [("dtype", "dtype", ""), ("part", "what runs", ""), ("rotate", "rotate", ""),
+                          ("BLOCK_N", "BLOCK_N", ""),
                           ("num_warps", "warps", ""), ("num_stages", "stages", ""), ("ms", "ms", "{:.4f}"),
                           ("kv_gb_s", "GB/s of live K/V", "{:.0f}"), ("error", "error", "")])
     if rec["skipped"]:

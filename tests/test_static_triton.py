@@ -91,13 +91,14 @@ def test_kernel_matches_float64_oracle(device, dtype, rotate, splits, use_dot, o
 
 @needs_kernel
 @pytest.mark.parametrize("device", DEVICES)
-def test_loads_only_diagnostic_reads_the_live_entries_and_sums_them(device):
+@pytest.mark.parametrize("splits", [1, 3], ids=["one-range", "3-ranges"])
+def test_loads_only_diagnostic_reads_the_live_entries_and_sums_them(device, splits):
     """LOADS_ONLY (the benchmark's bound on the default tiles): the same key/value reads with no attention; what it
     returns is the mean of key + value over each row's live entries, for every query head of the group."""
     from kvlab.core.static_triton import default_config, static_decode_triton
 
     t, _ = _case(device, torch.float32, rotate=False)
-    config = dict(default_config(), LOADS_ONLY=True)
+    config = dict(default_config(), LOADS_ONLY=True, splits=splits)
     out = static_decode_triton(t["q"], t["keys"], t["values"], t["phys"], t["length"], 0.25, config=config)
     group = t["q"].shape[1] // t["keys"].shape[1]
     for b in range(t["q"].shape[0]):

@@ -306,6 +306,7 @@ try:  # the kernel exists only where Triton is installed
             if LOADS_ONLY:  # diagnostics (benchmarks only): the same loads, summed instead of attended
                 acc += (tl.sum(k.to(tl.float32), 0) + tl.sum(v.to(tl.float32), 0))[None, :]
                 l_i = l_i + tl.sum(ok.to(tl.float32), 0)
+                m_i = tl.zeros_like(m_i)  # a range's log-sum-exp is log2(its count): the merge then takes the mean
             else:
                 if USE_DOT:  # (16, d) x (d, BLOCK_N) on the tensor cores (bf16) or fp32 FMAs (ieee)
                     if FP32_DOT:

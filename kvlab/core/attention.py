@@ -111,12 +111,17 @@ def attach(model: torch.nn.Module) -> torch.nn.Module:
         if hasattr(module, "layer_idx") and hasattr(module, "num_key_value_groups"):
             module._kvlab_state = state
     model.set_attn_implementation(_NAME if base == "sdpa" else _NAME + "_eager")
-    model.register_forward_pre_hook(_pre_hook, with_kwargs=True)
-    model.register_forward_hook(_post_hook, always_call=True)
-    if hasattr(model, "prepare_inputs_for_generation"):  # a bound method: deepcopy rebinds it to the copy
-        model.prepare_inputs_for_generation = types.MethodType(_prepare_inputs_for_generation, model)
+    _install_hooks(model)
     install_router_door(model, state)
     return model
+
+
+def _install_hooks(model: torch.nn.Module) -> None:
+    """The two forward hooks, and generate()'s check of a used KVCache (a bound method: deepcopy rebinds it)."""
+    model.register_forward_pre_hook(_pre_hook, with_kwargs=True)
+    model.register_forward_hook(_post_hook, always_call=True)
+    if hasattr(model, "prepare_inputs_for_generation"):
+        model.prepare_inputs_for_generation = types.MethodType(_prepare_inputs_for_generation, model)
 
 
 def _prepare_inputs_for_generation(model, input_ids, *args, **kwargs):

@@ -70,6 +70,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _dispatch(argv[0], argv[1:])
     except KeyboardInterrupt:
+        import signal
+
+        # a second Ctrl-C (or one a child's shutdown relays) while this command winds down must not turn its clean
+        # exit into a death by signal: the first one has been taken
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         what = _INTERRUPTED.get(argv[0])
         print(f"\nkvlab {argv[0]}: interrupted" + (f"; {what}" if what else ""), file=sys.stderr)
         return 130  # 128 + SIGINT, as a shell reports a command stopped by Ctrl-C

@@ -74,11 +74,26 @@ def test_kernel_matches_float64_oracle(device, dtype, rotate, splits, use_dot, o
     (what small batches get; rows with fewer entries than a range leave later ranges empty); scores by broadcast
     products or by tl.dot over padded query rows; entries walked in logical order through ``phys`` or slots in
     memory order through the inverse."""
+    _oracle_case(device, dtype, rotate, splits, use_dot, order)
+
+
+@needs_kernel
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("rotate", [True, False], ids=["rotate", "no-rotate"])
+def test_tf32x3_products_stay_within_the_fp32_bound(device, rotate):
+    """fp32 ``tl.dot`` in three TF32 passes (a tuner candidate on the GPU; the interpreter computes it in fp32):
+    within the same error bound against float64 as the fp32 products."""
+    _oracle_case(device, torch.float32, rotate, 1, True, False, DOT_PRECISION="tf32x3")
+
+
+def _oracle_case(device, dtype, rotate, splits, use_dot, order, **options):
+    """The kernel on one random case against the float64 oracle, within the eager error plus sqrt(N) ulps."""
     from kvlab.core.static_triton import default_config, static_decode_triton
 
     t, extra = _case(device, dtype, rotate=rotate)
     scale = 16 ** -0.5
-    config = dict(default_config(), BLOCK_N=16 if use_dot else 8, splits=splits, USE_DOT=use_dot, PHYS_ORDER=order)
+    config = dict(default_config(), BLOCK_N=16 if use_dot else 8, splits=splits, USE_DOT=use_dot, PHYS_ORDER=order,
+                  **options)
     out = static_decode_triton(t["q"], t["keys"], t["values"], t["phys"], t["length"], scale, config=config,
                                **extra)
     truth = _reference(t, extra, torch.float64, scale)

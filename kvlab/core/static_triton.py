@@ -146,19 +146,22 @@ _TUNED: dict = {}
 TUNE_LOG: list = []
 
 
-def candidate_configs(rows: int, capacity: int, phys_order: bool = True) -> list[dict]:
-    """The choices :func:`tuned_config` times (distinct numbers of ranges only)."""
+def candidate_configs(rows: int, capacity: int, phys_order: bool = True, fp32: bool = False) -> list[dict]:
+    """The choices :func:`tuned_config` times (distinct numbers of ranges only). ``fp32``: also ``tl.dot`` on the
+    tensor cores in three TF32 passes (``DOT_PRECISION="tf32x3"``: close to fp32 products, not bit-equal)."""
     sm, seen, out = _sm_count(), set(), []
-    variants = [(False, 16, 2, False), (False, 32, 2, False), (False, 16, 4, False), (False, 32, 4, False),
-                (True, 32, 4, False)]
+    variants = [(False, 16, 2, False, "ieee"), (False, 32, 2, False, "ieee"), (False, 16, 4, False, "ieee"),
+                (False, 32, 4, False, "ieee"), (True, 32, 4, False, "ieee")]
+    if fp32:
+        variants += [(True, 16, 4, False, "tf32x3"), (True, 32, 4, False, "tf32x3")]
     if phys_order:
-        variants += [(False, 16, 2, True), (True, 32, 4, True)]
-    for use_dot, block, warps, order in variants:
+        variants += [(False, 16, 2, True, "ieee"), (True, 32, 4, True, "ieee")]
+    for use_dot, block, warps, order, precision in variants:
         for programs in (2 * sm, 8 * sm, 32 * sm):
             cfg = dict(BLOCK_N=block, num_warps=warps, num_stages=2, programs=programs, splits=None,
-                       USE_DOT=use_dot, PHYS_ORDER=order)
+                       USE_DOT=use_dot, PHYS_ORDER=order, DOT_PRECISION=precision)
             splits, _ = _splits(cfg, rows, capacity)
-            key = (use_dot, block, warps, order, splits)
+            key = (use_dot, block, warps, order, precision, splits)
             if key not in seen:
                 seen.add(key)
                 out.append(dict(cfg, splits=splits))
@@ -209,7 +212,7 @@ def tuned_config(q, keys, values, phys, length, scale, extra: dict) -> dict:
         return default_config()
     best, best_ms = None, float("inf")
     length = torch.full_like(length, c - 1)  # full rows (phys is a permutation of the slots: every slot is valid)
-    for cfg in candidate_configs(rows, c, phys_order=extra.get("inv") is not None):
+    for cfg in candidate_configs(rows, c, phys_order=extra.get("inv") is not None, fp32=q.dtype == torch.float32):
         try:
             _launch(q, keys, values, phys, length, scale, cfg, **extra)  # compile
         except Exception:  # noqa: BLE001 - a tile that does not fit this GPU is not a candidate
@@ -235,6 +238,7 @@ try:  # the kernel exists only where Triton is installed
         HK: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
         BLOCK_N: tl.constexpr, ROTATE: tl.constexpr, SPLIT: tl.constexpr, USE_DOT: tl.constexpr,
         FP32_DOT: tl.constexpr, PHYS_ORDER: tl.constexpr, LOADS_ONLY: tl.constexpr = False,
+        DOT_PRECISION: tl.constexpr = "ieee",
     ):
         # PHYS_ORDER: walk the physical slots [0, C) in order (PHYS then holds the *logical index* of each slot's
         # entry, the inverse permutation, and ROT the rotation of each slot's key): K/V addresses no longer depend
@@ -310,7 +314,7 @@ try:  # the kernel exists only where Triton is installed
             else:
                 if USE_DOT:  # (16, d) x (d, BLOCK_N) on the tensor cores (bf16) or fp32 FMAs (ieee)
                     if FP32_DOT:
-                        s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
+                        s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision=DOT_PRECISION)
                     else:
                         s = tl.dot(q.to(k.dtype), tl.trans(k))
                 else:  # broadcast products reduced in fp32: no padding rows
@@ -325,7 +329,7 @@ try:  # the kernel exists only where Triton is installed
                 l_i = l_i * alpha + tl.sum(p, 1)
                 if USE_DOT:
                     if FP32_DOT:
-                        acc = tl.dot(p, v.to(tl.float32), acc * alpha[:, None], input_precision="ieee")
+                        acc = tl.dot(p, v.to(tl.float32), acc * alpha[:, None], input_precision=DOT_PRECISION)
                     else:
                         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
                 else:
@@ -429,6 +433,7 @@ def _launch(q, keys, values, phys, length, scale, cfg, *, rot=None, rope=None, c
         HK=hk, GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=d, BLOCK_N=cfg["BLOCK_N"],
         ROTATE=rotate, SPLIT=splits > 1, USE_DOT=use_dot, FP32_DOT=q.dtype == torch.float32 or _interpreting(),
         PHYS_ORDER=phys_order, LOADS_ONLY=bool(cfg.get("LOADS_ONLY", False)),
+        DOT_PRECISION="ieee" if _interpreting() else cfg.get("DOT_PRECISION", "ieee"),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     if splits > 1:

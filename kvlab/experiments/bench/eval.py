@@ -438,7 +438,7 @@ def _tune_kernel(batch: int, kv_heads: int, heads: int, dim: int, capacity: int,
     (+ the cos/sin rows it gathers, from L2) imply."""
     import triton
 
-    from kvlab.core.static_triton import default_config, static_decode_triton
+    from kvlab.core.static_triton import default_config, static_decode_reference, static_decode_triton
 
     rows = []
     for dtype in dtypes:
@@ -452,9 +452,20 @@ def _tune_kernel(batch: int, kv_heads: int, heads: int, dim: int, capacity: int,
         rope = torch.full((batch,), capacity, device=device)
         table = torch.randn(4 * capacity + 1, dim, device=device, dtype=dtype, generator=gen)
         live_bytes = 2 * batch * kv_heads * capacity * dim * k.element_size()
-        for block, warps, stages in ((16, 2, 2), (32, 4, 2), (32, 4, 3), (64, 4, 2), (64, 8, 2), (32, 2, 2),
-                                     (16, 4, 2), (128, 8, 2)):
-            cfg = dict(default_config(), BLOCK_N=block, num_warps=warps, num_stages=stages)
+        truth = {}  # rotate -> the float64 oracle's output on these inputs (each config's error is read against it)
+        for rotate in (True, False):
+            wide = table.double()
+            oracle = dict(rot=rot, rope=rope, cos=wide, sin=wide, base=2 * capacity) if rotate else {}
+            truth[rotate] = static_decode_reference(q.double(), k.double(), v.double(), phys, length + 1, dim ** -0.5,
+                                                    **oracle)
+        tiles = [(16, 2, 2, "broadcast"), (32, 4, 2, "broadcast"), (32, 4, 3, "broadcast"), (64, 4, 2, "broadcast"),
+                 (64, 8, 2, "broadcast"), (32, 2, 2, "broadcast"), (16, 4, 2, "broadcast"), (128, 8, 2, "broadcast"),
+                 (32, 4, 2, "dot ieee")]
+        if dtype == torch.float32:  # tensor-core products in three TF32 passes (close to fp32, not bit-equal)
+            tiles += [(16, 4, 2, "dot tf32x3"), (32, 4, 2, "dot tf32x3"), (64, 4, 2, "dot tf32x3")]
+        for block, warps, stages, products in tiles:
+            cfg = dict(default_config(), BLOCK_N=block, num_warps=warps, num_stages=stages,
+                       USE_DOT=products != "broadcast", DOT_PRECISION=products.split()[-1])
             for rotate in (True, False):
                 extra = dict(rot=rot, rope=rope, cos=table, sin=table, base=2 * capacity) if rotate else {}
                 fn = lambda: static_decode_triton(q, k, v, phys, length, dim ** -0.5, config=cfg, **extra)  # noqa
@@ -462,10 +473,13 @@ def _tune_kernel(batch: int, kv_heads: int, heads: int, dim: int, capacity: int,
                     ms = triton.testing.do_bench(fn, warmup=5, rep=20, return_mode="median")
                 except Exception as err:  # a tile that does not fit is a row, not the end
                     rows.append(dict(dtype=str(dtype)[6:], BLOCK_N=block, num_warps=warps, num_stages=stages,
-                                     rotate=rotate, error=f"{type(err).__name__}: {err}"[:200]))
+                                     rotate=rotate, products=products, error=f"{type(err).__name__}: {err}"[:200]))
                     continue
+                want = truth[rotate]
+                rel_err = ((fn().double() - want).abs().max() / want.abs().max()).item()
                 rows.append(dict(dtype=str(dtype)[6:], BLOCK_N=block, num_warps=warps, num_stages=stages,
-                                 rotate=rotate, ms=ms, kv_gb_s=live_bytes / ms / 1e6, batch=batch, part="kernel"))
+                                 rotate=rotate, ms=ms, kv_gb_s=live_bytes / ms / 1e6, batch=batch, part="kernel",
+                                 products=products, rel_err=rel_err))
                 print(json.dumps(rows[-1]), flush=True)
         # what bounds the default tiles: the same loads with no arithmetic (LOADS_ONLY), and the same arithmetic with
         # every entry read from one slot (phys and rot all 0: the keys and values stay in cache)
@@ -479,7 +493,7 @@ def _tune_kernel(batch: int, kv_heads: int, heads: int, dim: int, capacity: int,
                 ms = triton.testing.do_bench(fn, warmup=5, rep=20, return_mode="median")
                 rows.append(dict(dtype=str(dtype)[6:], BLOCK_N=cfg["BLOCK_N"], num_warps=cfg["num_warps"],
                                  num_stages=cfg["num_stages"], rotate=rotate, ms=ms, kv_gb_s=live_bytes / ms / 1e6,
-                                 batch=batch, part=part))
+                                 batch=batch, part=part, products="broadcast"))
                 print(json.dumps(rows[-1]), flush=True)
     return rows
 
@@ -652,10 +666,12 @@ def _streams_md(rec: dict) -> str:
                                ("num_warps", "warps", ""), ("splits", "ranges / row", ""), ("ms", "ms", "{:.4f}")])
     if rec.get("tune"):
         text += "\n\n### The static Triton kernel alone (every row full), tiles and warps\n\n" + fmt_table(
-            rec["tune"], [("dtype", "dtype", ""), ("part", "what runs", ""), ("rotate", "rotate", ""),
+            rec["tune"], [("dtype", "dtype", ""), ("part", "what runs", ""), ("products", "products", ""),
+                          ("rotate", "rotate", ""),
                           ("BLOCK_N", "BLOCK_N", ""),
                           ("num_warps", "warps", ""), ("num_stages", "stages", ""), ("ms", "ms", "{:.4f}"),
-                          ("kv_gb_s", "GB/s of live K/V", "{:.0f}"), ("error", "error", "")])
+                          ("kv_gb_s", "GB/s of live K/V", "{:.0f}"),
+                          ("rel_err", "max error / max output (float64 oracle)", "{:.1e}"), ("error", "error", "")])
     if rec["skipped"]:
         text += "\n\nskipped (time budget): " + "; ".join(
             f"{s['dtype']} {s['policy']} {s['batch']} {s['kernel']}" for s in rec["skipped"])

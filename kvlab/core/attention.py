@@ -9,8 +9,8 @@
    (token ids, original positions) and, for policies that use positions within the cache, rewrites
    ``position_ids``;
 3. adds a forward post-hook that lets the cache's policy compact every layer once the step is over;
-4. wraps ``prepare_inputs_for_generation`` so that ``generate`` with a used KVCache refuses a prompt that does not
-   start with the stream the cache holds (generate would read it as a continuation).
+4. wraps ``generate`` so that a call with a used KVCache refuses a prompt that does not start with the stream the
+   cache holds (generate would read it as a continuation): checked once per call, not per step.
 
 The attention function does what the model's own implementation (sdpa or eager) would do, unless
 
@@ -120,16 +120,16 @@ def _install_hooks(model: torch.nn.Module) -> None:
     """The two forward hooks, and generate()'s check of a used KVCache (a bound method: deepcopy rebinds it)."""
     model.register_forward_pre_hook(_pre_hook, with_kwargs=True)
     model.register_forward_hook(_post_hook, always_call=True)
-    if hasattr(model, "prepare_inputs_for_generation"):
-        model.prepare_inputs_for_generation = types.MethodType(_prepare_inputs_for_generation, model)
+    if hasattr(model, "generate"):
+        model.generate = types.MethodType(_generate, model)
 
 
-def _prepare_inputs_for_generation(model, input_ids, *args, **kwargs):
-    """generate()'s own step preparation, after checking that a used KVCache holds the start of this prompt."""
-    cache = kwargs.get("past_key_values", args[0] if args else None)
+def _generate(model, *args, **kwargs):
+    """The model's own ``generate``, after checking once that a used KVCache holds the start of this prompt."""
+    cache = kwargs.get("past_key_values")
     if isinstance(cache, KVCache):
-        cache.check_prompt(input_ids)
-    return type(model).prepare_inputs_for_generation(model, input_ids, *args, **kwargs)
+        cache.check_prompt(kwargs.get("input_ids", kwargs.get("inputs", args[0] if args else None)))
+    return type(model).generate(model, *args, **kwargs)
 
 
 def _pre_hook(model, args, kwargs):

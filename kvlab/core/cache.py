@@ -217,6 +217,7 @@ class KVCache(Cache):
         self.batch: int | None = None  # rows of the streams this cache holds (fixed by the first step)
         self._step: _Step | None = None
         self._stream_ids: list[torch.Tensor] = []  # the token ids of every step so far (-1 where embeddings came)
+        self._stream_has_embeds = False  # a step came as embeddings: the stream's ids are unknown
         self.trace = _Trace()
         layers = [
             KVLayer(self, i, state.inv_freq[i], state.sliding_window[i]) for i in range(state.num_layers)
@@ -260,11 +261,10 @@ class KVCache(Cache):
         runs only the rest, so another prompt would silently continue the old stream instead of starting anew."""
         if not self.seen or input_ids is None or input_ids.dim() != 2 or input_ids.shape[1] <= self.seen:
             return  # a fresh cache, embeddings, or a prompt too short to continue (begin_step refuses that one)
-        stream = torch.cat(self._stream_ids, dim=-1) if len(self._stream_ids) > 1 else self._stream_ids[0]
-        if len(self._stream_ids) > 1:
-            self._stream_ids = [stream]
-        if stream.shape[0] != input_ids.shape[0] or bool((stream < 0).any()):
-            return  # another batch size (begin_step refuses it) or a stream fed as embeddings: nothing to compare
+        if self._stream_has_embeds or self.batch != input_ids.shape[0]:
+            return  # a stream fed as embeddings, or another batch size (begin_step refuses it): nothing to compare
+        self._stream_ids = [torch.cat(self._stream_ids, dim=-1)]  # once per generate() call, not per step
+        stream = self._stream_ids[0]
         if not torch.equal(stream, input_ids[:, :self.seen].to(stream.device)):
             raise ValueError(
                 f"this KVCache already holds a stream of {self.seen} tokens, and the prompt given to generate() does "
@@ -311,6 +311,7 @@ class KVCache(Cache):
             rope = (torch.arange(length, device=device) + start).expand(batch, -1)
         else:
             rope = positions
+        self._stream_has_embeds |= input_ids is None
         self._step = _Step(positions, ids, rope, self.held())
         return rope
 
@@ -353,6 +354,7 @@ class KVCache(Cache):
         self.batch = None
         self._step = None
         self._stream_ids = []
+        self._stream_has_embeds = False
         self.trace = _Trace()
 
 

@@ -1900,11 +1900,26 @@ def _account_idle(run: dict, now: float) -> None:
     run["seen"] = now
 
 
+def _let_child_end(run: dict, grace: float = 0.25) -> None:
+    """The judge is done: give the child a moment to end by itself before it is killed. A sandboxed process stopped
+    by seccomp (SIGSYS) ends its judge's input at once, while the child that relays its signal may still be exiting;
+    killing that child then would report SIGKILL, and the run would lose why it was stopped."""
+    deadline = time.monotonic() + grace
+    while run["child_status"] is None and time.monotonic() < deadline:
+        done, status, usage = os.wait4(run["child"], os.WNOHANG)
+        if done:
+            run["child_status"], run["child_cpu"] = status, usage.ru_utime + usage.ru_stime
+        else:
+            time.sleep(0.005)
+
+
 def _stop(run: dict, stop: str | None, idle: dict, owners: list, now: float, jusage) -> dict:
     """End a run (its judge done, or ``stop``: the limit it is over): kill its child's group and sandbox, reap,
     release, and return its outcome."""
     events = run["group"].events() if run["group"] is not None else {}
     group_cpu = run["group"].cpu_seconds() if run["group"] is not None else 0.0
+    if not stop:
+        _let_child_end(run)
     _kill_run(run, run["child"])
     if stop:
         import signal

@@ -48,7 +48,7 @@ def test_decode_records_pair_by_round_and_the_compressed_cache_stays_small(dhsa_
 
     monkeypatch.setattr(dhsa_cpu, "_model_and_text", lambda tokens, device="cpu", smoke=False: (
         tiny_llama, torch.randint(0, 90, (1, tokens))))
-    args = type("A", (), dict(out=str(tmp_path), contexts=[48, 96], cache=[16], rounds=3, steps=2, device="cpu"))()
+    args = type("A", (), dict(out=str(tmp_path), contexts=[48, 96], cache=[16], rounds=3, steps=[2], device="cpu"))()
     path = dhsa_cpu.run_decode(args, OutputFolder(tmp_path, "test"))
     recs = records.read(path)
     assert all(r["config"]["device"] == "cpu" for r in recs)
@@ -124,3 +124,41 @@ def test_pareto_claim_checks_every_flag_before_it_loads_a_model(tmp_path, capsys
         registry.run("lacache-pareto", ["--out", str(tmp_path / "run"), *argv])
     assert info.value.code == 2 and message in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
+
+
+def test_several_step_counts_make_one_cell_per_count_whose_total_time_is_its_steps(dhsa_cpu, tiny_llama, monkeypatch,
+                                                                                   tmp_path):
+    """Fig. 10's cells: every (context, method, count) is timed every round, named ``method@ctx+Nt``, and its
+    ``decode_total_ms`` is the mean per token times its count (one decode, not two)."""
+    import torch
+
+    from kvlab.experiments import records
+    from kvlab.outputs import OutputFolder
+
+    monkeypatch.setattr(dhsa_cpu, "_model_and_text", lambda tokens, device="cpu", smoke=False: (
+        tiny_llama, torch.randint(0, 90, (1, tokens))))
+    args = type("A", (), dict(out=str(tmp_path), contexts=[48], cache=[16], rounds=2, steps=[2, 6], device="cpu",
+                              shape=None, smoke=False))()
+    path = dhsa_cpu.run_decode_fresh(args, OutputFolder(tmp_path, "test"), "cpu")
+    recs = records.read(path)
+    cells = {"dense@48+2t", "dense@48+6t", "streamingllm16@48+2t", "streamingllm16@48+6t"}
+    for r in range(2):
+        got = {x["method"] for x in recs if x["example"] == f"round{r:02d}" and x["metric"] == "decode_total_ms"}
+        assert got == cells
+    by = {(x["example"], x["method"], x["metric"]): x for x in recs}
+    for (ex, method, metric), x in by.items():
+        if metric == "decode_total_ms":
+            steps = int(method.split("+")[1][:-1])
+            assert x["config"]["steps"] == steps
+            assert x["value"] == pytest.approx(by[(ex, method, "decode_latency_ms")]["value"] * steps)
+
+
+def test_several_step_counts_on_the_cpu_path_are_refused_with_the_fix(tmp_path):
+    from kvlab.experiments import registry
+
+    with pytest.raises(registry.ParameterError, match="--device cuda or --shape"):
+        registry.check_all("dhsa-app-d-costs", ["decode", "--steps", "8,64", "--out", str(tmp_path / "a")],
+                           raise_errors=True)
+    with pytest.raises(registry.ParameterError, match="twice"):
+        registry.check_all("dhsa-app-d-costs", ["decode", "--steps", "8,8", "--smoke", "--out", str(tmp_path / "b")],
+                           raise_errors=True)

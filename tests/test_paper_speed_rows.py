@@ -123,3 +123,16 @@ def test_launcher_refuses_an_unknown_step(tmp_path):
                           text=True, timeout=60)
     assert proc.returncode == 1 and "unknown step sepllm-typo" in proc.stdout
     assert (tmp_path / "paper_speed_rows.log").is_file()
+
+
+def test_launcher_fig10_step_writes_one_cell_per_new_token_count(tmp_path):
+    """The Fig. 10 step (SMOKE: tiny model, counts cut to 2 and 4) writes the cells the ledger's Fig. 10 rows pair."""
+    from kvlab.experiments import records
+
+    env = dict(os.environ, SMOKE="1", KVLAB_RESULTS=str(tmp_path), PY=sys.executable, STEPS="fig10")
+    proc = subprocess.run(["bash", "benchmarks/gpu/paper_speed_rows.sh"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-2000:]
+    recs = records.read(tmp_path / "benchmarks/results/dhsa/decode_new_tokens_gpu/decode.examples.jsonl.gz")
+    methods = {r["method"] for r in recs if r["metric"] == "decode_total_ms"}
+    assert methods == {"dense@8192+2t", "dense@8192+4t", "streamingllm128@8192+2t", "streamingllm128@8192+4t"}

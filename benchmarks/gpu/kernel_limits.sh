@@ -5,13 +5,18 @@
 # SLEB, SepLLM's forward and backward against SDPA (the default tiles beside the window-tile options the last sweep
 # pointed at), DHSA's kernel with its selection and chunking, and DHSA end to end in Gemma2-2b's shape with its
 # non-attention floor. The GPU tests of the kernels changed since the last lease run first.
-# Writes under $KVLAB_RESULTS/benchmarks/results/kernels/limits_h200/ (each command's files prefixed by its step).
+# Writes under $KVLAB_RESULTS/benchmarks/results/kernels/limits_<card>/ (limits_h200 on an H200; each command's
+# files prefixed by its step).
 #
 #   KVLAB_RESULTS=DIR bash benchmarks/gpu/kernel_limits.sh                 # on the GPU host (a topic of run.sh)
 #   SMOKE=1 KVLAB_RESULTS=/tmp/x PY=.venv/bin/python bash benchmarks/gpu/kernel_limits.sh   # CPU: the kernels' tests
 set -uo pipefail
 PY=${PY:-python}
-D=${KVLAB_RESULTS:?set KVLAB_RESULTS}/benchmarks/results/kernels/limits_h200
+# the results folder is named by the card (limits_h200, limits_h100): timings of two cards never share a folder
+GPU_TAG=${GPU_TAG:-$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1 \
+  | grep -o -i 'h[0-9]00' | tr 'H' 'h')}
+GPU_TAG=${GPU_TAG:-gpu}
+D=${KVLAB_RESULTS:?set KVLAB_RESULTS}/benchmarks/results/kernels/limits_$GPU_TAG
 STEPS=${STEPS:-tests engine bound tuned orthorank sepllm dhsa e2e}
 mkdir -p "$D"
 step() {  # step NAME LIMIT CMD...: log to NAME.log, the exit to steps.txt; a failing step does not stop the others
@@ -41,11 +46,11 @@ step bound 90 "$PY" -m kvlab bench eval streams --model random --dtypes float32 
 KVLAB_STATIC_TUNE=1 step tuned 150 "$PY" -m kvlab bench eval streams "${ENGINE[@]}" --kernels triton,generate \
   --out "$D/tuned"
 step orthorank 60 "$PY" -m kvlab bench orthorank throughput --shapes 8b --sparsities 20 --budget 0.3 \
-  --backends triton --no-layer --kernels --out "$D/orthorank" --tag h200
+  --backends triton --no-layer --kernels --out "$D/orthorank" --tag $GPU_TAG
 step sepllm 100 "$PY" -m kvlab bench sepllm ops --seqs 32768 --variants tma,tma+w64,tma+diag,tma+rerun --budget 0.3 \
-  --no-flex --out "$D/sepllm" --tag h200
+  --no-flex --out "$D/sepllm" --tag $GPU_TAG
 step dhsa 60 "$PY" -m kvlab bench dhsa ops --seqs 32768 --share 0,1 --variants packed --chunkings fixed64,spaced64 \
-  --no-flex --time-budget 0.4 --out "$D/dhsa" --tag h200
+  --no-flex --time-budget 0.4 --out "$D/dhsa" --tag $GPU_TAG
 step e2e 100 "$PY" -m kvlab run dhsa-prefill-e2e --out "$D/e2e" --shapes gemma2-2b-global --seqs 32768,16384 \
   --methods sdpa,dhsa-pred-shared --combos packed:1 --repeats 3 --no-compile
 # the results folder holds files, not folders (TOPIC/RUN/FILE): each command's folder is lifted, its files prefixed

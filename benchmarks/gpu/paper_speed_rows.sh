@@ -11,6 +11,9 @@
 #   decode    DHSA App. D Figs. 8 and 10: decode ms per token and the allocator's peaks of dense vs StreamingLLM
 #             128 / 2,048 at contexts of 1K-8K on Gemma2-2b's shape (python -m kvlab run dhsa-app-d-costs decode)
 #   mem32k    the attention-memory instrument at 32K (the dhsa-t3-memory-32k row's length), dense vs DHSA
+#   fig10     DHSA App. D Fig. 10 ("decoding time is largely proportional to the number of newly generated tokens"):
+#             dense and StreamingLLM 128 after 8,192 tokens, decoding 8 and 64 new tokens, one cell per count
+#             (python -m kvlab run dhsa-app-d-costs decode --steps 8,64)
 #
 #   KVLAB_RESULTS=DIR CUDA_VISIBLE_DEVICES=N bash benchmarks/gpu/paper_speed_rows.sh               # one H200, ~7 min
 #   SMOKE=1 KVLAB_RESULTS=/tmp/x PY=.venv/bin/python bash benchmarks/gpu/paper_speed_rows.sh       # the same, tiny, CPU
@@ -20,11 +23,12 @@
 # round (the ledger's minimum; the paper's effects are 1.53x (Table 10), 0.83x latency / 1.10x memory (Table 2), and
 # dense decoding at 8K reads 64x the keys of a 128-entry cache (Fig. 10), each far outside the few per cent of
 # round-to-round noise the earlier GPU rounds showed). The steps run in the order above, the longest last, so a
-# time limit cuts the least. Writes under $KVLAB_RESULTS/benchmarks/results/:
+# time limit cuts the least (fig10, added later, runs when named). Writes under $KVLAB_RESULTS/benchmarks/results/:
 #   sepllm/training_speed_gpu/training_speed.{examples.jsonl.gz,json}
 #   dhsa/prefill_8k_gpu/dhsa_prefill_rounds.examples.jsonl.gz (+ dhsa_prefill_8k.{json,md})
 #   dhsa/decode_context_gpu/decode.examples.jsonl.gz
 #   dhsa/attention_memory_32k_gpu/dhsa_prefill_rounds.examples.jsonl.gz (+ dhsa_attention_memory_32k.{json,md})
+#   dhsa/decode_new_tokens_gpu/decode.examples.jsonl.gz
 # and $KVLAB_RESULTS/paper_speed_rows.log.
 set -uo pipefail
 PY=${PY:-python3}
@@ -63,7 +67,10 @@ step() {  # NAME COMMAND...: run one step, note its time and exit code, go on wi
                 --out "$R/dhsa/decode_context_gpu" ;;
       mem32k) step mem32k "$PY" -m kvlab run dhsa-prefill-e2e --device "$DEV" "${DHSA[@]}" --seqs 32768 \
                 --name dhsa_attention_memory_32k "${EXTRA[@]}" --out "$R/dhsa/attention_memory_32k_gpu" ;;
-      *) echo "unknown step $s (the steps: sepllm dhsa8k decode mem32k)"; status=1 ;;
+      fig10) step fig10 "$PY" -m kvlab run dhsa-app-d-costs decode --device "$DEV" --shape gemma2-2b-global \
+                --contexts 8192 --cache 128 --rounds 20 --steps 8,64 "${EXTRA[@]}" \
+                --out "$R/dhsa/decode_new_tokens_gpu" ;;
+      *) echo "unknown step $s (the steps: sepllm dhsa8k decode mem32k fig10)"; status=1 ;;
     esac
   done
   exit $status

@@ -21,7 +21,9 @@ the rotating order starts alone on the GPU (the previous cell's cache freed), pr
 allocator's peak during the prefill, the weights included; ``base_memory_bytes``, what was allocated when the cell
 began, after a garbage collection), ``decode_latency_ms`` (mean ms per token) and
 ``decode_peak_memory_bytes`` (the peak during the decode steps, counted from a reset after the prefill). The times
-are taken after ``torch.cuda.synchronize``; one warm-up round is run and not recorded.
+are taken after ``torch.cuda.synchronize``; one warm-up round is run and not recorded. ``--steps 8,64`` (several
+counts, Fig. 10: "decoding time is largely proportional to the number of newly generated tokens") makes one cell
+per (context, method, count), named ``dense@8192+64t``, each with ``decode_total_ms`` (the decode's whole time) too.
 
 ``prefill``: one prefill of ``--length`` tokens per method and round (rotating order): ``dense`` (the model's SDPA)
 and ``block-sparse{block}`` (:func:`kvlab.dhsa.pattern.block_sparse_pattern`: fixed blocks, mean pooling, TopK
@@ -61,7 +63,9 @@ def parser():
     p.add_argument("--shape", default=None, help="decode: a random-weight model of this shape (gemma2-2b-global, "
                    "gemma3-1b: App. D's models; kvlab.experiments.dhsa.measures.MODEL_SHAPES) instead of SmolLM2")
     p.add_argument("--rounds", type=registry.positive_int, default=20)
-    p.add_argument("--steps", type=registry.positive_int, default=8, help="decode: greedy tokens per round")
+    p.add_argument("--steps", type=options.number_list(int, low=1, what="step count"), default=[8],
+                   help="decode: greedy tokens per round; several (8,64) make one cell per count (Fig. 10: decode "
+                   "time against the number of new tokens; needs --device cuda or --shape)")
     p.add_argument("--length", type=registry.positive_int, default=1024, help="prefill: tokens")
     p.add_argument("--budget", type=registry.positive_int, default=256, help="prefill: keys per query")
     p.add_argument("--blocks", type=options.number_list(int, low=1, what="block"), default=[64, 128],
@@ -77,10 +81,19 @@ def check(args) -> None:
         if args.what != "decode":
             raise registry.ParameterError("--shape goes with decode (prefill times SmolLM2-135M)")
         registry.names_list(MODEL_SHAPES, what="shape")(args.shape)
+    if len(args.steps) != len(set(args.steps)):
+        raise registry.ParameterError(f"--steps lists a count twice ({args.steps}); give each count once")
+    fresh = options.resolve_device(args.device) != "cpu" or args.shape is not None or args.smoke
+    if len(args.steps) > 1 and not fresh:
+        raise registry.ParameterError(
+            f"--steps {','.join(map(str, args.steps))}: several step counts need one cell per count, alone on the "
+            "device each round (--device cuda or --shape); the CPU measurement decodes prefilled cells in turns "
+            "and takes one count")
     options.refuse_rerun(args.out, f"{args.what}{records.SUFFIX}", *(["prefill_memory.json"] if args.what == "prefill"
                                                                     else []))
     if args.smoke:
-        args.rounds, args.steps = min(args.rounds, 2), min(args.steps, 2)
+        args.rounds = min(args.rounds, 2)
+        args.steps = [min(s, 2 * (i + 1)) for i, s in enumerate(args.steps)]
         args.length = min(args.length, 256)
 
 
@@ -153,25 +166,27 @@ def run_decode_fresh(args, out, device: str) -> Path:
     else:
         model, ids = _model_and_text(max(args.contexts), device, smoke=args.smoke)
     methods = _decode_methods(args.cache)
-    cells = [(ctx, name) for ctx in args.contexts for name in methods]
+    cells = [(ctx, name, steps) for ctx in args.contexts for name in methods for steps in args.steps]
     model_name = f"random {args.shape}" if args.shape else "smollm2-135m"
     dev = options.device_string(device)
     # --smoke: at most 256 tokens of each context are run; the records keep the context asked for (their config says)
     tokens = {ctx: min(ctx, 256) if args.smoke else ctx for ctx in args.contexts}
     with torch.no_grad():
-        for ctx, name in cells:  # warm-up, not recorded
-            _fresh_cell(model, ids, methods[name](), tokens[ctx], args.steps, device)
+        for ctx, name, steps in cells:  # warm-up, not recorded
+            _fresh_cell(model, ids, methods[name](), tokens[ctx], steps, device)
         with records.RecordWriter(f"decode{records.SUFFIX}", out=out) as w:
             for r in range(args.rounds):
                 order = rotated(cells, r)
-                for ctx, name in order:
-                    res, policy = _fresh_cell(model, ids, methods[name](), tokens[ctx], args.steps, device)
+                for ctx, name, steps in order:
+                    res, policy = _fresh_cell(model, ids, methods[name](), tokens[ctx], steps, device)
                     config = {"model": model_name, "context": ctx, "tokens": tokens[ctx], "policy": policy,
-                              "steps": args.steps,
-                              "position_in_round": order.index((ctx, name)), "machine": _device_line(device)}
+                              "steps": steps,
+                              "position_in_round": order.index((ctx, name, steps)), "machine": _device_line(device)}
+                    if len(args.steps) > 1:  # one cell per step count: the total decode time is the quantity
+                        res["decode_total_ms"] = res["decode_latency_ms"] * steps
+                    method = f"{name}@{ctx}" + (f"+{steps}t" if len(args.steps) > 1 else "")
                     for metric, value in res.items():
-                        w.add(records.record(f"round{r:02d}", f"{name}@{ctx}", metric, value, config=config,
-                                             device=dev))
+                        w.add(records.record(f"round{r:02d}", method, metric, value, config=config, device=dev))
                 print(f"round {r + 1}/{args.rounds} done", flush=True)
     return w.path
 
@@ -220,6 +235,7 @@ def run_decode(args, out) -> Path:
     """CPU: every cell prefilled once, then the cells decode in turns, ``--steps`` tokens a round."""
     import torch
 
+    (steps,) = args.steps  # one count (check refuses several here)
     model, ids = _model_and_text(max(args.contexts))
     with torch.no_grad():
         cells, state = _prefilled_cells(model, ids, args.contexts, _decode_methods(args.cache))
@@ -229,12 +245,12 @@ def run_decode(args, out) -> Path:
                 for cell in order:
                     cache, token, prefill_ms = state[cell]
                     t0 = time.perf_counter()
-                    for _ in range(args.steps):
+                    for _ in range(steps):
                         logits = model(input_ids=token, past_key_values=cache, use_cache=True).logits
                         token = logits[:, -1].argmax(-1, keepdim=True)
-                    ms = (time.perf_counter() - t0) * 1e3 / args.steps
+                    ms = (time.perf_counter() - t0) * 1e3 / steps
                     state[cell][1] = token
-                    config = {"context": int(cell.split("@")[1]), "policy": repr(cache.policy), "steps": args.steps,
+                    config = {"context": int(cell.split("@")[1]), "policy": repr(cache.policy), "steps": steps,
                               "prefill_ms": round(prefill_ms, 1), "position_in_round": order.index(cell),
                               "machine": _device_line()}
                     w.add(records.record(f"round{r:02d}", cell, "decode_latency_ms", ms, config=config,

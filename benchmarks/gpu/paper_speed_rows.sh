@@ -24,7 +24,8 @@
 # round one measurement per method in an order that rotates from round to round (the paper's effects are 1.53x
 # (Table 10), 0.83x latency / 1.10x memory (Table 2), and dense decoding at 8K reads 64x the keys of a 128-entry
 # cache (Fig. 8), each far outside the few per cent of round-to-round noise the earlier GPU rounds showed). The
-# steps run in the order above, the longest last, so a time limit cuts the least (fig10, added later, runs when named). Writes under $KVLAB_RESULTS/benchmarks/results/:
+# steps run in the order above, the longest last, so a time limit cuts the least (fig10, added later, runs when
+# named). Writes under $KVLAB_RESULTS/benchmarks/results/:
 #   sepllm/training_speed_rounds_gpu/training_speed.{examples.jsonl.gz,json}
 #   dhsa/prefill_8k_rounds_gpu/dhsa_prefill_rounds.examples.jsonl.gz (+ dhsa_prefill_8k.{json,md})
 #   dhsa/decode_context_gpu/decode.examples.jsonl.gz

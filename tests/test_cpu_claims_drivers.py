@@ -162,3 +162,21 @@ def test_several_step_counts_on_the_cpu_path_are_refused_with_the_fix(tmp_path):
     with pytest.raises(registry.ParameterError, match="twice"):
         registry.check_all("dhsa-app-d-costs", ["decode", "--steps", "8,8", "--smoke", "--out", str(tmp_path / "b")],
                            raise_errors=True)
+
+
+def test_pareto_heldout_start_scores_fresh_windows_and_never_the_selection_ones(tmp_path):
+    """A re-run on fresh text: ``--heldout-start`` moves the held-out windows past an earlier run's, keeps the
+    selection windows, and is refused where it would score a selection window."""
+    from kvlab.experiments import registry
+    from kvlab.experiments.lacache import pareto
+
+    base = ["--context", "48", "--continuation", "8", "--sizes", "12,24", "--claim-size", "12", "--selection", "2",
+            "--heldout", "3"]
+    first = pareto.plan(pareto.parser().parse_args(base + ["--out", str(tmp_path / "a")]))
+    again = pareto.plan(pareto.parser().parse_args(base + ["--heldout-start", "5", "--out", str(tmp_path / "b")]))
+    assert again["selection_windows"] == first["selection_windows"]
+    assert [w["example"] for w in first["heldout_windows"]] == [f"wikitext-c48-w{k:03d}" for k in (2, 3, 4)]
+    assert [w["example"] for w in again["heldout_windows"]] == [f"wikitext-c48-w{k:03d}" for k in (5, 6, 7)]
+    assert again["heldout_windows"][0]["tokens"] == [5 * 56, 6 * 56]
+    with pytest.raises(registry.ParameterError, match="falls on the selection windows 0-1"):
+        pareto.plan(pareto.parser().parse_args(base + ["--heldout-start", "1", "--out", str(tmp_path / "c")]))

@@ -15,7 +15,8 @@ the same text favours it (it was chosen because it did well there); this driver 
    ``--selection`` first windows of the text (one window: ``--context`` tokens of context whose full cache is cut to
    the pattern, then ``--continuation`` tokens scored); the pattern with the lowest mean log-perplexity over those
    windows is the size's *best random* pattern (``selection.json`` keeps every score and the chosen patterns);
-3. **held-out**: on the next ``--heldout`` windows (disjoint from the selection ones) the ladder, the best random
+3. **held-out**: on the next ``--heldout`` windows (disjoint from the selection ones; ``--heldout-start K`` starts
+   them at window K instead, so that a re-run scores fresh text) the ladder, the best random
    pattern and StreamingLLM of each size are scored; one record per (window, method) in ``pareto.examples.jsonl.gz``,
    metric ``window_nll`` = mean NLL per token of the window's continuation (``log`` of the perplexity
    :func:`~kvlab.lacache.coverage.pattern_perplexity` returns);
@@ -54,6 +55,11 @@ def plan(args) -> dict:
     if args.claim_size not in sizes:
         raise registry.ParameterError(f"--claim-size {args.claim_size} is not one of --sizes {sizes}: name one of "
                                       "them (the size whose comparison is the claim)")
+    first_heldout = args.selection if args.heldout_start is None else args.heldout_start
+    if first_heldout < args.selection:
+        raise registry.ParameterError(
+            f"--heldout-start {first_heldout} falls on the selection windows 0-{args.selection - 1}: the held-out "
+            f"windows must be others than the ones the best random pattern is chosen on (give >= {args.selection})")
     need = args.context + args.continuation
     windows = lambda first, count: [{"example": window_id(args.corpus, args.context, first + k),
                                      "tokens": [(first + k) * need, (first + k + 1) * need]} for k in range(count)]
@@ -65,7 +71,7 @@ def plan(args) -> dict:
                        "span": args.span, "overlap": args.overlap},
             "streamingllm": f"StreamingLLM(sink={args.sink}, cache_size=size)",
             "seed": args.seed, "selection_windows": windows(0, args.selection),
-            "heldout_windows": windows(args.selection, args.heldout), "planned_n": args.heldout,
+            "heldout_windows": windows(first_heldout, args.heldout), "planned_n": args.heldout,
             "selection_rule": "lowest mean log-perplexity over the selection windows among the random patterns of "
                               "one size", "metric": METRIC}
 
@@ -345,6 +351,9 @@ def parser() -> argparse.ArgumentParser:
     a.add_argument("--per-family", type=pos, default=20)
     a.add_argument("--selection", type=pos, default=4)
     a.add_argument("--heldout", type=pos, default=30)
+    a.add_argument("--heldout-start", type=_non_negative, default=None,
+                   help="index of the first held-out window (default: right after the selection windows); a re-run "
+                        "on fresh windows starts past the earlier run's last one")
     a.add_argument("--span", type=pos, default=8)
     a.add_argument("--overlap", type=_non_negative, default=4)
     a.add_argument("--sink", type=_non_negative, default=4)

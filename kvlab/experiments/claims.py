@@ -877,7 +877,7 @@ def _check_verdict_args(direction: str, systematic, paper_effect) -> None:
 def _undecided(n: int, suspect: int, planned_n: int | None) -> str:
     """The inconclusive verdict that no interval can change (suspect answers, a top-up, n < MIN_N), or ''."""
     if suspect:
-        return f"inconclusive (harness bug: {suspect} answers ':' or empty)"
+        return f"inconclusive ({suspect} answers ':' or empty)"
     if planned_n is not None and n > planned_n:
         return f"inconclusive (topped up from the planned n = {planned_n} to {n}; not decided by the top-up)"
     if n < MIN_N:

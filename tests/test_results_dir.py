@@ -54,8 +54,10 @@ def test_results_are_at_most_three_levels_deep():
 def test_every_ledger_results_file_exists():
     with (ROOT / "benchmarks" / "claims.csv").open(newline="", encoding="utf-8") as f:
         rows = list(csv.DictReader(f))
+    # a plan awaiting its run (kind "not run" with a planned n, committed before the data) names the file to come
+    waiting = {r["id"] for r in rows if r["kind"] == "not run" and r["planned_n"].strip()}
     missing = [(r["id"], p.strip()) for r in rows for p in r["results_file"].split(";")
-               if p.strip() and not (ROOT / p.strip()).exists()]
+               if p.strip() and r["id"] not in waiting and not (ROOT / p.strip()).exists()]
     assert not missing, f"ledger rows name results files that are not there: {missing[:5]}"
 
 

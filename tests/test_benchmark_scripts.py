@@ -133,7 +133,25 @@ def test_needle_grid_keeps_only_depths_that_separate_and_judges_the_control():
                             ("DHSA authors 1024", 0.4): [1.0] * (n - 1) + [0.0]})
     s = sep.summary(grid, [512, 1024])
     assert s["control"]["diff"] == pytest.approx(0.5) and s["control_detects"]
-    assert s["verdicts"][512].startswith("inconclusive") and "narrow enough" in s["verdicts"][512]
+    assert s["verdicts"][512].startswith("inconclusive")
     row = next(r for r in s["rows"]
                if r["budget"] == 1024 and r["metric"] == "needle_recall" and r["a"].startswith("DHSA"))
     assert row["differ_on"] == 1 and row["diff"] == pytest.approx(-1 / n)
+
+
+@pytest.mark.parametrize("low, high, p, words", [
+    # the committed 8K grid at 512: the interval excludes 0 but the sign test does not, and +0.05 is inside it
+    (0.001, 0.083, 0.17, ("inconclusive (the interval excludes 0, the sign test does not: p = 0.17)",
+                          "cannot exclude a gap of +0.05")),
+    (-0.03, 0.04, 0.6, ("inconclusive;", "excludes a gap of 0.05 either way")),
+    (0.02, 0.09, 0.001, ("DHSA above block-sparse;", "cannot exclude a gap of +0.05")),
+    (-0.07, 0.06, 0.9, ("inconclusive;", "cannot exclude a gap of +0.05 or -0.05")),
+    (-0.2, -0.06, 0.0001, ("DHSA below block-sparse;", "cannot exclude a gap of -0.05")),
+])
+def test_needle_grid_summary_words_follow_from_the_interval_ends_and_the_sign_test(low, high, p, words):
+    """The summary once said "narrow enough to exclude a 0.05 gap either way" of +0.041 [+0.001, +0.083] (half-width
+    below 0.05, but +0.05 inside): a gap is excluded only when the whole interval lies inside (-0.05, +0.05)."""
+    from kvlab.experiments.dhsa import needle_separating as sep
+
+    got = sep.verdict_words({"low": low, "high": high, "sign_p": p, "diff": (low + high) / 2})
+    assert all(w in got for w in words), got

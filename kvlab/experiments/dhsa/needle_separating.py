@@ -27,7 +27,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from kvlab.eval.stats import paired_bootstrap
+from kvlab.eval.stats import paired_bootstrap, sign_test
 from kvlab.experiments import records, registry
 from kvlab.experiments.registry import ParameterError
 from kvlab.experiments.system import options
@@ -90,9 +90,33 @@ def paired(t, a: str, b: str) -> dict | None:
     ex = sorted(set(t.get(a, {})) & set(t.get(b, {})))
     if not ex:
         return None
-    iv = paired_bootstrap([t[a][e] for e in ex], [t[b][e] for e in ex])
+    va, vb = [t[a][e] for e in ex], [t[b][e] for e in ex]
+    iv = paired_bootstrap(va, vb)
     return {"a": a, "b": b, "n": len(ex), "diff": round(iv.estimate, 4), "low": round(iv.low, 4),
-            "high": round(iv.high, 4), "differ_on": sum(t[a][e] != t[b][e] for e in ex)}
+            "high": round(iv.high, 4), "differ_on": sum(t[a][e] != t[b][e] for e in ex),
+            "sign_p": round(sign_test(va, vb).p, 4)}
+
+
+def verdict_words(row: dict, gap: float = 0.05) -> str:
+    """What the interval of ``row`` (``low``, ``high``, ``sign_p``: :func:`paired`) says of A - B, in the ledger's
+    terms: a side only when the interval excludes 0 *and* the exact sign test agrees (p < 0.05); then whether a gap of
+    ``gap`` is excluded, read from the interval's ends, not its half-width: "excludes a gap of 0.05 either way" only
+    when the whole interval lies inside (-gap, +gap)."""
+    low, high, p = row["low"], row["high"], row.get("sign_p", 0.0)
+    if low > 0 and p < 0.05:
+        side = "DHSA above block-sparse"
+    elif high < 0 and p < 0.05:
+        side = "DHSA below block-sparse"
+    elif low > 0 or high < 0:
+        side = f"inconclusive (the interval excludes 0, the sign test does not: p = {p:.2g})"
+    else:
+        side = "inconclusive"
+    if -gap < low and high < gap:
+        width = f"excludes a gap of {gap:g} either way"
+    else:
+        open_ = [f"{g:+g}" for g, out in ((gap, high >= gap), (-gap, low <= -gap)) if out]
+        width = f"cannot exclude a gap of {' or '.join(open_)}"
+    return f"{side}; A - B {row['diff']:+.3f} [{low:+.3f}, {high:+.3f}] {width}"
 
 
 def summary(recs, budgets) -> dict:
@@ -116,11 +140,7 @@ def summary(recs, budgets) -> dict:
                     and r["a"].startswith("DHSA")), None)
         if row is None:
             continue
-        half = (row["high"] - row["low"]) / 2
-        side = ("DHSA above block-sparse" if row["low"] > 0 else "DHSA below block-sparse" if row["high"] < 0
-                else "inconclusive")
-        width = "narrow enough to exclude a 0.05 gap either way" if half < 0.05 else "too wide to decide a 0.05 gap"
-        verdicts[nb] = f"{side} (interval half-width {half:.3f}: {width})"
+        verdicts[nb] = verdict_words(row)
     out["verdicts"] = verdicts
     out["control_detects"] = bool(control and (control["low"] > 0 or control["high"] < 0))
     return out

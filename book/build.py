@@ -316,7 +316,7 @@ WIDGET_NOTE = ("*An interactive explorer (sliders) stands here in the notebook: 
 #: a row of a claims-ledger table (markdown) whose verdict is ``superseded``: a run made before a fix, kept in the
 #: ledger for the record only; :func:`kvlab.experiments.claims.table` leaves such rows out, and the build does the
 #: same for a copy executed before it did
-SUPERSEDED_ROW = re.compile(r"^\|.*\|\s*superseded[^|]*\|\s*$")
+SUPERSEDED_ROW = re.compile(r"^\|\s*superseded[^|]*\|.*$|^\|.*\|\s*superseded[^|]*\|\s*$")  # verdict first or last
 
 
 def _stderr_for_reader(text: str) -> str:

@@ -332,7 +332,7 @@ def test_notebook_table_and_counts(rows):
     one = claims.table("sepllm", items=["Table 1"])
     assert "Table 1 (" in one and "Table 12" not in one and "Table 15" not in one
     t = claims.table("lacache", items=["Table 5"])
-    assert t.splitlines()[0].startswith("| item | claim | paper | this run |")
+    assert t.splitlines()[0].startswith("| verdict | this run | paper | 95 % CI of A - B | n | item | claim |")
     body = [line for line in t.splitlines()[2:] if line.startswith("|")]
     assert body and all("Table 5" in line for line in body)
     assert t.splitlines()[-1] == claims.outcomes()  # the five verdict words, explained under the table

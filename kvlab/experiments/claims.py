@@ -1103,8 +1103,8 @@ def _role_mark(r: dict) -> str:
 def table(paper: str | None = None, items: list[str] | None = None, ids: list[str] | None = None, *,
           fmt: str = "markdown", path: str | Path | None = None, legend: bool = True) -> Table:
     """The ledger's rows for ``paper`` (``"lacache"``, case-insensitive), optionally only ``items`` (substrings
-    of the item column, e.g. ``["Table 5"]``) or ``ids``, as ``item | claim | paper | this run | n | 95 % CI |
-    verdict``, with the seven verdict words explained below (:func:`outcomes`; ``legend=False`` leaves it out).
+    of the item column, e.g. ``["Table 5"]``) or ``ids``, as ``verdict | this run | paper | 95 % CI | n | item |
+    claim`` (the verdict and the numbers first), with the seven verdict words explained below (:func:`outcomes`; ``legend=False`` leaves it out).
     Superseded rows (runs made before a fix) are not shown; proxies, sensitivity rows and checks say what they are.
 
     ``fmt="markdown"`` (shown rendered in a notebook) or ``"text"`` (aligned columns)."""
@@ -1114,9 +1114,10 @@ def table(paper: str | None = None, items: list[str] | None = None, ids: list[st
     if not rows:
         raise ValueError(f"no live claims match paper={paper!r}, items={items!r}, ids={ids!r}; "
                          "see benchmarks/claims.csv for the papers and items")
-    head = ["item", "claim", "paper", "this run", "n", "95 % CI of A - B", "verdict"]
-    body = [[r["item"], r["claim"], r["paper_value"], r["our_value"], _n_cell(r), _ci(r),
-             r["verdict"] + _role_mark(r) + _plan_mark(r)] for r in rows]
+    # the verdict and the numbers first, the long text last (it wraps in a narrow column; the verdict stays on screen)
+    head = ["verdict", "this run", "paper", "95 % CI of A - B", "n", "item", "claim"]
+    body = [[r["verdict"] + _role_mark(r) + _plan_mark(r), r["our_value"], r["paper_value"], _ci(r), _n_cell(r),
+             r["item"], r["claim"]] for r in rows]
     below = ["", str(outcomes(fmt))] if legend else []
     if fmt == "markdown":
         lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]

@@ -259,3 +259,30 @@ def test_what_a_reader_sees_in_the_html(book):
     found = readable.check_book(book)
     assert not found, "\n".join(f"{page}: {check}: {'; '.join(what)}" for page, problems in found.items()
                                 for check, what in problems.items())
+
+
+CLAIMS_PAGES = ["papers/sepllm.html", "papers/lacache.html", "papers/dhsa.html", "papers/reform.html",
+                "papers/orthorank.html", "results.html", "notebooks/10_reform_experiments.html"]
+
+
+@pytest.mark.parametrize("page", CLAIMS_PAGES)
+def test_claims_tables_fit_the_column_at_1280_px(book_url, browser, page):
+    """At a 1280 px window every claims table (a header with "verdict") fits its column: the verdict is on screen
+    without scrolling sideways (long text wraps in its cell instead)."""
+    size = browser.get_window_size()
+    browser.set_window_size(1280, 1000)
+    try:
+        _open(browser, f"{book_url}/{page}")
+        wide = browser.execute_script("""
+            const out = [];
+            for (const t of document.querySelectorAll('article table')) {
+              const head = [...t.querySelectorAll('th')].map(th => th.textContent.trim());
+              if (!head.includes('verdict')) continue;
+              const col = t.closest('article').getBoundingClientRect().width;
+              const w = Math.max(t.scrollWidth, t.getBoundingClientRect().width);
+              if (w > col + 1 || t.scrollWidth > t.clientWidth + 1) out.push([head.join('|'), Math.round(w), Math.round(col)]);
+            }
+            return out;""")
+        assert not wide, f"{page}: claims tables wider than the column (header, width, column px): {wide}"
+    finally:
+        browser.set_window_size(size["width"], size["height"])

@@ -339,7 +339,7 @@ def test_notebook_table_and_counts(rows):
     assert "Table 5" in claims.table("lacache", items=["Table 5"], legend=False).splitlines()[-1]
     assert t._repr_markdown_() == str(t)
     text = claims.table("REFORM", fmt="text")
-    assert text.splitlines()[0].split()[0] == "item" and "verdict" in text.splitlines()[0]
+    assert text.splitlines()[0].split()[0] == "verdict" and "item" in text.splitlines()[0]
     # a long cell wraps onto more lines in its column, never cut: every word of every claim is printed
     words = set(text.split())
     live = [r for r in claims.load() if r["paper"] == "REFORM" and not r["superseded"].strip()]

@@ -190,7 +190,7 @@ def test_the_ledger_plan_column_is_what_git_history_gives(ledger):
     for row_id in ("reform-c-t6a-worst-heads", "reform-c-t5-bm25", "reform-c-t4-code", "orthorank-f7-rise-gemma3"):
         assert ledger[row_id]["plan"] == "with or after" and not claims.decided_strictly(ledger[row_id]), row_id
     # re-planned in the ledger before their re-runs on fresh data (their first runs' plans came with the data)
-    for row_id in ("lacache-fig3-ladder-vs-best-random", "sepllm-t10-iteration-ms", "dhsa-t2-latency-8k"):
+    for row_id in ("lacache-fig3-ladder-vs-best-random", "sepllm-t10-iteration-ms-rerun", "dhsa-t2-latency-8k-rerun"):
         assert ledger[row_id]["plan"] in ("", "before"), row_id
 
 

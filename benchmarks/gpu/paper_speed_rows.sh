@@ -12,8 +12,8 @@
 #             128 / 2,048 at contexts of 1K-8K on Gemma2-2b's shape (python -m kvlab run dhsa-app-d-costs decode)
 #   mem32k    the attention-memory instrument at 32K (the dhsa-t3-memory-32k row's length), dense vs DHSA
 #   fig10     DHSA App. D Fig. 10 ("decoding time is largely proportional to the number of newly generated tokens"):
-#             dense and StreamingLLM 128 after 8,192 tokens, decoding 8 and 64 new tokens, one cell per count
-#             (python -m kvlab run dhsa-app-d-costs decode --steps 8,64)
+#             dense and StreamingLLM 128 after 8,192 tokens, decoding 8 and 32 new tokens, one cell per count
+#             (python -m kvlab run dhsa-app-d-costs decode --steps 8,32)
 #
 #   KVLAB_RESULTS=DIR CUDA_VISIBLE_DEVICES=N bash benchmarks/gpu/paper_speed_rows.sh               # one H200, ~7 min
 #   SMOKE=1 KVLAB_RESULTS=/tmp/x PY=.venv/bin/python bash benchmarks/gpu/paper_speed_rows.sh       # the same, tiny, CPU
@@ -69,7 +69,7 @@ step() {  # NAME COMMAND...: run one step, note its time and exit code, go on wi
       mem32k) step mem32k "$PY" -m kvlab run dhsa-prefill-e2e --device "$DEV" "${DHSA[@]}" --rounds 20 --seqs 32768 \
                 --name dhsa_attention_memory_32k "${EXTRA[@]}" --out "$R/dhsa/attention_memory_32k_gpu" ;;
       fig10) step fig10 "$PY" -m kvlab run dhsa-app-d-costs decode --device "$DEV" --shape gemma2-2b-global \
-                --contexts 8192 --cache 128 --rounds 30 --steps 8,64 "${EXTRA[@]}" \
+                --contexts 8192 --cache 128 --rounds 30 --steps 8,32 "${EXTRA[@]}" \
                 --out "$R/dhsa/decode_new_tokens_gpu" ;;
       *) echo "unknown step $s (the steps: sepllm dhsa8k decode mem32k fig10)"; status=1 ;;
     esac

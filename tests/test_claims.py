@@ -235,10 +235,24 @@ def test_results_page_is_generated_from_the_ledger(rows):
             assert ordered[i - 1]["id"] == r["proxy_of"] or ordered[i - 1]["proxy_of"] == r["proxy_of"], r["id"]
 
 
+def test_readme_shows_a_few_columns_of_the_full_counts(rows):
+    """The README's table has the few columns of README_COLUMNS, each equal to the full table's."""
+    def cells(text):
+        lines = [ln for ln in text.splitlines() if ln.startswith("| ")]
+        names = [c.strip() for c in lines[0].strip("|").split("|")]
+        return names, {ln.strip("|").split("|")[0].strip(" *"): dict(zip(names, (c.strip(" *") for c in
+                                                                            ln.strip("|").split("|"))))
+                       for ln in lines[1:]}
+    names, small = cells(claims.readme_block(rows))
+    _, full = cells(claims.counts_text(rows, fmt="markdown"))
+    assert names == ["paper", *claims.README_COLUMNS] and len(names) <= 11
+    assert small == {p: {k: v for k, v in row.items() if k in names} for p, row in full.items()}
+
+
 def test_readme_counts_add_up_to_the_ledger(rows):
-    """The README's block counts each paper claim once, in the bucket its verdict names; checks, sensitivity rows,
+    """The full counts table (results page; the README shows a few of its columns) counts each paper claim once, in the bucket its verdict names; checks, sensitivity rows,
     proxies and superseded rows apart; items by the strict rule against the inventory."""
-    lines = claims.readme_block(rows).splitlines()
+    lines = claims.counts_text(rows, fmt="markdown").splitlines()  # every column (the results page's table)
     head = next(line for line in lines if line.startswith("| paper |"))
     names = [c.strip() for c in head.strip("|").split("|")][1:]
     cells = {}
